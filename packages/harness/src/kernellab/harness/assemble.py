@@ -1,0 +1,272 @@
+"""Turn measured rounds into reports: a run report for one revision, a comparison of two revisions
+in the example audit's per-record format, and the before/after record of the native CPU example."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+from typing import Any
+
+from . import report as report_io
+from . import stats
+from .timing import ALL_MODES
+
+CONTROL_DRIFT_TOLERANCE = 0.10  # a pair whose control moved more than 10% between runs is flagged
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()
+
+
+def _compact_validation(index: int, data: dict) -> dict:
+    vals = data.get("validations", [])
+    worst = [o for v in vals for o in v.get("outputs", {}).values()]
+    out = {
+        "round": index,
+        "passed": bool(data.get("passed")),
+        "checks": len(vals),
+        "inputs_unchanged": all(v.get("inputs_unchanged", True) for v in vals),
+        "max_abs_error": max((o.get("max_abs_error", 0.0) for o in worst), default=None),
+        "violations": sum(o.get("violations", 0) for o in worst),
+    }
+    if "graph_replay" in data:
+        out["replay_changed_input"] = bool(data["graph_replay"].get("replay_changed_input"))
+    errors = [v["error"] for v in vals if v.get("error")] + ([data["error"]] if data.get("error") else [])
+    if errors:
+        out["errors"] = errors
+    return out
+
+
+def case_table(cases: list[dict], rounds: list[dict]) -> list[dict]:
+    """Per case: validation per round, samples per round per mode, summaries."""
+    out = []
+    for desc in cases:
+        cid = desc["id"]
+        entry = {
+            "id": cid,
+            "name": desc["problem"]["name"],
+            "impl": desc["impl"],
+            "problem": desc["problem"],
+            "status": desc["status"],
+            "reason": desc.get("reason"),
+            "validations": [],
+            "modes": {},
+        }
+        per_mode: dict[str, list[list[float]]] = {}
+        for r, data in enumerate(rounds):
+            if cid not in data:
+                continue
+            entry["validations"].append(_compact_validation(r, data[cid]))
+            for mode, samples in data[cid].get("samples_us", {}).items():
+                per_mode.setdefault(mode, []).append(samples)
+        for mode in ALL_MODES:
+            if mode in per_mode and len(per_mode[mode]) == len(entry["validations"]) and per_mode[mode]:
+                pooled = [s for rr in per_mode[mode] for s in rr]
+                entry["modes"][mode] = {
+                    "rounds_us": per_mode[mode],
+                    "round_medians_us": stats.round_medians(per_mode[mode]),
+                    "summary_us": stats.summary(pooled),
+                }
+        if entry["status"] == "ok" and entry["validations"]:
+            failed = [v for v in entry["validations"] if not v["passed"]]
+            if failed:
+                entry["status"] = "failed"
+                entry["reason"] = "; ".join(e for v in failed for e in v.get("errors", [])) or \
+                    f"validation failed in rounds {[v['round'] for v in failed]}"
+        out.append(entry)
+    _bandwidth(out)
+    return out
+
+
+def _bandwidth(cases: list[dict]) -> None:
+    """GB/s per mode by the problem's minimum bytes, and the fraction of the same-shape copy ceiling."""
+    ceilings = {}
+    for c in cases:
+        p = c["problem"]
+        if p["op"] == "copy" and c["impl"] == "torch":
+            ceilings[(tuple(p["shape"]), p["dtype"])] = c
+    for c in cases:
+        p = c["problem"]
+        if not p.get("bytes"):
+            continue
+        copy = ceilings.get((tuple(p["shape"]), p["dtype"]))
+        for mode, m in c["modes"].items():
+            m["gbps"] = p["bytes"] / (m["summary_us"]["p50"] * 1e3)
+            if copy and mode in copy["modes"]:
+                ceiling = copy["problem"]["bytes"] / (copy["modes"][mode]["summary_us"]["p50"] * 1e3)
+                m["copy_ceiling_gbps"] = ceiling
+                m["ceiling_fraction"] = m["gbps"] / ceiling
+
+
+def versus_control(cases: list[dict], control: str) -> list[dict]:
+    """Each contender against torch measured side by side in the same rounds (native_torch_ratio)."""
+    by_id = {c["id"]: c for c in cases}
+    out = []
+    for c in cases:
+        if c["impl"] == control or not c["modes"]:
+            continue
+        ctrl = by_id.get(f"{c['name']}/{control}")
+        if not ctrl or not ctrl["modes"]:
+            continue
+        rec: dict[str, Any] = {"name": c["name"], "impl": c["impl"], "status": c["status"]}
+        for mode, m in c["modes"].items():
+            if mode not in ctrl["modes"]:
+                continue
+            ratio = stats.ratio_stats(m["rounds_us"], ctrl["modes"][mode]["rounds_us"])
+            rec[mode] = {
+                "candidate_us": stats.median(m["round_medians_us"]),
+                "torch_us": stats.median(ctrl["modes"][mode]["round_medians_us"]),
+                "native_torch_ratio": ratio["value"],
+                "ratio_min": ratio["min"],
+                "ratio_max": ratio["max"],
+            }
+        out.append(rec)
+    return out
+
+
+def run_report(suite, config: dict, side: dict) -> dict:
+    """A plain run: one revision, every case, torch as the control in the same rounds."""
+    cases = case_table(side["cases"], side["rounds"])
+    return {
+        "schema": report_io.SCHEMA,
+        "kind": "run",
+        "suite": suite.name,
+        "suite_device": suite.device,
+        "control": suite.control,
+        "created_at": now_iso(),
+        "config": config,
+        "revision": side.get("revision"),
+        "provenance": side["provenance"],
+        "cases": cases,
+        "versus_control": versus_control(cases, suite.control),
+    }
+
+
+def _contenders(cases: list[dict], control: str) -> list[str]:
+    impls = sorted({c["impl"] for c in cases if c["impl"] != control})
+    return impls or [control]
+
+
+def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, resamples: int = 1000) -> dict:
+    """Reference revision vs candidate revision, per case and mode, in the example audit's format."""
+    ref_cases = {c["id"]: c for c in case_table(reference["cases"], reference["rounds"])}
+    cand_cases = {c["id"]: c for c in case_table(candidate["cases"], candidate["rounds"])}
+    contenders = _contenders(list(cand_cases.values()), suite.control)
+    records, drift = [], []
+    for cid, cand in cand_cases.items():
+        ref = ref_cases.get(cid)
+        if cand["impl"] not in contenders or ref is None:
+            continue
+        name = cand["name"] if len(contenders) == 1 else f"{cand['name']}/{cand['impl']}"
+        ref_ctrl = ref_cases.get(f"{cand['name']}/{suite.control}")
+        cand_ctrl = cand_cases.get(f"{cand['name']}/{suite.control}")
+        rec: dict[str, Any] = {"name": name, "impl": cand["impl"],
+                               "reference_status": ref["status"], "candidate_status": cand["status"]}
+        for mode in ALL_MODES:
+            if mode not in cand["modes"] or mode not in ref["modes"]:
+                continue
+            torch_rounds = cand_ctrl["modes"][mode]["rounds_us"] if cand_ctrl and mode in cand_ctrl["modes"] else None
+            seed = int(hashlib.sha256(f"{name}/{mode}".encode()).hexdigest()[:8], 16)
+            rec[mode] = stats.compare(ref["modes"][mode]["rounds_us"], cand["modes"][mode]["rounds_us"], torch_rounds,
+                                      bootstrap_seed=seed, resamples=resamples)
+            if ref_ctrl and cand_ctrl and mode in ref_ctrl["modes"] and mode in cand_ctrl["modes"]:
+                ctrl = [a / b for a, b in zip(ref_ctrl["modes"][mode]["round_medians_us"],
+                                              cand_ctrl["modes"][mode]["round_medians_us"])]
+                rec[mode]["control_ratio_range"] = [min(ctrl), max(ctrl)]
+                rec[mode]["control_flagged"] = any(abs(x - 1.0) > CONTROL_DRIFT_TOLERANCE for x in ctrl)
+                drift.extend(ctrl)
+        replay = [v.get("replay_changed_input") for v in cand["validations"] if "replay_changed_input" in v]
+        rec["passed"] = ref["status"] == "ok" and cand["status"] == "ok"
+        if replay:
+            rec["replay_changed_input"] = all(replay)
+        records.append(rec)
+    summaries = {}
+    for mode in ALL_MODES:
+        mode_records = [r[mode] for r in records if mode in r]
+        if mode_records:
+            summaries[mode] = stats.summary_counts(mode_records)
+            summaries[mode]["not_significant"] = sum(1 for r in mode_records if not r["significant"])
+            summaries[mode]["control_flagged"] = sum(1 for r in mode_records if r.get("control_flagged"))
+    return {
+        "schema": report_io.SCHEMA,
+        "kind": "comparison",
+        "suite": suite.name,
+        "suite_device": suite.device,
+        "control": suite.control,
+        "created_at": now_iso(),
+        "config": config,
+        "sides": {
+            "reference": {"revision": reference.get("revision"), "provenance": reference["provenance"],
+                          "cases": list(ref_cases.values())},
+            "candidate": {"revision": candidate.get("revision"), "provenance": candidate["provenance"],
+                          "cases": list(cand_cases.values())},
+        },
+        "torch_probe_control_ratio_range": [min(drift), max(drift)] if drift else None,
+        "summaries": summaries,
+        "records": records,
+    }
+
+
+def before_after_report(comparison: dict, mode: str = "e2e_throughput") -> dict:
+    """The native CPU example's record: operation, before/after ms, speedup, samples, method, hashes."""
+    cfg = comparison["config"]
+    sides = comparison["sides"]
+    ref_cases = {c["id"]: c for c in sides["reference"]["cases"]}
+    records = []
+    for cand in sides["candidate"]["cases"]:
+        ref = ref_cases.get(cand["id"])
+        if ref is None or mode not in cand["modes"] or mode not in ref["modes"]:
+            continue
+        if cand["impl"] not in _contenders(sides["candidate"]["cases"], comparison["control"]):
+            continue
+        before = [sorted(r) for r in ref["modes"][mode]["rounds_us"]]
+        after = [sorted(r) for r in cand["modes"][mode]["rounds_us"]]
+        before_ms = stats.median([s for r in before for s in r]) / 1e3
+        after_ms = stats.median([s for r in after for s in r]) / 1e3
+        records.append({
+            "operation": _operation(cand["problem"]),
+            "impl": cand["impl"],
+            "before_ms": before_ms,
+            "after_ms": after_ms,
+            "speedup": before_ms / after_ms,
+            "before_samples_ms": [s / 1e3 for r in before for s in r],
+            "after_samples_ms": [s / 1e3 for r in after for s in r],
+        })
+    ref_rev, cand_rev = sides["reference"]["revision"] or {}, sides["candidate"]["revision"] or {}
+    binaries = sorted(set(sides["reference"]["provenance"].get("artifacts_sha256", {}).values())
+                      | set(sides["candidate"]["provenance"].get("artifacts_sha256", {}).values()))
+    return {
+        "schema": report_io.SCHEMA,
+        "kind": "before_after",
+        "suite": comparison["suite"],
+        "comparison_sha256": comparison.get(report_io.HASH_FIELD),
+        "metadata": {
+            "measured_at": comparison["created_at"],
+            "rounds": cfg["rounds"],
+            "samples": cfg["rounds"] * cfg["samples"],
+            "warmup": cfg["warmup"],
+            "iterations_per_sample": cfg["iterations"],
+            "method": (f"kernellab-bench {mode}: each revision in its own process, revision order alternating "
+                       f"every round; median of {cfg['rounds'] * cfg['samples']} {cfg['iterations']}-call "
+                       "averages; backward includes clearing its output buffers; no affinity, thermal or power "
+                       "control."),
+            "baseline": ref_rev,
+            "candidate": cand_rev,
+            "baseline_source_zip_sha256": ref_rev.get("zip_sha256"),
+            "baseline_source_sha256": _tree_hash(sides["reference"]["provenance"]),
+            "candidate_source_sha256": _tree_hash(sides["candidate"]["provenance"]),
+            "binary_sha256": binaries,
+        },
+        "records": records,
+    }
+
+
+def _operation(problem: dict) -> str:
+    return f"{problem['op']}_{'_'.join(map(str, problem['shape']))}"
+
+
+def _tree_hash(provenance: dict) -> str:
+    """One sha256 over a side's per-file source hashes."""
+    blob = json.dumps(provenance.get("sources_sha256", {}), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()

@@ -1,0 +1,217 @@
+"""``kernellab-bench``: run suites, write reports, print tables, draw plots, compare revisions."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import tempfile
+from pathlib import Path
+
+from . import assemble, plot, provenance, registry, table
+from . import report as report_io
+from .revision import RevisionError, Worker, materialize
+from .runner import Bench, Config, Progress
+
+EXIT_OK, EXIT_FAILED_VALIDATION, EXIT_USAGE = 0, 1, 2
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kernellab-bench", description=__doc__)
+    p.add_argument("--suite", action="append", help="suite to run (repeatable); default: every suite this "
+                   "machine can run (GPU suites only where CUDA is present)")
+    p.add_argument("--cases", help="comma-separated shell patterns over case names, e.g. 'softmax_*,*bf16'")
+    p.add_argument("--impls", help="comma-separated patterns over impl names (torch, the control, always runs)")
+    p.add_argument("--modes", help="comma-separated modes; default: all the device has")
+    p.add_argument("--rounds", type=positive_int, help="rounds (suite default if omitted)")
+    p.add_argument("--samples", type=positive_int, help="samples per round per mode")
+    p.add_argument("--warmup", type=non_negative_int, help="warmup calls per round per case")
+    p.add_argument("--iterations", type=positive_int, help="calls per throughput sample")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of every input")
+    p.add_argument("--baseline", metavar="REV", help="compare against a git revision or a source .zip")
+    p.add_argument("--out", default="reports/runs", help="output directory, or a .json file for one suite")
+    p.add_argument("--no-plot", action="store_true", help="do not draw the PNG plot")
+    p.add_argument("--list", action="store_true", help="list suites, impls and cases, then exit")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def config_for(suite, args) -> Config:
+    base = dict(suite.defaults)
+    for field in ("rounds", "samples", "warmup", "iterations"):
+        value = getattr(args, field)
+        if value is not None:
+            base[field] = value
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip()) if args.modes else None
+    return Config(seed=args.seed, modes=modes, **base)
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def choose_suites(args, suites) -> list:
+    if args.suite:
+        chosen = []
+        for name in args.suite:
+            if name not in suites:
+                raise SystemExit(_usage(f"unknown suite {name!r}; known suites: {sorted(suites)}"))
+            if suites[name].device == "cuda" and not cuda_available():
+                raise SystemExit(_usage(f"suite {name!r} needs a CUDA device and this machine has none"))
+            chosen.append(suites[name])
+        return chosen
+    gpu = cuda_available()
+    return [s for s in suites.values() if s.device == "cpu" or gpu]
+
+
+def _usage(msg: str) -> int:
+    print(f"kernellab-bench: error: {msg}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def out_path(args, suite_name: str, kind: str, multiple: bool) -> Path:
+    out = Path(args.out)
+    if out.suffix == ".json":
+        if multiple:
+            raise SystemExit(_usage("--out names a single file but several suites run; give a directory"))
+        return out if kind in ("run", "comparison") else out.with_name(f"{out.stem}.{kind}.json")
+    stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
+    tag = {"run": "", "comparison": "-ab", "before_after": "-before-after"}[kind]
+    return out / f"{suite_name}{tag}-{stamp}.json"
+
+
+def run_single(suite, config: Config, args) -> dict:
+    bench = Bench(suite, config, cases=args.cases, impls=args.impls)
+    root = provenance.find_repo_root(Path(__file__))
+    prov = provenance.collect(suite.device, root, bench.artifacts())
+    runnable = sum(1 for c in bench.cases if c.call is not None)
+    progress = Progress(runnable * config.rounds, enabled=not args.quiet)
+    rounds = [bench.run_round(r, progress) for r in range(config.rounds)]
+    prov["clocks_end"] = provenance.clocks(suite.device)
+    prov["artifacts_sha256"] = provenance.artifact_hashes(bench.artifacts())
+    side = {"cases": bench.describe(), "rounds": rounds, "provenance": prov,
+            "revision": {"revision": "working tree", "kind": "local", "commit": prov["git"]["commit"],
+                         "dirty": prov["git"]["dirty"]}}
+    return assemble.run_report(suite, config.to_json(), side)
+
+
+def run_ab(suite, config: Config, args) -> tuple[dict, dict | None]:
+    repo = provenance.find_repo_root(Path.cwd()) or provenance.find_repo_root(Path(__file__))
+    if repo is None:
+        raise RevisionError("--baseline needs a KernelLab checkout (run from inside one)")
+    with tempfile.TemporaryDirectory(prefix="kernellab-baseline-") as tmp:
+        base = materialize(args.baseline, repo, tmp)
+        git = provenance.git_state(repo)
+        cand = {"revision": "working tree", "kind": "local", "commit": git["commit"], "dirty": git["dirty"],
+                "root": str(repo)}
+        request = {"suite": suite.name, "config": config.to_json(), "cases": args.cases, "impls": args.impls,
+                   "quiet": args.quiet}
+        with Worker(base["root"], "reference") as ref_w, Worker(repo, "candidate") as cand_w:
+            sides = {"reference": {"revision": base}, "candidate": {"revision": cand}}
+            workers = {"reference": ref_w, "candidate": cand_w}
+            for name, w in workers.items():
+                setup = w.request("setup", **request)
+                sides[name].update(cases=setup["cases"], provenance=setup["provenance"], rounds=[])
+            for r in range(config.rounds):
+                order = ["reference", "candidate"] if r % 2 == 0 else ["candidate", "reference"]
+                for name in order:
+                    sides[name]["rounds"].append(workers[name].request("round", index=r)["data"])
+            for name, w in workers.items():
+                fin = w.request("finish")
+                sides[name]["provenance"]["clocks_end"] = fin["clocks_end"]
+                sides[name]["provenance"]["artifacts_sha256"] = fin["artifacts_sha256"]
+    comparison = report_io.seal(assemble.comparison_report(suite, config.to_json(), sides["reference"],
+                                                           sides["candidate"]))
+    before_after = report_io.seal(assemble.before_after_report(comparison)) if suite.device == "cpu" else None
+    return comparison, before_after
+
+
+def emit(report: dict, path: Path, args) -> bool:
+    """Write, print the table, draw the plot; returns whether every validation passed."""
+    report_io.write(report, path)
+    print(table.render(report))
+    print(f"report: {path}")
+    if not args.no_plot and report["kind"] in ("run", "comparison"):
+        why = plot.available()
+        if why:
+            print(f"plot: skipped, {why}")
+        else:
+            png = plot.draw(report, path.with_suffix(".png"))
+            if png:
+                print(f"plot: {png}")
+    if report["kind"] == "run":
+        return all(c["status"] in ("ok", "unsupported", "unavailable") for c in report["cases"])
+    if report["kind"] == "comparison":
+        return all(r["passed"] and r.get("replay_changed_input", True) for r in report["records"])
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        suites = registry.discover()
+    except registry.SuiteError as e:
+        return _usage(str(e))
+    if args.list:
+        for s in suites.values():
+            print(f"{s.name} ({s.device}): {s.description}")
+            print(f"  impls: {', '.join(i.name for i in s.impls)}"
+                  + (f"; unavailable: {s.unavailable}" if getattr(s, "unavailable", None) else ""))
+            for p in s.make_problems():
+                print(f"  {p.name}")
+        return EXIT_OK
+    try:
+        chosen = choose_suites(args, suites)
+    except SystemExit as e:
+        return int(e.code)
+    if not chosen:
+        return _usage("no suite can run on this machine")
+    ok = True
+    for suite in chosen:
+        try:
+            config = config_for(suite, args)
+            if args.baseline:
+                comparison, before_after = run_ab(suite, config, args)
+                ok &= emit(comparison, out_path(args, suite.name, "comparison", len(chosen) > 1), args)
+                if before_after is not None:
+                    print()
+                    emit(before_after, out_path(args, suite.name, "before_after", len(chosen) > 1), args)
+            else:
+                report = report_io.seal(run_single(suite, config, args))
+                ok &= emit(report, out_path(args, suite.name, "run", len(chosen) > 1), args)
+        except (ValueError, RevisionError, registry.SuiteError) as e:
+            return _usage(str(e))
+        except SystemExit as e:
+            return int(e.code)
+    if not ok:
+        print("kernellab-bench: some validations failed; see the report's status fields", file=sys.stderr)
+    return EXIT_OK if ok else EXIT_FAILED_VALIDATION
+
+
+if __name__ == "__main__":
+    sys.exit(main())

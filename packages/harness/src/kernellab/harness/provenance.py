@@ -1,0 +1,201 @@
+"""Where a measurement came from: device, driver, clocks, packages, git state, source and artifact hashes."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+SOURCE_SUFFIXES = {".py", ".cpp", ".cc", ".c", ".h", ".hpp", ".cu", ".cuh", ".toml", ".json"}
+PACKAGES_OF_INTEREST = (
+    "torch", "numpy", "nvidia-cutlass-dsl", "apache-tvm-ffi", "quack-kernels", "triton",
+    "kernellab-harness", "kernellab-kernels", "kernellab-megakernel", "kernellab-audit",
+)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def kernellab_roots() -> dict[str, Path]:
+    """Each importable ``kernellab.<package>`` directory (the namespace's portions, first one wins)."""
+    import kernellab
+
+    roots: dict[str, Path] = {}
+    for portion in kernellab.__path__:
+        for child in sorted(Path(portion).iterdir()):
+            if child.is_dir() and (child / "__init__.py").exists() and child.name not in roots:
+                roots[child.name] = child
+    return roots
+
+
+def source_hashes(roots: dict[str, Path] | None = None) -> dict[str, str]:
+    """sha256 of every source file of the measured packages, keyed ``<package>/<relative path>``."""
+    roots = kernellab_roots() if roots is None else roots
+    out: dict[str, str] = {}
+    for name, root in sorted(roots.items()):
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and path.suffix in SOURCE_SUFFIXES and "__pycache__" not in path.parts:
+                out[f"{name}/{path.relative_to(root).as_posix()}"] = sha256_file(path)
+    return out
+
+
+def artifact_hashes(paths: list[str]) -> dict[str, str]:
+    return {str(p): sha256_file(p) for p in sorted(set(paths)) if Path(p).is_file()}
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES_OF_INTEREST:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    try:  # the running torch may differ from its metadata on hosts with vendored builds
+        import torch
+
+        out["torch"] = torch.__version__
+    except ImportError:
+        pass
+    return out
+
+
+def git_state(root: str | os.PathLike | None) -> dict:
+    """Commit and dirty flag of the tree the code came from, or nulls where it is not a git checkout."""
+    if root is None or shutil.which("git") is None:
+        return {"commit": None, "dirty": None, "root": None if root is None else str(root)}
+
+    def git(*args: str) -> str | None:
+        try:
+            res = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return res.stdout.strip() if res.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain")
+    return {"commit": commit, "dirty": None if status is None else bool(status), "root": str(root)}
+
+
+def find_repo_root(start: str | os.PathLike) -> Path | None:
+    """The directory holding ``packages/`` above ``start`` (a checkout or a materialized revision)."""
+    p = Path(start).resolve()
+    for candidate in [p, *p.parents]:
+        if (candidate / "packages").is_dir() and (candidate / "packages" / "harness").is_dir():
+            return candidate
+    return None
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_clocks_mhz() -> list[float]:
+    """Current core clocks where the OS exposes them (cpufreq, else /proc/cpuinfo)."""
+    clocks = []
+    for f in sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/scaling_cur_freq")):
+        try:
+            clocks.append(int(f.read_text()) / 1000.0)
+        except (OSError, ValueError):
+            pass
+    if not clocks:
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("cpu MHz"):
+                    clocks.append(float(line.split(":", 1)[1]))
+        except (OSError, ValueError):
+            pass
+    return clocks
+
+
+def gpu_query() -> dict:
+    """Driver, clocks, temperature and power from nvidia-smi, where present."""
+    fields = ["name", "driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm", "temperature.gpu", "power.draw"]
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return {}
+    try:
+        res = subprocess.run([exe, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits", "-i", _gpu_index()],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if res.returncode != 0 or not res.stdout.strip():
+        return {}
+    values = [v.strip() for v in res.stdout.strip().splitlines()[0].split(",")]
+    return dict(zip(fields, values))
+
+
+def _gpu_index() -> str:
+    try:
+        import torch
+
+        return str(torch.cuda.current_device())
+    except Exception:  # noqa: BLE001 - any failure means "the first GPU"
+        return "0"
+
+
+def clocks(device: str) -> dict:
+    """A snapshot of the clocks, taken at the start and the end of a run."""
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat()
+    if device == "cuda":
+        q = gpu_query()
+        return {"at": now, **{k: v for k, v in q.items() if k not in ("name", "driver_version")}}
+    mhz = cpu_clocks_mhz()
+    return {"at": now, "cpu_mhz_min": min(mhz) if mhz else None, "cpu_mhz_max": max(mhz) if mhz else None}
+
+
+def device_info(device: str) -> dict:
+    import torch
+
+    info = {
+        "kind": device,
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        q = gpu_query()
+        info.update({
+            "name": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "sm_count": props.multi_processor_count,
+            "memory_bytes": props.total_memory,
+            "l2_bytes": getattr(props, "L2_cache_size", None),
+            "driver": q.get("driver_version"),
+            "cuda_runtime": torch.version.cuda,
+        })
+    else:
+        info["name"] = info["cpu"]
+    return info
+
+
+def collect(device: str, root: str | os.PathLike | None, artifacts: list[str]) -> dict:
+    """Everything but the end clocks, which the runner adds when the run is over."""
+    return {
+        "device": device_info(device),
+        "packages": package_versions(),
+        "git": git_state(root),
+        "sources_sha256": source_hashes(),
+        "artifacts_sha256": artifact_hashes(artifacts),
+        "clocks_start": clocks(device),
+    }

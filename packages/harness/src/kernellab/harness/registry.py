@@ -1,0 +1,95 @@
+"""Suite discovery through the entry-point group ``kernellab.suites``.
+
+Entry points name factories. One named ``<suite>`` gives a ``Suite`` (a problem family with its control impl); one
+named ``<suite>.<part>`` gives an ``Impl`` or a list of them that join that suite. So the harness
+never imports kernels or megakernel by name: installing a package is what adds its contenders.
+
+In a materialized revision (a source tree that is not installed) the same table is read from
+``packages/*/pyproject.toml``, so a revision's worker sees exactly that revision's suites.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import tomllib
+from pathlib import Path
+
+from .case import Impl, Suite, control_impl
+
+GROUP = "kernellab.suites"
+
+
+class SuiteError(LookupError):
+    """No such suite, or a suite that cannot run here; the message says which and why."""
+
+
+def _entry_points_from_tree(root: Path) -> list[tuple[str, str]]:
+    found = []
+    for pyproject in sorted(root.glob("packages/*/pyproject.toml")):
+        data = tomllib.loads(pyproject.read_text())
+        table = data.get("project", {}).get("entry-points", {}).get(GROUP, {})
+        found.extend(sorted(table.items()))
+    return found
+
+
+def _entry_points_installed() -> list[tuple[str, str]]:
+    return sorted({(ep.name, ep.value) for ep in importlib.metadata.entry_points(group=GROUP)})
+
+
+def _load(value: str):
+    module, _, attr = value.partition(":")
+    obj = importlib.import_module(module.strip())
+    for part in attr.strip().split(".") if attr else []:
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise SuiteError(f"entry point {value} must name a factory (a callable), got {type(obj).__name__}")
+    return obj()
+
+
+def entry_points(root: str | os.PathLike | None = None) -> list[tuple[str, str]]:
+    root = root or os.environ.get("KERNELLAB_SOURCE_ROOT")
+    return _entry_points_from_tree(Path(root)) if root else _entry_points_installed()
+
+
+def discover(root: str | os.PathLike | None = None) -> dict[str, Suite]:
+    """All suites with their impls merged in. Impl parts that fail to import are skipped with the
+    reason kept in ``suite.unavailable`` (e.g. the CuTe impl on a machine without CuTe DSL)."""
+    suites: dict[str, Suite] = {}
+    parts: list[tuple[str, str, str]] = []
+    for name, value in entry_points(root):
+        base, dot, _ = name.partition(".")
+        if dot:
+            parts.append((base, name, value))
+            continue
+        suite = _load(value)
+        if not isinstance(suite, Suite):
+            raise SuiteError(f"entry point {name} = {value} gives {type(suite).__name__}, not a Suite")
+        if not any(i.name == suite.control for i in suite.impls):
+            suite.impls.insert(0, control_impl())
+        suite.unavailable = {}
+        suites[suite.name] = suite
+    for base, name, value in parts:
+        if base not in suites:
+            continue  # an impl for a suite this installation does not have
+        try:
+            contributed = _load(value)
+        except ImportError as e:
+            suites[base].unavailable[name.partition(".")[2]] = f"import failed: {e}"
+            continue
+        impls = contributed if isinstance(contributed, (list, tuple)) else [contributed]
+        for impl in impls:
+            if not isinstance(impl, Impl):
+                raise SuiteError(f"entry point {name} = {value} gives {type(impl).__name__}, not an Impl")
+            if any(i.name == impl.name for i in suites[base].impls):
+                raise SuiteError(f"suite {base!r} has two impls named {impl.name!r}")
+            suites[base].impls.append(impl)
+    return suites
+
+
+def get(name: str, root: str | os.PathLike | None = None) -> Suite:
+    suites = discover(root)
+    if name not in suites:
+        raise SuiteError(f"unknown suite {name!r}; known suites: {sorted(suites) or 'none installed'}")
+    return suites[name]

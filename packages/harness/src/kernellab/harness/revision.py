@@ -1,0 +1,119 @@
+"""Revision A/B: materialize a git revision (or a source zip) into a temporary tree, and drive one
+worker subprocess per revision so that two versions of the same package never share a process."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from .provenance import sha256_file
+
+PROTOCOL = 1
+
+
+class RevisionError(RuntimeError):
+    """A revision that cannot be materialized or run; the message says which and why."""
+
+
+def materialize(rev: str, repo: str | os.PathLike, dest: str | os.PathLike) -> dict[str, Any]:
+    """Write revision ``rev`` of ``repo`` (a commit-ish, or a path to a source zip) into ``dest``.
+
+    Returns what the reports record about it: the revision as given, the commit or zip sha256, and
+    the root of the tree (the directory holding ``packages/``).
+    """
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    if rev.endswith(".zip") and Path(rev).is_file():
+        with zipfile.ZipFile(rev) as zf:
+            _safe_members([i.filename for i in zf.infolist()], rev)
+            zf.extractall(dest)
+        root = _tree_root(dest, rev)
+        return {"revision": rev, "kind": "zip", "zip_sha256": sha256_file(rev), "commit": None, "root": str(root)}
+    repo = Path(repo)
+    res = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RevisionError(f"--baseline {rev!r} is neither a commit of the repository at {repo} "
+                            "nor an existing .zip file")
+    commit = res.stdout.strip()
+    archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit], capture_output=True)
+    if archive.returncode != 0:
+        raise RevisionError(f"git archive {commit} failed: {archive.stderr.decode(errors='replace').strip()}")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tf:
+        _safe_members(tf.getnames(), rev)
+        tf.extractall(dest, filter="data")
+    root = _tree_root(dest, rev)
+    return {"revision": rev, "kind": "git", "commit": commit, "zip_sha256": None, "root": str(root)}
+
+
+def _safe_members(names: list[str], what: str) -> None:
+    for n in names:
+        if n.startswith("/") or ".." in Path(n).parts:
+            raise RevisionError(f"{what} holds an unsafe path {n!r}")
+
+
+def _tree_root(dest: Path, what: str) -> Path:
+    if (dest / "packages" / "harness").is_dir():
+        return dest
+    subdirs = [d for d in dest.iterdir() if d.is_dir()]
+    if len(subdirs) == 1 and (subdirs[0] / "packages" / "harness").is_dir():
+        return subdirs[0]
+    raise RevisionError(f"{what} has no packages/harness: it predates the harness or is not a KernelLab tree")
+
+
+def source_paths(root: str | os.PathLike) -> list[str]:
+    return [str(p) for p in sorted(Path(root).glob("packages/*/src")) if p.is_dir()]
+
+
+class Worker:
+    """A subprocess that imports only the code of one tree and answers JSON requests line by line."""
+
+    def __init__(self, root: str | os.PathLike, label: str):
+        self.root = Path(root).resolve()
+        self.label = label
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(source_paths(self.root))
+        env["KERNELLAB_SOURCE_ROOT"] = str(self.root)
+        env["KERNELLAB_WORKER_LABEL"] = label
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        self.proc = subprocess.Popen([sys.executable, "-m", "kernellab.harness.worker"], cwd=self.root, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    def request(self, cmd: str, **args: Any) -> dict:
+        if self.proc.poll() is not None:
+            raise RevisionError(f"worker {self.label} ({self.root}) exited with code {self.proc.returncode}")
+        self.proc.stdin.write(json.dumps({"cmd": cmd, **args}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            raise RevisionError(f"worker {self.label} ({self.root}) died during {cmd!r} with exit code {code}; "
+                                "its error is printed above")
+        reply = json.loads(line)
+        if not reply.get("ok"):
+            raise RevisionError(f"worker {self.label} failed on {cmd!r}: {reply.get('error')}")
+        if reply.get("protocol", PROTOCOL) != PROTOCOL:
+            raise RevisionError(f"worker {self.label} speaks protocol {reply.get('protocol')}, this driver {PROTOCOL}")
+        return reply
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

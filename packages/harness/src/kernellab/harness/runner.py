@@ -1,0 +1,206 @@
+"""One revision's measurement: rounds x samples x iterations over every case of a suite.
+
+``Bench`` runs in the process that owns the code being measured: in-process for a plain run, in a
+worker subprocess per revision for an A/B comparison (``revision.py``). A round visits every
+problem; within a problem its impls run in an order that alternates from round to round, each with
+a fresh validation (poisoned outputs, fresh inputs), warmup, then every mode's samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import gc
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import timing, validate
+from .case import Impl, Problem, Suite, Unsupported, seed_for
+
+
+@dataclasses.dataclass
+class Config:
+    rounds: int = 3
+    samples: int = 30
+    warmup: int = 10
+    iterations: int = 5
+    seed: int = 0
+    modes: tuple[str, ...] | None = None  # None: every mode the device has
+    rotate: bool = True
+    rotation_limit_bytes: int = 4 * 2**30
+    validations_per_round: int = 1
+
+    def __post_init__(self):
+        for field in ("rounds", "samples", "warmup", "iterations", "validations_per_round"):
+            value = getattr(self, field)
+            minimum = 0 if field == "warmup" else 1
+            if not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{field} must be an integer >= {minimum}, got {value!r}")
+        if self.modes is not None:
+            unknown = sorted(set(self.modes) - set(timing.ALL_MODES))
+            if unknown:
+                raise ValueError(f"unknown modes {unknown}; modes are {list(timing.ALL_MODES)}")
+            self.modes = tuple(self.modes)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self) | {"modes": list(self.modes) if self.modes else None}
+
+
+def match(name: str, patterns: str | None) -> bool:
+    """Comma-separated shell patterns (``softmax_*,*bf16``); None or empty matches everything."""
+    if not patterns:
+        return True
+    return any(fnmatch.fnmatchcase(name, p.strip()) for p in patterns.split(",") if p.strip())
+
+
+@dataclasses.dataclass
+class Case:
+    problem: Problem
+    impl: Impl
+    call: Callable | None = None
+    status: str = "pending"  # ok | failed | unsupported | unavailable | error
+    reason: str | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.problem.name}/{self.impl.name}"
+
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.id, "problem": self.problem.describe(), "impl": self.impl.name,
+                "status": self.status, "reason": self.reason}
+
+
+class Progress:
+    """One line per case and round on stderr, with elapsed time and an estimate of what is left."""
+
+    def __init__(self, total: int, enabled: bool = True, prefix: str = ""):
+        self.total, self.done, self.enabled, self.prefix = total, 0, enabled, prefix
+        self.t0 = time.monotonic()
+
+    def step(self, text: str) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        elapsed = time.monotonic() - self.t0
+        left = elapsed / self.done * (self.total - self.done)
+        print(f"{self.prefix}[{self.done}/{self.total} {elapsed:5.0f}s, ~{left:4.0f}s left] {text}",
+              file=sys.stderr, flush=True)
+
+
+class Bench:
+    def __init__(self, suite: Suite, config: Config, *, cases: str | None = None, impls: str | None = None):
+        self.suite = suite
+        self.config = config
+        self.device = timing.Device(suite.device)
+        modes = config.modes or self.device.modes
+        missing = [m for m in modes if m not in self.device.modes]
+        if missing:
+            raise ValueError(f"modes {missing} do not exist on {suite.device}; available: {list(self.device.modes)}")
+        self.modes = tuple(modes)
+        problems = [p for p in suite.make_problems() if match(p.name, cases)]
+        if not problems:
+            raise ValueError(f"no case of suite {suite.name!r} matches --cases {cases!r}")
+        wanted = [i for i in suite.impls if i.name == suite.control or match(i.name, impls)]
+        self.cases: list[Case] = []
+        for problem in problems:
+            for impl in wanted:
+                self.cases.append(Case(problem, impl))
+        self._bind_all()
+
+    # ---- setup -----------------------------------------------------------------------------
+    def _bind_all(self) -> None:
+        for case in self.cases:
+            why = case.impl.available()
+            if why:
+                case.status, case.reason = "unavailable", why
+                continue
+            try:
+                case.call = case.impl.bind(case.problem)
+                case.status = "ok"
+            except Unsupported as e:
+                case.status, case.reason = "unsupported", str(e)
+
+    def artifacts(self) -> list[str]:
+        out: list[str] = []
+        for impl in {id(c.impl): c.impl for c in self.cases}.values():
+            out.extend(impl.artifacts())
+        return sorted(set(out))
+
+    def describe(self) -> list[dict]:
+        return [c.describe() for c in self.cases]
+
+    # ---- one round ---------------------------------------------------------------------------
+    def run_round(self, index: int, progress: Progress | None = None) -> dict[str, Any]:
+        """Validation and samples of every case for round ``index``: {case id: {...}}."""
+        out: dict[str, Any] = {}
+        by_problem: dict[str, list[Case]] = {}
+        for case in self.cases:
+            by_problem.setdefault(case.problem.name, []).append(case)
+        for group in by_problem.values():
+            order = group if index % 2 == 0 else list(reversed(group))
+            for case in order:
+                if case.call is None:
+                    continue
+                out[case.id] = self._run_case(case, index)
+                if progress:
+                    p50 = {m: _p50(v) for m, v in out[case.id]["samples_us"].items()}
+                    shown = "  ".join(f"{m} {v:.2f}us" for m, v in p50.items())
+                    progress.step(f"round {index + 1}: {case.id}  {shown}")
+        return out
+
+    def _run_case(self, case: Case, index: int) -> dict[str, Any]:
+        cfg = self.config
+        problem = case.problem
+        result: dict[str, Any] = {"validations": [], "samples_us": {}}
+        try:
+            for v in range(cfg.validations_per_round):
+                seed = seed_for(cfg.seed, problem.name, case.impl.name, "validate", index, v)
+                result["validations"].append(validate.validate_call(problem, case.call, seed))
+            if self.device.kind == "cuda" and case.impl.graphable and "graph_throughput" in self.modes:
+                seeds = [seed_for(cfg.seed, problem.name, case.impl.name, "graph", index, k) for k in (0, 1)]
+                result["graph_replay"] = validate.validate_graph_replay(problem, case.call, *seeds)
+            calls, held = self._rotated_calls(case, index)
+            for _ in range(cfg.warmup):
+                for c in calls:
+                    c()
+            self.device.sync()
+            for mode in self.modes:
+                if mode == "graph_throughput" and not case.impl.graphable:
+                    continue
+                result["samples_us"][mode] = timing.measure(mode, calls, self.device, samples=cfg.samples,
+                                                            iterations=cfg.iterations)
+            del calls, held
+        except Exception as e:  # noqa: BLE001 - a crashing kernel is reported, not fatal to the run
+            result["error"] = f"{type(e).__name__}: {e}"
+        finally:
+            gc.collect()
+            if self.device.kind == "cuda":
+                self.device.torch.cuda.empty_cache()
+        passed = all(v["passed"] for v in result["validations"]) and "error" not in result
+        if "graph_replay" in result:
+            passed &= result["graph_replay"]["passed"]
+        result["passed"] = passed
+        return result
+
+    def _rotated_calls(self, case: Case, index: int) -> tuple[list[Callable[[], Any]], list]:
+        problem, cfg = case.problem, self.config
+        first_in = problem.make_inputs(seed_for(cfg.seed, problem.name, "time", index, 0))
+        first_out = problem.make_outputs(first_in)
+        set_bytes = sum(t.numel() * t.element_size() for t in [*first_in.values(), *first_out.values()])
+        n = timing.rotation_count(set_bytes, self.device.cache_bytes, limit_bytes=cfg.rotation_limit_bytes) \
+            if cfg.rotate else 1
+        sets = [(first_in, first_out)]
+        for k in range(1, n):
+            ins = problem.make_inputs(seed_for(cfg.seed, problem.name, "time", index, k))
+            sets.append((ins, problem.make_outputs(ins)))
+        call = case.call
+        calls = [(lambda i=i, o=o: call(i, o)) for i, o in sets]
+        return calls, sets
+
+
+def _p50(values: Sequence[float]) -> float:
+    from .stats import median
+
+    return median(values)

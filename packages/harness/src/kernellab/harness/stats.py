@@ -1,0 +1,165 @@
+"""Statistics of timing samples: summaries, per-round comparisons, bootstrap intervals.
+
+Medians of ratios are taken in log space (for an even count, the geometric mean of the two middle
+values), so that gain(a, b) == 1 / gain(b, a) exactly and a scaled copy of a sample set gives the
+scale itself as its gain.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default method), q in [0, 100]."""
+    if not values:
+        raise ValueError("percentile of an empty sample set")
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"q must be in [0, 100], got {q}")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    frac = pos - lo
+    return xs[lo] + (xs[hi] - xs[lo]) * frac
+
+
+def median(values: Sequence[float]) -> float:
+    return percentile(values, 50.0)
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """count, p50, p95, min, max, mean: the seeds' ``stream_summary``."""
+    if not values:
+        raise ValueError("summary of an empty sample set")
+    return {
+        "count": len(values),
+        "p50": median(values),
+        "p95": percentile(values, 95.0),
+        "min": min(values),
+        "max": max(values),
+        "mean": math.fsum(values) / len(values),
+    }
+
+
+def log_median(ratios: Sequence[float]) -> float:
+    """Median of positive ratios taken in log space; reciprocal-symmetric."""
+    if not ratios:
+        raise ValueError("median of an empty ratio set")
+    if any(not (r > 0.0) or math.isinf(r) for r in ratios):
+        raise ValueError(f"ratios must be finite and positive, got {list(ratios)}")
+    xs = sorted(ratios)
+    n = len(xs)
+    if n % 2:
+        return xs[n // 2]
+    return math.sqrt(xs[n // 2 - 1]) * math.sqrt(xs[n // 2])
+
+
+def round_medians(rounds: Sequence[Sequence[float]]) -> list[float]:
+    return [median(r) for r in rounds]
+
+
+def ratio_stats(numer_rounds: Sequence[Sequence[float]], denom_rounds: Sequence[Sequence[float]]) -> dict:
+    """Per-round ratio of medians numer/denom: its log-space median, min and max over rounds."""
+    if len(numer_rounds) != len(denom_rounds) or not numer_rounds:
+        raise ValueError(f"both sides need the same, non-zero number of rounds "
+                         f"({len(numer_rounds)} vs {len(denom_rounds)})")
+    per_round = [a / b for a, b in zip(round_medians(numer_rounds), round_medians(denom_rounds))]
+    return {"value": log_median(per_round), "min": min(per_round), "max": max(per_round), "rounds": per_round}
+
+
+def bootstrap_gain_ci(
+    reference_rounds: Sequence[Sequence[float]],
+    candidate_rounds: Sequence[Sequence[float]],
+    *,
+    resamples: int = 1000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Confidence interval of the gain (reference/candidate) by a two-level bootstrap.
+
+    Rounds are resampled (drift between rounds), then samples within each chosen round on each side
+    (noise within a round). The interval is the normal interval of log(gain) around the estimate,
+    so it always holds the estimate and swapping the sides gives the reciprocal interval.
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    estimate = ratio_stats(reference_rounds, candidate_rounds)["value"]
+    n_rounds = len(reference_rounds)
+    rng = random.Random(seed)
+    logs = []
+    for _ in range(resamples):
+        ratios = []
+        for _ in range(n_rounds):
+            r = rng.randrange(n_rounds)
+            ref, cand = reference_rounds[r], candidate_rounds[r]
+            ref_m = median([ref[rng.randrange(len(ref))] for _ in ref])
+            cand_m = median([cand[rng.randrange(len(cand))] for _ in cand])
+            ratios.append(ref_m / cand_m)
+        logs.append(math.log(log_median(ratios)))
+    mean = math.fsum(logs) / len(logs)
+    sd = math.sqrt(math.fsum((x - mean) ** 2 for x in logs) / max(1, len(logs) - 1))
+    z = _normal_quantile(0.5 + confidence / 2.0)
+    centre = math.log(estimate)
+    return math.exp(centre - z * sd), math.exp(centre + z * sd)
+
+
+def _normal_quantile(p: float) -> float:
+    """Inverse standard normal CDF by bisection on erf (no scipy needed for one number)."""
+    lo, hi = -10.0, 10.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if 0.5 * (1.0 + math.erf(mid / math.sqrt(2.0))) < p:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2.0
+
+
+def compare(
+    reference_rounds: Sequence[Sequence[float]],
+    candidate_rounds: Sequence[Sequence[float]],
+    torch_rounds: Sequence[Sequence[float]] | None = None,
+    *,
+    bootstrap_seed: int = 0,
+    resamples: int = 1000,
+) -> dict:
+    """One record of the example audit: reference vs candidate (and vs torch), per round."""
+    ref_meds = round_medians(reference_rounds)
+    cand_meds = round_medians(candidate_rounds)
+    gain = ratio_stats(reference_rounds, candidate_rounds)
+    lo, hi = bootstrap_gain_ci(reference_rounds, candidate_rounds, seed=bootstrap_seed, resamples=resamples)
+    out = {
+        "reference_us": median(ref_meds),
+        "candidate_us": median(cand_meds),
+        "reference_rounds_us": ref_meds,
+        "candidate_rounds_us": cand_meds,
+        "gain": gain["value"],
+        "gain_min": gain["min"],
+        "gain_max": gain["max"],
+        "gain_ci": [lo, hi],
+        "significant": not (lo <= 1.0 <= hi),
+    }
+    if torch_rounds is not None:
+        torch_meds = round_medians(torch_rounds)
+        ratio = ratio_stats(candidate_rounds, torch_rounds)
+        out.update({
+            "torch_us": median(torch_meds),
+            "torch_rounds_us": torch_meds,
+            "native_torch_ratio": ratio["value"],
+            "ratio_min": ratio["min"],
+            "ratio_max": ratio["max"],
+        })
+    return out
+
+
+def summary_counts(records: Sequence[dict]) -> dict[str, int]:
+    """The four counts of the example audit's ``summaries`` over one mode's records."""
+    return {
+        "positive_medians": sum(1 for r in records if r["gain"] > 1.0),
+        "all_pairs_positive": sum(1 for r in records if r["gain_min"] > 1.0),
+        "all_pairs_negative": sum(1 for r in records if r["gain_max"] < 1.0),
+        "faster_torch_all_pairs": sum(1 for r in records if r.get("ratio_max") is not None and r["ratio_max"] < 1.0),
+    }

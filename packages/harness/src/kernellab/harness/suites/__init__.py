@@ -1,0 +1,56 @@
+"""The harness's own suites: problem families with torch as the control impl.
+
+Other packages add contenders to them through ``kernellab.suites`` entry points named
+``cpu-ops.<part>`` or ``gpu-norm.<part>``.
+"""
+
+from __future__ import annotations
+
+from ..case import Suite
+from .problems import Copy, LayerNorm, LinearBackward, LinearForward, RMSNorm, Softmax
+
+CPU_NORM_SHAPES = ((128, 512),)
+CPU_LINEAR_SHAPES = ((128, 512, 512),)  # (M, K, N)
+
+# The example audit's four shapes, then bandwidth shapes of at least 64 MiB per fp32 tensor.
+GPU_NORM_SHAPES = ((37, 1537), (256, 3072), (768, 6144), (1024, 4096))
+GPU_BANDWIDTH_SHAPES = ((16384, 8192), (8192, 16384), (65536, 1024))
+GPU_DTYPES = ("fp32", "bf16")
+
+
+def cpu_ops() -> Suite:
+    def problems():
+        out = []
+        for shape in CPU_NORM_SHAPES:
+            out += [Softmax(shape, "fp32", "cpu"), RMSNorm(shape, "fp32", "cpu"), LayerNorm(shape, "fp32", "cpu")]
+        for shape in CPU_LINEAR_SHAPES:
+            out += [LinearForward(shape, "fp32", "cpu"), LinearBackward(shape, "fp32", "cpu")]
+        return out
+
+    return Suite(
+        name="cpu-ops",
+        device="cpu",
+        description="CPU softmax, RMSNorm, LayerNorm at 128x512 and linear forward/backward at 128x512x512 (fp32)",
+        make_problems=problems,
+        defaults={"rounds": 3, "samples": 30, "warmup": 10, "iterations": 5},
+    )
+
+
+def gpu_norm() -> Suite:
+    def problems():
+        out = []
+        for shape in GPU_NORM_SHAPES + GPU_BANDWIDTH_SHAPES:
+            for dtype in GPU_DTYPES:
+                out += [Softmax(shape, dtype, "cuda"), RMSNorm(shape, dtype, "cuda"), LayerNorm(shape, dtype, "cuda"),
+                        Copy(shape, dtype, "cuda")]
+        return out
+
+    return Suite(
+        name="gpu-norm",
+        device="cuda",
+        description="CUDA softmax, RMSNorm, LayerNorm forward at the example audit's shapes and bandwidth shapes, "
+                    "fp32 and bf16, with a copy per shape as the bandwidth ceiling",
+        make_problems=problems,
+        ceiling_op="copy",
+        defaults={"rounds": 3, "samples": 20, "warmup": 5, "iterations": 10},
+    )

@@ -1,0 +1,67 @@
+"""Terminal tables of reports (tabulate)."""
+
+from __future__ import annotations
+
+from tabulate import tabulate
+
+from .timing import ALL_MODES
+
+
+def primary_mode(report: dict) -> str:
+    """The mode a reader looks at first: graph throughput on the GPU, host throughput on the CPU."""
+    return "graph_throughput" if report.get("suite_device") == "cuda" else "e2e_throughput"
+
+
+def _fmt(x, spec=".2f"):
+    return "-" if x is None else format(x, spec)
+
+
+def run_table(report: dict) -> str:
+    modes = [m for m in ALL_MODES if any(m in c["modes"] for c in report["cases"])]
+    primary = primary_mode(report)
+    ratios = {(r["name"], r["impl"]): r.get(primary, {}).get("native_torch_ratio") for r in report["versus_control"]}
+    rows = []
+    for c in report["cases"]:
+        row = [c["name"], c["impl"], c["status"] if c["status"] == "ok" else f"{c['status']}: {c.get('reason') or ''}"[:60]]
+        row += [_fmt(c["modes"].get(m, {}).get("summary_us", {}).get("p50")) for m in modes]
+        m = c["modes"].get(primary, {})
+        row += [_fmt(ratios.get((c["name"], c["impl"])), ".3f"), _fmt(m.get("gbps"), ".1f"),
+                _fmt(m.get("ceiling_fraction"), ".2f")]
+        rows.append(row)
+    headers = ["case", "impl", "status", *[f"{m} p50 us" for m in modes], f"x torch ({primary})", "GB/s", "of copy"]
+    return tabulate(rows, headers=headers, disablenumparse=True)
+
+
+def comparison_table(report: dict) -> str:
+    rows = []
+    for r in report["records"]:
+        for mode in ALL_MODES:
+            if mode not in r:
+                continue
+            m = r[mode]
+            lo, hi = m["gain_ci"]
+            rows.append([
+                r["name"], mode, _fmt(m["reference_us"]), _fmt(m["candidate_us"]),
+                f"{m['gain']:.3f} [{lo:.3f}, {hi:.3f}]" + ("" if m["significant"] else " n.s."),
+                f"{m['gain_min']:.3f}..{m['gain_max']:.3f}",
+                _fmt(m.get("native_torch_ratio"), ".3f"),
+                "drift!" if m.get("control_flagged") else "",
+            ])
+    headers = ["case", "mode", "reference us", "candidate us", "gain [95% CI]", "gain range", "x torch", "control"]
+    lines = [tabulate(rows, headers=headers, disablenumparse=True)]
+    rng = report.get("torch_probe_control_ratio_range")
+    if rng:
+        lines.append(f"control probe ratio (reference run / candidate run): {rng[0]:.3f} .. {rng[1]:.3f}")
+    for mode, s in report["summaries"].items():
+        lines.append(f"{mode}: " + ", ".join(f"{k} {v}" for k, v in s.items()))
+    return "\n".join(lines)
+
+
+def before_after_table(report: dict) -> str:
+    rows = [[r["operation"], r["impl"], f"{r['before_ms']:.4f}", f"{r['after_ms']:.4f}", f"{r['speedup']:.3f}"]
+            for r in report["records"]]
+    return tabulate(rows, headers=["operation", "impl", "before ms", "after ms", "speedup"], disablenumparse=True)
+
+
+def render(report: dict) -> str:
+    return {"run": run_table, "comparison": comparison_table, "before_after": before_after_table}[report["kind"]](report)

@@ -1,0 +1,165 @@
+"""Clocks and the timing modes.
+
+- ``gpu_throughput``: CUDA events around K back-to-back calls; per call = elapsed / K.
+- ``gpu_latency``: CUDA events around one call, after a synchronize and an L2 flush.
+- ``e2e_throughput``: host ``perf_counter_ns`` around K back-to-back calls plus one synchronize.
+- ``e2e_latency``: host clock around one call plus synchronize, after a cache flush.
+- ``graph_throughput``: CUDA events around one replay of a graph of K captured calls.
+
+Calls cycle through rotated input/output sets so that repeated calls do not read from cache.
+Every mode returns microseconds per call, one value per sample.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+GPU_MODES = ("gpu_throughput", "gpu_latency", "e2e_throughput", "e2e_latency", "graph_throughput")
+CPU_MODES = ("e2e_throughput", "e2e_latency")
+ALL_MODES = GPU_MODES
+LATENCY_MODES = ("gpu_latency", "e2e_latency")
+
+
+class Device:
+    """What the modes need of a device: synchronize, flush the cache, and the cache size."""
+
+    def __init__(self, kind: str):
+        if kind not in ("cpu", "cuda"):
+            raise ValueError(f"device kind must be 'cpu' or 'cuda', got {kind!r}")
+        import torch
+
+        self.kind = kind
+        self.torch = torch
+        if kind == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("this suite needs a CUDA device and torch sees none")
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            self.cache_bytes = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
+            self.modes = GPU_MODES
+        else:
+            self.cache_bytes = cpu_last_level_cache_bytes()
+            self.modes = CPU_MODES
+        self._flush_buf = None
+
+    def sync(self) -> None:
+        if self.kind == "cuda":
+            self.torch.cuda.synchronize()
+
+    def flush(self) -> None:
+        """Evict the cache by writing a buffer twice its size."""
+        torch = self.torch
+        if self._flush_buf is None:
+            n = 2 * self.cache_bytes // 4
+            self._flush_buf = torch.empty(n, dtype=torch.float32, device=self.kind)
+            self._flush_value = 0.0
+        self._flush_value += 1.0
+        self._flush_buf.fill_(self._flush_value)
+        if self.kind == "cpu":
+            float(self._flush_buf[-1])  # the fill is synchronous on the CPU; touch to be sure
+
+
+def cpu_last_level_cache_bytes() -> int:
+    """The largest cache the OS reports, or 32 MiB where it reports none."""
+    best = 0
+    for size_file in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = size_file.read_text().strip()
+        mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        try:
+            best = max(best, int(text.rstrip("KMG")) * mult)
+        except ValueError:
+            continue
+    return best or 32 * 2**20
+
+
+def rotation_count(set_bytes: int, cache_bytes: int, *, limit_bytes: int, max_sets: int = 64) -> int:
+    """Enough input/output sets that the working set exceeds twice the cache, within a memory limit."""
+    if set_bytes <= 0:
+        return 1
+    want = -(-2 * cache_bytes // set_bytes) + 1
+    fit = max(1, limit_bytes // set_bytes)
+    return max(1, min(want, fit, max_sets))
+
+
+def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *, samples: int, iterations: int,
+            graph_calls: Callable[[int], object] | None = None) -> list[float]:
+    """Time one mode; returns ``samples`` values in microseconds per call."""
+    if mode not in device.modes:
+        raise ValueError(f"mode {mode!r} is not available on {device.kind}; modes: {device.modes}")
+    if samples < 1 or iterations < 1:
+        raise ValueError(f"samples and iterations must be >= 1, got {samples} and {iterations}")
+    n = len(calls)
+    out: list[float] = []
+    torch = device.torch
+    if mode == "gpu_throughput":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        k = 0
+        for _ in range(samples):
+            device.sync()
+            start.record()
+            for _ in range(iterations):
+                calls[k % n]()
+                k += 1
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end) * 1e3 / iterations)
+    elif mode == "gpu_latency":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for s in range(samples):
+            device.flush()
+            device.sync()
+            start.record()
+            calls[s % n]()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end) * 1e3)
+    elif mode == "e2e_throughput":
+        k = 0
+        for _ in range(samples):
+            device.sync()
+            t0 = time.perf_counter_ns()
+            for _ in range(iterations):
+                calls[k % n]()
+                k += 1
+            device.sync()
+            out.append((time.perf_counter_ns() - t0) / 1e3 / iterations)
+    elif mode == "e2e_latency":
+        for s in range(samples):
+            device.flush()
+            device.sync()
+            t0 = time.perf_counter_ns()
+            calls[s % n]()
+            device.sync()
+            out.append((time.perf_counter_ns() - t0) / 1e3)
+    elif mode == "graph_throughput":
+        graph = capture(calls, device, iterations)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        graph.replay()
+        for _ in range(samples):
+            device.sync()
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end) * 1e3 / iterations)
+        del graph
+    return out
+
+
+def capture(calls: Sequence[Callable[[], object]], device: Device, iterations: int):
+    """A CUDA graph of ``iterations`` calls cycling through the rotated sets (warmed on a side stream)."""
+    torch = device.torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(side)
+    device.sync()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(iterations):
+            calls[i % len(calls)]()
+    device.sync()
+    return graph

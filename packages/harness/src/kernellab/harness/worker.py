@@ -1,0 +1,87 @@
+"""The worker side of revision A/B: ``python -m kernellab.harness.worker`` in one revision's tree.
+
+Requests and replies are JSON lines on the original stdout; everything else the process prints
+(compilers, extension builds, progress) goes to stderr so it cannot corrupt the protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from . import provenance, registry
+from .revision import PROTOCOL
+from .runner import Bench, Config, Progress
+
+
+def _foreign_modules(root: Path) -> list[str]:
+    """kernellab modules this worker imported from outside its tree: a contaminated comparison."""
+    bad = []
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if name.startswith("kernellab.") and f and root not in Path(f).resolve().parents:
+            bad.append(f"{name} ({f})")
+    return sorted(bad)
+
+
+def serve(inp, out) -> None:
+    root = Path(os.environ.get("KERNELLAB_SOURCE_ROOT", ".")).resolve()
+    label = os.environ.get("KERNELLAB_WORKER_LABEL", "worker")
+    bench: Bench | None = None
+    progress: Progress | None = None
+
+    def reply(**data):
+        out.write(json.dumps({"ok": True, "protocol": PROTOCOL, **data}, allow_nan=True) + "\n")
+        out.flush()
+
+    for line in inp:
+        req = json.loads(line)
+        cmd = req.get("cmd")
+        try:
+            if cmd == "exit":
+                reply()
+                return
+            if cmd == "setup":
+                suite = registry.get(req["suite"], root)
+                config = Config(**req["config"])
+                bench = Bench(suite, config, cases=req.get("cases"), impls=req.get("impls"))
+                foreign = _foreign_modules(root)
+                if foreign:
+                    raise RuntimeError(f"modules imported from outside {root}: {foreign}")
+                runnable = sum(1 for c in bench.cases if c.call is not None)
+                progress = Progress(runnable * config.rounds * 2, enabled=not req.get("quiet"), prefix=f"[{label}] ")
+                progress.done = req.get("progress_offset", 0)
+                reply(cases=bench.describe(), modes=list(bench.modes),
+                      provenance=provenance.collect(suite.device, root, bench.artifacts()))
+            elif cmd == "round":
+                if bench is None:
+                    raise RuntimeError("round before setup")
+                if progress is not None:
+                    progress.done = req.get("progress_done", progress.done)
+                reply(data=bench.run_round(int(req["index"]), progress))
+            elif cmd == "finish":
+                if bench is None:
+                    raise RuntimeError("finish before setup")
+                reply(clocks_end=provenance.clocks(bench.suite.device),
+                      artifacts_sha256=provenance.artifact_hashes(bench.artifacts()))
+            else:
+                raise ValueError(f"unknown request {cmd!r}")
+        except Exception as e:  # noqa: BLE001 - every failure goes back to the driver with its reason
+            traceback.print_exc(file=sys.stderr)
+            out.write(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"}) + "\n")
+            out.flush()
+
+
+def main() -> None:
+    protocol_fd = os.dup(1)
+    os.dup2(2, 1)  # anything printed, even by C code, goes to stderr
+    sys.stdout = sys.stderr
+    with os.fdopen(protocol_fd, "w", buffering=1) as out:
+        serve(sys.stdin, out)
+
+
+if __name__ == "__main__":
+    main()
