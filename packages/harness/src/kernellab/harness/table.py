@@ -29,7 +29,7 @@ def run_table(report: dict) -> str:
                 _fmt(m.get("ceiling_fraction"), ".2f")]
         rows.append(row)
     headers = ["case", "impl", "status", *[f"{m} p50 us" for m in modes], f"x torch ({primary})", "GB/s", "of copy"]
-    return tabulate(rows, headers=headers, disablenumparse=True)
+    return tabulate(rows, headers=headers, disable_numparse=True)
 
 
 def comparison_table(report: dict) -> str:
@@ -48,7 +48,7 @@ def comparison_table(report: dict) -> str:
                 "drift!" if m.get("control_flagged") else "",
             ])
     headers = ["case", "mode", "reference us", "candidate us", "gain [95% CI]", "gain range", "x torch", "control"]
-    lines = [tabulate(rows, headers=headers, disablenumparse=True)]
+    lines = [tabulate(rows, headers=headers, disable_numparse=True)]
     rng = report.get("torch_probe_control_ratio_range")
     if rng:
         lines.append(f"control probe ratio (reference run / candidate run): {rng[0]:.3f} .. {rng[1]:.3f}")
@@ -60,7 +60,7 @@ def comparison_table(report: dict) -> str:
 def before_after_table(report: dict) -> str:
     rows = [[r["operation"], r["impl"], f"{r['before_ms']:.4f}", f"{r['after_ms']:.4f}", f"{r['speedup']:.3f}"]
             for r in report["records"]]
-    return tabulate(rows, headers=["operation", "impl", "before ms", "after ms", "speedup"], disablenumparse=True)
+    return tabulate(rows, headers=["operation", "impl", "before ms", "after ms", "speedup"], disable_numparse=True)
 
 
 def render(report: dict) -> str:
