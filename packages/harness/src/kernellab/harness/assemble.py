@@ -13,6 +13,7 @@ from . import stats
 from .timing import ALL_MODES
 
 CONTROL_DRIFT_TOLERANCE = 0.10  # a pair whose control moved more than 10% between runs is flagged
+FAMILY_ERROR = 0.05  # the chance that any of a comparison's intervals misses, split over its pairs
 
 
 def now_iso() -> str:
@@ -153,6 +154,9 @@ def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, 
     ref_cases = {c["id"]: c for c in case_table(reference["cases"], reference["rounds"])}
     cand_cases = {c["id"]: c for c in case_table(candidate["cases"], candidate["rounds"])}
     contenders = _contenders(list(cand_cases.values()), suite.control)
+    pairs = sum(1 for cid, c in cand_cases.items() if c["impl"] in contenders and cid in ref_cases
+                for m in c["modes"] if m in ref_cases[cid]["modes"])
+    confidence = 1.0 - FAMILY_ERROR / max(1, pairs)  # Bonferroni: every interval holds at once at 95%
     records, drift = [], []
     for cid, cand in cand_cases.items():
         ref = ref_cases.get(cid)
@@ -169,7 +173,7 @@ def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, 
             torch_rounds = cand_ctrl["modes"][mode]["rounds_us"] if cand_ctrl and mode in cand_ctrl["modes"] else None
             seed = int(hashlib.sha256(f"{name}/{mode}".encode()).hexdigest()[:8], 16)
             rec[mode] = stats.compare(ref["modes"][mode]["rounds_us"], cand["modes"][mode]["rounds_us"], torch_rounds,
-                                      bootstrap_seed=seed, resamples=resamples)
+                                      bootstrap_seed=seed, resamples=resamples, confidence=confidence)
             if ref_ctrl and cand_ctrl and mode in ref_ctrl["modes"] and mode in cand_ctrl["modes"]:
                 ctrl = [a / b for a, b in zip(ref_ctrl["modes"][mode]["round_medians_us"],
                                               cand_ctrl["modes"][mode]["round_medians_us"])]

@@ -11,7 +11,7 @@ from pathlib import Path
 from . import assemble, plot, provenance, registry, table
 from . import report as report_io
 from .revision import RevisionError, Worker, materialize
-from .runner import Bench, Config, Progress
+from .runner import Bench, Config, Progress, describe_samples
 
 EXIT_OK, EXIT_FAILED_VALIDATION, EXIT_USAGE = 0, 1, 2
 
@@ -132,15 +132,24 @@ def run_ab(suite, config: Config, args) -> tuple[dict, dict | None]:
         request = {"suite": suite.name, "config": config.to_json(), "cases": args.cases, "impls": args.impls,
                    "quiet": args.quiet}
         with Worker(base["root"], "reference") as ref_w, Worker(repo, "candidate") as cand_w:
-            sides = {"reference": {"revision": base}, "candidate": {"revision": cand}}
             workers = {"reference": ref_w, "candidate": cand_w}
+            sides = {"reference": {"revision": base}, "candidate": {"revision": cand}}
+            schedules = {}
             for name, w in workers.items():
                 setup = w.request("setup", **request)
-                sides[name].update(cases=setup["cases"], provenance=setup["provenance"], rounds=[])
-            for r in range(config.rounds):
+                schedules[name] = setup["schedule"]
+                sides[name].update(cases=setup["cases"], provenance=setup["provenance"],
+                                   rounds=[{} for _ in range(config.rounds)])
+            plan = [[cid for cid in schedules["candidate"][r] if cid in set(schedules["reference"][r])]
+                    for r in range(config.rounds)]
+            progress = Progress(2 * sum(map(len, plan)), enabled=not args.quiet)
+            for r, ids in enumerate(plan):
                 order = ["reference", "candidate"] if r % 2 == 0 else ["candidate", "reference"]
-                for name in order:
-                    sides[name]["rounds"].append(workers[name].request("round", index=r)["data"])
+                for cid in ids:
+                    for name in order:
+                        data = workers[name].request("case", id=cid, round=r)["data"]
+                        sides[name]["rounds"][r][cid] = data
+                        progress.step(f"round {r + 1} {name}: {cid}  {describe_samples(data)}")
             for name, w in workers.items():
                 fin = w.request("finish")
                 sides[name]["provenance"]["clocks_end"] = fin["clocks_end"]

@@ -15,7 +15,7 @@ from typing import Any
 
 from .provenance import sha256_file
 
-PROTOCOL = 1
+PROTOCOL = 2
 
 
 class RevisionError(RuntimeError):

@@ -13,7 +13,7 @@ import fnmatch
 import gc
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from . import timing, validate
@@ -121,6 +121,8 @@ class Bench:
                 case.status = "ok"
             except Unsupported as e:
                 case.status, case.reason = "unsupported", str(e)
+            except Exception as e:  # noqa: BLE001 - a contender that cannot even bind is reported, not fatal
+                case.status, case.reason = "error", f"bind failed: {type(e).__name__}: {e}"
 
     def artifacts(self) -> list[str]:
         out: list[str] = []
@@ -132,23 +134,31 @@ class Bench:
         return [c.describe() for c in self.cases]
 
     # ---- one round ---------------------------------------------------------------------------
+    def schedule(self, index: int) -> list[str]:
+        """Runnable case ids of round ``index``: problem by problem, impl order alternating by round."""
+        by_problem: dict[str, list[Case]] = {}
+        for case in self.cases:
+            if case.call is not None:
+                by_problem.setdefault(case.problem.name, []).append(case)
+        order = []
+        for group in by_problem.values():
+            order.extend(c.id for c in (group if index % 2 == 0 else reversed(group)))
+        return order
+
     def run_round(self, index: int, progress: Progress | None = None) -> dict[str, Any]:
         """Validation and samples of every case for round ``index``: {case id: {...}}."""
         out: dict[str, Any] = {}
-        by_problem: dict[str, list[Case]] = {}
-        for case in self.cases:
-            by_problem.setdefault(case.problem.name, []).append(case)
-        for group in by_problem.values():
-            order = group if index % 2 == 0 else list(reversed(group))
-            for case in order:
-                if case.call is None:
-                    continue
-                out[case.id] = self._run_case(case, index)
-                if progress:
-                    p50 = {m: _p50(v) for m, v in out[case.id]["samples_us"].items()}
-                    shown = "  ".join(f"{m} {v:.2f}us" for m, v in p50.items())
-                    progress.step(f"round {index + 1}: {case.id}  {shown}")
+        for cid in self.schedule(index):
+            out[cid] = self.run_case(cid, index)
+            if progress:
+                progress.step(f"round {index + 1}: {cid}  {describe_samples(out[cid])}")
         return out
+
+    def run_case(self, case_id: str, index: int) -> dict[str, Any]:
+        case = next((c for c in self.cases if c.id == case_id), None)
+        if case is None or case.call is None:
+            raise KeyError(f"no runnable case {case_id!r}")
+        return self._run_case(case, index)
 
     def _run_case(self, case: Case, index: int) -> dict[str, Any]:
         cfg = self.config
@@ -200,7 +210,11 @@ class Bench:
         return calls, sets
 
 
-def _p50(values: Sequence[float]) -> float:
+def describe_samples(result: dict[str, Any]) -> str:
+    """A progress line's summary of one case: p50 per mode, or what went wrong."""
     from .stats import median
 
-    return median(values)
+    if "error" in result:
+        return f"ERROR {result['error']}"
+    text = "  ".join(f"{m} {median(v):.2f}us" for m, v in result["samples_us"].items())
+    return text if result["passed"] else f"{text}  VALIDATION FAILED"

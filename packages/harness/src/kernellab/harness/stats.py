@@ -125,12 +125,14 @@ def compare(
     *,
     bootstrap_seed: int = 0,
     resamples: int = 1000,
+    confidence: float = 0.95,
 ) -> dict:
     """One record of the example audit: reference vs candidate (and vs torch), per round."""
     ref_meds = round_medians(reference_rounds)
     cand_meds = round_medians(candidate_rounds)
     gain = ratio_stats(reference_rounds, candidate_rounds)
-    lo, hi = bootstrap_gain_ci(reference_rounds, candidate_rounds, seed=bootstrap_seed, resamples=resamples)
+    lo, hi = bootstrap_gain_ci(reference_rounds, candidate_rounds, seed=bootstrap_seed, resamples=resamples,
+                               confidence=confidence)
     out = {
         "reference_us": median(ref_meds),
         "candidate_us": median(cand_meds),
@@ -140,6 +142,7 @@ def compare(
         "gain_min": gain["min"],
         "gain_max": gain["max"],
         "gain_ci": [lo, hi],
+        "ci_level": confidence,
         "significant": not (lo <= 1.0 <= hi),
     }
     if torch_rounds is not None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import provenance, registry
 from .revision import PROTOCOL
-from .runner import Bench, Config, Progress
+from .runner import Bench, Config
 
 
 def _foreign_modules(root: Path) -> list[str]:
@@ -31,7 +31,6 @@ def serve(inp, out) -> None:
     root = Path(os.environ.get("KERNELLAB_SOURCE_ROOT", ".")).resolve()
     label = os.environ.get("KERNELLAB_WORKER_LABEL", "worker")
     bench: Bench | None = None
-    progress: Progress | None = None
 
     def reply(**data):
         out.write(json.dumps({"ok": True, "protocol": PROTOCOL, **data}, allow_nan=True) + "\n")
@@ -51,17 +50,13 @@ def serve(inp, out) -> None:
                 foreign = _foreign_modules(root)
                 if foreign:
                     raise RuntimeError(f"modules imported from outside {root}: {foreign}")
-                runnable = sum(1 for c in bench.cases if c.call is not None)
-                progress = Progress(runnable * config.rounds * 2, enabled=not req.get("quiet"), prefix=f"[{label}] ")
-                progress.done = req.get("progress_offset", 0)
-                reply(cases=bench.describe(), modes=list(bench.modes),
+                reply(cases=bench.describe(), modes=list(bench.modes), label=label,
+                      schedule=[bench.schedule(r) for r in range(config.rounds)],
                       provenance=provenance.collect(suite.device, root, bench.artifacts()))
-            elif cmd == "round":
+            elif cmd == "case":
                 if bench is None:
-                    raise RuntimeError("round before setup")
-                if progress is not None:
-                    progress.done = req.get("progress_done", progress.done)
-                reply(data=bench.run_round(int(req["index"]), progress))
+                    raise RuntimeError("case before setup")
+                reply(data=bench.run_case(req["id"], int(req["round"])))
             elif cmd == "finish":
                 if bench is None:
                     raise RuntimeError("finish before setup")
