@@ -17,7 +17,7 @@ FAMILY_ERROR = 0.05  # the chance that any of a comparison's intervals misses, s
 
 
 def now_iso() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat()
+    return datetime.datetime.now(datetime.UTC).isoformat()
 
 
 def _compact_validation(index: int, data: dict) -> dict:
@@ -176,7 +176,7 @@ def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, 
                                       bootstrap_seed=seed, resamples=resamples, confidence=confidence)
             if ref_ctrl and cand_ctrl and mode in ref_ctrl["modes"] and mode in cand_ctrl["modes"]:
                 ctrl = [a / b for a, b in zip(ref_ctrl["modes"][mode]["round_medians_us"],
-                                              cand_ctrl["modes"][mode]["round_medians_us"])]
+                                              cand_ctrl["modes"][mode]["round_medians_us"], strict=True)]
                 rec[mode]["control_ratio_range"] = [min(ctrl), max(ctrl)]
                 rec[mode]["control_flagged"] = any(abs(x - 1.0) > CONTROL_DRIFT_TOLERANCE for x in ctrl)
                 drift.extend(ctrl)

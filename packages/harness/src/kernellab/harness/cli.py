@@ -120,6 +120,11 @@ def run_single(suite, config: Config, args) -> dict:
     return assemble.run_report(suite, config.to_json(), side)
 
 
+def revision_order(round_index: int) -> list[str]:
+    """A B, B A, A B, ...: drift over the run favours neither side."""
+    return ["reference", "candidate"] if round_index % 2 == 0 else ["candidate", "reference"]
+
+
 def run_ab(suite, config: Config, args) -> tuple[dict, dict | None]:
     repo = provenance.find_repo_root(Path.cwd()) or provenance.find_repo_root(Path(__file__))
     if repo is None:
@@ -144,9 +149,8 @@ def run_ab(suite, config: Config, args) -> tuple[dict, dict | None]:
                     for r in range(config.rounds)]
             progress = Progress(2 * sum(map(len, plan)), enabled=not args.quiet)
             for r, ids in enumerate(plan):
-                order = ["reference", "candidate"] if r % 2 == 0 else ["candidate", "reference"]
                 for cid in ids:
-                    for name in order:
+                    for name in revision_order(r):
                         data = workers[name].request("case", id=cid, round=r)["data"]
                         sides[name]["rounds"][r][cid] = data
                         progress.step(f"round {r + 1} {name}: {cid}  {describe_samples(data)}")

@@ -57,8 +57,8 @@ def _run_figure(plt, report: dict):
         for k, mode in enumerate(modes):
             ys = [i + k * width for i in range(len(records))]
             xs = [r.get(mode, {}).get("native_torch_ratio") or float("nan") for r in records]
-            lo = [x - (r.get(mode, {}).get("ratio_min") or x) for x, r in zip(xs, records)]
-            hi = [(r.get(mode, {}).get("ratio_max") or x) - x for x, r in zip(xs, records)]
+            lo = [x - (r.get(mode, {}).get("ratio_min") or x) for x, r in zip(xs, records, strict=True)]
+            hi = [(r.get(mode, {}).get("ratio_max") or x) - x for x, r in zip(xs, records, strict=True)]
             ax.barh(ys, xs, height=width, xerr=[lo, hi], label=mode, capsize=2)
         ax.set_yticks([i + 0.4 - width / 2 for i in range(len(records))], labels, fontsize=7)
         ax.axvline(1.0, color="black", lw=0.8)

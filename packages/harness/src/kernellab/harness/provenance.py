@@ -131,14 +131,14 @@ def gpu_query() -> dict:
     if exe is None:
         return {}
     try:
-        res = subprocess.run([exe, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits", "-i", _gpu_index()],
-                             capture_output=True, text=True, timeout=30)
+        res = subprocess.run([exe, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
+                              "-i", _gpu_index()], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return {}
     if res.returncode != 0 or not res.stdout.strip():
         return {}
     values = [v.strip() for v in res.stdout.strip().splitlines()[0].split(",")]
-    return dict(zip(fields, values))
+    return dict(zip(fields, values, strict=False))
 
 
 def _gpu_index() -> str:
@@ -152,7 +152,7 @@ def _gpu_index() -> str:
 
 def clocks(device: str) -> dict:
     """A snapshot of the clocks, taken at the start and the end of a run."""
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat()
+    now = datetime.datetime.now(datetime.UTC).isoformat()
     if device == "cuda":
         q = gpu_query()
         return {"at": now, **{k: v for k, v in q.items() if k not in ("name", "driver_version")}}

@@ -46,9 +46,12 @@ def materialize(rev: str, repo: str | os.PathLike, dest: str | os.PathLike) -> d
     archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit], capture_output=True)
     if archive.returncode != 0:
         raise RevisionError(f"git archive {commit} failed: {archive.stderr.decode(errors='replace').strip()}")
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tf:
-        _safe_members(tf.getnames(), rev)
-        tf.extractall(dest, filter="data")
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tf:
+            _safe_members(tf.getnames(), rev)
+            tf.extractall(dest, filter="data")
+    except tarfile.ReadError:  # an empty tree archives to a header and padding only
+        pass
     root = _tree_root(dest, rev)
     return {"revision": rev, "kind": "git", "commit": commit, "zip_sha256": None, "root": str(root)}
 

@@ -54,7 +54,8 @@ def log_median(ratios: Sequence[float]) -> float:
     n = len(xs)
     if n % 2:
         return xs[n // 2]
-    return math.sqrt(xs[n // 2 - 1]) * math.sqrt(xs[n // 2])
+    lo, hi = xs[n // 2 - 1], xs[n // 2]
+    return lo if lo == hi else math.sqrt(lo * hi)
 
 
 def round_medians(rounds: Sequence[Sequence[float]]) -> list[float]:
@@ -66,7 +67,7 @@ def ratio_stats(numer_rounds: Sequence[Sequence[float]], denom_rounds: Sequence[
     if len(numer_rounds) != len(denom_rounds) or not numer_rounds:
         raise ValueError(f"both sides need the same, non-zero number of rounds "
                          f"({len(numer_rounds)} vs {len(denom_rounds)})")
-    per_round = [a / b for a, b in zip(round_medians(numer_rounds), round_medians(denom_rounds))]
+    per_round = [a / b for a, b in zip(round_medians(numer_rounds), round_medians(denom_rounds), strict=True)]
     return {"value": log_median(per_round), "min": min(per_round), "max": max(per_round), "rounds": per_round}
 
 
@@ -86,6 +87,12 @@ def bootstrap_gain_ci(
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    a = tuple(tuple(r) for r in reference_rounds)
+    b = tuple(tuple(r) for r in candidate_rounds)
+    if b < a:  # resample in one canonical orientation so that swapping sides inverts the interval exactly
+        lo, hi = bootstrap_gain_ci(candidate_rounds, reference_rounds, resamples=resamples, confidence=confidence,
+                                   seed=seed)
+        return 1.0 / hi, 1.0 / lo
     estimate = ratio_stats(reference_rounds, candidate_rounds)["value"]
     n_rounds = len(reference_rounds)
     rng = random.Random(seed)

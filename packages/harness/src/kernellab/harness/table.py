@@ -22,7 +22,8 @@ def run_table(report: dict) -> str:
     ratios = {(r["name"], r["impl"]): r.get(primary, {}).get("native_torch_ratio") for r in report["versus_control"]}
     rows = []
     for c in report["cases"]:
-        row = [c["name"], c["impl"], c["status"] if c["status"] == "ok" else f"{c['status']}: {c.get('reason') or ''}"[:60]]
+        status = c["status"] if c["status"] == "ok" else f"{c['status']}: {c.get('reason') or ''}"[:60]
+        row = [c["name"], c["impl"], status]
         row += [_fmt(c["modes"].get(m, {}).get("summary_us", {}).get("p50")) for m in modes]
         m = c["modes"].get(primary, {})
         row += [_fmt(ratios.get((c["name"], c["impl"])), ".3f"), _fmt(m.get("gbps"), ".1f"),
@@ -64,4 +65,5 @@ def before_after_table(report: dict) -> str:
 
 
 def render(report: dict) -> str:
-    return {"run": run_table, "comparison": comparison_table, "before_after": before_after_table}[report["kind"]](report)
+    tables = {"run": run_table, "comparison": comparison_table, "before_after": before_after_table}
+    return tables[report["kind"]](report)

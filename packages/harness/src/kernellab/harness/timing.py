@@ -4,7 +4,8 @@
 - ``gpu_latency``: CUDA events around one call, after a synchronize and an L2 flush.
 - ``e2e_throughput``: host ``perf_counter_ns`` around K back-to-back calls plus one synchronize.
 - ``e2e_latency``: host clock around one call plus synchronize, after a cache flush.
-- ``graph_throughput``: CUDA events around one replay of a graph of K captured calls.
+- ``graph_throughput``: CUDA events around one replay of a graph of K captured calls (K at least the
+  number of rotated sets).
 
 Calls cycle through rotated input/output sets so that repeated calls do not read from cache.
 Every mode returns microseconds per call, one value per sample.
@@ -73,7 +74,7 @@ def cpu_last_level_cache_bytes() -> int:
     return best or 32 * 2**20
 
 
-def rotation_count(set_bytes: int, cache_bytes: int, *, limit_bytes: int, max_sets: int = 64) -> int:
+def rotation_count(set_bytes: int, cache_bytes: int, *, limit_bytes: int, max_sets: int = 4096) -> int:
     """Enough input/output sets that the working set exceeds twice the cache, within a memory limit."""
     if set_bytes <= 0:
         return 1
@@ -82,8 +83,8 @@ def rotation_count(set_bytes: int, cache_bytes: int, *, limit_bytes: int, max_se
     return max(1, min(want, fit, max_sets))
 
 
-def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *, samples: int, iterations: int,
-            graph_calls: Callable[[int], object] | None = None) -> list[float]:
+def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *, samples: int,
+            iterations: int) -> list[float]:
     """Time one mode; returns ``samples`` values in microseconds per call."""
     if mode not in device.modes:
         raise ValueError(f"mode {mode!r} is not available on {device.kind}; modes: {device.modes}")
@@ -133,7 +134,8 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
             device.sync()
             out.append((time.perf_counter_ns() - t0) / 1e3)
     elif mode == "graph_throughput":
-        graph = capture(calls, device, iterations)
+        length = max(iterations, n)  # every rotated set appears in the graph, so none stays in cache
+        graph = capture(calls, device, length)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         graph.replay()
         for _ in range(samples):
@@ -142,7 +144,7 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
             graph.replay()
             end.record()
             end.synchronize()
-            out.append(start.elapsed_time(end) * 1e3 / iterations)
+            out.append(start.elapsed_time(end) * 1e3 / length)
         del graph
     return out
 

@@ -1,0 +1,66 @@
+import subprocess
+import zipfile
+
+import pytest
+
+from kernellab.harness.revision import RevisionError, materialize
+
+
+def _git(repo, *args):
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def repo(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "packages" / "harness").mkdir(parents=True)
+    (repo / "packages" / "harness" / "version.txt").write_text("one\n")
+    _git(repo, "init", "-q")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "empty")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    (repo / "packages" / "harness" / "version.txt").write_text("two\n")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "two")
+    return repo
+
+
+def test_materializes_an_older_revision(repo, tmp_path):
+    info = materialize("HEAD~1", repo, tmp_path / "old")
+    assert info["kind"] == "git" and len(info["commit"]) == 40
+    assert (tmp_path / "old" / "packages" / "harness" / "version.txt").read_text() == "one\n"
+    assert (repo / "packages" / "harness" / "version.txt").read_text() == "two\n"
+
+
+def test_materializes_head_by_commit_hash(repo, tmp_path):
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    info = materialize(head, repo, tmp_path / "head")
+    assert info["commit"] == head
+    assert (tmp_path / "head" / "packages" / "harness" / "version.txt").read_text() == "two\n"
+
+
+def test_materializes_a_source_zip(tmp_path):
+    z = tmp_path / "src.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        zf.writestr("kernellab-1.0/packages/harness/version.txt", "zip\n")
+    info = materialize(str(z), tmp_path, tmp_path / "unzipped")
+    assert info["kind"] == "zip" and len(info["zip_sha256"]) == 64
+    assert (tmp_path / "unzipped" / "kernellab-1.0" / "packages" / "harness" / "version.txt").exists()
+    assert info["root"].endswith("kernellab-1.0")
+
+
+def test_unknown_revision_is_a_clear_error(repo, tmp_path):
+    with pytest.raises(RevisionError, match="'nope' is neither a commit"):
+        materialize("nope", repo, tmp_path / "x")
+
+
+def test_a_revision_without_the_harness_is_refused(repo, tmp_path):
+    with pytest.raises(RevisionError, match="no packages/harness"):
+        materialize("HEAD~2", repo, tmp_path / "empty")
+
+
+def test_a_zip_with_escaping_paths_is_refused(tmp_path):
+    z = tmp_path / "evil.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        zf.writestr("../escape.txt", "x")
+    with pytest.raises(RevisionError, match="unsafe path"):
+        materialize(str(z), tmp_path, tmp_path / "out")

@@ -1,0 +1,73 @@
+import pytest
+from fakes import affine_suite, honest, leaves_tail_unwritten
+
+from kernellab.harness import assemble, timing
+from kernellab.harness.case import Impl, Unsupported
+from kernellab.harness.runner import Bench, Config, match
+
+FAST = Config(rounds=2, samples=3, warmup=1, iterations=2)
+
+
+def test_config_rejects_bad_values():
+    for field, value in (("rounds", 0), ("samples", -1), ("iterations", 0), ("warmup", -1)):
+        with pytest.raises(ValueError, match=field):
+            Config(**{field: value})
+    with pytest.raises(ValueError, match="unknown modes"):
+        Config(modes=("fastest",))
+
+
+def test_bench_measures_every_case_in_every_mode():
+    suite = affine_suite(Impl("ours", bind=honest))
+    bench = Bench(suite, FAST)
+    data = bench.run_round(0)
+    assert set(data) == {"affine_8x16_fp32/torch", "affine_8x16_fp32/ours", "affine_3x5_fp32/torch",
+                         "affine_3x5_fp32/ours"}
+    for result in data.values():
+        assert result["passed"]
+        assert set(result["samples_us"]) == set(timing.CPU_MODES)
+        assert all(len(v) == 3 and all(x > 0 for x in v) for v in result["samples_us"].values())
+
+
+def test_impl_order_alternates_between_rounds():
+    suite = affine_suite(Impl("ours", bind=honest), shapes=((4, 4),))
+    bench = Bench(suite, FAST)
+    assert bench.schedule(0) == ["affine_4x4_fp32/torch", "affine_4x4_fp32/ours"]
+    assert bench.schedule(1) == ["affine_4x4_fp32/ours", "affine_4x4_fp32/torch"]
+
+
+def test_revision_order_alternates_abba():
+    from kernellab.harness.cli import revision_order
+
+    assert [revision_order(r) for r in range(4)] == [
+        ["reference", "candidate"], ["candidate", "reference"], ["reference", "candidate"], ["candidate", "reference"]]
+
+
+def test_failed_validation_and_unsupported_are_reported():
+    def refuses(problem):
+        raise Unsupported("too small")
+
+    suite = affine_suite(Impl("broken", bind=leaves_tail_unwritten), Impl("picky", bind=refuses))
+    bench = Bench(suite, FAST)
+    statuses = {c.id: c.status for c in bench.cases}
+    assert statuses["affine_8x16_fp32/picky"] == "unsupported"
+    side = {"cases": bench.describe(), "rounds": [bench.run_round(r) for r in range(2)],
+            "provenance": {"device": {"name": "cpu"}}}
+    report = assemble.run_report(suite, FAST.to_json(), side)
+    by_id = {c["id"]: c for c in report["cases"]}
+    assert by_id["affine_8x16_fp32/broken"]["status"] == "failed"
+    assert by_id["affine_8x16_fp32/torch"]["status"] == "ok"
+    assert by_id["affine_8x16_fp32/picky"]["reason"] == "too small"
+
+
+def test_case_and_impl_filters():
+    assert match("softmax_128x512_fp32", "softmax_*") and not match("rmsnorm_1x1_fp32", "softmax_*,*bf16")
+    assert match("anything", None)
+    with pytest.raises(ValueError, match="no case of suite"):
+        Bench(affine_suite(), FAST, cases="nothing*")
+
+
+def test_rotation_count_exceeds_twice_the_cache():
+    n = timing.rotation_count(1_000_000, 32_000_000, limit_bytes=1 << 40)
+    assert n * 1_000_000 > 2 * 32_000_000
+    assert timing.rotation_count(10**9, 32_000_000, limit_bytes=1 << 40) >= 1
+    assert timing.rotation_count(1_000_000, 32_000_000, limit_bytes=3_000_000) == 3
