@@ -125,9 +125,18 @@ class Bench:
                 case.status, case.reason = "error", f"bind failed: {type(e).__name__}: {e}"
 
     def artifacts(self) -> list[str]:
+        """Built files of every impl that has a runnable case; an impl whose artifacts cannot be listed
+        has its cases marked as errors rather than measured without provenance."""
         out: list[str] = []
-        for impl in {id(c.impl): c.impl for c in self.cases}.values():
-            out.extend(impl.artifacts())
+        impls = {id(c.impl): c.impl for c in self.cases if c.call is not None}
+        for impl in impls.values():
+            try:
+                out.extend(impl.artifacts())
+            except Exception as e:  # noqa: BLE001
+                for case in self.cases:
+                    if case.impl is impl:
+                        case.call, case.status = None, "error"
+                        case.reason = f"artifacts failed: {type(e).__name__}: {e}"
         return sorted(set(out))
 
     def describe(self) -> list[dict]:
