@@ -36,7 +36,7 @@ def test_impl_order_alternates_between_rounds():
 
 
 def test_revision_order_alternates_abba():
-    from kernellab.harness.cli import revision_order
+    from kernellab.harness.revision import revision_order
 
     assert [revision_order(r) for r in range(4)] == [
         ["reference", "candidate"], ["candidate", "reference"], ["reference", "candidate"], ["candidate", "reference"]]

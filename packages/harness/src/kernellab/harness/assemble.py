@@ -150,7 +150,11 @@ def _contenders(cases: list[dict], control: str) -> list[str]:
 
 
 def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, resamples: int = 1000) -> dict:
-    """Reference revision vs candidate revision, per case and mode, in the example audit's format."""
+    """Reference revision vs candidate revision, per case and mode, in the example audit's format.
+
+    ``suite`` needs only ``name``, ``device`` and ``control``; each side has ``cases`` (as described by
+    the runner), ``rounds`` (per round, case id -> measured data), ``provenance`` and ``revision``.
+    """
     ref_cases = {c["id"]: c for c in case_table(reference["cases"], reference["rounds"])}
     cand_cases = {c["id"]: c for c in case_table(candidate["cases"], candidate["rounds"])}
     contenders = _contenders(list(cand_cases.values()), suite.control)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from . import assemble, plot, provenance, registry, table
 from . import report as report_io
-from .revision import RevisionError, Worker, materialize
-from .runner import Bench, Config, Progress, describe_samples
+from .revision import RevisionError, materialize, run_sides
+from .runner import Bench, Config, Progress
 
 EXIT_OK, EXIT_FAILED_VALIDATION, EXIT_USAGE = 0, 1, 2
 
@@ -120,11 +120,6 @@ def run_single(suite, config: Config, args) -> dict:
     return assemble.run_report(suite, config.to_json(), side)
 
 
-def revision_order(round_index: int) -> list[str]:
-    """A B, B A, A B, ...: drift over the run favours neither side."""
-    return ["reference", "candidate"] if round_index % 2 == 0 else ["candidate", "reference"]
-
-
 def run_ab(suite, config: Config, args) -> tuple[dict, dict | None]:
     repo = provenance.find_repo_root(Path.cwd()) or provenance.find_repo_root(Path(__file__))
     if repo is None:
@@ -134,30 +129,10 @@ def run_ab(suite, config: Config, args) -> tuple[dict, dict | None]:
         git = provenance.git_state(repo)
         cand = {"revision": "working tree", "kind": "local", "commit": git["commit"], "dirty": git["dirty"],
                 "root": str(repo)}
-        request = {"suite": suite.name, "config": config.to_json(), "cases": args.cases, "impls": args.impls,
-                   "quiet": args.quiet}
-        with Worker(base["root"], "reference") as ref_w, Worker(repo, "candidate") as cand_w:
-            workers = {"reference": ref_w, "candidate": cand_w}
-            sides = {"reference": {"revision": base}, "candidate": {"revision": cand}}
-            schedules = {}
-            for name, w in workers.items():
-                setup = w.request("setup", **request)
-                schedules[name] = setup["schedule"]
-                sides[name].update(cases=setup["cases"], provenance=setup["provenance"],
-                                   rounds=[{} for _ in range(config.rounds)])
-            plan = [[cid for cid in schedules["candidate"][r] if cid in set(schedules["reference"][r])]
-                    for r in range(config.rounds)]
-            progress = Progress(2 * sum(map(len, plan)), enabled=not args.quiet)
-            for r, ids in enumerate(plan):
-                for cid in ids:
-                    for name in revision_order(r):
-                        data = workers[name].request("case", id=cid, round=r)["data"]
-                        sides[name]["rounds"][r][cid] = data
-                        progress.step(f"round {r + 1} {name}: {cid}  {describe_samples(data)}")
-            for name, w in workers.items():
-                fin = w.request("finish")
-                sides[name]["provenance"]["clocks_end"] = fin["clocks_end"]
-                sides[name]["provenance"]["artifacts_sha256"] = fin["artifacts_sha256"]
+        request = {"suite": suite.name, "config": config.to_json(), "cases": args.cases, "impls": args.impls}
+        sides = run_sides({"reference": base["root"], "candidate": repo}, request, config.rounds,
+                          progress=not args.quiet)
+        sides["reference"]["revision"], sides["candidate"]["revision"] = base, cand
     comparison = report_io.seal(assemble.comparison_report(suite, config.to_json(), sides["reference"],
                                                            sides["candidate"]))
     before_after = report_io.seal(assemble.before_after_report(comparison)) if suite.device == "cpu" else None

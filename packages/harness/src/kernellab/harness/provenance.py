@@ -39,6 +39,15 @@ def kernellab_roots() -> dict[str, Path]:
     return roots
 
 
+def tree_roots(root: str | os.PathLike) -> dict[str, Path]:
+    """Each ``kernellab.<package>`` directory of a source tree (``packages/*/src/kernellab/*``)."""
+    roots: dict[str, Path] = {}
+    for pkg in sorted(Path(root).glob("packages/*/src/kernellab/*")):
+        if pkg.is_dir() and (pkg / "__init__.py").exists():
+            roots.setdefault(pkg.name, pkg)
+    return roots
+
+
 def source_hashes(roots: dict[str, Path] | None = None) -> dict[str, str]:
     """sha256 of every source file of the measured packages, keyed ``<package>/<relative path>``."""
     roots = kernellab_roots() if roots is None else roots

@@ -35,14 +35,14 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def canonical_json(report: dict) -> bytes:
+def canonical_json(report: dict, hash_field: str = HASH_FIELD) -> bytes:
     """Sorted keys, no whitespace, the hash field left out."""
-    body = {k: v for k, v in report.items() if k != HASH_FIELD}
+    body = {k: v for k, v in report.items() if k != hash_field}
     return json.dumps(_clean(body), sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-def report_hash(report: dict) -> str:
-    return hashlib.sha256(canonical_json(report)).hexdigest()
+def report_hash(report: dict, hash_field: str = HASH_FIELD) -> str:
+    return hashlib.sha256(canonical_json(report, hash_field)).hexdigest()
 
 
 def seal(report: dict) -> dict:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .provenance import sha256_file
+from .runner import Progress, describe_samples
 
 PROTOCOL = 2
 
@@ -120,3 +121,36 @@ class Worker:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def revision_order(round_index: int) -> list[str]:
+    """A B, B A, A B, ...: drift over the run favours neither side."""
+    return ["reference", "candidate"] if round_index % 2 == 0 else ["candidate", "reference"]
+
+
+def run_sides(roots: dict[str, str | os.PathLike], request: dict, rounds: int, *, progress: bool = True) -> dict:
+    """Run one suite in two trees, one worker each: every case by both sides back to back, the side
+    order alternating by round. Returns per side its cases, provenance and per-round measurements."""
+    with Worker(roots["reference"], "reference") as ref_w, Worker(roots["candidate"], "candidate") as cand_w:
+        workers = {"reference": ref_w, "candidate": cand_w}
+        sides: dict[str, dict] = {}
+        schedules = {}
+        for name, w in workers.items():
+            setup = w.request("setup", **request)
+            schedules[name] = setup["schedule"]
+            sides[name] = {"cases": setup["cases"], "provenance": setup["provenance"],
+                           "rounds": [{} for _ in range(rounds)]}
+        plan = [[cid for cid in schedules["candidate"][r] if cid in set(schedules["reference"][r])]
+                for r in range(rounds)]
+        bar = Progress(2 * sum(map(len, plan)), enabled=progress)
+        for r, ids in enumerate(plan):
+            for cid in ids:
+                for name in revision_order(r):
+                    data = workers[name].request("case", id=cid, round=r)["data"]
+                    sides[name]["rounds"][r][cid] = data
+                    bar.step(f"round {r + 1} {name}: {cid}  {describe_samples(data)}")
+        for name, w in workers.items():
+            fin = w.request("finish")
+            sides[name]["provenance"]["clocks_end"] = fin["clocks_end"]
+            sides[name]["provenance"]["artifacts_sha256"] = fin["artifacts_sha256"]
+    return sides

@@ -3,7 +3,8 @@
 ``Bench`` runs in the process that owns the code being measured: in-process for a plain run, in a
 worker subprocess per revision for an A/B comparison (``revision.py``). A round visits every
 problem; within a problem its impls run in an order that alternates from round to round, each with
-a fresh validation (poisoned outputs, fresh inputs), warmup, then every mode's samples.
+a fresh validation (poisoned outputs, fresh inputs), warmup, then every mode's samples, each timed
+batch followed by a validation in the buffers it just used (fresh values written in place).
 """
 
 from __future__ import annotations
@@ -190,6 +191,8 @@ class Bench:
                     continue
                 result["samples_us"][mode] = timing.measure(mode, calls, self.device, samples=cfg.samples,
                                                             iterations=cfg.iterations)
+                seed = seed_for(cfg.seed, problem.name, case.impl.name, "after", mode, index)
+                result["validations"].append(validate.validate_in_place(problem, case.call, *held[0], seed))
             del calls, held
         except Exception as e:  # noqa: BLE001 - a crashing kernel is reported, not fatal to the run
             result["error"] = f"{type(e).__name__}: {e}"

@@ -101,6 +101,32 @@ def validate_call(problem: Problem, call: Call, seed: int) -> dict[str, Any]:
     return report
 
 
+def validate_in_place(problem: Problem, call: Call, inputs: Tensors, outputs: Tensors, seed: int) -> dict[str, Any]:
+    """Fresh inputs written into buffers the call has already seen, poisoned outputs, truth.
+
+    Run after each timed batch, this catches a kernel that skips work after its first calls or
+    caches results by buffer address, which fresh allocations alone could miss.
+    """
+    fresh = problem.make_inputs(seed)
+    for k, t in inputs.items():
+        t.copy_(fresh[k])
+    before = snapshot(inputs)
+    poison(outputs)
+    _sync(problem)
+    result = call(inputs, outputs)
+    _sync(problem)
+    tol = problem.tolerance()
+    report = compare(result, problem.reference(before), tol.rtol, tol.atol)
+    mutated = sorted(k for k in inputs if not _same(inputs[k], before[k]))
+    report["inputs_unchanged"] = not mutated
+    if mutated:
+        report["passed"] = False
+        report["error"] = f"the call wrote its inputs {mutated}"
+    report["seed"] = seed
+    report["in_place"] = True
+    return report
+
+
 def validate_graph_replay(problem: Problem, call: Call, seed: int, changed_seed: int) -> dict[str, Any]:
     """Capture one call in a CUDA graph, change the inputs in place, replay, check the new answer."""
     import torch
