@@ -24,21 +24,21 @@ class ReportError(ValueError):
     """A report that cannot be trusted: wrong schema, missing fields, or a hash that does not match."""
 
 
-def _clean(value: Any) -> Any:
+def clean(value: Any) -> Any:
     """JSON has no NaN or infinity: they become null, so a canonical form always exists."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [clean(v) for v in value]
     return value
 
 
 def canonical_json(report: dict, hash_field: str = HASH_FIELD) -> bytes:
     """Sorted keys, no whitespace, the hash field left out."""
     body = {k: v for k, v in report.items() if k != hash_field}
-    return json.dumps(_clean(body), sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    return json.dumps(clean(body), sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
 def report_hash(report: dict, hash_field: str = HASH_FIELD) -> str:
@@ -47,7 +47,7 @@ def report_hash(report: dict, hash_field: str = HASH_FIELD) -> str:
 
 def seal(report: dict) -> dict:
     """Validate the shape, then stamp the canonical hash into the report."""
-    report = _clean(report)
+    report = clean(report)
     check_shape(report)
     report[HASH_FIELD] = report_hash(report)
     return report

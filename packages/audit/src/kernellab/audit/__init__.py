@@ -1,0 +1,7 @@
+"""KernelLab's audit/replay verifier: checks two reports and everything they claim by re-running it."""
+
+from .audit import FAIL, INCONCLUSIVE, PASS, Audit, Options
+
+__version__ = "0.1.0"
+
+__all__ = ["FAIL", "INCONCLUSIVE", "PASS", "Audit", "Options", "__version__"]

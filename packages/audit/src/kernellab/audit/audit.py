@@ -1,0 +1,214 @@
+"""The audit: every check in order, each recorded with its outcome, then a verdict with reasons.
+
+1. reports: schema and canonical-JSON sha256 of both (``source_reports_sha256``);
+2. sources: the recorded source sha256s against the files present now;
+3. replay: every (case, mode) pair of both revisions, alternately, each in its own process, with
+   output validation after every batch and changed-input graph replay where graphs apply;
+4. artifacts: the recorded built files against the files the replay built or loaded;
+5. claims: each claimed gain against the replayed one, within the noise the replay measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernellab.harness import assemble
+from kernellab.harness import report as report_io
+from kernellab.harness.revision import RevisionError, run_sides
+
+from . import trees, verdict
+
+SCHEMA = "kernellab.audit/1"
+HASH_FIELD = "audit_sha256"
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+
+
+@dataclass
+class Options:
+    rounds: int | None = None  # None: the candidate report's own
+    samples: int | None = None
+    tolerance: float = 0.10  # how far a claim may sit outside the replay's interval, besides drift
+    progress: bool = True
+
+
+class Audit:
+    def __init__(self, reference: Path, candidate: Path, repo: Path, options: Options):
+        self.paths = {"reference": Path(reference), "candidate": Path(candidate)}
+        self.repo = Path(repo)
+        self.options = options
+        self.checks: list[dict] = []
+        self.failures: list[str] = []
+        self.doubts: list[str] = []
+        self.out: dict = {"schema": SCHEMA, "status": None}
+
+    def check(self, name: str, passed: bool | None, detail, *, fail: str | None = None, doubt: str | None = None):
+        """Record one check; ``passed`` None means it could not be decided."""
+        self.checks.append({"name": name, "passed": passed, "detail": detail})
+        if passed is False and fail:
+            self.failures.append(fail)
+        if passed is None and doubt:
+            self.doubts.append(doubt)
+
+    # ---- the pipeline -----------------------------------------------------------------------
+    def run(self) -> dict:
+        reports = self._load_reports()
+        if reports is not None:
+            with tempfile.TemporaryDirectory(prefix="kernellab-audit-") as tmp:
+                roots = self._check_sources(reports, Path(tmp))
+                if roots is not None:
+                    self._replay(reports, roots)
+        return self._finish()
+
+    def _load_reports(self) -> dict | None:
+        reports, hashes = {}, {}
+        for side, path in self.paths.items():
+            try:
+                reports[side] = report_io.load(path)
+                hashes[side] = reports[side][report_io.HASH_FIELD]
+                self.check(f"{side} report hash and schema", True, str(path))
+            except report_io.ReportError as e:
+                self.check(f"{side} report hash and schema", False, str(e), fail=str(e))
+        self.out["source_reports_sha256"] = hashes
+        if len(reports) < 2:
+            return None
+        kinds = {side: r["kind"] for side, r in reports.items()}
+        if set(kinds.values()) != {"run"}:
+            msg = f"the audit takes two run reports, got {kinds}"
+            self.check("report kinds", False, msg, fail=msg)
+            return None
+        if reports["reference"]["suite"] != reports["candidate"]["suite"]:
+            msg = (f"the reports measure different suites: {reports['reference']['suite']!r} and "
+                   f"{reports['candidate']['suite']!r}")
+            self.check("same suite", False, msg, fail=msg)
+            return None
+        self.out["suite"] = reports["candidate"]["suite"]
+        return reports
+
+    def _check_sources(self, reports: dict, tmp: Path) -> dict | None:
+        roots = {}
+        for side, rep in reports.items():
+            try:
+                tree = trees.locate(rep, self.repo, tmp / side)
+            except RevisionError as e:
+                self.check(f"{side} sources present", False, str(e), fail=f"{side}: {e}")
+                return None
+            changes = trees.source_changes(rep, tree["root"])
+            bad = {k: v for k, v in changes.items() if v}
+            self.check(f"{side} sources unchanged since the report", not bad, {"tree": tree["source"], **changes},
+                       fail=f"{side}: source files differ from the report ({tree['source']}): {bad}")
+            roots[side] = tree["root"]
+        return None if self.failures else roots
+
+    def _replay(self, reports: dict, roots: dict) -> None:
+        cand = reports["candidate"]
+        config = dict(cand["config"])
+        for field in ("rounds", "samples"):
+            if getattr(self.options, field):
+                config[field] = getattr(self.options, field)
+        names = sorted({c["name"] for c in cand["cases"]} & {c["name"] for c in reports["reference"]["cases"]})
+        impls = sorted({c["impl"] for c in cand["cases"]})
+        request = {"suite": cand["suite"], "config": config, "cases": ",".join(names), "impls": ",".join(impls)}
+        try:
+            sides = run_sides(roots, request, config["rounds"], progress=self.options.progress)
+        except RevisionError as e:
+            self.check("replay", False, str(e), fail=f"replay failed: {e}")
+            return
+        self._check_artifacts(reports, sides)
+        self._check_validations(sides)
+        suite = types.SimpleNamespace(name=cand["suite"], device=cand.get("suite_device", "cpu"),
+                                      control=cand.get("control", "torch"))
+        for side, rep in reports.items():
+            sides[side]["revision"] = {"report": str(self.paths[side]), "commit": rep["provenance"]["git"]["commit"]}
+        replay = assemble.comparison_report(suite, config, sides["reference"], sides["candidate"])
+        self._judge_claims(reports, replay)
+        raw = {side: sides[side]["rounds"] for side in ("reference", "candidate")}
+        self.out.update({
+            "replay_sha256": hashlib.sha256(json.dumps(raw, sort_keys=True, separators=(",", ":"),
+                                                       default=str).encode()).hexdigest(),
+            "replay_pairs": sum(1 for r in replay["records"] for m in replay["summaries"] if m in r),
+            "torch_probe_control_ratio_range": replay["torch_probe_control_ratio_range"],
+            "summaries": replay["summaries"],
+            "records": replay["records"],
+            "replay_config": config,
+            "replay_provenance": {side: sides[side]["provenance"] for side in sides},
+        })
+
+    def _check_artifacts(self, reports: dict, sides: dict) -> None:
+        unchanged, checked = 0, True
+        for side, rep in reports.items():
+            recorded = rep["provenance"].get("artifacts_sha256", {})
+            current = sides[side]["provenance"].get("artifacts_sha256", {})
+            changes = trees.artifact_changes(recorded, current)
+            unchanged += len(changes["unchanged"])
+            checked &= not changes["unchecked"]
+            if changes["changed"]:
+                self.check(f"{side} artifacts match the report", False, changes,
+                           fail=f"{side}: built artifacts differ from the report: {changes['changed']}")
+            elif changes["unchecked"]:
+                self.check(f"{side} artifacts match the report", None, changes,
+                           doubt=f"{side}: recorded artifacts not present to re-hash: {changes['unchecked']}")
+            else:
+                self.check(f"{side} artifacts match the report", True, changes)
+        self.out["recorded_unchanged_artifacts"] = unchanged
+        self.out["current_artifacts_checked"] = checked
+
+    def _check_validations(self, sides: dict) -> None:
+        executed, failed = 0, []
+        for side, data in sides.items():
+            for r, cases in enumerate(data["rounds"]):
+                for cid, result in cases.items():
+                    checks = list(result.get("validations", []))
+                    if "graph_replay" in result:
+                        checks.append(result["graph_replay"])
+                    executed += len(checks)
+                    for v in checks:
+                        if not v.get("passed"):
+                            failed.append(f"{side} {cid} round {r + 1}: {_why(v)}")
+                    if result.get("error"):
+                        failed.append(f"{side} {cid} round {r + 1}: {result['error']}")
+        self.out["executed_output_validations"] = executed
+        self.check("output validations", not failed, {"executed": executed, "failed": failed},
+                   fail=f"{len(failed)} validation(s) failed, first: {failed[0]}" if failed else None)
+
+    def _judge_claims(self, reports: dict, replay: dict) -> None:
+        claimed = verdict.claims(reports["reference"], reports["candidate"])
+        outcomes = {verdict.REPRODUCED: [], verdict.CONTRADICTED: [], verdict.UNDECIDED: []}
+        for rec in replay["records"]:
+            for mode in replay["summaries"]:
+                if mode in rec and (rec["name"], mode) in claimed:
+                    judged = verdict.judge(claimed[(rec["name"], mode)], rec[mode], self.options.tolerance)
+                    rec[mode].update(judged)
+                    outcomes[judged["claim"]].append(f"{rec['name']} {mode}: claimed {judged['claimed_gain']:.3f}, "
+                                                     f"replayed {rec[mode]['gain']:.3f}")
+        detail = {k: v for k, v in outcomes.items()}
+        if outcomes[verdict.CONTRADICTED]:
+            self.check("claims reproduced", False, detail,
+                       fail=f"{len(outcomes[verdict.CONTRADICTED])} claim(s) contradicted by the replay, first: "
+                            f"{outcomes[verdict.CONTRADICTED][0]}")
+        elif outcomes[verdict.UNDECIDED]:
+            self.check("claims reproduced", None, detail,
+                       doubt=f"{len(outcomes[verdict.UNDECIDED])} claim(s) undecided (noise or drift too large), "
+                             f"first: {outcomes[verdict.UNDECIDED][0]}")
+        else:
+            self.check("claims reproduced", bool(outcomes[verdict.REPRODUCED]), detail,
+                       fail="no claim could be compared")
+
+    def _finish(self) -> dict:
+        status = FAIL if self.failures else INCONCLUSIVE if self.doubts else PASS
+        self.out.update(status=status, reasons=self.failures + self.doubts, checks=self.checks,
+                        created_at=assemble.now_iso(), tolerance=self.options.tolerance)
+        self.out[HASH_FIELD] = report_io.report_hash(self.out, HASH_FIELD)
+        return self.out
+
+
+def _why(v: dict) -> str:
+    if v.get("error"):
+        return v["error"]
+    bad = {k: o for k, o in v.get("outputs", {}).items() if not o.get("passed")}
+    return "; ".join(f"{k}: {o.get('violations', '?')} of {o.get('elements', '?')} elements wrong "
+                     f"({o.get('unwritten_or_nan', 0)} unwritten or NaN)" for k, o in bad.items()) or "failed"

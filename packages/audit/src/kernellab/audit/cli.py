@@ -1,0 +1,109 @@
+"""``kernellab-audit REFERENCE.json CANDIDATE.json [--out AUDIT.json]``
+
+Exit codes: 0 pass, 1 fail, 2 inconclusive, 64 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from kernellab.harness import provenance
+from kernellab.harness import report as report_io
+
+from .audit import FAIL, INCONCLUSIVE, PASS, Audit, Options
+
+EXIT = {PASS: 0, FAIL: 1, INCONCLUSIVE: 2}
+EXIT_USAGE = 64
+
+
+class UsageError(Exception):
+    pass
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kernellab-audit", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("reports", nargs="*", metavar="REPORT",
+                   help="REFERENCE.json CANDIDATE.json; none: the two newest run reports of one suite under reports/")
+    p.add_argument("--out", help="write the audit JSON here (default: reports/runs/audit-<candidate>.json)")
+    p.add_argument("--repo", help="the KernelLab checkout whose history holds the reports' commits (default: here)")
+    p.add_argument("--rounds", type=int, help="replay rounds (default: the candidate report's)")
+    p.add_argument("--samples", type=int, help="replay samples per round (default: the candidate report's)")
+    p.add_argument("--tolerance", type=float, default=0.10,
+                   help="how far a claimed gain may sit outside the replay's interval, as a fraction (default 0.10)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def newest_pair(root: Path) -> tuple[Path, Path]:
+    """The two newest run reports of the suite of the newest run report under ``root``."""
+    found = []
+    for path in root.rglob("*.json"):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("schema") == report_io.SCHEMA and data.get("kind") == "run":
+            found.append((data.get("created_at", ""), data.get("suite"), path))
+    if not found:
+        raise UsageError(f"no run reports under {root}; give REFERENCE.json CANDIDATE.json")
+    found.sort()
+    suite = found[-1][1]
+    same = [f for f in found if f[1] == suite]
+    if len(same) < 2:
+        raise UsageError(f"only one run report of suite {suite!r} under {root}; give REFERENCE.json CANDIDATE.json")
+    return same[-2][2], same[-1][2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        repo = Path(args.repo) if args.repo else provenance.find_repo_root(Path.cwd())
+        if repo is None or not (repo / "packages").is_dir():
+            raise UsageError("run inside a KernelLab checkout or pass --repo")
+        if len(args.reports) == 2:
+            reference, candidate = map(Path, args.reports)
+        elif not args.reports:
+            reference, candidate = newest_pair(repo / "reports")
+        else:
+            raise UsageError(f"give two reports (REFERENCE CANDIDATE) or none, got {len(args.reports)}")
+        for name in ("rounds", "samples"):
+            value = getattr(args, name)
+            if value is not None and value < 1:
+                raise UsageError(f"--{name} must be >= 1, got {value}")
+        if not 0 <= args.tolerance < 10:
+            raise UsageError(f"--tolerance must be in [0, 10), got {args.tolerance}")
+    except UsageError as e:
+        print(f"kernellab-audit: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"auditing {reference} (reference) against {candidate} (candidate)", file=sys.stderr)
+    result = Audit(reference, candidate, repo, Options(rounds=args.rounds, samples=args.samples,
+                                                       tolerance=args.tolerance, progress=not args.quiet)).run()
+    out = Path(args.out) if args.out else repo / "reports" / "runs" / f"audit-{candidate.stem}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report_io.clean(result), indent=1, sort_keys=True) + "\n")
+    print(summary(result))
+    print(f"audit: {out}")
+    return EXIT[result["status"]]
+
+
+def summary(result: dict) -> str:
+    lines = [f"status: {result['status']}"]
+    for c in result["checks"]:
+        mark = {True: "ok  ", False: "FAIL", None: "??  "}[c["passed"]]
+        lines.append(f"  [{mark}] {c['name']}")
+    for field in ("replay_pairs", "executed_output_validations", "recorded_unchanged_artifacts",
+                  "current_artifacts_checked", "torch_probe_control_ratio_range"):
+        if field in result:
+            lines.append(f"  {field}: {result[field]}")
+    if result["reasons"]:
+        lines.append("reasons:")
+        lines += [f"  - {r}" for r in result["reasons"]]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
