@@ -93,6 +93,14 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def audit(session: nox.Session) -> None:
+    """Verify two reports by replaying them: nox -s audit -- REFERENCE.json CANDIDATE.json (or none:
+    the two newest run reports of one suite under reports/)."""
+    install(session, *PACKAGES, extras=("bench", *(("gpu",) if _has_cuda_driver() else ())))
+    session.run("kernellab-audit", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def wheelhouse(session: nox.Session) -> None:
     """Runtime wheels for an offline host: nox -s wheelhouse -- --platform manylinux_2_28_x86_64 --python 3.12"""
     session.install("build")

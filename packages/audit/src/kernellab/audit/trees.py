@@ -33,9 +33,11 @@ def source_changes(report: dict, root: str | Path) -> dict[str, list[str]]:
 
 
 def artifact_changes(recorded: dict[str, str], current: dict[str, str]) -> dict[str, list[str]]:
-    """Recorded built files against the same files re-hashed after the replay built or loaded them."""
+    """Recorded built files against the files the replay built or loaded, matched by content (a
+    materialized tree may build the same file at another path) and then by path."""
+    present = set(current.values())
     return {
-        "unchanged": sorted(p for p, h in recorded.items() if current.get(p) == h),
-        "changed": sorted(p for p, h in recorded.items() if p in current and current[p] != h),
-        "unchecked": sorted(p for p in recorded if p not in current),
+        "unchanged": sorted(p for p, h in recorded.items() if h in present),
+        "changed": sorted(p for p, h in recorded.items() if h not in present and p in current),
+        "unchecked": sorted(p for p, h in recorded.items() if h not in present and p not in current),
     }

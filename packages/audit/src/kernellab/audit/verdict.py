@@ -56,9 +56,10 @@ def judge(claim: dict, replayed: dict, tolerance: float) -> dict:
     band = [lo * math.exp(-drift) / (1.0 + tolerance), hi * math.exp(drift) * (1.0 + tolerance)]
     c_lo, c_hi = claim["claimed_range"]
     informative = hi / lo <= (1.0 + tolerance) ** 4 and not replayed.get("control_flagged")
-    if c_hi >= band[0] and c_lo <= band[1]:
+    gap = math.log(band[0] / c_hi) if c_hi < band[0] else math.log(c_lo / band[1]) if c_lo > band[1] else 0.0
+    if gap == 0.0:
         outcome = REPRODUCED
-    elif informative:
+    elif informative or gap > math.log(band[1] / band[0]):  # noisy, but the claim is further off than the noise
         outcome = CONTRADICTED
     else:
         outcome = UNDECIDED

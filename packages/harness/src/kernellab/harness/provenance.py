@@ -199,12 +199,15 @@ def device_info(device: str) -> dict:
 
 
 def collect(device: str, root: str | os.PathLike | None, artifacts: list[str]) -> dict:
-    """Everything but the end clocks, which the runner adds when the run is over."""
+    """Everything but the end clocks, which the runner adds when the run is over.
+
+    Sources are those of the tree ``root`` the running code came from (every package in it), or,
+    for installed packages with no tree, of every importable ``kernellab`` package."""
     return {
         "device": device_info(device),
         "packages": package_versions(),
         "git": git_state(root),
-        "sources_sha256": source_hashes(),
+        "sources_sha256": source_hashes(tree_roots(root) if root else None),
         "artifacts_sha256": artifact_hashes(artifacts),
         "clocks_start": clocks(device),
     }

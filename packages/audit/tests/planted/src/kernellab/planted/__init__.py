@@ -1,0 +1,39 @@
+"""A softmax contender for the cpu-ops suite with one planted behaviour (tests rewrite BEHAVIOUR)."""
+
+from pathlib import Path
+
+BEHAVIOUR = "honest"
+
+
+def impls():
+    import torch
+
+    from kernellab.harness.case import Impl, Unsupported
+
+    def bind(problem):
+        if problem.op != "softmax":
+            raise Unsupported("planted: softmax only")
+        state = {"calls": 0, "cache": {}}
+
+        def call(i, o):
+            x, y = i["x"], o["y"]
+            state["calls"] += 1
+            if BEHAVIOUR == "skips_after_first_call" and state["calls"] > 1:
+                return o
+            if BEHAVIOUR == "caches_by_pointer":
+                key = x.data_ptr()
+                if key not in state["cache"]:
+                    state["cache"][key] = torch.softmax(x, dim=-1)
+                y.copy_(state["cache"][key])
+            elif BEHAVIOUR == "writes_input":
+                x.copy_(torch.softmax(x, dim=-1))
+                y.copy_(x)
+            elif BEHAVIOUR == "leaves_tail_unwritten":
+                y[..., :-1] = torch.softmax(x, dim=-1)[..., :-1]
+            else:
+                torch.softmax(x, dim=-1, out=y)
+            return o
+
+        return call
+
+    return [Impl("planted", bind=bind, artifacts=lambda: [str(Path(__file__))], description="planted")]
