@@ -20,8 +20,9 @@ BENCH = ["--suite", "cpu-ops", "--cases", "softmax_*", "--impls", "planted", "--
 
 
 class Repo:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, bench_args: list[str] = BENCH):
         self.path = path
+        self.bench_args = bench_args
         shutil.copytree(ROOT / "packages" / "harness", path / "packages" / "harness",
                         ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "tests"))
         shutil.copytree(ROOT / "packages" / "audit", path / "packages" / "audit",
@@ -58,7 +59,7 @@ class Repo:
         branch = self.git("rev-parse", "--abbrev-ref", "HEAD")
         self.git("checkout", "-q", commit)
         try:
-            res = subprocess.run([sys.executable, "-m", "kernellab.harness", *BENCH, "--out", str(out)],
+            res = subprocess.run([sys.executable, "-m", "kernellab.harness", *self.bench_args, "--out", str(out)],
                                  cwd=self.path, env=self.env(), capture_output=True, text=True, timeout=600)
         finally:
             self.git("checkout", "-q", branch)
@@ -163,6 +164,15 @@ def test_source_changed_after_the_report(repo, tmp_path):
     code, audit = repo.audit(ref, cand)
     assert code == 1
     assert any("source files differ" in r and "planted/__init__.py" in r for r in audit["reasons"])
+
+
+@pytest.mark.gpu
+def test_graph_replaying_a_stale_result_fails(tmp_path):
+    repo = Repo(tmp_path / "repo", ["--suite", "gpu-norm", "--cases", "softmax_256x3072_fp32", *BENCH[4:]])
+    ref, cand = _pair(repo, tmp_path, "stale_graph")
+    code, audit = repo.audit(ref, cand)
+    assert code == 1
+    assert any("validation(s) failed" in r for r in audit["reasons"]), audit["reasons"]
 
 
 def test_usage_errors(tmp_path):

@@ -20,7 +20,9 @@ def impls():
             state["calls"] += 1
             if BEHAVIOUR == "skips_after_first_call" and state["calls"] > 1:
                 return o
-            if BEHAVIOUR == "caches_by_pointer":
+            if BEHAVIOUR == "stale_graph" and torch.cuda.is_current_stream_capturing():
+                y.copy_(state["last"])  # the graph records a copy of an old answer
+            elif BEHAVIOUR == "caches_by_pointer":
                 key = x.data_ptr()
                 if key not in state["cache"]:
                     state["cache"][key] = torch.softmax(x, dim=-1)
@@ -32,6 +34,7 @@ def impls():
                 y[..., :-1] = torch.softmax(x, dim=-1)[..., :-1]
             else:
                 torch.softmax(x, dim=-1, out=y)
+                state["last"] = y.clone()
             return o
 
         return call
