@@ -93,6 +93,11 @@ def git_state(root: str | os.PathLike | None) -> dict:
 
     commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain")
+    if commit is None and os.environ.get("KERNELLAB_GIT_COMMIT"):
+        # a copied tree without .git (an offline GPU host): the sender states the commit it copied
+        dirty = os.environ.get("KERNELLAB_GIT_DIRTY", "")
+        return {"commit": os.environ["KERNELLAB_GIT_COMMIT"], "dirty": dirty.lower() in ("1", "true", "yes") if dirty
+                else None, "root": str(root), "from_environment": True}
     return {"commit": commit, "dirty": None if status is None else bool(status), "root": str(root)}
 
 

@@ -75,8 +75,8 @@ def discover(root: str | os.PathLike | None = None) -> dict[str, Suite]:
             continue  # an impl for a suite this installation does not have
         try:
             contributed = _load(value)
-        except ImportError as e:
-            suites[base].unavailable[name.partition(".")[2]] = f"import failed: {e}"
+        except Exception as e:  # noqa: BLE001 - one broken contender must not hide the others
+            suites[base].unavailable[name.partition(".")[2]] = f"import failed: {type(e).__name__}: {e}"
             continue
         impls = contributed if isinstance(contributed, (list, tuple)) else [contributed]
         for impl in impls:
