@@ -75,10 +75,12 @@ def cuda_available() -> bool:
         return False
 
 
-def choose_suites(args, suites) -> list:
+def choose_suites(args, suites, broken) -> list:
     if args.suite:
         chosen = []
         for name in args.suite:
+            if name in broken:
+                raise SystemExit(_usage(f"suite {name!r} failed to load: {broken[name]}"))
             if name not in suites:
                 raise SystemExit(_usage(f"unknown suite {name!r}; known suites: {sorted(suites)}"))
             if suites[name].device == "cuda" and not cuda_available():
@@ -108,7 +110,7 @@ def out_path(args, suite_name: str, kind: str, multiple: bool) -> Path:
 def run_single(suite, config: Config, args) -> dict:
     bench = Bench(suite, config, cases=args.cases, impls=args.impls)
     root = provenance.find_repo_root(Path(__file__))
-    prov = provenance.collect(suite.device, root, bench.artifacts())
+    prov = provenance.collect(suite.device, root, bench.artifacts(), bench.measured_packages())
     runnable = sum(1 for c in bench.cases if c.call is not None)
     progress = Progress(runnable * config.rounds, enabled=not args.quiet)
     rounds = [bench.run_round(r, progress) for r in range(config.rounds)]
@@ -162,9 +164,11 @@ def emit(report: dict, path: Path, args) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        suites = registry.discover()
+        suites, broken = registry.discover()
     except registry.SuiteError as e:
         return _usage(str(e))
+    for name, why in broken.items():
+        print(f"kernellab-bench: warning: suite {name!r} failed to load: {why}", file=sys.stderr)
     if args.list:
         for s in suites.values():
             print(f"{s.name} ({s.device}): {s.description}")
@@ -174,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {p.name}")
         return EXIT_OK
     try:
-        chosen = choose_suites(args, suites)
+        chosen = choose_suites(args, suites, broken)
     except SystemExit as e:
         return int(e.code)
     if not chosen:

@@ -203,16 +203,21 @@ def device_info(device: str) -> dict:
     return info
 
 
-def collect(device: str, root: str | os.PathLike | None, artifacts: list[str]) -> dict:
+def collect(device: str, root: str | os.PathLike | None, artifacts: list[str],
+            packages: list[str] | None = None) -> dict:
     """Everything but the end clocks, which the runner adds when the run is over.
 
-    Sources are those of the tree ``root`` the running code came from (every package in it), or,
-    for installed packages with no tree, of every importable ``kernellab`` package."""
+    Sources are those of the measured ``packages`` (all where None), taken from the tree ``root`` the
+    running code came from, or, for installed packages with no tree, from the importable ones."""
+    roots = tree_roots(root) if root else kernellab_roots()
+    if packages is not None:
+        roots = {name: path for name, path in roots.items() if name in packages}
     return {
         "device": device_info(device),
         "packages": package_versions(),
         "git": git_state(root),
-        "sources_sha256": source_hashes(tree_roots(root) if root else None),
+        "measured_packages": sorted(roots),
+        "sources_sha256": source_hashes(roots),
         "artifacts_sha256": artifact_hashes(artifacts),
         "clocks_start": clocks(device),
     }

@@ -53,17 +53,23 @@ def entry_points(root: str | os.PathLike | None = None) -> list[tuple[str, str]]
     return _entry_points_from_tree(Path(root)) if root else _entry_points_installed()
 
 
-def discover(root: str | os.PathLike | None = None) -> dict[str, Suite]:
-    """All suites with their impls merged in. Impl parts that fail to import are skipped with the
-    reason kept in ``suite.unavailable`` (e.g. the CuTe impl on a machine without CuTe DSL)."""
+def discover(root: str | os.PathLike | None = None) -> tuple[dict[str, Suite], dict[str, str]]:
+    """All suites with their impls merged in, and the suites that failed to load with the reason.
+    Impl parts that fail to import are skipped with the reason kept in ``suite.unavailable`` (e.g.
+    the CuTe impl on a machine without CuTe DSL)."""
     suites: dict[str, Suite] = {}
+    broken: dict[str, str] = {}
     parts: list[tuple[str, str, str]] = []
     for name, value in entry_points(root):
         base, dot, _ = name.partition(".")
         if dot:
             parts.append((base, name, value))
             continue
-        suite = _load(value)
+        try:
+            suite = _load(value)
+        except Exception as e:  # noqa: BLE001 - a suite that cannot load is reported by name, not fatal
+            broken[name] = f"{type(e).__name__}: {e}"
+            continue
         if not isinstance(suite, Suite):
             raise SuiteError(f"entry point {name} = {value} gives {type(suite).__name__}, not a Suite")
         if not any(i.name == suite.control for i in suite.impls):
@@ -85,11 +91,13 @@ def discover(root: str | os.PathLike | None = None) -> dict[str, Suite]:
             if any(i.name == impl.name for i in suites[base].impls):
                 raise SuiteError(f"suite {base!r} has two impls named {impl.name!r}")
             suites[base].impls.append(impl)
-    return suites
+    return suites, broken
 
 
 def get(name: str, root: str | os.PathLike | None = None) -> Suite:
-    suites = discover(root)
+    suites, broken = discover(root)
+    if name in broken:
+        raise SuiteError(f"suite {name!r} failed to load: {broken[name]}")
     if name not in suites:
         raise SuiteError(f"unknown suite {name!r}; known suites: {sorted(suites) or 'none installed'}")
     return suites[name]

@@ -140,6 +140,17 @@ class Bench:
                         case.reason = f"artifacts failed: {type(e).__name__}: {e}"
         return sorted(set(out))
 
+    def measured_packages(self) -> list[str]:
+        """The ``kernellab.<package>`` names whose code this bench runs: the harness, the suite's
+        package and every impl's; their sources go into provenance."""
+        funcs = [self.suite.make_problems] + [c.impl.bind for c in self.cases if c.call is not None]
+        names = {"harness"}
+        for f in funcs:
+            parts = (getattr(f, "__module__", None) or "").split(".")
+            if len(parts) > 1 and parts[0] == "kernellab":
+                names.add(parts[1])
+        return sorted(names)
+
     def describe(self) -> list[dict]:
         return [c.describe() for c in self.cases]
 

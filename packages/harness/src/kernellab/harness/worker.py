@@ -52,7 +52,8 @@ def serve(inp, out) -> None:
                     raise RuntimeError(f"modules imported from outside {root}: {foreign}")
                 reply(cases=bench.describe(), modes=list(bench.modes), label=label,
                       schedule=[bench.schedule(r) for r in range(config.rounds)],
-                      provenance=provenance.collect(suite.device, root, bench.artifacts()))
+                      provenance=provenance.collect(suite.device, root, bench.artifacts(),
+                                                      bench.measured_packages()))
             elif cmd == "case":
                 if bench is None:
                     raise RuntimeError("case before setup")
