@@ -169,6 +169,8 @@ class Bench:
     def run_round(self, index: int, progress: Progress | None = None) -> dict[str, Any]:
         """Validation and samples of every case for round ``index``: {case id: {...}}."""
         out: dict[str, Any] = {}
+        if index == 0:
+            self.device.warm_up()
         for cid in self.schedule(index):
             out[cid] = self.run_case(cid, index)
             if progress:

@@ -21,6 +21,7 @@ GPU_MODES = ("gpu_throughput", "gpu_latency", "e2e_throughput", "e2e_latency", "
 CPU_MODES = ("e2e_throughput", "e2e_latency")
 ALL_MODES = GPU_MODES
 LATENCY_MODES = ("gpu_latency", "e2e_latency")
+THROUGHPUT_MODES = ("gpu_throughput", "graph_throughput", "e2e_throughput")
 
 
 class Device:
@@ -43,6 +44,18 @@ class Device:
             self.cache_bytes = cpu_last_level_cache_bytes()
             self.modes = CPU_MODES
         self._flush_buf = None
+
+    def warm_up(self, seconds: float = 1.0) -> None:
+        """Keep the device busy for a moment so that clocks leave their idle state before timing."""
+        if self.kind != "cuda":
+            return
+        torch = self.torch
+        a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for _ in range(20):
+                a = torch.tanh(a @ a)
+            torch.cuda.synchronize()
 
     def sync(self) -> None:
         if self.kind == "cuda":

@@ -50,6 +50,7 @@ def serve(inp, out) -> None:
                 foreign = _foreign_modules(root)
                 if foreign:
                     raise RuntimeError(f"modules imported from outside {root}: {foreign}")
+                bench.device.warm_up()
                 reply(cases=bench.describe(), modes=list(bench.modes), label=label,
                       schedule=[bench.schedule(r) for r in range(config.rounds)],
                       provenance=provenance.collect(suite.device, root, bench.artifacts(),
