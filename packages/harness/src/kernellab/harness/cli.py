@@ -52,6 +52,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="reports/runs", help="output directory, or a .json file for one suite")
     p.add_argument("--no-plot", action="store_true", help="do not draw the PNG plot")
     p.add_argument("--list", action="store_true", help="list suites, impls and cases, then exit")
+    p.add_argument("--show", metavar="REPORT", help="verify a report's hash and print its table, then exit")
+    p.add_argument("--format", default="simple", help="table format for --show (tabulate's; 'github' for READMEs)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
 
@@ -163,6 +165,12 @@ def emit(report: dict, path: Path, args) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.show:
+        try:
+            print(table.render(report_io.load(args.show), args.format))
+        except report_io.ReportError as e:
+            return _usage(str(e))
+        return EXIT_OK
     try:
         suites, broken = registry.discover()
     except registry.SuiteError as e:

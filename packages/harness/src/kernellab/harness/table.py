@@ -16,7 +16,7 @@ def _fmt(x, spec=".2f"):
     return "-" if x is None else format(x, spec)
 
 
-def run_table(report: dict) -> str:
+def run_table(report: dict, fmt: str = "simple") -> str:
     modes = [m for m in ALL_MODES if any(m in c["modes"] for c in report["cases"])]
     primary = primary_mode(report)
     ratios = {(r["name"], r["impl"]): r.get(primary, {}).get("native_torch_ratio") for r in report["versus_control"]}
@@ -30,10 +30,10 @@ def run_table(report: dict) -> str:
                 _fmt(m.get("ceiling_fraction"), ".2f")]
         rows.append(row)
     headers = ["case", "impl", "status", *[f"{m} p50 us" for m in modes], f"x torch ({primary})", "GB/s", "of copy"]
-    return tabulate(rows, headers=headers, disable_numparse=True)
+    return tabulate(rows, headers=headers, disable_numparse=True, tablefmt=fmt)
 
 
-def comparison_table(report: dict) -> str:
+def comparison_table(report: dict, fmt: str = "simple") -> str:
     rows = []
     for r in report["records"]:
         for mode in ALL_MODES:
@@ -49,7 +49,7 @@ def comparison_table(report: dict) -> str:
                 "drift!" if m.get("control_flagged") else "",
             ])
     headers = ["case", "mode", "reference us", "candidate us", "gain [95% CI]", "gain range", "x torch", "control"]
-    lines = [tabulate(rows, headers=headers, disable_numparse=True)]
+    lines = [tabulate(rows, headers=headers, disable_numparse=True, tablefmt=fmt)]
     rng = report.get("torch_probe_control_ratio_range")
     if rng:
         lines.append(f"control probe ratio (reference run / candidate run): {rng[0]:.3f} .. {rng[1]:.3f}")
@@ -58,12 +58,14 @@ def comparison_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def before_after_table(report: dict) -> str:
+def before_after_table(report: dict, fmt: str = "simple") -> str:
     rows = [[r["operation"], r["impl"], f"{r['before_ms']:.4f}", f"{r['after_ms']:.4f}", f"{r['speedup']:.3f}"]
             for r in report["records"]]
-    return tabulate(rows, headers=["operation", "impl", "before ms", "after ms", "speedup"], disable_numparse=True)
+    return tabulate(rows, headers=["operation", "impl", "before ms", "after ms", "speedup"], disable_numparse=True,
+                    tablefmt=fmt)
 
 
-def render(report: dict) -> str:
+def render(report: dict, fmt: str = "simple") -> str:
+    """The report's table; ``fmt`` is a tabulate format ("github" for a README)."""
     tables = {"run": run_table, "comparison": comparison_table, "before_after": before_after_table}
-    return tables[report["kind"]](report)
+    return tables[report["kind"]](report, fmt)
