@@ -1,0 +1,175 @@
+"""Contenders this package adds to the harness's suites (entry points ``kernellab.suites``).
+
+Each impl binds a suite problem to one of our kernels writing into the harness's output buffers,
+so that poisoned outputs catch unwritten elements.
+"""
+
+from __future__ import annotations
+
+
+def _native_call(problem):
+    from kernellab.harness.case import Unsupported
+
+    from . import cpu
+
+    if problem.device != "cpu":
+        raise Unsupported(f"native is the CPU backend; {problem.name} runs on {problem.device}")
+    if problem.dtype != "fp32":
+        raise Unsupported(f"native runs fp32; {problem.name} is {problem.dtype}")
+    op = problem.op
+    if op == "softmax":
+        return lambda i, o: {"y": cpu.softmax(i["x"], out=o["y"])}
+    if op == "rmsnorm":
+        eps = problem.params["eps"]
+        return lambda i, o: {"y": cpu.rmsnorm(i["x"], i["weight"], eps, out=o["y"])}
+    if op == "layernorm":
+        eps = problem.params["eps"]
+        return lambda i, o: {"y": cpu.layernorm(i["x"], i["weight"], i["bias"], eps, out=o["y"])}
+    if op == "linear_forward":
+        return lambda i, o: {"y": cpu.linear_forward(i["x"], i["weight"], i["bias"], out=o["y"])}
+    if op == "linear_backward":
+        def call(i, o):
+            dx, dw, db = cpu.linear_backward(i["x"], i["weight"], i["grad_out"],
+                                             dx=o["dx"], dweight=o["dweight"], dbias=o["dbias"])
+            return {"dx": dx, "dweight": dw, "dbias": db}
+        return call
+    raise Unsupported(f"native has no {op}")
+
+
+def native_impls():
+    from kernellab.harness.case import Impl
+
+    def artifacts():
+        from . import cpu
+
+        return [cpu.library_path()]
+
+    return [Impl(name="native", bind=_native_call, artifacts=artifacts, graphable=False,
+                 description="kernellab native C++ CPU backend (vectorized, OpenMP)")]
+
+
+# ---- GPU contenders of the gpu-norm suite ------------------------------------------------------------
+_TORCH_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+_CEILING = "copy is the bandwidth ceiling every case is read against; torch alone measures it"
+
+
+def _gpu_problem(problem, impl: str) -> None:
+    from kernellab.harness.case import Unsupported
+
+    if problem.device != "cuda":
+        raise Unsupported(f"{impl} runs on CUDA; {problem.name} runs on {problem.device}")
+    if problem.dtype not in _TORCH_NAMES:
+        raise Unsupported(f"{impl} runs fp32, fp16 and bf16; {problem.name} is {problem.dtype}")
+    if problem.op == "copy":
+        raise Unsupported(_CEILING)
+    if problem.op not in ("softmax", "rmsnorm", "layernorm"):
+        raise Unsupported(f"{impl} has no {problem.op}")
+
+
+def _cute_call(problem):
+    from . import gpu
+    from .gpu import compiler
+
+    _gpu_problem(problem, "cute")
+    op, n, dtype = problem.op, problem.shape[-1], _TORCH_NAMES[problem.dtype]
+    # compile now, out of the timed loop: the suite's fresh contiguous buffers are in the widest class
+    compiler.compiled(compiler.Variant(op, dtype, n, compiler.widest_vector(n, dtype),
+                                       weight=None if op == "softmax" else dtype,
+                                       bias=dtype if op == "layernorm" else None))
+    if op == "softmax":
+        return lambda i, o: {"y": gpu.softmax(i["x"], out=o["y"])}
+    eps = problem.params["eps"]
+    if op == "rmsnorm":
+        return lambda i, o: {"y": gpu.rmsnorm(i["x"], i["weight"], eps, out=o["y"])}
+    return lambda i, o: {"y": gpu.layernorm(i["x"], i["weight"], i["bias"], eps, out=o["y"])}
+
+
+def _cute_available() -> str | None:
+    try:
+        import cutlass  # noqa: F401
+        import tvm_ffi  # noqa: F401
+    except ImportError as e:
+        return f"CuTe DSL with TVM-FFI is not installed ({e}); pip install 'kernellab-kernels[gpu]'"
+    return None
+
+
+def cute_impls():
+    from kernellab.harness.case import Impl
+
+    def artifacts():
+        from . import gpu
+
+        return gpu.artifacts()  # cubins kept by each compile (CuTe DSL --keep-cubin)
+
+    return [Impl(name="cute", bind=_cute_call, available=_cute_available, artifacts=artifacts,
+                 description="kernellab CuTe DSL kernels (128-bit vector rows, cluster reductions, TVM-FFI calls)")]
+
+
+def _compile_call(problem):
+    import torch
+
+    _gpu_problem(problem, "compile")
+    return torch.compile(problem.control, dynamic=False)
+
+
+def _compile_available() -> str | None:
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        return f"torch.compile for CUDA needs triton ({e})"
+    return None
+
+
+def compile_impls():
+    from kernellab.harness.case import Impl
+
+    return [Impl(name="compile", bind=_compile_call, available=_compile_available,
+                 description="torch.compile (default mode, dynamic=False) of the problem's torch control")]
+
+
+def _quack_call(problem):
+    from kernellab.harness.case import Unsupported
+
+    _gpu_problem(problem, "quack")
+    import importlib
+
+    import quack
+
+    quack_norms = importlib.import_module("quack.rmsnorm")  # the module (quack.rmsnorm is the function)
+
+    op, n = problem.op, problem.shape[-1]
+    vec = 128 // (8 * problem.element_size())
+    if op == "softmax":
+        if n % vec:  # its tiled copy asserts N % (128-bit vector) == 0
+            raise Unsupported(f"quack 0.6.5 softmax needs N % {vec} == 0 for {problem.dtype}; N={n}")
+        return lambda i, o: {"y": quack.softmax(i["x"])}
+    if problem.dtype != "fp32" and n % vec:  # fails to compile (16-bit dtypes, unaligned rows)
+        raise Unsupported(f"quack 0.6.5 {op} does not compile for {problem.dtype} at N % {vec} != 0; N={n}")
+    eps = problem.params["eps"]
+    if op == "rmsnorm":
+        return lambda i, o: {"y": quack.rmsnorm(i["x"], i["weight"], eps=eps)}
+    if problem.dtype == "fp32":
+        return lambda i, o: {"y": quack_norms.layernorm_fwd(i["x"], i["weight"], i["bias"], eps=eps)}
+
+    # layernorm_fwd accepts fp32 weights only; the suite's are in the input dtype, so call the kernel
+    # behind it (the RMSNorm/LayerNorm forward op, is_layernorm=True) with them, writing into y
+    def call(i, o):
+        quack_norms._rmsnorm_fwd(i["x"], i["weight"], o["y"], i["bias"], None, None, None, None, eps, True)
+        return {"y": o["y"]}
+
+    return call
+
+
+def _quack_available() -> str | None:
+    try:
+        import quack  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any import failure makes the comparison point unavailable
+        return f"quack is not importable ({type(e).__name__}: {e})"
+    return None
+
+
+def quack_impls():
+    from kernellab.harness.case import Impl
+
+    return [Impl(name="quack", bind=_quack_call, available=_quack_available,
+                 description="QuACK 0.6.5 public softmax / rmsnorm / layernorm_fwd (comparison point)")]

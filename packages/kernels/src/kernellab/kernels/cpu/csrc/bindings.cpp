@@ -1,0 +1,162 @@
+// Python entry points. Each op has two: `<op>` runs on tensors the Python layer has already
+// checked, and `<op>_fast` first accepts or declines the common case itself (contiguous fp32 CPU
+// tensors of matching shapes), returning None when it declines so that Python's checks, which
+// name the offending argument, take over. The fast entry exists because each Python-level
+// attribute read of a tensor costs a cache miss or two once the caller's data has pushed the
+// tensor objects out of cache; checking in C++ touches each tensor's metadata once. Both read
+// torch's intra-op thread count at call time and run the kernel without holding the GIL.
+#include <optional>
+#include <tuple>
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "kernels.h"
+
+namespace {
+
+using Opt = std::optional<at::Tensor>;
+
+const float* in(const at::Tensor& t) { return t.const_data_ptr<float>(); }
+const float* in(const Opt& t) { return t ? t->const_data_ptr<float>() : nullptr; }
+float* out(const at::Tensor& t) { return t.mutable_data_ptr<float>(); }
+float* out(const Opt& t) { return t ? t->mutable_data_ptr<float>() : nullptr; }
+
+// Tensors arrive as rows of their last dimension: any number of leading dims that flatten to one
+// row stride (the Python side guarantees that, copying inputs that do not). The row stride is
+// the stride of the innermost leading dim of size > 1 (torch leaves the strides of size-1 dims
+// arbitrary, even in contiguous tensors).
+long ld(const at::Tensor& t) {
+    for (int64_t d = t.dim() - 2; d >= 0; --d)
+        if (t.size(d) > 1) return t.stride(d);
+    return t.size(-1);
+}
+long ld(const Opt& t) { return t ? ld(*t) : 0; }
+long rows(const at::Tensor& t) { return t.numel() / t.size(-1); }
+
+void softmax(const at::Tensor& x, const at::Tensor& y) {
+    kl::softmax(in(x), ld(x), out(y), ld(y), rows(x), x.size(-1), at::get_num_threads());
+}
+
+void rmsnorm(const at::Tensor& x, const Opt& residual, const Opt& weight, double eps, const at::Tensor& y,
+             const Opt& h) {
+    kl::rmsnorm(in(x), ld(x), in(residual), ld(residual), in(weight), out(y), ld(y), out(h), ld(h), rows(x),
+                x.size(-1), eps, at::get_num_threads());
+}
+
+void layernorm(const at::Tensor& x, const Opt& weight, const Opt& bias, double eps, const at::Tensor& y) {
+    kl::layernorm(in(x), ld(x), in(weight), in(bias), out(y), ld(y), rows(x), x.size(-1), eps,
+                  at::get_num_threads());
+}
+
+// x (m, k), w (n, k), dy (m, n) and the outputs are 2-D.
+void linear_forward(const at::Tensor& x, const at::Tensor& w, const Opt& bias, const at::Tensor& y) {
+    kl::linear_forward(in(x), ld(x), in(w), ld(w), in(bias), out(y), ld(y), x.size(0), x.size(1), w.size(0),
+                       at::get_num_threads());
+}
+
+void linear_backward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& dy, const at::Tensor& dx,
+                     const at::Tensor& dw, const at::Tensor& db) {
+    kl::linear_backward(in(x), ld(x), in(w), ld(w), in(dy), ld(dy), out(dx), ld(dx), out(dw), ld(dw), out(db),
+                        x.size(0), x.size(1), w.size(0), at::get_num_threads());
+}
+
+// ---- the fast entries: accept the common case, or decline with None ----
+
+bool plain(const at::Tensor& t) {
+    return t.scalar_type() == at::kFloat && t.device().is_cpu() && t.is_contiguous() && t.dim() > 0 &&
+           t.numel() > 0;
+}
+
+bool plain_like(const at::Tensor& t, at::IntArrayRef sizes) {
+    return t.scalar_type() == at::kFloat && t.device().is_cpu() && t.is_contiguous() && t.sizes() == sizes;
+}
+
+bool absent_or_like(const Opt& t, at::IntArrayRef sizes) { return !t || plain_like(*t, sizes); }
+
+at::Tensor given_or_new(const Opt& t, at::IntArrayRef sizes) {
+    return t ? *t : at::empty(sizes, at::TensorOptions().dtype(at::kFloat));
+}
+
+std::optional<at::Tensor> softmax_fast(const at::Tensor& x, const Opt& out) {
+    if (!plain(x) || !absent_or_like(out, x.sizes())) return std::nullopt;
+    at::Tensor y = given_or_new(out, x.sizes());
+    softmax(x, y);
+    return y;
+}
+
+// (y, h), h undefined (None) without a residual.
+std::optional<std::tuple<at::Tensor, at::Tensor>> rmsnorm_fast(const at::Tensor& x, const Opt& weight, double eps,
+                                                               const Opt& residual, const Opt& out,
+                                                               const Opt& residual_out) {
+    if (!plain(x) || !absent_or_like(weight, x.sizes().slice(x.dim() - 1)) || !(eps > 0.0) ||
+        !absent_or_like(residual, x.sizes()) || !absent_or_like(out, x.sizes()) ||
+        !absent_or_like(residual_out, x.sizes()) || (residual_out && !residual))
+        return std::nullopt;
+    at::Tensor y = given_or_new(out, x.sizes());
+    at::Tensor h = residual ? given_or_new(residual_out, x.sizes()) : at::Tensor();
+    rmsnorm(x, residual, weight, eps, y, residual ? Opt(h) : Opt());
+    return std::make_tuple(y, h);
+}
+
+std::optional<at::Tensor> layernorm_fast(const at::Tensor& x, const Opt& weight, const Opt& bias, double eps,
+                                         const Opt& out) {
+    const auto n = x.sizes().slice(x.dim() - 1);
+    if (!plain(x) || !absent_or_like(weight, n) || !absent_or_like(bias, n) || !(eps > 0.0) ||
+        !absent_or_like(out, x.sizes()))
+        return std::nullopt;
+    at::Tensor y = given_or_new(out, x.sizes());
+    layernorm(x, weight, bias, eps, y);
+    return y;
+}
+
+std::optional<at::Tensor> linear_forward_fast(const at::Tensor& x, const at::Tensor& w, const Opt& bias,
+                                              const Opt& out) {
+    if (!plain(x) || x.dim() != 2 || !plain(w) || w.dim() != 2 || w.size(1) != x.size(1)) return std::nullopt;
+    const int64_t shape[] = {x.size(0), w.size(0)};
+    if (!absent_or_like(bias, at::IntArrayRef(shape + 1, 1)) || !absent_or_like(out, shape)) return std::nullopt;
+    at::Tensor y = given_or_new(out, shape);
+    linear_forward(x, w, bias, y);
+    return y;
+}
+
+std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> linear_backward_fast(
+    const at::Tensor& x, const at::Tensor& w, const at::Tensor& dy, const Opt& dx, const Opt& dw, const Opt& db) {
+    if (!plain(x) || x.dim() != 2 || !plain(w) || w.dim() != 2 || w.size(1) != x.size(1)) return std::nullopt;
+    const int64_t dy_shape[] = {x.size(0), w.size(0)};
+    if (!plain_like(dy, dy_shape) || !absent_or_like(dx, x.sizes()) || !absent_or_like(dw, w.sizes()) ||
+        !absent_or_like(db, w.sizes().slice(0, 1)))
+        return std::nullopt;
+    at::Tensor dx_ = given_or_new(dx, x.sizes()), dw_ = given_or_new(dw, w.sizes());
+    at::Tensor db_ = given_or_new(db, w.sizes().slice(0, 1));
+    linear_backward(x, w, dy, dx_, dw_, db_);
+    return std::make_tuple(dx_, dw_, db_);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    const auto nogil = py::call_guard<py::gil_scoped_release>();
+    m.def("softmax", &softmax, nogil);
+    m.def("rmsnorm", &rmsnorm, nogil);
+    m.def("layernorm", &layernorm, nogil);
+    m.def("linear_forward", &linear_forward, nogil);
+    m.def("linear_backward", &linear_backward, nogil);
+    m.def("softmax_fast", &softmax_fast, nogil);
+    m.def("rmsnorm_fast", &rmsnorm_fast, nogil);
+    m.def("layernorm_fast", &layernorm_fast, nogil);
+    m.def("linear_forward_fast", &linear_forward_fast, nogil);
+    m.def("linear_backward_fast", &linear_backward_fast, nogil);
+    // The vector width this build compiled to, for tests and diagnostics.
+#if defined(__AVX512F__)
+    m.attr("isa") = "avx512";
+#elif defined(__AVX2__)
+    m.attr("isa") = "avx2";
+#elif defined(__AVX__)
+    m.attr("isa") = "avx";
+#else
+    m.attr("isa") = "baseline";
+#endif
+}

@@ -1,0 +1,258 @@
+// fp32 GEMM for the linear layer: C (m, n) = A (m, k) B (k, n) [+ bias]. Operands are described
+// by (row, column) strides and the packing routines read whichever layout they have, so the
+// caller never materializes W^T or dy^T.
+//
+// Blocking: k is cut into blocks of KC. Per block, A is packed into MR-row panels (k-major, MR
+// values per k) and B into NR-column panels (k-major, NR values per k), zero-padded at the edges;
+// transposing packs go through VW x VW register transposes, the others sweep the source rows in
+// memory order. The microkernel keeps an MR x NR tile of C in registers (8 x 32 with AVX-512: 16
+// zmm accumulators) and per k does NR/VW aligned loads of B, MR broadcasts of A and MR*NR/VW
+// FMAs; on the 2-core EPYC it was tuned on, 12 x 32, 14 x 32, 8 x 48 and KC = 256 measured no
+// better. Threads split the B panels, then the C tiles in B-panel-major order, so a thread
+// computes with the B panels it packed itself while sweeping every A panel, which stays in L2.
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "kernels.h"
+#include "simd.h"
+
+namespace kl {
+namespace {
+
+constexpr int NR = 2 * VW;
+// 16 accumulators fill half the 32 AVX-512 registers; with 16 registers (AVX2, SSE) 12 is the most
+// that leaves room for the B vectors and the broadcast.
+constexpr int MR = VW == 16 ? 8 : 6;
+constexpr long KC = 512;
+// Below this many multiply-adds a second thread costs more than it saves (measured on a 2-core
+// EPYC with cold caches: no gain at 64x128x128, 0.7-0.9x at 64x256x256).
+constexpr long kParallelMinMacs = 1L << 20;
+
+long ceil_div(long a, long b) { return (a + b - 1) / b; }
+
+// Grow-only, 64-byte aligned scratch per calling thread: no allocation (and no page faults) in the
+// steady state, and concurrent callers (the GIL is released) never share one.
+float* scratch(long floats) {
+    struct Buffer {
+        float* data = nullptr;
+        long size = 0;
+        ~Buffer() { std::free(data); }
+    };
+    thread_local Buffer buf;
+    if (buf.size < floats) {
+        std::free(buf.data);
+        buf.data = static_cast<float*>(std::aligned_alloc(64, ceil_div(floats * sizeof(float), 64) * 64));
+        if (!buf.data) {
+            buf.size = 0;
+            throw std::bad_alloc();
+        }
+        buf.size = floats;
+    }
+    return buf.data;
+}
+
+struct Operand {
+    const float* p;
+    long s0, s1;  // strides of the (row, column) index in elements
+};
+
+// One A panel: dst[p * MR + i] = A(i, p) for i < mr, p < kc, rows mr..MR-1 zero; `a` points at
+// A(0, 0) of the panel. Rows contiguous in k (x, dy) are transposed VW x VW blocks at a time.
+void pack_a(const float* a, long si, long sk, int mr, long kc, float* dst) {
+    long p = 0;
+    if constexpr (MR <= VW) {
+        for (; sk == 1 && p + VW <= kc; p += VW) {
+            vf r[VW];
+            for (int i = 0; i < VW; ++i) r[i] = i < mr ? loadu(a + i * si + p) : vf{};
+            transpose(r);
+            for (int u = 0; u < VW; ++u) std::memcpy(dst + (p + u) * MR, &r[u], MR * sizeof(float));
+        }
+    }
+    for (; p < kc; ++p)
+        for (int i = 0; i < MR; ++i) dst[p * MR + i] = i < mr ? a[i * si + p * sk] : 0.0f;
+}
+
+// One B panel: dst[p * NR + j] = B(p, j) for j < nr, p < kc, columns nr..NR-1 zero; `b` points at
+// B(0, 0) of the panel. Columns contiguous in k (W^T in the forward) are transposed VW x VW
+// blocks at a time.
+void pack_b(const float* b, long sk, long sj, int nr, long kc, float* dst) {
+    long p = 0;
+    for (; sk == 1 && p + VW <= kc; p += VW) {
+        for (int j0 = 0; j0 < NR; j0 += VW) {
+            vf r[VW];
+            for (int j = 0; j < VW; ++j) r[j] = j0 + j < nr ? loadu(b + (j0 + j) * sj + p) : vf{};
+            transpose(r);
+            for (int u = 0; u < VW; ++u) storeu(dst + (p + u) * NR + j0, r[u]);
+        }
+    }
+    for (; p < kc; ++p)
+        for (int j = 0; j < NR; ++j) dst[p * NR + j] = j < nr ? b[j * sj + p * sk] : 0.0f;
+}
+
+// Copies the `len` values at src into dst and zero-fills dst up to `width`.
+void copy_padded(const float* src, long len, float* dst, int width) {
+    long j = 0;
+    for (; j + VW <= len; j += VW) storeu(dst + j, loadu(src + j));
+    for (; j < len; ++j) dst[j] = src[j];
+    for (; j < width; ++j) dst[j] = 0.0f;
+}
+
+// A's panels [ib0, ib1) for the k block [p0, p0 + kc), panel ib at ap + ib * MR * kc. When A's
+// columns are contiguous (dy^T) the rows of the source are swept once, in order, scattering MR
+// wide pieces into the panels: walking one panel down a 2 KB-strided column instead would defeat
+// the prefetchers. sums (optional, length m): row sums of A, set in the first k block and added
+// to in later ones; that sweep is where db is computed.
+void pack_a_panels(Operand a, long m, long p0, long kc, long ib0, long ib1, float* ap, float* sums) {
+    const long i_end = std::min(m, ib1 * MR);
+    if (a.s0 == 1 && a.s1 != 1) {
+        if (sums && p0 == 0)
+            for (long i = ib0 * MR; i < i_end; ++i) sums[i] = 0.0f;
+        for (long p = 0; p < kc; ++p) {
+            const float* col = a.p + (p0 + p) * a.s1;
+            for (long ib = ib0; ib < ib1; ++ib)
+                copy_padded(col + ib * MR, std::min<long>(MR, m - ib * MR), ap + (ib * kc + p) * MR, MR);
+            if (sums)
+                for (long i = ib0 * MR; i < i_end; ++i) sums[i] += col[i];
+        }
+        return;
+    }
+    for (long ib = ib0; ib < ib1; ++ib) {
+        const int mr = static_cast<int>(std::min<long>(MR, m - ib * MR));
+        float* dst = ap + ib * MR * kc;
+        pack_a(a.p + ib * MR * a.s0 + p0 * a.s1, a.s0, a.s1, mr, kc, dst);
+        if (sums) {
+            for (int i = 0; i < mr; ++i) {
+                float s = p0 > 0 ? sums[ib * MR + i] : 0.0f;
+                for (long p = 0; p < kc; ++p) s += dst[p * MR + i];
+                sums[ib * MR + i] = s;
+            }
+        }
+    }
+}
+
+// B's panels [jb0, jb1) for the k block [p0, p0 + kc), panel jb at bp + jb * NR * kc. Rows of B
+// contiguous (W in dx, x in dW): one in-order sweep over the rows, as for A above.
+void pack_b_panels(Operand b, long n, long p0, long kc, long jb0, long jb1, float* bp) {
+    if (b.s1 == 1) {
+        for (long p = 0; p < kc; ++p) {
+            const float* row = b.p + (p0 + p) * b.s0;
+            for (long jb = jb0; jb < jb1; ++jb)
+                copy_padded(row + jb * NR, std::min<long>(NR, n - jb * NR), bp + (jb * kc + p) * NR, NR);
+        }
+        return;
+    }
+    for (long jb = jb0; jb < jb1; ++jb)
+        pack_b(b.p + p0 * b.s0 + jb * NR * b.s1, b.s0, b.s1, static_cast<int>(std::min<long>(NR, n - jb * NR)), kc,
+               bp + jb * NR * kc);
+}
+
+enum class Init { Zero, Bias, Accumulate };
+
+// C tile (mr x nr at c, row stride ldc) = [0 | bias | C] + Ap-panel . Bp-panel over kc.
+void microkernel(long kc, const float* __restrict ap, const float* __restrict bp, float* c, long ldc, int mr,
+                 int nr, Init init, const float* bias) {
+    constexpr int NV = NR / VW;
+    const bool full = mr == MR && nr == NR;
+    alignas(64) float edge[MR * NR];  // staging for partial tiles at the matrix edges
+    float* out = c;
+    long ldo = ldc;
+    if (!full) {
+        out = edge;
+        ldo = NR;
+        if (init == Init::Accumulate)
+            for (int i = 0; i < mr; ++i)
+                for (int j = 0; j < nr; ++j) edge[i * NR + j] = c[i * ldc + j];
+    }
+    vf acc[MR][NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+            if (init == Init::Zero) acc[i][v] = vf{};
+            else if (init == Init::Bias) acc[i][v] = loadu(bias + v * VW);
+            else acc[i][v] = loadu(out + i * ldo + v * VW);
+        }
+#pragma GCC unroll 4
+    for (long p = 0; p < kc; ++p) {
+        vf b[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) b[v] = *reinterpret_cast<const vf*>(bp + p * NR + v * VW);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+            const vf a = bcast(ap + p * MR + i);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) acc[i][v] += a * b[v];
+        }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) storeu(out + i * ldo + v * VW, acc[i][v]);
+    if (!full)
+        for (int i = 0; i < mr; ++i)
+            for (int j = 0; j < nr; ++j) c[i * ldc + j] = edge[i * NR + j];
+}
+
+// C (m, n) = A (m, k) B (k, n) [+ bias (n)], every element of C overwritten. a_row_sums (optional,
+// length m) receives the sums of A's rows, computed while packing A.
+void gemm(long m, long n, long k, Operand a, Operand b, float* c, long ldc, const float* bias, float* a_row_sums,
+          int threads) {
+    const long tiles_m = ceil_div(m, MR), tiles_n = ceil_div(n, NR), tiles = tiles_m * tiles_n;
+    const long kc_max = std::min(k, KC);
+    // Both panels start 64-byte aligned: the microkernel reads B with aligned vector loads.
+    const long a_size = ceil_div(tiles_m * MR * kc_max, 16) * 16, b_size = tiles_n * NR * kc_max;
+    float* ws = scratch(a_size + b_size + tiles_n * NR);
+    float* ap = ws;
+    float* bp = ws + a_size;
+    float* bias_pad = bias ? bp + b_size : nullptr;  // the bias padded to whole NR panels
+    if (bias) {
+        for (long j = 0; j < tiles_n * NR; ++j) bias_pad[j] = j < n ? bias[j] : 0.0f;
+    }
+    const long macs = m * n * k;
+    int team = threads;
+    if (macs < kParallelMinMacs) team = 1;
+    team = static_cast<int>(std::min<long>(team, tiles));
+
+    run_team(team, [&](int t, int nt) {
+        long begin, end;
+        for (long p0 = 0; p0 < k; p0 += KC) {
+            const long kc = std::min(KC, k - p0);
+            split(tiles_n, t, nt, begin, end);
+            pack_b_panels(b, n, p0, kc, begin, end, bp);
+            split(tiles_m, t, nt, begin, end);
+            pack_a_panels(a, m, p0, kc, begin, end, ap, a_row_sums);
+#pragma omp barrier
+            const Init init = p0 > 0 ? Init::Accumulate : (bias ? Init::Bias : Init::Zero);
+            split(tiles, t, nt, begin, end);
+            for (long tile = begin; tile < end; ++tile) {
+                const long jb = tile / tiles_m, ib = tile % tiles_m;
+                const long i0 = ib * MR, j0 = jb * NR;
+                microkernel(kc, ap + ib * MR * kc, bp + jb * NR * kc, c + i0 * ldc + j0, ldc,
+                            static_cast<int>(std::min<long>(MR, m - i0)), static_cast<int>(std::min<long>(NR, n - j0)),
+                            init, bias ? bias_pad + j0 : nullptr);
+            }
+            if (p0 + KC < k) {
+#pragma omp barrier
+            }
+        }
+    });
+}
+
+}  // namespace
+
+void linear_forward(const float* x, long ldx, const float* w, long ldw, const float* bias, float* y, long ldy,
+                    long m, long k, long n, int threads) {
+    // A = x (m, k); B = W^T, B(p, j) = w[j * ldw + p].
+    gemm(m, n, k, {x, ldx, 1}, {w, 1, ldw}, y, ldy, bias, nullptr, threads);
+}
+
+void linear_backward(const float* x, long ldx, const float* w, long ldw, const float* dy, long lddy, float* dx,
+                     long lddx, float* dw, long lddw, float* db, long m, long k, long n, int threads) {
+    // dx (m, k) = dy (m, n) W (n, k).
+    gemm(m, k, n, {dy, lddy, 1}, {w, ldw, 1}, dx, lddx, nullptr, nullptr, threads);
+    // dW (n, k) = dy^T (n, m) x (m, k); A(i, p) = dy[p * lddy + i], whose row sums are db.
+    gemm(n, k, m, {dy, 1, lddy}, {x, ldx, 1}, dw, lddw, nullptr, db, threads);
+}
+
+}  // namespace kl

@@ -1,0 +1,249 @@
+"""What the row kernels share: the launch plan chosen from N and the dtypes, one thread's share of a
+row (partitions, predicates, predicated loads and stores), and reductions of one value per row
+across lanes, warps and the CTAs of a thread block cluster.
+
+A row of N elements is split across ``ctas`` CTAs (one cluster) and each CTA's part across
+``threads_per_row`` threads. A thread moves ``vec`` contiguous elements per access (128 bits where
+the alignment class allows), ``chunks`` accesses per tile, so one tile of one CTA covers
+``tile_cols = threads_per_row * chunks * vec`` columns. When the whole row fits in the registers of
+the cluster (``tiles == 1``) every element is read from global memory once and kept in registers
+between the reductions and the output; a longer row is streamed in ``tiles`` tiles per CTA, one pass
+over global memory per reduction stage (the re-reads mostly hit L2).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, const_expr
+from cutlass.memory import SmemAllocator
+
+MAX_THREADS_PER_ROW = 512  # one CTA's share of a row; keeps two or more CTAs resident per SM
+MAX_CLUSTER = 8  # the portable thread block cluster size on Hopper
+REGISTER_VALUES = 32  # fp32 values of x one thread keeps in registers
+MIN_THREADS = 128  # small rows: several rows per CTA so that a CTA still moves enough bytes
+WARP = 32
+
+ADD = operator.add
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2_at_least(v: int) -> int:
+    return 1 << max(0, (v - 1).bit_length())
+
+
+def fmax(a, b):
+    """max that ignores NaN (PTX max.f32); a NaN in a row still reaches the result through the sums."""
+    return cute.arch.fmax(a, b)
+
+
+class RowKernel:
+    """Compile-time plan and shared device code of a kernel that reduces every row of (M, N).
+
+    Subclasses set ``stages`` (scalar row reductions per row) and ``name`` and write the kernel.
+    Only N, the vector width and the dtypes are compile-time; M and the row strides are runtime.
+    """
+
+    stages = 1
+    name = "row"
+
+    def __init__(self, dtype, n: int, vec: int):
+        if n < 1 or vec < 1 or n % vec or 128 % (vec * dtype.width):
+            raise ValueError(f"bad row shape: N={n}, vector width {vec} of {dtype}")
+        self.dtype, self.n, self.vec = dtype, n, vec
+        vectors = n // vec
+        target = max(4, 16 // vec)  # accesses per thread and tile: >= 64 bytes in flight per thread
+        limit = max(target, REGISTER_VALUES // vec)  # accesses whose values still fit in registers
+        tpr = min(MAX_THREADS_PER_ROW, _pow2_at_least(_ceil_div(vectors, target)))
+        chunks, tiles, ctas = _ceil_div(vectors, tpr), 1, 1
+        if chunks > limit:  # the row does not fit in one CTA's registers: split it over a cluster
+            ctas = _ceil_div(vectors, tpr * limit)
+            if ctas <= MAX_CLUSTER:
+                chunks = _ceil_div(vectors, ctas * tpr)
+            else:  # nor in a cluster's: stream it, tile by tile, 16 values per thread and tile
+                ctas, chunks = MAX_CLUSTER, max(1, 16 // vec)
+                tiles = _ceil_div(vectors, ctas * tpr * chunks)
+            ctas = _ceil_div(vectors, tiles * tpr * chunks)  # every CTA gets columns
+        self.threads_per_row, self.chunks, self.tiles, self.ctas = tpr, chunks, tiles, ctas
+        self.num_threads = max(tpr, MIN_THREADS)
+        self.rows_per_cta = self.num_threads // tpr
+        self.warps_per_row = max(1, tpr // WARP)
+        self.tile_cols = tpr * chunks * vec
+        self.tiler = (self.rows_per_cta, self.tile_cols)
+        self.even = ctas * tiles * self.tile_cols == n  # no column predicates needed
+        self.values_per_thread = chunks * vec
+        # a thread holding the full REGISTER_VALUES of x: ask for 1024 resident threads per SM (registers
+        # capped at 64), which keeps 64 KB or more of loads in flight per SM
+        self.min_ctas_per_sm = 1024 // self.num_threads if self.values_per_thread >= REGISTER_VALUES else 1
+        # more than 16 values of x per thread: fetch weight / bias (an L2 hit) only after the reductions,
+        # since their fp32 copies beside x would cost up to half the resident CTAs
+        self.late_vectors = self.values_per_thread > 16
+
+    def __repr__(self) -> str:
+        # names the compiled function and its dumped artifacts
+        return f"{self.name}_{self.dtype.__name__}_n{self.n}_v{self.vec}"
+
+    def describe(self) -> dict:
+        return {"threads_per_row": self.threads_per_row, "rows_per_cta": self.rows_per_cta,
+                "num_threads": self.num_threads, "vec": self.vec, "chunks": self.chunks,
+                "tiles": self.tiles, "cluster": self.ctas}
+
+    # ---- host side ----------------------------------------------------------------------------
+    def launch(self, kernel, rows, stream) -> None:
+        """Grid: one CTA per row block and column part; a cluster spans the column parts of a block."""
+        kernel.launch(
+            grid=[cute.ceil_div(rows, self.rows_per_cta), self.ctas, 1],
+            block=[self.num_threads, 1, 1],
+            cluster=[1, self.ctas, 1] if const_expr(self.ctas > 1) else None,
+            min_blocks_per_mp=self.min_ctas_per_sm,
+            # with a minimum: the driver's default L1/shared split, given so that compiling queries no GPU
+            preferred_smem_carveout=-1 if const_expr(self.min_ctas_per_sm > 1) else None,
+            stream=stream,
+        )
+
+    # ---- device side: this thread's share of the rows --------------------------------------------
+    def tiled_copy(self):
+        """Threads row-major over (rows_per_cta, threads_per_row), each owning vec contiguous columns
+        per access; repeated over the tile, so chunk k of a thread sits k * threads_per_row * vec
+        columns after chunk 0 (neighbouring threads touch neighbouring vectors: coalesced)."""
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
+                                   num_bits_per_copy=self.vec * self.dtype.width)
+        threads = cute.make_ordered_layout((self.rows_per_cta, self.threads_per_row), order=(1, 0))
+        return cute.make_tiled_copy_tv(atom, threads, cute.make_layout((1, self.vec)))
+
+    def thread_slice(self):
+        """(copy slice of this thread, row block, first column tile of this CTA)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, bidy, _ = cute.arch.block_idx()
+        return self.tiled_copy().get_slice(tidx), bidx, bidy * self.tiles
+
+    def part(self, thr, m_tensor, block, tile):
+        """This thread's (vec, 1, chunks) view of a tensor's tile at (row block, column tile)."""
+        return thr.partition_S(cute.local_tile(m_tensor, self.tiler, (block, tile)))
+
+    def broadcast_rows(self, m_vector):
+        """An (N,) vector (or None) as (rows_per_cta, N) with row stride 0, to partition like the rows."""
+        if const_expr(m_vector is None):
+            return None
+        layout = cute.make_layout((self.rows_per_cta, self.n), stride=(0, 1))
+        return cute.make_tensor(m_vector.iterator, layout)
+
+    @cute.jit
+    def predicates(self, thr, rows, block, tile):
+        """(row in range, per-chunk column in range or None when N needs no column predicates)."""
+        coords = self.part(thr, cute.make_identity_tensor((rows, self.n)), block, tile)
+        row_ok = coords[0][0] < rows
+        cols = None
+        if const_expr(not self.even):
+            cols = cute.make_rmem_tensor(cute.make_layout(self.chunks), cutlass.Boolean)
+            for k in cutlass.range_constexpr(self.chunks):
+                cols[k] = coords[0, 0, k][1] < self.n
+        return row_ok, cols
+
+    @cute.jit
+    def load(self, src, row_ok, cols, fill):
+        """Register fragment of src; chunks out of range hold ``fill`` (the reduction's neutral value)."""
+        frag = cute.make_rmem_tensor_like(src)
+        frag.fill(fill)
+        if const_expr(row_ok is None):
+            self._copy_chunks(src, frag, cols)
+        else:
+            if row_ok:
+                self._copy_chunks(src, frag, cols)
+        return frag
+
+    @cute.jit
+    def load_vector(self, thr, g_vector, tile, cols):
+        """fp32 values of a broadcast vector (weight, bias) at a column tile; None where it is absent."""
+        if const_expr(g_vector is None):
+            return None
+        return self.load(self.part(thr, g_vector, 0, tile), None, cols, 0.0).load().to(Float32)
+
+    @cute.jit
+    def store(self, values, dst, row_ok, cols):
+        frag = cute.make_rmem_tensor_like(dst)
+        frag.store(values.to(dst.element_type))
+        if row_ok:
+            self._copy_chunks(frag, dst, cols)
+
+    @cute.jit
+    def _copy_chunks(self, src, dst, cols):
+        for k in cutlass.range_constexpr(self.chunks):
+            if const_expr(cols is None):
+                cute.autovec_copy(src[None, 0, k], dst[None, 0, k])
+            else:
+                if cols[k]:
+                    cute.autovec_copy(src[None, 0, k], dst[None, 0, k])
+
+    @cute.jit
+    def zero_out_of_range(self, frag, cols):
+        """Zero the chunks past N of an fp32 fragment (so that they add nothing to a sum)."""
+        if const_expr(cols is not None):
+            for k in cutlass.range_constexpr(self.chunks):
+                if not cols[k]:
+                    frag[None, 0, k].fill(0.0)
+
+    # ---- device side: reductions ------------------------------------------------------------------
+    def reduction_storage(self):
+        """Shared memory for the row reductions: one fp32 slot per warp (and per cluster CTA) and per
+        stage; with a cluster also one transaction barrier per stage. Call once, before any reduction."""
+        slots = self.warps_per_row * self.ctas
+        if const_expr(slots == 1):
+            return None, None
+        smem = SmemAllocator()
+        layout = cute.make_ordered_layout((self.rows_per_cta, slots, self.stages), order=(1, 0, 2))
+        buffer = smem.allocate_tensor(Float32, layout, byte_alignment=16)
+        mbar = None
+        if const_expr(self.ctas > 1):
+            mbar = smem.allocate_array(Int64, num_elems=self.stages, byte_alignment=8)
+            self._init_cluster(mbar)
+        return buffer, mbar
+
+    @cute.jit
+    def _init_cluster(self, mbar):
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            for s in cutlass.range_constexpr(self.stages):
+                cute.arch.mbarrier_init(mbar + s, 1)
+        cute.arch.mbarrier_init_fence()
+        # peers may push into this CTA only once its barriers exist: wait before the first reduction
+        cute.arch.cluster_arrive_relaxed()
+
+    @cute.jit
+    def row_reduce(self, value: Float32, op, identity: float, stage: int, buffer, mbar) -> Float32:
+        """Reduce one fp32 value per thread over the threads (and cluster CTAs) of its row; every
+        thread of the row gets the result. Stage s uses its own buffer slice and barrier, so
+        successive stages need no barrier to protect reuse."""
+        lanes = min(self.threads_per_row, WARP)
+        value = cute.arch.warp_reduction(value, op, threads_in_group=lanes)
+        if const_expr(buffer is not None):
+            lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
+            row, col = warp // self.warps_per_row, warp % self.warps_per_row
+            slots = self.warps_per_row * self.ctas
+            if const_expr(self.ctas == 1):
+                if lane == 0:
+                    buffer[row, col, stage] = value
+                cute.arch.barrier()
+            else:
+                if const_expr(stage == 0):
+                    cute.arch.cluster_wait()
+                rank = cute.arch.block_idx_in_cluster()
+                warps = self.rows_per_cta * self.warps_per_row
+                if warp == 0 and lane == 0:
+                    cute.arch.mbarrier_arrive_and_expect_tx(mbar + stage, warps * self.ctas * 4)
+                if lane < self.ctas:  # lane p sends this warp's value to peer CTA p, same slot
+                    slot = rank * self.warps_per_row + col
+                    ptr = buffer.iterator + cute.crd2idx((row, slot, stage), buffer.layout)
+                    cute.arch.store_async_dsmem(ptr, value.bitcast(Int32), mbar + stage, lane)
+                cute.arch.mbarrier_wait(mbar + stage, 0)
+            combined = Float32(identity)
+            for i in cutlass.range_constexpr(_ceil_div(slots, WARP)):
+                if lane + i * WARP < slots:
+                    combined = op(combined, buffer[row, lane + i * WARP, stage])
+            value = cute.arch.warp_reduction(combined, op, threads_in_group=WARP)
+        return value

@@ -1,0 +1,202 @@
+"""Compilation of kernel variants, once per process each, and the ahead-of-time compile of all of them.
+
+A variant is everything that is compile-time: the op, dtypes, N, the vector width (the alignment
+class) and the flags. M and the row strides are symbolic (``cute.sym_int``), so one compiled
+function serves every M and every stride of its alignment class. Functions are compiled for the
+TVM-FFI calling convention: they take torch tensors directly and launch on the current torch
+stream. Each compile keeps a copy of its cubin in ``artifact_dir()`` for provenance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+DTYPES = {"float32": 32, "float16": 16, "bfloat16": 16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One compiled kernel. Dtypes are torch dtype names ("float32", "float16", "bfloat16")."""
+
+    op: str  # "softmax", "rmsnorm" or "layernorm"
+    dtype: str
+    n: int
+    vec: int  # elements per access: the largest power of two (<= 128 bits) all tensors are aligned to
+    weight: str | None = None
+    bias: str | None = None
+    residual: bool = False
+
+    def __post_init__(self):
+        if self.op not in ("softmax", "rmsnorm", "layernorm"):
+            raise ValueError(f"unknown op {self.op!r}")
+        for name in (self.dtype, self.weight, self.bias):
+            if name is not None and name not in DTYPES:
+                raise ValueError(f"unsupported dtype {name!r}")
+        if self.n < 1 or self.vec < 1 or self.n % self.vec or self.vec * DTYPES[self.dtype] > 128:
+            raise ValueError(f"vector width {self.vec} does not fit N={self.n} of {self.dtype}")
+
+    @property
+    def name(self) -> str:
+        flags = "".join(f"_{k}-{v}" for k, v in (("w", self.weight), ("b", self.bias)) if v)
+        return f"{self.op}_{self.dtype}_n{self.n}_v{self.vec}{flags}{'_res' if self.residual else ''}"
+
+    def kernel(self):
+        """The kernel object: its __init__ holds the launch plan for this N and dtype."""
+        x, w, b = (_cute_dtype(name) for name in (self.dtype, self.weight, self.bias))
+        if self.op == "softmax":
+            from .softmax_kernel import Softmax
+
+            return Softmax(x, self.n, self.vec)
+        if self.op == "rmsnorm":
+            from .rmsnorm_kernel import RMSNorm
+
+            return RMSNorm(x, self.n, self.vec, weight_dtype=w, residual=self.residual)
+        from .layernorm_kernel import LayerNorm
+
+        return LayerNorm(x, self.n, self.vec, weight_dtype=w, bias_dtype=b)
+
+    def compile(self, arch: str | None = None):
+        """cute.compile with fake tensors: M symbolic, row strides symbolic and divisible by vec."""
+        import cutlass.cute as cute
+        from cutlass import Float32
+
+        kernel = self.kernel()
+        rows = cute.sym_int()
+
+        def matrix():
+            dt = _cute_dtype(self.dtype)
+            stride = (cute.sym_int64(divisibility=self.vec), 1)
+            return cute.runtime.make_fake_tensor(dt, (rows, self.n), stride=stride,
+                                                 assumed_align=self.vec * dt.width // 8)
+
+        def vector(name):
+            if name is None:
+                return None
+            dt = _cute_dtype(name)
+            return cute.runtime.make_fake_tensor(dt, (self.n,), stride=(1,),
+                                                 assumed_align=min(16, self.vec * dt.width // 8))
+
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        if self.op == "softmax":
+            args = (matrix(), matrix())
+        elif self.op == "rmsnorm":
+            res = self.residual
+            args = (matrix(), vector(self.weight), matrix() if res else None, matrix(), matrix() if res else None,
+                    Float32(1e-6))
+        else:
+            args = (matrix(), vector(self.weight), vector(self.bias), matrix(), Float32(1e-5))
+        options = "--enable-tvm-ffi" + (f" --gpu-arch {arch}" if arch else "")
+        with tempfile.TemporaryDirectory() as dump:  # --keep-cubin wants a dump dir; we keep our own copy
+            fn = cute.compile(kernel, *args, stream, options=f"{options} --keep-cubin --dump-dir={dump}")
+            cubin = fn.__cubin__  # its bytes, or the path of the dumped file
+            if isinstance(cubin, str):
+                cubin = Path(cubin).read_bytes() if os.path.exists(cubin) else None
+        if cubin:
+            path = artifact_dir(arch) / f"{self.name}.cubin"
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(cubin)
+                _ARTIFACTS[self] = str(path)
+            except OSError:  # no writable cache: the kernel still runs, without a cubin for provenance
+                pass
+        return fn
+
+
+def _cute_dtype(name: str | None):
+    """torch dtype name -> CuTe numeric type (CuTe DSL is imported only when compiling)."""
+    if name is None:
+        return None
+    import cutlass
+
+    return {"float32": cutlass.Float32, "float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[name]
+
+
+_COMPILED: dict[Variant, object] = {}
+_ARTIFACTS: dict[Variant, str] = {}
+_LOCK = threading.Lock()
+
+
+def artifact_dir(arch: str | None = None) -> Path:
+    """Where compiled cubins are kept: $KERNELLAB_CUTE_CACHE or ~/.cache/kernellab/cute, per arch."""
+    root = os.environ.get("KERNELLAB_CUTE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kernellab", "cute")
+    return Path(root) / (arch or "device")
+
+
+def compiled(variant: Variant):
+    """The variant's compiled function, compiled on first use in this process."""
+    fn = _COMPILED.get(variant)
+    if fn is None:
+        with _LOCK:
+            fn = _COMPILED.get(variant)
+            if fn is None:
+                fn = _COMPILED[variant] = variant.compile()
+    return fn
+
+
+def artifacts() -> list[str]:
+    """Paths of the cubins of every variant compiled in this process (for provenance hashes)."""
+    return sorted(set(_ARTIFACTS.values()))
+
+
+# ---- ahead-of-time compile ---------------------------------------------------------------------
+SUITE_ROWS = (1537, 3072, 6144, 4096, 8192, 16384, 1024)  # N of the gpu-norm suite's shapes
+SUITE_DTYPES = ("float32", "bfloat16")
+
+
+def widest_vector(n: int, dtype: str) -> int:
+    """The vector width of contiguous, freshly allocated rows of N elements (their alignment class)."""
+    vec = 128 // DTYPES[dtype]
+    while n % vec:
+        vec //= 2
+    return vec
+
+
+def suite_variants() -> list[Variant]:
+    """What the gpu-norm suite runs: its N and dtypes, weights and bias in the input dtype."""
+    out = []
+    for dtype in SUITE_DTYPES:
+        for n in SUITE_ROWS:
+            v = widest_vector(n, dtype)
+            out += [Variant("softmax", dtype, n, v), Variant("rmsnorm", dtype, n, v, weight=dtype),
+                    Variant("layernorm", dtype, n, v, weight=dtype, bias=dtype)]
+    return out
+
+
+def representative_variants() -> list[Variant]:
+    """One of each code path the suites do not reach: fp16, fp32 weights of a 16-bit input, no weight,
+    the residual add, tiny and odd N, a narrower alignment class, cluster rows and streamed rows."""
+    return [
+        Variant("softmax", "float16", 1, 1),
+        Variant("softmax", "float16", 1000, 4),
+        Variant("softmax", "bfloat16", 65536, 8),  # cluster of CTAs
+        Variant("softmax", "float32", 300000, 4),  # streamed
+        Variant("rmsnorm", "float16", 2048, 8, weight="float32"),
+        Variant("rmsnorm", "bfloat16", 4096, 8, weight="bfloat16", residual=True),
+        Variant("rmsnorm", "float32", 4097, 1, residual=True),
+        Variant("rmsnorm", "float32", 65536, 4, weight="float32", residual=True),
+        Variant("rmsnorm", "bfloat16", 300000, 8, weight="bfloat16", residual=True),
+        Variant("layernorm", "float16", 768, 8, weight="float16"),
+        Variant("layernorm", "bfloat16", 8192, 8, weight="float32", bias="float32"),
+        Variant("layernorm", "float32", 20, 2, bias="float32"),
+        Variant("layernorm", "float32", 65536, 4, weight="float32", bias="float32"),
+        Variant("layernorm", "bfloat16", 300000, 8, weight="bfloat16", bias="bfloat16"),
+    ]
+
+
+def compile_all(arch: str = "sm_90a", variants: list[Variant] | None = None, log=None) -> list[str]:
+    """Compile every variant (default: the suites' and the representative ones) for ``arch`` without a
+    GPU; raises on the first compile error. Returns the names of the variants compiled."""
+    done = []
+    for variant in variants if variants is not None else suite_variants() + representative_variants():
+        start = time.perf_counter()
+        variant.compile(arch)
+        done.append(variant.name)
+        if log:
+            log(f"{variant.name}: {time.perf_counter() - start:.1f} s")
+    return done

@@ -1,0 +1,91 @@
+"""LayerNorm over the last dimension: y = (x - mean) / sqrt(var + eps) * w + b.
+
+Exact two-pass statistics in fp32: the mean first, then the mean of squared deviations from it
+(no E[x^2] - E[x]^2 cancellation). Rows held in registers run both passes on the same registers;
+streamed rows read x once per pass. Columns past N are zeroed before the deviation sum, so the
+padding of a row tail never enters the variance.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, const_expr
+
+from .base import ADD, RowKernel
+
+
+class LayerNorm(RowKernel):
+    stages = 2
+    name = "layernorm"
+
+    def __init__(self, dtype, n: int, vec: int, weight_dtype=None, bias_dtype=None):
+        super().__init__(dtype, n, vec)
+        self.weight_dtype, self.bias_dtype = weight_dtype, bias_dtype
+
+    def __repr__(self) -> str:
+        w = self.weight_dtype.__name__ if self.weight_dtype else "none"
+        b = self.bias_dtype.__name__ if self.bias_dtype else "none"
+        return f"{super().__repr__()}_w{w}_b{b}"
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mW: cute.Tensor | None, mB: cute.Tensor | None, mO: cute.Tensor,
+                 eps: Float32, stream: cuda.CUstream):
+        self.launch(self.kernel(mX, mW, mB, mO, eps), mX.shape[0], stream)
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mW: cute.Tensor | None, mB: cute.Tensor | None, mO: cute.Tensor,
+               eps: Float32):
+        rows = mX.shape[0]
+        thr, block, first = self.thread_slice()
+        buffer, mbar = self.reduction_storage()
+        gW, gB = self.broadcast_rows(mW), self.broadcast_rows(mB)
+        if const_expr(self.tiles == 1):
+            row_ok, cols = self.predicates(thr, rows, block, first)
+            w, b = None, None
+            if const_expr(not self.late_vectors):
+                w, b = self.load_vector(thr, gW, first, cols), self.load_vector(thr, gB, first, cols)
+            x = self.load(self.part(thr, mX, block, first), row_ok, cols, 0.0).load().to(Float32)
+            mean = self.row_reduce(x.reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, 0, buffer, mbar) / self.n
+            d = self.deviation(x, mean, cols)
+            ss = self.row_reduce((d * d).reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, 1, buffer, mbar)
+            if const_expr(self.late_vectors):
+                w, b = self.load_vector(thr, gW, first, cols), self.load_vector(thr, gB, first, cols)
+            y = self.affine(d * cute.math.rsqrt(ss / self.n + eps, fastmath=True), w, b)
+            self.store(y, self.part(thr, mO, block, first), row_ok, cols)
+        else:
+            total = Float32(0.0)
+            for t in cutlass.range(self.tiles):
+                row_ok, cols = self.predicates(thr, rows, block, first + t)
+                x = self.load(self.part(thr, mX, block, first + t), row_ok, cols, 0.0).load().to(Float32)
+                total = total + x.reduce(cute.ReductionOp.ADD, 0.0, 0)
+            mean = self.row_reduce(total, ADD, 0.0, 0, buffer, mbar) / self.n
+            ss = Float32(0.0)
+            for t in cutlass.range(self.tiles):
+                row_ok, cols = self.predicates(thr, rows, block, first + t)
+                x = self.load(self.part(thr, mX, block, first + t), row_ok, cols, 0.0).load().to(Float32)
+                d = self.deviation(x, mean, cols)
+                ss = ss + (d * d).reduce(cute.ReductionOp.ADD, 0.0, 0)
+            rstd = cute.math.rsqrt(self.row_reduce(ss, ADD, 0.0, 1, buffer, mbar) / self.n + eps, fastmath=True)
+            for t in cutlass.range(self.tiles):
+                row_ok, cols = self.predicates(thr, rows, block, first + t)
+                x = self.load(self.part(thr, mX, block, first + t), row_ok, cols, 0.0).load().to(Float32)
+                w, b = self.load_vector(thr, gW, first + t, cols), self.load_vector(thr, gB, first + t, cols)
+                self.store(self.affine((x - mean) * rstd, w, b), self.part(thr, mO, block, first + t), row_ok, cols)
+
+    @cute.jit
+    def deviation(self, x, mean, cols):
+        """x - mean with the columns past N set to 0 (they are 0 in x, which is not 0 - mean)."""
+        d = cute.make_rmem_tensor(x.shape, Float32)
+        d.store(x - mean)
+        self.zero_out_of_range(d, cols)
+        return d.load()
+
+    @cute.jit
+    def affine(self, y, w, b):
+        if const_expr(w is not None):
+            y = y * w
+        if const_expr(b is not None):
+            y = y + b
+        return y

@@ -1,0 +1,329 @@
+"""GPU backend tests that run without a GPU: argument checks (raised before any GPU work, naming the
+argument; CUDA tensors are faked), the alignment classes, the launch plans, the custom ops' fake
+implementations, and the fp32 backward formulas against float64 autograd."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from kernellab.kernels import gpu
+from kernellab.kernels.gpu import ops
+from kernellab.kernels.gpu.compiler import Variant
+
+
+@pytest.fixture
+def fake():
+    """Make CUDA tensors without a GPU (metadata only: any GPU work on them would fail)."""
+    mode = FakeTensorMode()
+
+    def make(*shape, dtype=torch.float32, device="cuda", stride=None, **kw):
+        with mode:
+            if stride is not None:
+                return torch.empty_strided(shape, stride, dtype=dtype, device=device, **kw)
+            return torch.empty(shape, dtype=dtype, device=device, **kw)
+
+    return make
+
+
+def raises(exc, name, fn, *args, **kwargs):
+    with pytest.raises(exc) as info:
+        fn(*args, **kwargs)
+    assert name in str(info.value), f"error does not name {name!r}: {info.value}"
+
+
+@pytest.mark.parametrize("op", [gpu.softmax, gpu.rmsnorm, gpu.layernorm])
+def test_cpu_tensor_is_refused_naming_x(op):
+    raises(ValueError, "x must be a CUDA tensor", op, torch.randn(4, 8))
+
+
+@pytest.mark.parametrize("op", [gpu.softmax, gpu.rmsnorm, gpu.layernorm])
+def test_non_tensor_and_bad_dtype_name_x(op, fake):
+    raises(TypeError, "x must be a torch.Tensor", op, [[1.0, 2.0]])
+    raises(TypeError, "x must have dtype", op, fake(4, 8, dtype=torch.float64))
+    raises(TypeError, "x must have dtype", op, fake(4, 8, dtype=torch.int32))
+    raises(ValueError, "x must have at least 1 dimension", op, fake(dtype=torch.float32))
+
+
+@pytest.mark.parametrize("op", [gpu.softmax, gpu.rmsnorm, gpu.layernorm])
+def test_last_dim_stride_must_be_one(op, fake):
+    raises(ValueError, "x must be contiguous in its last dimension", op, fake(4, 8, stride=(1, 4)))
+
+
+def test_weight_and_bias_checks(fake):
+    x = fake(4, 8, dtype=torch.bfloat16)
+    raises(ValueError, "weight must have shape (8,)", gpu.rmsnorm, x, fake(7, dtype=torch.bfloat16))
+    raises(TypeError, "weight must have dtype in (float32, bfloat16)", gpu.rmsnorm, x, fake(8, dtype=torch.float16))
+    raises(TypeError, "weight must have dtype", gpu.layernorm, fake(4, 8), fake(8, dtype=torch.bfloat16))
+    raises(ValueError, "weight is on cpu", gpu.rmsnorm, x, torch.ones(8, dtype=torch.bfloat16))
+    raises(ValueError, "bias must have shape (8,)", gpu.layernorm, x, None, fake(9, dtype=torch.bfloat16))
+    raises(ValueError, "bias must be contiguous", gpu.layernorm, x, None, fake(8, dtype=torch.bfloat16, stride=(2,)))
+
+
+def test_eps_checks(fake):
+    x = fake(4, 8)
+    for op in (gpu.rmsnorm, gpu.layernorm):
+        raises(ValueError, "eps must be > 0", op, x, None, eps=0.0)
+        raises(ValueError, "eps must be > 0", op, x, None, eps=-1e-5)
+        raises(ValueError, "eps must be > 0", op, x, None, eps=math.nan)
+        raises(TypeError, "eps must be a number", op, x, None, eps="small")
+
+
+def test_residual_checks(fake):
+    x = fake(4, 8, dtype=torch.float16)
+    raises(ValueError, "residual must have shape (4, 8)", gpu.rmsnorm, x, None, 1e-6, fake(4, 9, dtype=torch.float16))
+    raises(TypeError, "residual must have dtype in (float16)", gpu.rmsnorm, x, None, 1e-6, fake(4, 8))
+    raises(ValueError, "residual_out is given but residual is None", gpu.rmsnorm, x,
+           residual_out=fake(4, 8, dtype=torch.float16))
+    raises(ValueError, "residual_out must have shape", gpu.rmsnorm, x, None, 1e-6, fake(4, 8, dtype=torch.float16),
+           residual_out=fake(8, dtype=torch.float16))
+
+
+def test_out_checks(fake):
+    x = fake(4, 8)
+    for op in (gpu.softmax, gpu.rmsnorm, gpu.layernorm):
+        raises(ValueError, "out must have shape (4, 8)", op, x, out=fake(4, 9))
+        raises(TypeError, "out must have dtype float32", op, x, out=fake(4, 8, dtype=torch.bfloat16))
+        raises(ValueError, "out must be on cuda", op, x, out=torch.empty(4, 8))
+        raises(ValueError, "out must be contiguous in its last dimension", op, x, out=fake(4, 8, stride=(1, 4)))
+        raises(ValueError, "out must not overlap itself", op, x, out=fake(4, 8, stride=(0, 1)))
+
+
+def test_out_refuses_autograd(fake):
+    x = fake(4, 8, requires_grad=True)
+    raises(RuntimeError, "don't support automatic differentiation", gpu.softmax, x, out=fake(4, 8))
+
+
+def test_dispatch_sends_cuda_tensors_here(fake):
+    from kernellab.kernels import dispatch
+
+    raises(ValueError, "weight must have shape", dispatch.rmsnorm, fake(4, 8), fake(3))
+
+
+# ---- alignment classes ------------------------------------------------------------------------------
+def _vec(torch_kernels, op, x, weight=None, out=None):
+    ops._launch(op, x, torch.empty(x.shape, dtype=x.dtype) if out is None else out, weight=weight, eps=1e-6)
+    return torch_kernels.calls[-1].vec
+
+
+def test_vector_width_follows_alignment(torch_kernels):
+    def vec(x, out=None):
+        return _vec(torch_kernels, "softmax", x, out=out)
+
+    assert vec(torch.empty(3, 4096)) == 4
+    assert vec(torch.empty(3, 4096, dtype=torch.bfloat16)) == 8
+    assert vec(torch.empty(3, 1537)) == 1
+    assert vec(torch.empty(3, 1538)) == 2
+    assert vec(torch.empty(3, 4100)[:, :4096]) == 4  # row stride 4100: 16-byte rows still
+    assert vec(torch.empty(3, 4098)[:, :4096]) == 2  # row stride 4098 fp32: 8-byte rows
+    assert vec(torch.empty(3 * 4096 + 1)[1:].view(3, 4096)) == 1  # base pointer off by one element
+    assert vec(torch.empty(3, 4096), out=torch.empty(3 * 4096 + 2)[2:].view(3, 4096)) == 2  # out's base
+    assert vec(torch.empty(3, 12, dtype=torch.float16)) == 4
+    assert vec(torch.empty(1, 8)) == 4
+
+
+def test_vector_width_respects_weights(torch_kernels):
+    x = torch.empty(3, 64, dtype=torch.bfloat16)
+    assert _vec(torch_kernels, "rmsnorm", x, torch.empty(64)) == 8  # 8 fp32 weights: two 16-byte loads
+    assert _vec(torch_kernels, "rmsnorm", x, torch.empty(66)[2:]) == 2  # weight base 8-byte aligned
+    assert _vec(torch_kernels, "rmsnorm", x, torch.empty(65)[1:]) == 1  # weight base 4-byte aligned
+    assert _vec(torch_kernels, "rmsnorm", x, torch.empty(66, dtype=torch.bfloat16)[2:]) == 2
+
+
+# ---- launch plans -----------------------------------------------------------------------------------
+PLAN_NS = [1, 2, 3, 7, 8, 20, 31, 64, 100, 127, 1000, 1024, 1537, 3072, 4096, 6144, 8192, 8191, 12345, 16384,
+           16385, 20000, 32768, 40000, 65536, 65537, 131072, 140000, 300000, 1 << 20]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_launch_plans(dtype):
+    pytest.importorskip("cutlass")
+    width = 32 if dtype == "float32" else 16
+    for n in PLAN_NS:
+        for vec in (v for v in (1, 2, 4, 8) if v * width <= 128 and n % v == 0):
+            k = Variant("softmax", dtype, n, vec).kernel()
+            tpr, span = k.threads_per_row, k.tiles * k.tile_cols
+            assert tpr & (tpr - 1) == 0 and tpr <= 512, (n, vec, k.describe())
+            assert k.num_threads % 32 == 0 and k.num_threads == k.rows_per_cta * tpr
+            assert 1 <= k.ctas <= 8
+            assert k.ctas * span >= n and (k.ctas - 1) * span < n, "a CTA of the cluster without columns"
+            assert k.even == (k.ctas * span == n)
+            assert (k.tiles > 1) == (n > 8 * 512 * 32), "stream only rows a cluster's registers cannot hold"
+            if k.tiles == 1:
+                assert k.values_per_thread <= 32, "a row held in registers must fit them"
+
+
+def test_plans_of_the_suite_shapes():
+    pytest.importorskip("cutlass")
+    plan = {n: Variant("rmsnorm", "bfloat16", n, 8).kernel().describe() for n in (1024, 3072, 4096, 16384)}
+    assert plan[3072]["threads_per_row"] == 128 and plan[3072]["chunks"] == 3
+    assert plan[16384]["cluster"] == 1 and plan[16384]["tiles"] == 1
+    wide = Variant("layernorm", "float32", 65536, 4).kernel()
+    assert wide.ctas == 4 and wide.tiles == 1  # a cluster of 4 CTAs holds the row in registers
+    streamed = Variant("softmax", "float32", 1 << 20, 4).kernel()
+    assert streamed.ctas == 8 and streamed.tiles > 1
+
+
+def test_variant_validation():
+    with pytest.raises(ValueError, match="unknown op"):
+        Variant("gelu", "float32", 8, 4)
+    with pytest.raises(ValueError, match="vector width"):
+        Variant("softmax", "float32", 6, 4)
+    with pytest.raises(ValueError, match="vector width"):
+        Variant("softmax", "bfloat16", 16, 16)
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        Variant("rmsnorm", "float32", 8, 4, weight="float64")
+
+
+# ---- custom ops ------------------------------------------------------------------------------------
+def test_custom_ops_have_fake_implementations(fake):
+    x, r, w = fake(2, 3, 8, dtype=torch.bfloat16), fake(2, 3, 8, dtype=torch.bfloat16), fake(8)
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        x, r, w = (mode.from_tensor(t) for t in (x, r, w))
+        assert torch.ops.kernellab.softmax(x).shape == x.shape
+        y, h = torch.ops.kernellab.rmsnorm_residual(x, r, w, 1e-6)
+        assert y.shape == h.shape == x.shape and y.dtype == h.dtype == x.dtype
+        assert torch.ops.kernellab.rmsnorm(x, None, 1e-6).shape == x.shape
+        assert torch.ops.kernellab.layernorm(x, w, None, 1e-5).shape == x.shape
+        torch.ops.kernellab.softmax_out(x, torch.empty_like(x))
+
+
+# ---- backward formulas (plain torch, fp32) against float64 autograd ------------------------------------
+def _grad64(fn, *tensors):
+    """float64 autograd of fn: (random output gradients, iterator over the input gradients)."""
+    leaves = [None if t is None else t.detach().double().requires_grad_() for t in tensors]
+    outs = fn(*leaves)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    g = torch.Generator().manual_seed(1)
+    grads = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in outs]
+    return grads, iter(torch.autograd.grad(outs, [t for t in leaves if t is not None], grads))
+
+
+def _close(a, b, tol=2e-4):
+    torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("shape", [(5, 33), (2, 3, 8), (1, 1)])
+def test_softmax_backward(shape):
+    x = torch.randn(shape) * 3
+    (g,), want = _grad64(lambda t: torch.softmax(t, -1), x)
+    _close(ops.softmax_backward(x, g.float()), next(want))
+
+
+def _rmsnorm64(x, r, w, eps):
+    h = x if r is None else x + r
+    y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    y = y if w is None else y * w
+    return y if r is None else (y, h)
+
+
+def _layernorm64(x, w, b, eps):
+    mean = x.mean(-1, keepdim=True)
+    y = (x - mean) * torch.rsqrt((x - mean).pow(2).mean(-1, keepdim=True) + eps)
+    y = y if w is None else y * w
+    return y if b is None else y + b
+
+
+@pytest.mark.parametrize("with_weight", [True, False])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_rmsnorm_backward(with_weight, with_residual):
+    x, r, w = torch.randn(6, 40), torch.randn(6, 40), torch.randn(40) + 1
+    r, w = (r if with_residual else None), (w if with_weight else None)
+    grads, want = _grad64(lambda a, b, c: _rmsnorm64(a, b, c, 1e-6), x, r, w)
+    gh = grads[1].float() if with_residual else None
+    dx, dr, dw = ops.rmsnorm_backward(x, r, w, 1e-6, grads[0].float(), gh)
+    _close(dx, next(want))
+    if with_residual:
+        _close(dr, next(want))
+    if with_weight:
+        _close(dw, next(want))
+
+
+@pytest.mark.parametrize("with_weight,with_bias", [(True, True), (False, True), (True, False), (False, False)])
+def test_layernorm_backward(with_weight, with_bias):
+    x, w, b = torch.randn(7, 24) * 2 + 0.5, torch.randn(24) + 1, torch.randn(24)
+    w, b = (w if with_weight else None), (b if with_bias else None)
+    (g,), want = _grad64(lambda a, c, d: _layernorm64(a, c, d, 1e-5), x, w, b)
+    dx, dw, db = ops.layernorm_backward(x, w, b, 1e-5, g.float())
+    _close(dx, next(want))
+    if with_weight:
+        _close(dw, next(want))
+    if with_bias:
+        _close(db, next(want))
+
+
+# ---- the host side of a launch, with the compiled function replaced by torch -----------------------------
+def _torch_kernel(variant):
+    """A stand-in for a compiled variant, with its argument order, computing with torch."""
+
+    def run(*args):
+        if variant.op == "softmax":
+            x, y = args
+            y.copy_(torch.softmax(x.double(), -1))
+        elif variant.op == "rmsnorm":
+            x, w, r, y, h, eps = args
+            hh = x.double() if r is None else x.double() + r.double()
+            if h is not None:
+                h.copy_(hh)
+            yy = hh * torch.rsqrt(hh.pow(2).mean(-1, keepdim=True) + eps)
+            y.copy_(yy if w is None else yy * w.double())
+        else:
+            x, w, b, y, eps = args
+            y.copy_(torch.nn.functional.layer_norm(x.double(), (x.shape[-1],), None if w is None else w.double(),
+                                                   None if b is None else b.double(), eps))
+
+    return run
+
+
+@pytest.fixture
+def torch_kernels(monkeypatch):
+    """Replace compiling with torch stand-ins; records the variant of every call and every compile."""
+    seen = SimpleNamespace(calls=[], compiles=[])
+
+    def compiled(variant):
+        seen.compiles.append(variant)
+        kernel = _torch_kernel(variant)
+
+        def call(*args):
+            seen.calls.append(variant)
+            kernel(*args)
+
+        return call
+
+    monkeypatch.setattr(ops, "compiled", compiled)
+    monkeypatch.setattr(ops, "_FUNCTIONS", {})
+    return seen
+
+
+def test_launch_rows_views_and_alignment_classes(torch_kernels):
+    from kernellab.harness.suites import reference
+
+    x = torch.randn(2, 3, 96)
+    out = torch.full((3, 2, 96), math.nan).transpose(0, 1)  # leading dims cannot merge: copied back
+    ops._launch("softmax", x, out)
+    torch.testing.assert_close(out, reference.softmax(x).float())
+    assert torch_kernels.calls[-1] == Variant("softmax", "float32", 96, 4)
+
+    x, r, w = torch.randn(5, 1537, dtype=torch.bfloat16), torch.randn(5, 1537, dtype=torch.bfloat16), torch.randn(1537)
+    y, h = torch.empty_like(x), torch.empty_like(x)
+    ops._launch("rmsnorm", x, y, weight=w, residual=r, h=h, eps=1e-6)
+    want_y, want_h = reference.rmsnorm(x, w, 1e-6, r)
+    torch.testing.assert_close(y.double(), want_y, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(h.double(), want_h, rtol=2e-2, atol=2e-2)
+    assert torch_kernels.calls[-1] == Variant("rmsnorm", "bfloat16", 1537, 1, weight="float32", residual=True)
+
+    x = torch.randn(4, 1030, dtype=torch.float16)[:, 6:1030]  # 12-byte base offset, row stride 1030
+    ops._launch("layernorm", x, torch.empty(4, 1024, dtype=torch.float16), eps=1e-5)
+    assert torch_kernels.calls[-1] == Variant("layernorm", "float16", 1024, 2)
+    compiles = len(torch_kernels.compiles)
+    ops._launch("layernorm", x, torch.empty(4, 1024, dtype=torch.float16), eps=1e-5)
+    assert len(torch_kernels.compiles) == compiles, "a variant is compiled once"
+
+    column = torch.randn(1, 5).t()  # N = 1 with last-dim stride 5 (and row stride 1)
+    out = torch.full((5, 1), math.nan)
+    ops._launch("softmax", column, out)
+    assert torch.equal(out, torch.ones(5, 1)) and torch_kernels.calls[-1] == Variant("softmax", "float32", 1, 1)

@@ -1,0 +1,72 @@
+"""Ahead-of-time compile of every kernel variant (``nox -s build``): ``python -m kernellab.megakernel.aot``.
+
+Works without a GPU: with ``CUTE_DSL_ARCH=sm_90a`` (set here if unset) CuTe DSL compiles against
+fake tensors. A variant fixes what is compile-time (tile shape, hidden placement, residual dtype);
+rows, channels, hidden and the activation are runtime values, so this list is every kernel the
+engines and the compiler can ever launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def variants(representative: bool = False) -> list:
+    """Every variant, or (``representative``) one of each kernel class and code path: what the CI
+    test compiles in a few minutes on two cores."""
+    from .engines import conventional, conventional_tc, persistent, persistent_tc, prologue
+    from .planning import TC_CHANNEL_TILES, TC_ROW_TILES
+
+    if representative:
+        return [
+            persistent.Variant(hidden_on_chip=True, weights_in_smem=True),
+            persistent.Variant(hidden_on_chip=False, weights_in_smem=False, residual="float32"),
+            conventional.Variant("hidden"),
+            conventional.Variant("output"),
+            conventional_tc.Variant("hidden"),
+            conventional_tc.Variant("output", "float32"),
+            persistent_tc.Variant(TC_ROW_TILES[0], TC_CHANNEL_TILES[0]),
+            prologue.Variant(norm=True, stream="float16"),
+            prologue.Variant(norm=False),
+        ]
+    out = []
+    for residual in ("float16", "float32"):
+        out += [persistent.Variant(on_chip, in_smem, residual) for on_chip in (True, False)
+                for in_smem in (True, False)]
+        out += [conventional.Variant("output", residual), conventional_tc.Variant("output", residual)]
+        out += [persistent_tc.Variant(rows, cols, residual) for rows in TC_ROW_TILES for cols in TC_CHANNEL_TILES]
+        out += [prologue.Variant(norm=True, stream=residual)]
+    out += [conventional.Variant("hidden"), conventional_tc.Variant("hidden"), prologue.Variant(norm=False)]
+    return out
+
+
+def compile_all(arch: str = "sm_90a", representative: bool = False, log=None) -> list[str]:
+    """Compile every variant (or the representative ones) for ``arch``; raises on the first compile
+    error. Returns the names of the variants compiled."""
+    os.environ.setdefault("CUTE_DSL_ARCH", arch)
+    done = []
+    for variant in variants(representative):
+        start = time.perf_counter()
+        variant.compile(arch)
+        done.append(variant.name)
+        if log:
+            log(f"{variant.name}: {time.perf_counter() - start:.1f} s")
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kernellab.megakernel.aot", description=__doc__)
+    p.add_argument("--arch", default="sm_90a")
+    p.add_argument("--representative", action="store_true", help="one variant per kernel class (quick)")
+    args = p.parse_args(argv)
+    start = time.perf_counter()
+    names = compile_all(args.arch, args.representative, log=lambda line: print(line, flush=True))
+    print(f"compiled {len(names)} megakernel variants for {args.arch} in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

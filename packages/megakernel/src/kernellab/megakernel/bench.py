@@ -1,0 +1,110 @@
+"""The ``gpu-megakernel`` suite (entry point ``kernellab.suites``): the residual MLP at the
+development and assessment shapes, every engine as an impl, torch-cublas as the control.
+
+The assessment shapes are measured, never tuned on: nothing in planning looks at them.
+"""
+
+from __future__ import annotations
+
+from kernellab.harness.case import Impl, Problem, Suite, Tolerance, Unsupported
+
+from . import model, planning
+
+DEVELOPMENT_SHAPES = ((1, 7, 13), (33, 32, 64), (129, 31, 47), (257, 64, 128), (1024, 128, 256), (4096, 256, 1024),
+                      (16384, 512, 2048))
+ASSESSMENT_SHAPES = ((5, 19, 37), (49, 48, 96), (193, 63, 111), (513, 96, 192))
+DEFAULT_ACTIVATION = "gelu"
+CONTROL = "torch-cublas"
+
+
+class ResidualMLP(Problem):
+    """``y = x + W2 fp16(act(W1 x + b1)) + b2`` at shape (rows, channels, hidden); fp16 operands,
+    fp32 accumulation, bias and output."""
+
+    op = "residual_mlp"
+    control_name = CONTROL
+
+    def __init__(self, shape, dtype: str = "fp16", device: str = "cuda", activation: str = DEFAULT_ACTIVATION):
+        model.check_activation(activation)
+        super().__init__(shape, dtype, device, activation=activation)
+        if len(self.shape) != 3:
+            raise ValueError(f"shape is (rows, channels, hidden), got {shape!r}")
+
+    @property
+    def model_shape(self) -> model.Shape:
+        return model.Shape(*self.shape)
+
+    @property
+    def activation(self) -> str:
+        return self.params["activation"]
+
+    def name_suffix(self) -> str:
+        return f"_{self.activation}"
+
+    def make_inputs(self, seed: int):
+        return model.make_problem_tensors(self.model_shape, seed=seed, device=self.device)
+
+    def make_outputs(self, inputs):
+        import torch
+
+        rows, channels, _ = self.shape
+        return {"y": torch.empty((rows, channels), dtype=torch.float32, device=self.device)}
+
+    def reference(self, inputs):
+        return {"y": model.reference(inputs["x"], inputs["w1"], inputs["b1"], inputs["w2"], inputs["b2"],
+                                     self.activation)}
+
+    def control(self, inputs, outputs):
+        from .engines import torch_baselines
+
+        return torch_baselines.cublas_call(self.activation)(inputs, outputs)
+
+    def bytes_moved(self) -> int:
+        return planning.minimum_bytes(*self.shape)
+
+    def flops(self) -> int:
+        return planning.flops(*self.shape)
+
+    def tolerance(self) -> Tolerance:
+        return Tolerance(*model.tolerance_for(self.model_shape))
+
+
+def problems(shapes=DEVELOPMENT_SHAPES + ASSESSMENT_SHAPES, activation: str = DEFAULT_ACTIVATION) -> list[ResidualMLP]:
+    return [ResidualMLP(shape, activation=activation) for shape in shapes]
+
+
+def impl(name: str) -> Impl:
+    """One engine as a harness impl. The ``*-graph`` engines capture their own graphs, so the
+    harness must not capture them again (graphable=False)."""
+    from . import engines
+
+    def bind(problem: ResidualMLP):
+        try:
+            return engines.bind(name, problem.model_shape, problem.activation).call
+        except Exception as e:  # noqa: BLE001 - a kernel that fails to build is reported per case, not fatal
+            raise Unsupported(f"{name} could not be built for {problem.name}: {type(e).__name__}: {e}") from e
+
+    def artifacts():
+        if engines.split_graph(name)[0] in engines.TORCH_ENGINES:
+            return []
+        from .engines.common import artifacts as cubins
+
+        return cubins()
+
+    return Impl(name=name, bind=bind, available=lambda: engines.unavailable(name), artifacts=artifacts,
+                graphable=not name.endswith(engines.GRAPH_SUFFIX), description=f"megakernel engine {name}")
+
+
+def suite() -> Suite:
+    from . import engines
+
+    return Suite(
+        name="gpu-megakernel",
+        device="cuda",
+        description="Residual MLP y = x + W2 act(W1 x + b1) + b2 (fp16 operands, fp32 accumulation and output, "
+                    f"{DEFAULT_ACTIVATION}) at the development and assessment shapes, every engine",
+        make_problems=problems,
+        impls=[impl(name) for name in engines.ENGINES],
+        control=CONTROL,
+        defaults={"rounds": 3, "samples": 50, "warmup": 10, "iterations": 10},
+    )

@@ -1,0 +1,147 @@
+"""What every CuTe DSL engine shares: the activation in device code, fake tensors for compiling
+without a GPU, and the per-process cache of compiled variants with their cubins.
+
+A *variant* is everything an engine fixes at compile time (tile shape, where the hidden lives, the
+residual dtype). Rows, channels, hidden and the activation are runtime values, so one compiled
+variant serves every shape it is planned for. Variants compile for the TVM-FFI calling convention:
+they take torch tensors and launch on the current torch stream (so CUDA-graph capture just works).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import cutlass.cute as cute
+from cutlass import Float16, Float32, Int32
+from cutlass.base_dsl.ast_helpers import DSLOptimizationWarning
+
+from ..model import ACTIVATION_CODES, GELU_TANH_CUBIC, GELU_TANH_SCALE
+
+RELU, GELU, SILU = (ACTIVATION_CODES[name] for name in ("relu", "gelu", "silu"))
+DTYPES = {"float16": Float16, "float32": Float32}
+
+
+# ---- device code ---------------------------------------------------------------------------------
+
+def relu(v):
+    return cute.arch.fmax(v, Float32(0.0))
+
+
+def gelu(v):
+    """tanh-approximation GELU with the accurate (libdevice) tanh: the fast tanh.approx would move
+    the fp16 hidden by an ulp far more often than the reference's float64 tanh does."""
+    inner = Float32(GELU_TANH_SCALE) * (v + Float32(GELU_TANH_CUBIC) * v * v * v)
+    return Float32(0.5) * v * (Float32(1.0) + cute.math.tanh(inner))
+
+
+def silu(v):
+    return v / (Float32(1.0) + cute.math.exp(-v))
+
+
+@cute.jit
+def activate(v: Float32, code: Int32) -> Float32:
+    """One value through the activation chosen at run time (a warp-uniform branch)."""
+    out = v
+    if code == RELU:
+        out = relu(v)
+    elif code == GELU:
+        out = gelu(v)
+    else:
+        out = silu(v)
+    return out
+
+
+@cute.jit
+def round_to_fp16(v: Float32) -> Float32:
+    """The hidden's rounding point: round to nearest-even fp16, kept as fp32 for the next GEMM."""
+    return v.to(Float16).to(Float32)
+
+
+# ---- compiling -------------------------------------------------------------------------------------
+
+class Symbols:
+    """The runtime sizes shared by a kernel's tensors. Reusing one symbol makes TVM-FFI check at
+    every call that those sizes agree (and that rows are contiguous, as strides use them too)."""
+
+    def __init__(self, divisibility: int = 1):
+        self.rows = cute.sym_int()
+        self.channels = cute.sym_int(divisibility=divisibility)
+        self.hidden = cute.sym_int(divisibility=divisibility)
+        self.divisibility = divisibility
+
+    def _align(self, dtype) -> int:
+        return max(dtype.width // 8, min(16, self.divisibility * dtype.width // 8))
+
+    def matrix(self, dtype, rows, cols):
+        """A row-major (rows, cols) tensor with contiguous rows."""
+        return cute.runtime.make_fake_tensor(dtype, (rows, cols), stride=(cols, 1), assumed_align=self._align(dtype))
+
+    def vector(self, dtype, n):
+        return cute.runtime.make_fake_tensor(dtype, (n,), stride=(1,), assumed_align=dtype.width // 8)
+
+
+def fake_stream():
+    """Compile against TVM-FFI's environment stream: each call launches on torch's current stream."""
+    return cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+
+
+def artifact_dir(arch: str | None = None) -> Path:
+    """Where compiled cubins are kept: $KERNELLAB_MEGAKERNEL_CACHE or ~/.cache/kernellab/megakernel."""
+    root = os.environ.get("KERNELLAB_MEGAKERNEL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kernellab", "megakernel")
+    return Path(root) / (arch or "device")
+
+
+def compile_variant(name: str, kernel, args: tuple, arch: str | None = None):
+    """cute.compile for TVM-FFI, keeping the cubin under ``artifact_dir(arch)/name``."""
+    out = artifact_dir(arch) / name
+    out.mkdir(parents=True, exist_ok=True)
+    options = f"--enable-tvm-ffi --keep-cubin --dump-dir={out}"
+    if os.environ.get("KERNELLAB_MEGAKERNEL_KEEP_PTX"):
+        options += " --keep-ptx"  # for reading the generated code: ptxas -arch=sm_90a -v <file>.ptx
+    if arch:
+        options += f" --gpu-arch {arch}"
+    with warnings.catch_warnings():
+        # our fully unrolled epilogues are deliberate: static indices keep the accumulators in registers
+        warnings.simplefilter("ignore", DSLOptimizationWarning)
+        fn = cute.compile(kernel, *args, fake_stream(), options=options)
+    cubin = fn.__cubin__
+    if isinstance(cubin, str) and os.path.exists(cubin):
+        _ARTIFACTS[name] = cubin
+    return fn
+
+
+_COMPILED: dict = {}
+_ARTIFACTS: dict[str, str] = {}
+
+
+def compiled(variant):
+    """The variant's compiled function, compiled on first use in this process."""
+    fn = _COMPILED.get(variant)
+    if fn is None:
+        fn = _COMPILED.setdefault(variant, variant.compile())
+    return fn
+
+
+def artifacts() -> list[str]:
+    """Cubins of every variant compiled in this process (their sha256 goes into provenance)."""
+    return sorted(set(_ARTIFACTS.values()))
+
+
+class HiddenWorkspace:
+    """The fp16 hidden buffer of the engines that keep it in global memory, allocated when bound
+    (outside any CUDA-graph capture) and reallocated only if a call brings another row count."""
+
+    def __init__(self, rows: int, hidden: int):
+        import torch
+
+        self.buffer = torch.empty((rows, hidden), dtype=torch.float16, device="cuda")
+
+    def get(self, rows: int):
+        if self.buffer.shape[0] != rows:
+            import torch
+
+            self.buffer = torch.empty((rows, self.buffer.shape[1]), dtype=torch.float16, device=self.buffer.device)
+        return self.buffer

@@ -1,0 +1,132 @@
+"""``persistent`` and ``persistent-global``: one launch runs both GEMMs of every row tile.
+
+The grid is min(row tiles, resident CTAs) and CTA b owns tiles b, b + grid, ... (static round
+robin). For each tile the CTA stages the fp16 input rows in shared memory as fp32, computes the
+hidden rows, and then the output rows, all with ``scalar.linear_rows``. Where the planner found the
+weights fit beside the tile (and a CTA reuses them), W1 and W2 are copied into shared memory once
+per CTA and serve all its tiles.
+
+``persistent-global`` is the same kernel with the hidden rows in a global workspace instead of
+shared memory: same owners, same arithmetic in the same order, so the pair isolates the cost of
+keeping the hidden tile on chip. A CTA reads back only hidden rows it wrote itself, after a CTA
+barrier, which makes them visible (no grid-wide synchronization is needed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float16, Float32, Int32
+
+from ..model import ACTIVATION_CODES
+from ..planning import SCALAR_THREADS, Plan, ceil_div, transposed_weight_bytes
+from . import scalar
+from .common import DTYPES, HiddenWorkspace, Symbols, compile_variant, compiled
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    hidden_on_chip: bool
+    weights_in_smem: bool
+    residual: str = "float16"  # dtype of the residual stream (float32 for the later blocks of a stack)
+
+    @property
+    def name(self) -> str:
+        where = "persistent" if self.hidden_on_chip else "persistent-global"
+        weights = "smem-weights" if self.weights_in_smem else "global-weights"
+        return f"{where}_{weights}_res-{self.residual}"
+
+    def compile(self, arch: str | None = None):
+        s = Symbols()
+        f16, f32 = Float16, Float32
+        args = [s.matrix(f16, s.rows, s.channels), s.matrix(DTYPES[self.residual], s.rows, s.channels),
+                s.matrix(f16, s.hidden, s.channels), s.vector(f32, s.hidden),
+                s.matrix(f16, s.channels, s.hidden), s.vector(f32, s.channels), s.matrix(f32, s.rows, s.channels)]
+        if not self.hidden_on_chip:
+            args.append(s.matrix(f16, s.rows, s.hidden))
+        args += [Int32(0), Int32(4), Int32(1), Int32(0)]  # activation, tile rows, grid, shared memory bytes
+        kernel = OnChipRows(self) if self.hidden_on_chip else GlobalRows(self)
+        return compile_variant(self.name, kernel, tuple(args), arch)
+
+
+def launcher(plan: Plan, activation: str, residual: str = "float16"):
+    """``run(u, residual, w1, b1, w2, b2, y)`` for a persistent or persistent-global plan."""
+    on_chip = plan.engine == "persistent"
+    fn = compiled(Variant(hidden_on_chip=on_chip, weights_in_smem=plan.smem.weights == "smem", residual=residual))
+    act, tile_rows, grid, smem = ACTIVATION_CODES[activation], plan.tile.rows, plan.owners.grid, plan.smem.bytes
+    if on_chip:
+        def run(u, res, w1, b1, w2, b2, y):
+            fn(u, res, w1, b1, w2, b2, y, act, tile_rows, grid, smem)
+    else:
+        workspace = HiddenWorkspace(plan.rows, plan.hidden)
+
+        def run(u, res, w1, b1, w2, b2, y):
+            fn(u, res, w1, b1, w2, b2, y, workspace.get(u.shape[0]), act, tile_rows, grid, smem)
+    return run
+
+
+class FusedRows:
+    def __init__(self, variant: Variant):
+        self.variant = variant
+
+    @cute.kernel
+    def kernel(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
+               b2: cute.Tensor, y: cute.Tensor, hidden: cute.Tensor | None, act: Int32, tile_rows: Int32):
+        tid, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        rows, channels = u.shape
+        hidden_size = w1.shape[0]
+        base = scalar.dynamic_smem()
+        offset = 0
+        w1_src, w2_src = w1, w2
+        if cutlass.const_expr(self.variant.weights_in_smem):
+            w1_bytes = transposed_weight_bytes(hidden_size, channels)
+            w1_src = scalar.smem_weight(base, 0, hidden_size, channels)
+            w2_src = scalar.smem_weight(base, w1_bytes, channels, hidden_size)
+            scalar.stage_weight(w1, w1_src, tid)
+            scalar.stage_weight(w2, w2_src, tid)
+            offset = w1_bytes + transposed_weight_bytes(channels, hidden_size)  # published by the first barrier
+        x_s = scalar.smem_rows(base, offset, Float32, tile_rows, channels)
+        h_s = None
+        if cutlass.const_expr(self.variant.hidden_on_chip):
+            h_s = scalar.smem_rows(base, offset + tile_rows * channels * 4, Float32, tile_rows, hidden_size)
+        for tile in range(cta, ceil_div(rows, tile_rows), grid):
+            row0 = tile * tile_rows
+            valid = cutlass.min(tile_rows, rows - row0)
+            scalar.stage_rows(u, row0, valid, x_s, tid)
+            cute.arch.sync_threads()
+            if cutlass.const_expr(self.variant.hidden_on_chip):
+                scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size,
+                                   scalar.hidden_to_smem(h_s, act), tid)
+                cute.arch.sync_threads()
+                scalar.linear_rows(h_s, Int32(0), valid, hidden_size, w2_src, b2, channels,
+                                   scalar.output_with_residual(y, residual, row0), tid)
+            else:
+                scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size,
+                                   scalar.hidden_to_global(hidden, row0, act), tid)
+                cute.arch.sync_threads()  # also makes the CTA's global hidden writes visible to the CTA
+                scalar.linear_rows(hidden, row0, valid, hidden_size, w2_src, b2, channels,
+                                   scalar.output_with_residual(y, residual, row0), tid)
+            cute.arch.sync_threads()  # the next tile overwrites x_s (and h_s)
+
+
+class OnChipRows(FusedRows):
+    @cute.jit
+    def __call__(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
+                 b2: cute.Tensor, y: cute.Tensor, act: Int32, tile_rows: Int32, grid: Int32, smem_bytes: Int32,
+                 stream: cuda.CUstream):
+        self.kernel(u, residual, w1, b1, w2, b2, y, None, act, tile_rows).launch(
+            grid=[grid, 1, 1], block=[SCALAR_THREADS, 1, 1], smem=smem_bytes, stream=stream)
+
+
+class GlobalRows(FusedRows):
+    @cute.jit
+    def __call__(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
+                 b2: cute.Tensor, y: cute.Tensor, hidden: cute.Tensor, act: Int32, tile_rows: Int32, grid: Int32,
+                 smem_bytes: Int32, stream: cuda.CUstream):
+        self.kernel(u, residual, w1, b1, w2, b2, y, hidden, act, tile_rows).launch(
+            grid=[grid, 1, 1], block=[SCALAR_THREADS, 1, 1], smem=smem_bytes, stream=stream)

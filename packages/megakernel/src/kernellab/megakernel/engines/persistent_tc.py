@@ -1,0 +1,176 @@
+"""``persistent-tc``: the whole block in one launch on tensor cores, the hidden never leaves the SM.
+
+Grid: min(row tiles, SMs x CTAs per SM); CTA b owns row tiles b, b + grid, ... For one tile of
+``tile_rows`` rows the CTA keeps the fp16 input rows in shared memory and the fp32 output tile
+(tile_rows x channels_tile) in registers, and walks the hidden dimension in chunks of 64:
+
+    h_chunk = fp16(act(x_tile W1[chunk]^T + b1[chunk]))      (GEMM1, epilogue -> shared memory)
+    y_acc  += h_chunk W2[:, chunk]^T                          (GEMM2 from shared memory)
+
+then writes ``y = y_acc + b2 + residual``. W1 and W2 chunks stream through one shared-memory buffer
+each with cp.async, double-buffered against the other GEMM: W1(j+1) loads while GEMM2(j) runs and
+W2(j+1) while GEMM1(j+1) runs. Shared memory: x tile + W1 chunk + W2 chunk + hidden chunk, all
+fp16 (planning.persistent_tc_smem_bytes). 8 warps tiled 2 x 4 over every product; the 64 x 512
+output tile costs 128 accumulator registers per thread, the largest tile the planner allows.
+
+Padding: channels are padded to the channel tile and the last hidden chunk and row tile may be
+partial. Loads zero-fill everything outside the tensors, so padded hidden units have W1 rows and
+W2 columns of zeros: whatever the activation makes of their bias, they add exactly 0 to y.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float16, Float32, Int32
+from cutlass.memory import SmemAllocator
+
+from ..model import ACTIVATION_CODES
+from ..planning import TC_HIDDEN_CHUNK, TC_THREADS, VECTOR_ELEMENTS, Plan, Tile, ceil_div, tc_occupancy_limit
+from . import tensorcore
+from .common import DTYPES, Symbols, compile_variant, compiled
+
+WARPS_M, WARPS_N = 2, 4
+ALIGN = 1024  # the swizzle pattern repeats every 8 rows of 128 bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    tile_rows: int
+    channels_tile: int
+    residual: str = "float16"
+
+    @property
+    def name(self) -> str:
+        return f"persistent-tc_m{self.tile_rows}_c{self.channels_tile}_res-{self.residual}"
+
+    @property
+    def occupancy(self) -> int:
+        tile = Tile("persistent-tc", self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, 1)
+        return tc_occupancy_limit(tile)
+
+    def compile(self, arch: str | None = None):
+        s = Symbols(divisibility=VECTOR_ELEMENTS)
+        f16, f32 = Float16, Float32
+        args = (s.matrix(f16, s.rows, s.channels), s.matrix(DTYPES[self.residual], s.rows, s.channels),
+                s.matrix(f16, s.hidden, s.channels), s.vector(f32, s.hidden),
+                s.matrix(f16, s.channels, s.hidden), s.vector(f32, s.channels), s.matrix(f32, s.rows, s.channels),
+                Int32(0), Int32(1))  # activation, grid
+        return compile_variant(self.name, PersistentTensorCore(self), args, arch)
+
+
+def launcher(plan: Plan, activation: str, residual: str = "float16"):
+    """``run(u, residual, w1, b1, w2, b2, y)``: one launch of ``plan.owners.grid`` CTAs."""
+    fn = compiled(Variant(plan.tile.rows, plan.tile.channels_tile, residual))
+    act, grid = ACTIVATION_CODES[activation], plan.owners.grid
+
+    def run(u, res, w1, b1, w2, b2, y):
+        fn(u, res, w1, b1, w2, b2, y, act, grid)
+
+    return run
+
+
+class PersistentTensorCore:
+    def __init__(self, variant: Variant):
+        self.tile_rows = variant.tile_rows
+        self.channels_tile = variant.channels_tile
+        self.occupancy = variant.occupancy
+
+    @cute.jit
+    def __call__(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
+                 b2: cute.Tensor, y: cute.Tensor, act: Int32, grid: Int32, stream: cuda.CUstream):
+        rows, cols, chunk = self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK
+        layouts = (tensorcore.smem_layout((rows, cols)), tensorcore.smem_layout((chunk, cols)),
+                   tensorcore.smem_layout((cols, chunk)), tensorcore.smem_layout((rows, chunk)))
+        self.kernel(u, residual, w1, b1, w2, b2, y, act, *layouts, tensorcore.g2s_copy(TC_THREADS, 64),
+                    tensorcore.tiled_mma(WARPS_M, WARPS_N)).launch(
+            grid=[grid, 1, 1], block=[TC_THREADS, 1, 1], min_blocks_per_mp=self.occupancy,
+            preferred_smem_carveout=100, stream=stream)
+
+    @cute.kernel
+    def kernel(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
+               b2: cute.Tensor, y: cute.Tensor, act: Int32, x_layout: cute.ComposedLayout,
+               w1_layout: cute.ComposedLayout, w2_layout: cute.ComposedLayout, h_layout: cute.ComposedLayout,
+               g2s: cute.TiledCopy, mma: cute.TiledMma):
+        tile_rows, cols, chunk = self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK
+        tid, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        rows, channels = u.shape
+        hidden = w1.shape[0]
+
+        smem = SmemAllocator()
+        s_x = smem.allocate_tensor(Float16, x_layout, ALIGN)
+        s_w1 = smem.allocate_tensor(Float16, w1_layout, ALIGN)
+        s_w2 = smem.allocate_tensor(Float16, w2_layout, ALIGN)
+        s_h = smem.allocate_tensor(Float16, h_layout, ALIGN)
+
+        copy_a, copy_b = tensorcore.s2r_copies(mma)
+        thr_mma = mma.get_slice(tid)
+        acc_h = cute.make_rmem_tensor(thr_mma.partition_shape_C((tile_rows, chunk)), Float32)
+        acc_y = cute.make_rmem_tensor(thr_mma.partition_shape_C((tile_rows, cols)), Float32)
+        h_coords = thr_mma.partition_C(cute.make_identity_tensor((tile_rows, chunk)))
+        y_coords = thr_mma.partition_C(cute.make_identity_tensor((tile_rows, cols)))
+        h_dst = thr_mma.partition_C(s_h)
+
+        x_coords = cute.make_identity_tensor(u.shape)
+        w1_coords = cute.make_identity_tensor(w1.shape)
+        w2_coords = cute.make_identity_tensor(w2.shape)
+        num_chunks = ceil_div(hidden, chunk)
+
+        for tile in range(cta, ceil_div(rows, tile_rows), grid):
+            tensorcore.load_tile(g2s, tid, cute.local_tile(u, (tile_rows, cols), (tile, 0)), s_x,
+                                 cute.local_tile(x_coords, (tile_rows, cols), (tile, 0)), rows, channels)
+            self.load_w1(g2s, tid, w1, w1_coords, s_w1, Int32(0), hidden, channels)
+            cute.arch.cp_async_commit_group()
+            self.load_w2(g2s, tid, w2, w2_coords, s_w2, Int32(0), hidden, channels)
+            cute.arch.cp_async_commit_group()
+            acc_y.fill(0.0)
+            for j in range(num_chunks):
+                cute.arch.cp_async_wait_group(1)  # x tile and W1(j) landed; W2(j) may still fly
+                cute.arch.sync_threads()
+                acc_h.fill(0.0)
+                tensorcore.gemm_from_smem(mma, tid, acc_h, s_x, s_w1, copy_a, copy_b)
+                cute.arch.sync_threads()  # every warp is done with W1(j)
+                if j + 1 < num_chunks:
+                    self.load_w1(g2s, tid, w1, w1_coords, s_w1, j + 1, hidden, channels)
+                cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count uniform
+                for i in cutlass.range_constexpr(cute.size(acc_h)):
+                    unit = cutlass.min(j * chunk + h_coords[i][1], hidden - 1)
+                    acc_h[i] = acc_h[i] + b1[unit]
+
+                def store_hidden(i, v):
+                    h_dst[i] = v.to(Float16)
+
+                tensorcore.apply_activation(acc_h, act, store_hidden)
+                cute.arch.cp_async_wait_group(1)  # W2(j) landed; W1(j+1) may still fly
+                cute.arch.sync_threads()  # and the hidden chunk is complete
+                tensorcore.gemm_from_smem(mma, tid, acc_y, s_h, s_w2, copy_a, copy_b)
+                cute.arch.sync_threads()  # every warp is done with W2(j) and the hidden chunk
+                if j + 1 < num_chunks:
+                    self.load_w2(g2s, tid, w2, w2_coords, s_w2, j + 1, hidden, channels)
+                cute.arch.cp_async_commit_group()
+            row0 = tile * tile_rows
+            for i in cutlass.range_constexpr(cute.size(acc_y)):
+                r, c = y_coords[i]
+                if row0 + r < rows and c < channels:
+                    y[row0 + r, c] = acc_y[i] + b2[c] + residual[row0 + r, c].to(Float32)
+
+    @cute.jit
+    def load_w1(self, g2s: cute.TiledCopy, tid: Int32, w1: cute.Tensor, coords: cute.Tensor, s_w1: cute.Tensor,
+                j: Int32, hidden: Int32, channels: Int32):
+        """Rows [64 j, 64 j + 64) of W1 (hidden units), all channels."""
+        tiler = (TC_HIDDEN_CHUNK, self.channels_tile)
+        tensorcore.load_tile(g2s, tid, cute.local_tile(w1, tiler, (j, 0)), s_w1,
+                             cute.local_tile(coords, tiler, (j, 0)), hidden, channels)
+
+    @cute.jit
+    def load_w2(self, g2s: cute.TiledCopy, tid: Int32, w2: cute.Tensor, coords: cute.Tensor, s_w2: cute.Tensor,
+                j: Int32, hidden: Int32, channels: Int32):
+        """Columns [64 j, 64 j + 64) of W2 (hidden units), all channels."""
+        tiler = (self.channels_tile, TC_HIDDEN_CHUNK)
+        tensorcore.load_tile(g2s, tid, cute.local_tile(w2, tiler, (0, j)), s_w2,
+                             cute.local_tile(coords, tiler, (0, j)), channels, hidden)

@@ -1,0 +1,116 @@
+"""Warp-level tensor-core pieces shared by conventional-tc and persistent-tc.
+
+MMA: ``mma.sync.m16n8k16`` with fp16 operands and fp32 accumulators (valid on sm_80 and sm_90a).
+Operands live in shared memory K-major (K contiguous) in 8 x 64 (or 8 x 32) swizzled atoms, so that
+both the 16-byte ``cp.async`` writes and the ``ldmatrix`` reads are free of bank conflicts. Every
+tile load is predicated per 16-byte vector: a vector outside the tensor is written as zeros, so an
+MMA never reads stale or uninitialized shared memory and the padding contributes exactly 0.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float16, Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warp
+
+from ..planning import VECTOR_ELEMENTS
+from .common import GELU, RELU, gelu, relu, silu
+
+MMA_SHAPE = (16, 8, 16)
+
+
+def smem_layout(shape: tuple):
+    """An fp16 tile of ``shape`` (rows, K[, stages]) with K contiguous, tiled from swizzled 8-row
+    atoms of 64 columns (128 bytes), or 32 columns when K is not a multiple of 64."""
+    width = 64 if shape[1] % 64 == 0 else 32
+    bits = 3 if width == 64 else 2
+    atom = cute.make_composed_layout(cute.make_swizzle(bits, 3, 3), 0,
+                                     cute.make_layout((8, width), stride=(width, 1)))
+    return cute.tile_to_shape(atom, shape, tuple(range(len(shape))))
+
+
+def g2s_copy(threads: int, width: int):
+    """cp.async of 16 bytes per thread; a row of ``width`` columns is covered by width/8 threads."""
+    atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float16,
+                               num_bits_per_copy=16 * 8)
+    per_row = width // VECTOR_ELEMENTS
+    threads_layout = cute.make_layout((threads // per_row, per_row), stride=(per_row, 1))
+    return cute.make_tiled_copy_tv(atom, threads_layout, cute.make_layout((1, VECTOR_ELEMENTS)))
+
+
+def tiled_mma(warps_m: int, warps_n: int):
+    """Warps tiled (warps_m, warps_n); each warp's N extent is 16 so one ldmatrix.x4 feeds two MMAs."""
+    op = warp.MmaF16BF16Op(Float16, Float32, MMA_SHAPE)
+    return cute.make_tiled_mma(op, cute.make_layout((warps_m, warps_n, 1)),
+                               permutation_mnk=(warps_m * MMA_SHAPE[0], warps_n * MMA_SHAPE[1] * 2, MMA_SHAPE[2]))
+
+
+def s2r_copies(mma):
+    """ldmatrix.x4 (no transpose: both operands are K-major) shaped for the A and B fragments."""
+    atom = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), Float16)
+    return cute.make_tiled_copy_A(atom, mma), cute.make_tiled_copy_B(atom, mma)
+
+
+@cute.jit
+def load_tile(copy: cute.TiledCopy, tid: Int32, g_tile: cute.Tensor, s_tile: cute.Tensor, coords: cute.Tensor,
+              row_limit: Int32, col_limit: Int32):
+    """cp.async a (rows, cols) tile into shared memory. ``coords`` holds each element's coordinates
+    in the global tensor; vectors at or past (row_limit, col_limit) are zero-filled instead (the
+    column limit is a multiple of 8, so a vector is entirely inside or outside)."""
+    thr = copy.get_slice(tid)
+    src = thr.partition_S(g_tile)
+    dst = thr.partition_D(s_tile)
+    crd = thr.partition_S(coords)
+    for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
+        for k in cutlass.range_constexpr(cute.size(dst, mode=[2])):
+            row, col = crd[0, m, k]  # of the vector's first element
+            if row < row_limit and col < col_limit:
+                cute.copy(copy, src[None, m, k], dst[None, m, k])
+            else:
+                dst[None, m, k].fill(0.0)
+
+
+@cute.jit
+def gemm_from_smem(mma: cute.TiledMma, tid: Int32, acc: cute.Tensor, s_a: cute.Tensor, s_b: cute.Tensor,
+                   copy_a: cute.TiledCopy, copy_b: cute.TiledCopy):
+    """acc += s_a (M, K) * s_b (N, K)^T with both operands in shared memory, one k-block of 16 at a
+    time (fully unrolled: the compiler overlaps the ldmatrix of one k-block with the MMAs of the
+    previous one within its register budget)."""
+    thr_mma = mma.get_slice(tid)
+    frag_a = thr_mma.make_fragment_A(thr_mma.partition_A(s_a))
+    frag_b = thr_mma.make_fragment_B(thr_mma.partition_B(s_b))
+    thr_a = copy_a.get_slice(tid)
+    thr_b = copy_b.get_slice(tid)
+    src_a = thr_a.partition_S(s_a)
+    src_b = thr_b.partition_S(s_b)
+    view_a = thr_a.retile(frag_a)
+    view_b = thr_b.retile(frag_b)
+    for k in cutlass.range_constexpr(cute.size(frag_a, mode=[2])):
+        cute.copy(copy_a, src_a[None, None, k], view_a[None, None, k])
+        cute.copy(copy_b, src_b[None, None, k], view_b[None, None, k])
+        cute.gemm(mma, acc, frag_a[None, None, k], frag_b[None, None, k], acc)
+
+
+@cute.jit
+def store_inside(t: cute.Tensor, row: Int32, col: Int32, rows: Int32, cols: Int32, value):
+    """t[row, col] = value where (row, col) is inside (rows, cols). (A separate function: the DSL
+    does not rewrite an ``if`` inside a closure defined in a kernel.)"""
+    if row < rows and col < cols:
+        t[row, col] = value
+
+
+@cute.jit
+def apply_activation(values: cute.Tensor, act: Int32, store: cutlass.Constexpr):
+    """``store(i, act(values[i]))`` for every element, with the activation chosen once outside the
+    (unrolled) element loop rather than per element."""
+    count = cute.size(values)
+    if act == RELU:
+        for i in cutlass.range_constexpr(count):
+            store(i, relu(values[i]))
+    elif act == GELU:
+        for i in cutlass.range_constexpr(count):
+            store(i, gelu(values[i]))
+    else:
+        for i in cutlass.range_constexpr(count):
+            store(i, silu(values[i]))

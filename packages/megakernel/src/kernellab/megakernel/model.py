@@ -1,0 +1,245 @@
+"""The residual MLP: parameters, its float64 reference and its plain-torch formulation.
+
+One block is ``y = s + W2 · act(W1 · u + b1) + b2`` applied to each row, where ``u`` is the fp16
+operand of the first GEMM and ``s`` the residual stream. For the single-block model ``u = s = x``
+(fp16). Deeper models stack blocks, optionally with an RMSNorm before each: then
+``u = fp16(rmsnorm(s) * g)`` and the stream ``s`` stays fp32 between blocks.
+
+Rounding points (the kernels round exactly here, the reference too):
+- the GEMM operands ``u``, ``W1``, ``W2`` and the hidden ``h`` are fp16;
+- ``h = fp16(act(u W1^T + b1))``: the pre-activation is accumulated in fp32, the activation
+  applied in fp32, and only then rounded to fp16;
+- biases, the second GEMM's accumulation and the output are fp32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+ACTIVATIONS = ("relu", "gelu", "silu")
+"""``gelu`` is the tanh approximation, 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))."""
+
+ACTIVATION_CODES = {name: code for code, name in enumerate(ACTIVATIONS)}
+"""The runtime code the kernels take for each activation (one compiled kernel serves all three)."""
+
+GELU_TANH_SCALE = math.sqrt(2.0 / math.pi)
+GELU_TANH_CUBIC = 0.044715
+DEFAULT_NORM_EPS = 1e-6
+
+
+def check_activation(name: str) -> str:
+    if name not in ACTIVATION_CODES:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """One residual-MLP problem: ``rows`` independent rows of ``channels``, a ``hidden`` layer."""
+
+    rows: int
+    channels: int
+    hidden: int
+
+    def __post_init__(self):
+        for field in ("rows", "channels", "hidden"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{field} must be an integer >= 1, got {value!r}")
+
+    def as_dict(self) -> dict[str, int]:
+        return {"rows": self.rows, "channels": self.channels, "hidden": self.hidden}
+
+    def __str__(self) -> str:
+        return f"{self.rows}x{self.channels}x{self.hidden}"
+
+
+def _generator(seed: int, device):
+    import torch
+
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed) & 0x7FFF_FFFF_FFFF_FFFF)
+    return g
+
+
+def _randn(shape, gen, device, scale: float, shift: float = 0.0):
+    import torch
+
+    t = torch.randn(tuple(shape), generator=gen, device=device, dtype=torch.float32)
+    return t.mul_(scale).add_(shift)
+
+
+def make_block_parameters(channels: int, hidden: int, *, seed: int, device="cpu", norm: bool = False) -> dict:
+    """Random weights scaled so that every stage is O(1): W1 ~ N(0, 1/C), W2 ~ N(0, 1/H), biases
+    ~ N(0, 0.1^2), the norm weight ~ 1 + N(0, 0.1^2). Never zeros (a zero weight hides bugs)."""
+    import torch
+
+    g = _generator(seed, device)
+    params = {
+        "w1": _randn((hidden, channels), g, device, 1.0 / math.sqrt(channels)).to(torch.float16),
+        "b1": _randn((hidden,), g, device, 0.1),
+        "w2": _randn((channels, hidden), g, device, 1.0 / math.sqrt(hidden)).to(torch.float16),
+        "b2": _randn((channels,), g, device, 0.1),
+    }
+    if norm:
+        params["norm_weight"] = _randn((channels,), g, device, 0.1, 1.0)
+    return params
+
+
+def make_input(rows: int, channels: int, *, seed: int, device="cpu"):
+    """x ~ N(0, 1) rounded to fp16."""
+    import torch
+
+    return _randn((rows, channels), _generator(seed, device), device, 1.0).to(torch.float16)
+
+
+def make_problem_tensors(shape: Shape, *, seed: int, device="cpu") -> dict:
+    """Input and parameters of the single-block model, all from one seed."""
+    params = make_block_parameters(shape.channels, shape.hidden, seed=seed + 1, device=device)
+    return {"x": make_input(shape.rows, shape.channels, seed=seed, device=device), **params}
+
+
+def make_dyadic_problem_tensors(shape: Shape, *, seed: int, device="cpu") -> dict:
+    """Inputs and weights on coarse dyadic grids (x = a/8, W1 = b/256, W2 = c/256, biases d/2048
+    with small nonzero integers a, b, c) so that every product and partial sum of both GEMMs is
+    exact in fp32 for channels up to 1024 and outputs below 32, whatever the summation order. A
+    correct kernel then matches the float64 reference up to the last fp32 rounding of y (in
+    practice exactly), which makes tight checks meaningful (the compiler's fallback check)."""
+    import torch
+
+    g = _generator(seed, device)
+
+    def grid(shape_, low, high, scale, dtype, nonzero=False):
+        t = torch.randint(low, high + 1, shape_, generator=g, device=device)
+        if nonzero:
+            sign = torch.randint(0, 2, shape_, generator=g, device=device) * 2 - 1
+            t = t.abs().clamp_min(1) * sign
+        return (t.to(torch.float32) / scale).to(dtype)
+
+    c, h = shape.channels, shape.hidden
+    f16, f32 = torch.float16, torch.float32
+    return {"x": grid((shape.rows, c), -16, 16, 8, f16), "w1": grid((h, c), 1, 8, 256, f16, nonzero=True),
+            "b1": grid((h,), -64, 64, 2048, f32), "w2": grid((c, h), 1, 2, 256, f16, nonzero=True),
+            "b2": grid((c,), -64, 64, 2048, f32)}
+
+
+# ---- float64 reference --------------------------------------------------------------------------
+
+def activation_float64(name: str, v):
+    """The activation in float64 (the same formula the kernels evaluate in fp32)."""
+    import torch
+
+    check_activation(name)
+    if name == "relu":
+        return torch.clamp_min(v, 0.0)
+    if name == "gelu":
+        return 0.5 * v * (1.0 + torch.tanh(GELU_TANH_SCALE * (v + GELU_TANH_CUBIC * v * v * v)))
+    return v / (1.0 + torch.exp(-v))
+
+
+def _round_fp16(t):
+    import torch
+
+    return t.to(torch.float16).to(torch.float64)
+
+
+def reference_block(u, s, w1, b1, w2, b2, activation: str):
+    """One block in float64 from the (already rounded) fp16 operand ``u`` and stream ``s``."""
+    import torch
+
+    f64 = torch.float64
+    pre = u.to(f64) @ w1.to(f64).T + b1.to(f64)
+    h = _round_fp16(activation_float64(activation, pre))
+    return s.to(f64) + h @ w2.to(f64).T + b2.to(f64)
+
+
+def reference(x, w1, b1, w2, b2, activation: str):
+    """The single-block model in float64: ``x + W2 · fp16(act(W1 · x + b1)) + b2``."""
+    return reference_block(x, x, w1, b1, w2, b2, activation)
+
+
+def rmsnorm_operand_float64(s, weight, eps: float):
+    """fp16(s / sqrt(mean(s^2) + eps) * g) computed in float64, as float64."""
+    import torch
+
+    s64 = s.to(torch.float64)
+    normed = s64 * torch.rsqrt(s64.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.to(torch.float64)
+    return _round_fp16(normed)
+
+
+def reference_model(x, blocks: list[dict], activations: list[str], norms: list[float | None]):
+    """A stack of blocks in float64. ``norms[i]`` is the RMSNorm eps of block i, or None for no norm.
+    The stream is rounded to fp32 between blocks (the kernels store it fp32) and the GEMM operand
+    to fp16 (norm output, or the fp32 stream itself for a later block without a norm)."""
+    import torch
+
+    s = x.to(torch.float64)
+    for index, (params, activation, eps) in enumerate(zip(blocks, activations, norms, strict=True)):
+        if index > 0:
+            s = s.to(torch.float32).to(torch.float64)
+        if eps is not None:
+            u = rmsnorm_operand_float64(s, params["norm_weight"], eps)
+        else:
+            u = _round_fp16(s)
+        s = reference_block(u, s, params["w1"], params["b1"], params["w2"], params["b2"], activation)
+    return s
+
+
+# ---- plain torch ------------------------------------------------------------------------------
+
+def torch_activation(name: str):
+    """The activation as torch applies it in fp32 (GELU with the tanh approximation)."""
+    import torch.nn.functional as F
+
+    check_activation(name)
+    if name == "relu":
+        return F.relu
+    if name == "gelu":
+        return lambda v: F.gelu(v, approximate="tanh")
+    return F.silu
+
+
+TORCH_FORMULATIONS = ("addmm-out-dtype", "mm-out-dtype", "upcast-fp32")
+"""How the torch engines honour the rounding points, fastest first:
+- ``addmm-out-dtype``: cuBLAS fp16 GEMMs with fp32 output (``torch.addmm(..., out_dtype=float32)``),
+  bias added in the GEMM, activation in fp32, one cast to fp16;
+- ``mm-out-dtype``: the same with the bias added by a separate op;
+- ``upcast-fp32``: operands upcast to fp32 and fp32 GEMMs (slow; only where out_dtype is missing)."""
+
+
+def torch_forward(x, w1, b1, w2, b2, y, activation: str, formulation: str = "addmm-out-dtype"):
+    """The model as a torch user would write it, writing into ``y`` (fp32) with the same rounding
+    points as the kernels (the hidden is rounded to fp16 after the fp32 activation). The same
+    function runs eagerly (torch-cublas: five kernels) and under torch.compile (torch-compile)."""
+    import torch
+
+    act = torch_activation(activation)
+    f32, f16 = torch.float32, torch.float16
+    if formulation == "addmm-out-dtype":
+        h = act(torch.addmm(b1, x, w1.t(), out_dtype=f32)).to(f16)
+        out = torch.addmm(b2, h, w2.t(), out_dtype=f32)
+    elif formulation == "mm-out-dtype":
+        h = act(torch.mm(x, w1.t(), out_dtype=f32) + b1).to(f16)
+        out = torch.mm(h, w2.t(), out_dtype=f32) + b2
+    elif formulation == "upcast-fp32":
+        h = act(torch.addmm(b1, x.to(f32), w1.to(f32).t())).to(f16)
+        out = torch.addmm(b2, h.to(f32), w2.to(f32).t())
+    else:
+        raise ValueError(f"formulation must be one of {TORCH_FORMULATIONS}, got {formulation!r}")
+    return torch.add(out, x, out=y)
+
+
+def tolerance_for(shape: Shape) -> tuple[float, float]:
+    """(rtol, atol) for the fp32 output against the float64 reference.
+
+    Two effects separate a correct kernel from the reference: fp32 accumulation over K terms
+    (relative error about 2^-24 sqrt(K), below 1e-5 here) and, where the fp32 and float64
+    pre-activations straddle an fp16 rounding midpoint, a hidden value one fp16 ulp apart. Each
+    such flip moves an output by at most 2^-11 |h| |W2| ~ 5e-4 / sqrt(hidden) and flips are rare
+    (probability ~ 2^-13 sqrt(channels) per hidden value), so errors stay near 1e-4 at O(1)
+    outputs. rtol = atol = 1e-3 leaves a 10x margin and still fails any indexing, predication or
+    rounding-point bug, which moves outputs by O(0.1)."""
+    del shape  # the bound above holds for every shape we serve
+    return 1e-3, 1e-3
+

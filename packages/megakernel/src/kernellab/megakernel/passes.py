@@ -1,0 +1,201 @@
+"""The compiler's passes: a linear pipeline, each pass declaring what it requires and ensures.
+
+    validate -> prologues -> tiles -> smem -> engine -> owners
+
+Running a pass (``Pass.__call__``) validates the IR going in, checks the pass's requirements
+against the program's properties (naming the pass that would provide a missing one), runs it,
+adds what it ensures and validates the IR coming out. A pass that cannot accept a program raises
+``PassError`` with the block and the reason. The numbers all come from ``planning``, the same
+functions the hand-written engines bind with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from . import ir, planning
+from .ir import Block, Candidate, Program
+
+MAX_ELEMENTS = 2**31 - 1
+"""Kernels index with 32-bit integers."""
+
+
+class PassError(ValueError):
+    """A pass refused its input; the message says which pass, which block and why."""
+
+
+class Pass:
+    name: ClassVar[str]
+    requires: ClassVar[frozenset[str]] = frozenset()
+    ensures: ClassVar[frozenset[str]] = frozenset()
+
+    def __call__(self, program: Program) -> Program:
+        ir.validate(program)
+        missing = self.requires - program.properties
+        if missing:
+            providers = sorted({PROVIDERS[m] for m in missing})
+            raise PassError(f"{self.name}: requires {sorted(missing)}, which the program lacks; run {providers} first")
+        out = self.run(program)
+        if not self.ensures <= out.properties:
+            raise AssertionError(f"{self.name} did not add {sorted(self.ensures - out.properties)}")
+        return ir.validate(out)
+
+    def run(self, program: Program) -> Program:
+        raise NotImplementedError
+
+    def fail(self, where: str, message: str) -> PassError:
+        return PassError(f"{self.name}: {where}: {message}")
+
+
+class ValidateModel(Pass):
+    """The model is one the engines can compute: a residual stream of constant width, row-wise
+    blocks, a positive norm epsilon, and tensors addressable with 32-bit indices."""
+
+    name = "validate"
+    ensures = frozenset({"validated"})
+
+    def run(self, program):
+        width = program.blocks[0].channels
+        for i, b in enumerate(program.blocks):
+            if b.channels != width:
+                raise self.fail(f"block {i}", f"has {b.channels} channels but the residual stream has {width}: "
+                                              "every block of a stack must keep the width")
+            if b.norm and not b.eps > 0:
+                raise self.fail(f"block {i}", f"RMSNorm eps must be > 0, got {b.eps}")
+            elements = program.rows * max(b.channels, b.hidden)
+            if elements > MAX_ELEMENTS:
+                raise self.fail(f"block {i}", f"{program.rows} rows x {max(b.channels, b.hidden)} = {elements} "
+                                              f"elements exceed the kernels' 32-bit indexing ({MAX_ELEMENTS})")
+        return program.with_blocks(program.blocks, *self.ensures)
+
+
+class AssignPrologues(Pass):
+    """How each block's fp16 operand is made, and the dtype of the stream it adds to: block 0 with
+    an fp16 input and no norm uses the input itself; otherwise a prologue kernel casts (or
+    RMS-normalizes and casts) the stream; after block 0 the stream is fp32."""
+
+    name = "prologues"
+    requires = frozenset({"validated"})
+    ensures = frozenset({"prologues"})
+
+    def run(self, program):
+        blocks = []
+        for i, b in enumerate(program.blocks):
+            stream = program.input_dtype if i == 0 else "float32"
+            if b.norm:
+                prologue = "rmsnorm"
+            else:
+                prologue = "none" if stream == "float16" else "cast"
+            blocks.append(dataclasses.replace(b, prologue=prologue, residual=stream))
+        return program.with_blocks(blocks, *self.ensures)
+
+
+class PlanTiles(Pass):
+    """A tile for every engine of the requested engine's fallback chain, or why it has none. A
+    forced ``tile_rows`` must suit the requested engine (it is an instruction, not a hint)."""
+
+    name = "tiles"
+    requires = frozenset({"prologues"})
+    ensures = frozenset({"tiles"})
+
+    def run(self, program):
+        chain = planning.FALLBACK_CHAINS[program.engine]
+        blocks = []
+        for i, b in enumerate(program.blocks):
+            candidates = []
+            for engine in chain:
+                tile = planning.plan_tile(engine, program.rows, b.channels, b.hidden, program.device, program.tile_rows)
+                if isinstance(tile, planning.Refusal):
+                    candidates.append(Candidate(engine, refusal=tile))
+                else:
+                    candidates.append(Candidate(engine, tile=tile))
+            if program.tile_rows is not None and candidates[0].refusal is not None:
+                raise self.fail(f"block {i}", f"tile_rows={program.tile_rows} does not suit {program.engine}: "
+                                              f"{candidates[0].refusal.reason}")
+            blocks.append(dataclasses.replace(b, candidates=tuple(candidates)))
+        return program.with_blocks(blocks, *self.ensures)
+
+
+class PlanSharedMemory(Pass):
+    """Shared memory per CTA for every tiled candidate: where the weights and the hidden live, or a
+    refusal when the on-chip tile does not fit (what sends a block down the fallback chain)."""
+
+    name = "smem"
+    requires = frozenset({"tiles"})
+    ensures = frozenset({"smem"})
+
+    def run(self, program):
+        blocks = []
+        for i, b in enumerate(program.blocks):
+            candidates = []
+            for c in b.candidates:
+                if c.tile is None:
+                    candidates.append(c)
+                    continue
+                smem = planning.plan_shared_memory(c.tile, b.channels, b.hidden, program.device)
+                if isinstance(smem, planning.Refusal):
+                    if program.tile_rows is not None and c.engine == program.engine:
+                        raise self.fail(f"block {i}", f"the forced tile does not fit: {smem.reason}")
+                    candidates.append(dataclasses.replace(c, refusal=smem))
+                else:
+                    candidates.append(dataclasses.replace(c, smem=smem))
+            blocks.append(dataclasses.replace(b, candidates=tuple(candidates)))
+        return program.with_blocks(blocks, *self.ensures)
+
+
+class ChooseEngine(Pass):
+    """The fallback: the first candidate of the chain that fits, with the reasons for the others."""
+
+    name = "engine"
+    requires = frozenset({"smem"})
+    ensures = frozenset({"engine"})
+
+    def run(self, program):
+        blocks = []
+        for i, b in enumerate(program.blocks):
+            chosen = next((c for c in b.candidates if c.fits), None)
+            if chosen is None:
+                reasons = "; ".join(f"{c.engine}: {c.refusal.reason if c.refusal else 'no plan'}" for c in b.candidates)
+                raise self.fail(f"block {i}", f"no engine of the chain can serve it ({reasons})")
+            skipped = tuple(c.refusal for c in b.candidates[: b.candidates.index(chosen)])
+            blocks.append(dataclasses.replace(b, chosen=chosen.engine, skipped=skipped))
+        return program.with_blocks(blocks, *self.ensures)
+
+
+class PlanOwners(Pass):
+    """CTAs per SM, the grid and the static ownership of row tiles for the chosen engine."""
+
+    name = "owners"
+    requires = frozenset({"engine"})
+    ensures = frozenset({"owners"})
+
+    def run(self, program):
+        device = program.device
+        blocks = []
+        for i, b in enumerate(program.blocks):
+            chosen = next(c for c in b.candidates if c.engine == b.chosen)
+            needed = chosen.smem.bytes + device.reserved_smem_per_block
+            if needed > device.smem_per_sm:
+                raise self.fail(f"block {i}", f"one CTA of {b.chosen} needs {needed} bytes of shared memory but an "
+                                              f"SM of {device.name} has {device.smem_per_sm}: no CTA could be resident")
+            owners = planning.plan_owners(chosen.tile, chosen.smem, device)
+            plan = planning.Plan(b.chosen, program.rows, b.channels, b.hidden, chosen.tile, chosen.smem, owners)
+            blocks.append(dataclasses.replace(b, plan=plan))
+        return program.with_blocks(blocks, *self.ensures)
+
+
+PIPELINE: tuple[Pass, ...] = (ValidateModel(), AssignPrologues(), PlanTiles(), PlanSharedMemory(), ChooseEngine(),
+                              PlanOwners())
+PROVIDERS = {prop: p.name for p in PIPELINE for prop in p.ensures}
+
+
+def run_pipeline(program: Program, passes: tuple[Pass, ...] = PIPELINE) -> Program:
+    for p in passes:
+        program = p(program)
+    return program
+
+
+def plan(blocks: list[Block], rows: int, **options) -> Program:
+    """A fresh program through the whole pipeline (``options``: input_dtype, engine, tile_rows, device)."""
+    return run_pipeline(Program(blocks=tuple(blocks), rows=rows, **options))

@@ -1,0 +1,369 @@
+"""Shape planning: which engine serves which shape, with what tile, shared memory and grid.
+
+Pure Python and deterministic, so the CPU tests pin every number here. The same functions serve the
+hand-written engines (``engines.bind``) and the compiler's passes, which is what makes a compiled
+block match its hand-written engine bit for bit.
+
+Planning happens in three steps, each a function the compiler runs as its own pass:
+1. ``plan_tile``: the tile shape an engine would use (rows per tile, channel padding, hidden
+   chunk), or a refusal (tensor cores need 16-byte rows; a tile that cannot fit at all);
+2. ``plan_shared_memory``: bytes of shared memory per CTA and where the weights live, or a refusal
+   when the on-chip tile does not fit (the trigger for the fallback);
+3. ``plan_owners``: CTAs per SM from that shared memory, the grid, and the static round-robin
+   ownership of row tiles (tile t belongs to CTA t mod grid).
+``choose`` walks an engine's fallback chain through the three steps and keeps the first engine
+that can serve the shape, with the reasons the others could not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# ---- engines and their fallback chains ----------------------------------------------------------
+
+KERNEL_ENGINES = ("persistent-tc", "persistent", "persistent-global", "conventional-tc", "conventional")
+FALLBACK_CHAINS = {
+    "persistent-tc": ("persistent-tc", "persistent", "persistent-global", "conventional"),
+    "persistent": ("persistent", "persistent-global", "conventional"),
+    "persistent-global": ("persistent-global", "conventional"),
+    "conventional-tc": ("conventional-tc", "conventional"),
+    "conventional": ("conventional",),
+}
+
+# ---- fixed kernel geometry (the kernels import these) ---------------------------------------------
+
+SCALAR_THREADS = 256
+ROW_BLOCK = 4
+"""Scalar kernels: a warp computes ROW_BLOCK rows of one output column at a time (lanes split K)."""
+
+TC_THREADS = 256
+TC_HIDDEN_CHUNK = 64
+TC_CHANNEL_TILES = (64, 128, 256, 512)
+TC_ROW_TILES = (32, 64)
+"""persistent-tc keeps the fp32 output tile (tile rows x channel tile) in registers: 64 x 512 over
+256 threads is 128 registers each, the most that leaves room for the rest (ptxas: 254, no spills)."""
+
+CONVENTIONAL_TC_TILE = (128, 64, 32)  # (rows, columns, K) per CTA
+CONVENTIONAL_TC_THREADS = 128
+CONVENTIONAL_TC_STAGES = 3
+
+VECTOR_ELEMENTS = 8
+"""fp16 elements in one 16-byte cp.async; tensor-core engines need channels and hidden multiples."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSpec:
+    """What planning needs to know of a GPU."""
+
+    name: str
+    sm_count: int
+    smem_per_block: int
+    smem_per_sm: int
+    reserved_smem_per_block: int = 1024
+    max_threads_per_sm: int = 2048
+
+    def __post_init__(self):
+        for field in ("sm_count", "smem_per_block", "smem_per_sm", "max_threads_per_sm"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"DeviceSpec.{field} must be >= 1, got {getattr(self, field)}")
+
+
+H200 = DeviceSpec(name="NVIDIA H200", sm_count=132, smem_per_block=232448, smem_per_sm=233472)
+"""The planning default (also H100 SXM's numbers): 227 KB opt-in per block, 228 KB per SM."""
+
+
+def current_device() -> DeviceSpec:
+    """The current CUDA device's numbers, or H200 where there is no GPU (CPU planning, AOT)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return H200
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return DeviceSpec(
+        name=props.name,
+        sm_count=props.multi_processor_count,
+        smem_per_block=int(getattr(props, "shared_memory_per_block_optin", H200.smem_per_block)),
+        smem_per_sm=int(getattr(props, "shared_memory_per_multiprocessor", H200.smem_per_sm)),
+        max_threads_per_sm=int(getattr(props, "max_threads_per_multi_processor", H200.max_threads_per_sm)),
+    )
+
+
+# ---- the three planning steps -------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """An engine cannot serve a shape, and why (recorded in plans and reports)."""
+
+    engine: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    engine: str
+    rows: int  # rows per tile (what one CTA owns at a time)
+    channels_tile: int  # channels padded to the kernel's tile (tensor cores) or the channels
+    hidden_chunk: int  # hidden units per chunk through shared memory (tensor cores) or the hidden
+    threads: int
+    num_tiles: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedMemory:
+    bytes: int  # dynamic shared memory per CTA
+    weights: str  # "smem" (loaded once per CTA), "streamed" (chunks per tile), "global" (read from L2)
+    hidden: str  # where the hidden tile lives: "registers+smem", "smem" or "global"
+
+
+@dataclasses.dataclass(frozen=True)
+class Owners:
+    occupancy: int  # CTAs per SM this plan assumes resident
+    grid: int  # CTAs launched (persistent engines), or the first kernel's grid (conventional)
+    tiles_per_cta: int  # the most row tiles one CTA owns
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything a kernel launch needs besides the tensors."""
+
+    engine: str
+    rows: int
+    channels: int
+    hidden: int
+    tile: Tile
+    smem: SharedMemory
+    owners: Owners
+
+    def describe(self) -> dict:
+        """Flat JSON-friendly view (reports, the compiler's IR dump)."""
+        tile = {f"tile_{k}": v for k, v in dataclasses.asdict(self.tile).items() if k != "engine"}
+        return {"engine": self.engine, **tile, "smem_bytes": self.smem.bytes, "weights": self.smem.weights,
+                "hidden_at": self.smem.hidden, **dataclasses.asdict(self.owners)}
+
+
+def ceil_div(a, b):
+    """For a >= 0; written so that device code (CuTe DSL Int32, truncating division) can share it."""
+    return (a + b - 1) // b
+
+
+def round_up(a, b):
+    return ceil_div(a, b) * b
+
+
+def usable_smem(device: DeviceSpec) -> int:
+    return device.smem_per_block
+
+
+def _check_engine(engine: str) -> None:
+    if engine not in KERNEL_ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; kernel engines are {KERNEL_ENGINES}")
+
+
+def channel_tile(channels: int) -> int | None:
+    """persistent-tc's padded channel count, or None above the largest tile."""
+    for size in TC_CHANNEL_TILES:
+        if channels <= size:
+            return size
+    return None
+
+
+def tc_row_tile(rows: int, device: DeviceSpec) -> int:
+    """64-row tiles halve weight traffic per row; 32-row tiles where 64 would leave SMs idle."""
+    return TC_ROW_TILES[1] if ceil_div(rows, TC_ROW_TILES[1]) >= device.sm_count else TC_ROW_TILES[0]
+
+
+def persistent_tc_smem_bytes(tile_rows: int, channels_tile: int) -> int:
+    """x tile + one W1 chunk + one W2 chunk + the hidden chunk, all fp16."""
+    chunk = TC_HIDDEN_CHUNK
+    return 2 * (tile_rows * channels_tile + 2 * chunk * channels_tile + tile_rows * chunk)
+
+
+def scalar_row_bytes(engine: str, channels: int, hidden: int) -> int:
+    """Shared memory per row of a scalar tile: the fp32 operand row, plus the fp32 hidden row when
+    the hidden stays on chip."""
+    return 4 * (channels + hidden) if engine == "persistent" else 4 * channels
+
+
+def padded_stride(n):
+    """Shared-memory stride (in halves) of a transposed scalar weight: the smallest S >= n with
+    S = 2 (mod 4), an odd number of 4-byte words (device code shares this function)."""
+    return (n + 1) // 4 * 4 + 2
+
+
+def transposed_weight_bytes(n, k):
+    """An (N, K) fp16 weight stored K-major with padded stride, 16-byte aligned."""
+    return round_up(2 * k * padded_stride(n), 16)
+
+
+def scalar_weight_bytes(channels: int, hidden: int) -> int:
+    """W1 (hidden x channels) and W2 (channels x hidden) in shared memory (biases go through L1)."""
+    return transposed_weight_bytes(hidden, channels) + transposed_weight_bytes(channels, hidden)
+
+
+def tensor_core_alignment(channels: int, hidden: int) -> str | None:
+    if channels % VECTOR_ELEMENTS or hidden % VECTOR_ELEMENTS:
+        return (f"tensor cores need channels and hidden to be multiples of {VECTOR_ELEMENTS} (16-byte rows "
+                f"for cp.async); got channels={channels}, hidden={hidden}")
+    return None
+
+
+def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpec,
+              tile_rows: int | None = None) -> Tile | Refusal:
+    """Step 1: the tile an engine would use for this shape. ``tile_rows`` forces the rows per tile
+    (the compiler's override); it must be a multiple of the engine's row granularity."""
+    _check_engine(engine)
+    if engine in ("persistent-tc", "conventional-tc"):
+        misaligned = tensor_core_alignment(channels, hidden)
+        if misaligned:
+            return Refusal(engine, misaligned)
+    if engine == "persistent-tc":
+        channels_tile = channel_tile(channels)
+        if channels_tile is None:
+            return Refusal(engine, f"channels={channels} > {TC_CHANNEL_TILES[-1]}: the fp32 output tile does not "
+                                   "fit in registers")
+        rows_per_tile = tile_rows or tc_row_tile(rows, device)
+        if rows_per_tile not in TC_ROW_TILES:
+            return Refusal(engine, f"tile_rows must be one of {TC_ROW_TILES} for persistent-tc, got {rows_per_tile}")
+        return Tile(engine, rows_per_tile, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, ceil_div(rows, rows_per_tile))
+    if engine == "conventional-tc":
+        block_rows = CONVENTIONAL_TC_TILE[0]
+        return Tile(engine, block_rows, channels, hidden, CONVENTIONAL_TC_THREADS, ceil_div(rows, block_rows))
+    if engine == "conventional":
+        rows_per_tile = tile_rows or ROW_BLOCK
+        if rows_per_tile % ROW_BLOCK:
+            return Refusal(engine, f"tile_rows must be a multiple of {ROW_BLOCK}, got {rows_per_tile}")
+        return Tile(engine, rows_per_tile, channels, hidden, SCALAR_THREADS, ceil_div(rows, rows_per_tile))
+    # persistent / persistent-global: about one tile per SM, at most as many rows as fit on chip
+    # (whether even ROW_BLOCK rows fit is plan_shared_memory's call)
+    if tile_rows is not None:
+        if tile_rows % ROW_BLOCK:
+            return Refusal(engine, f"tile_rows must be a multiple of {ROW_BLOCK}, got {tile_rows}")
+        rows_per_tile = tile_rows
+    else:
+        fit_rows = usable_smem(device) // scalar_row_bytes(engine, channels, hidden) // ROW_BLOCK * ROW_BLOCK
+        rows_per_tile = max(ROW_BLOCK, min(round_up(ceil_div(rows, device.sm_count), ROW_BLOCK), fit_rows))
+    return Tile(engine, rows_per_tile, channels, hidden, SCALAR_THREADS, ceil_div(rows, rows_per_tile))
+
+
+def plan_shared_memory(tile: Tile, channels: int, hidden: int, device: DeviceSpec) -> SharedMemory | Refusal:
+    """Step 2: shared memory per CTA and where the weights and the hidden tile live."""
+    engine, capacity = tile.engine, usable_smem(device)
+    if engine == "persistent-tc":
+        size = persistent_tc_smem_bytes(tile.rows, tile.channels_tile)
+        placement = SharedMemory(size, weights="streamed", hidden="registers+smem")
+    elif engine == "conventional-tc":
+        block_rows, block_cols, block_k = CONVENTIONAL_TC_TILE
+        size = CONVENTIONAL_TC_STAGES * (block_rows + block_cols) * block_k * 2
+        placement = SharedMemory(size, weights="streamed", hidden="global")
+    elif engine == "conventional":
+        placement = SharedMemory(0, weights="global", hidden="global")
+    else:
+        size = tile.rows * scalar_row_bytes(engine, channels, hidden)
+        hidden_at = "smem" if engine == "persistent" else "global"
+        with_weights = size + scalar_weight_bytes(channels, hidden)
+        if with_weights <= capacity:
+            placement = SharedMemory(with_weights, weights="smem", hidden=hidden_at)
+        else:
+            placement = SharedMemory(size, weights="global", hidden=hidden_at)
+    if placement.bytes > capacity:
+        return Refusal(engine, f"a {tile.rows}-row tile needs {placement.bytes} bytes of shared memory "
+                               f"(> {capacity}): the hidden tile does not fit on chip")
+    return placement
+
+
+def occupancy(threads: int, smem_bytes: int, device: DeviceSpec, limit: int | None = None) -> int:
+    """CTAs per SM: limited by threads, by shared memory, and by the kernel's register budget."""
+    by_threads = device.max_threads_per_sm // threads
+    by_smem = device.smem_per_sm // (smem_bytes + device.reserved_smem_per_block)
+    return max(1, min(by_threads, by_smem, limit or by_threads))
+
+
+def tc_occupancy_limit(tile: Tile) -> int:
+    """CTAs per SM persistent-tc compiles for (``min_blocks_per_mp``): 2 when the accumulators leave
+    room (at most 64 per thread keeps the kernel within 128 registers) and two CTAs' shared memory
+    fits an SM of the planning default (H200); else 1 (up to 255 registers)."""
+    accumulators = tile.rows * tile.channels_tile // TC_THREADS
+    smem = persistent_tc_smem_bytes(tile.rows, tile.channels_tile) + H200.reserved_smem_per_block
+    return 2 if accumulators <= 64 and 2 * smem <= H200.smem_per_sm else 1
+
+
+def plan_owners(tile: Tile, smem: SharedMemory, device: DeviceSpec) -> Owners:
+    """Step 3: the grid. Persistent engines launch min(row tiles, resident CTAs) and CTA b owns
+    tiles b, b + grid, ...; the conventional engines launch one CTA per tile."""
+    limit = tc_occupancy_limit(tile) if tile.engine == "persistent-tc" else None
+    resident = occupancy(tile.threads, smem.bytes, device, limit)
+    if tile.engine.startswith("persistent"):
+        grid = min(tile.num_tiles, device.sm_count * resident)
+    else:
+        grid = tile.num_tiles
+    return Owners(occupancy=resident, grid=grid, tiles_per_cta=ceil_div(tile.num_tiles, grid))
+
+
+def plan_engine(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpec,
+                tile_rows: int | None = None) -> Plan | Refusal:
+    """All three steps for one engine."""
+    tile = plan_tile(engine, rows, channels, hidden, device, tile_rows)
+    if isinstance(tile, Refusal):
+        return tile
+    smem = plan_shared_memory(tile, channels, hidden, device)
+    if isinstance(smem, Refusal):
+        return smem
+    return Plan(engine, rows, channels, hidden, tile, smem, plan_owners(tile, smem, device))
+
+
+def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpec, *, tile_rows: int | None = None,
+           grid: int | None = None, weights: str | None = None) -> Plan:
+    """A plan with some choices forced, so that tests and the sanitizer reach every code path at
+    small shapes: several tiles per CTA (``grid``), weights read from global memory (``weights``)."""
+    plan = plan_engine(engine, rows, channels, hidden, device, tile_rows)
+    if isinstance(plan, Refusal):
+        raise ValueError(plan.reason)
+    if weights is not None and weights != plan.smem.weights:
+        if engine not in ("persistent", "persistent-global") or weights not in ("smem", "global"):
+            raise ValueError(f"{engine} has no weights={weights!r} variant")
+        size = plan.tile.rows * scalar_row_bytes(engine, channels, hidden)
+        size += scalar_weight_bytes(channels, hidden) if weights == "smem" else 0
+        if size > usable_smem(device):
+            raise ValueError(f"weights={weights!r} needs {size} bytes of shared memory")
+        plan = dataclasses.replace(plan, smem=dataclasses.replace(plan.smem, bytes=size, weights=weights))
+    if grid is not None:
+        owners = dataclasses.replace(plan.owners, grid=grid, tiles_per_cta=ceil_div(plan.tile.num_tiles, grid))
+        plan = dataclasses.replace(plan, owners=owners)
+    return plan
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The engine that serves a shape for a requested engine, and why the ones before it could not."""
+
+    requested: str
+    plan: Plan
+    skipped: tuple[Refusal, ...]
+
+    @property
+    def served_by(self) -> str:
+        return self.plan.engine
+
+
+def choose(requested: str, rows: int, channels: int, hidden: int, device: DeviceSpec | None = None) -> Choice:
+    """Walk ``requested``'s fallback chain; the last engine (conventional) serves every shape."""
+    if requested not in FALLBACK_CHAINS:
+        raise ValueError(f"unknown engine {requested!r}; engines with kernels are {sorted(FALLBACK_CHAINS)}")
+    device = device or current_device()
+    skipped: list[Refusal] = []
+    for engine in FALLBACK_CHAINS[requested]:
+        plan = plan_engine(engine, rows, channels, hidden, device)
+        if isinstance(plan, Plan):
+            return Choice(requested, plan, tuple(skipped))
+        skipped.append(plan)
+    raise AssertionError(f"conventional refused {rows}x{channels}x{hidden}: {skipped[-1].reason}")
+
+
+def flops(rows: int, channels: int, hidden: int) -> int:
+    return 4 * rows * channels * hidden
+
+
+def minimum_bytes(rows: int, channels: int, hidden: int) -> int:
+    """x (fp16) read, y (fp32) written, weights (fp16) and biases (fp32) read once."""
+    return rows * channels * (2 + 4) + 2 * 2 * channels * hidden + 4 * (channels + hidden)
+

@@ -1,0 +1,373 @@
+"""The engine report: ``python -m kernellab.megakernel.report`` (console script ``kernellab-megakernel-report``).
+
+For every development and assessment shape and every engine: bind (which engine serves the shape:
+``served_by``), validate (poisoned outputs, fresh inputs, the float64 reference, inputs unchanged,
+and the changed-input CUDA-graph replay), then time in ``--rounds`` rounds of ``--samples`` calls,
+engine order alternating between rounds: ``stream_summary`` from CUDA events around each call on the
+stream, ``host_summary`` from the host clock around each call plus a synchronize. Then the compiler
+block, the sanitizer results (``--sanitizers``, from ``python -m kernellab.megakernel.sanitize``),
+the targets, provenance, and a sha256 over the canonical JSON. A table of stream p50 closes the run.
+
+A run longer than one sitting (torch.compile's max-autotune is slow to compile) can be split:
+``--engines``/``--shapes`` select, ``--resume REPORT`` keeps what that report measured for every
+(shape, engine) this run does not measure again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import fnmatch
+import json
+import sys
+import time
+from pathlib import Path
+
+from . import bench, engines, model
+
+LIMITATIONS = [
+    "Random-weight residual MLP (fp16 operands, fp32 accumulation and output); no model-accuracy or serving claim.",
+    "Device-resident inputs and outputs, one input set per shape and round (small working sets stay in L2); "
+    "CUDA-event intervals of a single call include launch and dispatch gaps.",
+    "All rounds share one process; the assessment shapes were never used for tuning (planning does not know "
+    "them), which is evidence of generalization, not proof.",
+    "persistent-global keeps persistent's owners and arithmetic order but moves the hidden rows to global memory, "
+    "which also changes its shared-memory footprint and occupancy.",
+    "Tensor-core engines need channels and hidden multiples of 8 and 16-byte aligned tensors; other shapes are "
+    "served down the fallback chain (served_by). CUDA-core engines at the large shapes are compute bound on FMA "
+    "units and are not expected to compete there.",
+]
+TARGETS = {"best_persistent_graph_vs_torch_cublas_graph": 0.5, "best_persistent_graph_vs_torch_compile_graph": 0.8,
+           "persistent_vs_torch_cublas": 0.25}
+
+
+def _shape_list(text: str | None) -> list[tuple[str, tuple[int, int, int]]]:
+    """(set, shape) pairs: 'development', 'assessment', or RxCxH items (recorded as development)."""
+    sets = {"development": bench.DEVELOPMENT_SHAPES, "assessment": bench.ASSESSMENT_SHAPES}
+    if not text:
+        return [(name, s) for name, shapes in sets.items() for s in shapes]
+    out = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        if item in sets:
+            out += [(item, s) for s in sets[item]]
+            continue
+        try:
+            shape = tuple(int(v) for v in item.lower().split("x"))
+        except ValueError:
+            raise SystemExit(f"--shapes: {item!r} is neither a set name nor RxCxH") from None
+        if len(shape) != 3:
+            raise SystemExit(f"--shapes: {item!r} is not RxCxH")
+        kind = next((name for name, shapes in sets.items() if shape in shapes), "development")
+        out.append((kind, shape))
+    return out
+
+
+def _engine_list(text: str | None) -> list[str]:
+    if not text:
+        return list(engines.ENGINES)
+    patterns = [p.strip() for p in text.split(",") if p.strip()]
+    chosen = [e for e in engines.ENGINES if any(fnmatch.fnmatchcase(e, p) for p in patterns)]
+    if not chosen:
+        raise SystemExit(f"--engines {text!r} matches none of {list(engines.ENGINES)}")
+    return chosen
+
+
+def _ms_summary(samples_us: list[float]) -> dict:
+    from kernellab.harness import stats
+
+    s = stats.summary(samples_us)
+    return {"count": s["count"], **{f"{k}_ms": s[k] / 1e3 for k in ("p50", "p95", "min", "max", "mean")}}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kernellab-megakernel-report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="reports/h200/megakernel.json", help="report path (JSON)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--samples", type=int, default=200, help="timed calls per round, per engine, per clock")
+    p.add_argument("--warmup", type=int, default=20, help="untimed calls before each engine's samples")
+    p.add_argument("--engines", help="comma-separated names or shell patterns (default: all)")
+    p.add_argument("--shapes", help="'development', 'assessment' and/or RxCxH items, comma-separated "
+                   "(default: both sets)")
+    p.add_argument("--activation", default=bench.DEFAULT_ACTIVATION, choices=model.ACTIVATIONS)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sanitizers", help="JSON written by python -m kernellab.megakernel.sanitize")
+    p.add_argument("--resume", help="a report to extend: its (shape, engine) results are kept unless re-measured")
+    p.add_argument("--no-compiler", action="store_true", help="skip the compiler block (kept from --resume if any)")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+class Run:
+    def __init__(self, args):
+        from kernellab.harness import timing
+
+        self.args = args
+        self.device = timing.Device("cuda")
+        self.shapes = _shape_list(args.shapes)
+        self.engines = _engine_list(args.engines)
+        self.results: dict[tuple, dict] = {}  # (shape tuple, engine) -> entry
+        self.bound: dict[tuple, engines.Bound] = {}
+        self.samples: dict[tuple, dict[str, list[float]]] = {}
+
+    def log(self, text: str) -> None:
+        if not self.args.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    def bind_and_validate(self) -> None:
+        from . import validation
+
+        for _, shape in self.shapes:
+            problem = bench.ResidualMLP(shape, activation=self.args.activation)
+            for name in self.engines:
+                key = (shape, name)
+                why = engines.unavailable(name)
+                if why:
+                    self.results[key] = {"passed": False, "replay_changed_input": False, "error": why}
+                    continue
+                start = time.perf_counter()
+                try:
+                    bound = engines.bind(name, problem.model_shape, self.args.activation)
+                    check = validation.check(problem, name, bound.call, self.args.seed)
+                except Exception as e:  # noqa: BLE001 - a failing engine is reported, the run goes on
+                    self.results[key] = {"passed": False, "replay_changed_input": False,
+                                         "error": f"{type(e).__name__}: {e}"}
+                    self.log(f"{problem.name} {name}: ERROR {type(e).__name__}: {e}")
+                    continue
+                entry = {"passed": check["passed"], "replay_changed_input": check["replay_changed_input"],
+                         "served_by": bound.served_by,
+                         "validation": {k: check[k] for k in ("max_abs_error", "violations", "elements", "rtol",
+                                                              "atol", "inputs_unchanged") if k in check},
+                         "setup_s": round(time.perf_counter() - start, 3)}
+                if bound.plan:
+                    entry["plan"] = bound.plan
+                if bound.skipped:
+                    entry["skipped"] = bound.skipped
+                if bound.formulation:
+                    entry["torch_formulation"] = bound.formulation
+                if "error" in check:
+                    entry["error"] = check["error"]
+                self.results[key] = entry
+                self.bound[key] = bound
+                self.log(f"{problem.name} {name}: served_by {bound.served_by}, passed {check['passed']}, "
+                         f"replay {check['replay_changed_input']}, max_abs {check['max_abs_error']}")
+
+    def time_rounds(self) -> None:
+        import torch
+
+        from kernellab.harness import timing
+        from kernellab.harness.case import seed_for
+
+        args = self.args
+        for r in range(args.rounds):
+            for _, shape in self.shapes:
+                names = [n for n in self.engines if (shape, n) in self.bound]
+                if not names:
+                    continue
+                problem = bench.ResidualMLP(shape, activation=args.activation)
+                inputs = problem.make_inputs(seed_for(args.seed, problem.name, "time", r))
+                order = names if r % 2 == 0 else list(reversed(names))
+                for name in order:
+                    outputs = problem.make_outputs(inputs)
+                    call = self.bound[(shape, name)].call
+
+                    def once(call=call, inputs=inputs, outputs=outputs):
+                        call(inputs, outputs)
+
+                    for _ in range(args.warmup):
+                        once()
+                    self.device.sync()
+                    got = self.samples.setdefault((shape, name), {"stream": [], "host": []})
+                    got["stream"] += timing.measure("gpu_throughput", [once], self.device, samples=args.samples,
+                                                    iterations=1)
+                    got["host"] += timing.measure("e2e_throughput", [once], self.device, samples=args.samples,
+                                                  iterations=1)
+                    del outputs
+                del inputs
+                torch.cuda.empty_cache()
+            self.log(f"round {r + 1}/{args.rounds} done")
+        for key, got in self.samples.items():
+            self.results[key]["stream_summary"] = _ms_summary(got["stream"])
+            self.results[key]["host_summary"] = _ms_summary(got["host"])
+
+
+def _targets(sections: dict) -> list[dict]:
+    """Per shape: the ratios the brief targets, where both sides were measured."""
+    out = []
+    for section in ("development", "assessment"):
+        for item in sections.get(section, []):
+            eng = item["engines"]
+
+            def p50(name, eng=eng):
+                e = eng.get(name)
+                return e["stream_summary"]["p50_ms"] if e and e.get("passed") and "stream_summary" in e else None
+
+            row = {"shape": item["shape"]}
+            graphs = [v for v in (p50("persistent-graph"), p50("persistent-tc-graph")) if v is not None]
+            best = min(graphs) if graphs else None
+            for key, other, mine in (("best_persistent_graph_vs_torch_cublas_graph", "torch-cublas-graph", best),
+                                     ("best_persistent_graph_vs_torch_compile_graph", "torch-compile-graph", best),
+                                     ("persistent_vs_torch_cublas", "torch-cublas", p50("persistent"))):
+                theirs = p50(other)
+                if mine is not None and theirs:
+                    row[key] = {"ratio": mine / theirs, "target": TARGETS[key], "met": mine / theirs <= TARGETS[key]}
+            out.append(row)
+    return out
+
+
+def _table(sections: dict) -> str:
+    from tabulate import tabulate
+
+    shapes, columns = [], []
+    for section in ("development", "assessment"):
+        for item in sections.get(section, []):
+            s = item["shape"]
+            shapes.append(item)
+            columns.append(f"{s['rows']}x{s['channels']}x{s['hidden']}" + ("*" if section == "assessment" else ""))
+    rows = []
+    for name in engines.ENGINES:
+        cells, seen = [], False
+        for item in shapes:
+            e = item["engines"].get(name)
+            if e is None:
+                cells.append("")
+                continue
+            seen = True
+            if "stream_summary" not in e:
+                cells.append("FAIL" if not e.get("passed") else "-")
+                continue
+            mark = "" if e.get("passed") else " FAIL"
+            cells.append(f"{e['stream_summary']['p50_ms'] * 1e3:.1f}{mark}")
+        if seen:
+            rows.append([name, *cells])
+    return ("stream p50 per call, microseconds (* assessment shape)\n"
+            + tabulate(rows, headers=["engine", *columns], disable_numparse=True))
+
+
+def _provenance() -> dict:
+    from kernellab.harness import provenance
+
+    root = Path(__file__).resolve().parent
+    sources = {path.relative_to(root).as_posix(): provenance.sha256_file(path)
+               for path in sorted(root.rglob("*.py")) if "__pycache__" not in path.parts}
+    repo = provenance.find_repo_root(root)
+    return {"source_sha256": sources, "source_commit": provenance.git_state(repo).get("commit") if repo else None,
+            "packages": {k: v for k, v in provenance.package_versions().items()
+                         if k in ("torch", "nvidia-cutlass-dsl", "apache-tvm-ffi", "kernellab-megakernel",
+                                  "kernellab-harness")}}
+
+
+def merge_sections(results: dict, kinds: dict, previous: dict | None) -> dict[str, list]:
+    """The report's development and assessment lists: this run's (shape, engine) results over the
+    previous report's (``--resume``), shapes in the suite's order, engines in report order."""
+    merged: dict[tuple, tuple[str, dict]] = {}
+    for section in ("development", "assessment"):
+        for item in (previous or {}).get(section, []):
+            shape = tuple(item["shape"][k] for k in ("rows", "channels", "hidden"))
+            for name, entry in item["engines"].items():
+                merged[(shape, name)] = (section, entry)
+    for (shape, name), entry in results.items():
+        merged[(shape, name)] = (kinds[shape], entry)
+    order = {shape: i for i, shape in enumerate(bench.DEVELOPMENT_SHAPES + bench.ASSESSMENT_SHAPES)}
+    sections: dict[str, list] = {"development": [], "assessment": []}
+    for shape in sorted({shape for shape, _ in merged}, key=lambda s: (order.get(s, len(order)), s)):
+        section = next(sec for (sh, _name), (sec, _entry) in merged.items() if sh == shape)
+        by_engine = {name: merged[(shape, name)][1] for name in engines.ENGINES if (shape, name) in merged}
+        sections[section].append({"shape": dict(zip(("rows", "channels", "hidden"), shape, strict=True)),
+                                  "engines": by_engine})
+    return sections
+
+
+def build_report(run: Run, previous: dict | None) -> dict:
+    import torch
+
+    from . import compiler_checks
+
+    args = run.args
+    sections = merge_sections(run.results, {shape: kind for kind, shape in run.shapes}, previous)
+    prov = _provenance()
+    report = {
+        "recorded_on": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name(torch.cuda.current_device()),
+        "precision": "FP16 input/weights and hidden state; FP32 accumulation, bias and output",
+        "activation": args.activation,
+        "tolerance": dict(zip(("rtol", "atol"), model.tolerance_for(model.Shape(1, 1, 1)), strict=True),
+                          why=" ".join(model.tolerance_for.__doc__.split())),
+        "packages": prov["packages"],
+        "rounds": args.rounds,
+        "samples_per_round": args.samples,
+        "source_sha256": prov["source_sha256"],
+        **sections,
+        "targets": _targets(sections),
+        "limitations": LIMITATIONS,
+        "sanitizers": _sanitizers(args.sanitizers, previous),
+        "source_replay_checks": "Each output poisoned before validation; fresh inputs; inputs checked unchanged; "
+                                "changed-input graph replay verified for every engine.",
+        "source_commit": prov["source_commit"],
+    }
+    if args.no_compiler:
+        if previous and "compiler" in previous:
+            report["compiler"] = previous["compiler"]
+    else:
+        run.log("compiler checks ...")
+        report["compiler"] = {"source_commit": prov["source_commit"], **compiler_checks.report_block(args.seed)}
+    return report
+
+
+def _sanitizers(path: str | None, previous: dict | None) -> dict | str:
+    if path:
+        try:
+            return json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            return f"could not read {path}: {e}"
+    if previous and "sanitizers" in previous:
+        return previous["sanitizers"]
+    return "not run (python -m kernellab.megakernel.sanitize --out DIR, then --sanitizers DIR/sanitize.json)"
+
+
+def seal_and_write(report: dict, path: str) -> Path:
+    """Clean (JSON has no NaN), stamp the sha256 of the canonical JSON (harness.report), write."""
+    from kernellab.harness import report as report_io
+
+    body = json.loads(report_io.canonical_json(report))
+    body["sha256"] = report_io.report_hash(body)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(body, indent=2) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("kernellab-megakernel-report: torch is not installed", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("kernellab-megakernel-report: no CUDA device; this report measures GPU engines", file=sys.stderr)
+        return 2
+    if args.rounds < 1 or args.samples < 1 or args.warmup < 0:
+        print("--rounds and --samples must be >= 1, --warmup >= 0", file=sys.stderr)
+        return 2
+    previous = json.loads(Path(args.resume).read_text()) if args.resume else None
+    if previous and (previous.get("rounds"), previous.get("samples_per_round")) != (args.rounds, args.samples):
+        print(f"--resume {args.resume} was measured with rounds={previous.get('rounds')}, "
+              f"samples={previous.get('samples_per_round')}; use the same here", file=sys.stderr)
+        return 2
+    run = Run(args)
+    start = time.perf_counter()
+    run.bind_and_validate()
+    run.time_rounds()
+    report = build_report(run, previous)
+    path = seal_and_write(report, args.out)
+    print(_table({k: report[k] for k in ("development", "assessment")}))
+    failed = [f"{item['shape']} {name}" for section in ("development", "assessment") for item in report[section]
+              for name, e in item["engines"].items() if not e.get("passed")]
+    print(f"\nwrote {path} ({time.perf_counter() - start:.0f} s); "
+          + (f"{len(failed)} engine/shape pairs FAILED validation" if failed else "every engine passed validation"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

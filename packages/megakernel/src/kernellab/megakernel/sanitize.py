@@ -1,0 +1,146 @@
+"""Every megakernel kernel under compute-sanitizer: ``python -m kernellab.megakernel.sanitize [--out DIR]``.
+
+Runs memcheck (``--report-api-errors no``: the libraries' cuGetProcAddress probes are not ours),
+racecheck, synccheck and initcheck, each over a child process that launches every kernel variant
+once at small shapes (an aligned one for the tensor-core engines, an odd one for the CUDA-core
+engines, both hidden placements and both weight placements of the persistent kernel, the prologue
+kernels) and checks each output. Writes ``DIR/sanitize.json`` ({tool: {errors or hazards: n}}, the
+report's ``sanitizers`` block, via ``report --sanitizers DIR/sanitize.json``) and one log per tool.
+Exits 2 where there is no GPU or no compute-sanitizer, 1 when a tool reports anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+TOOLS = {
+    "memcheck": ["--tool", "memcheck", "--report-api-errors", "no", "--leak-check", "no"],
+    "racecheck": ["--tool", "racecheck", "--racecheck-report", "all"],
+    "synccheck": ["--tool", "synccheck"],
+    "initcheck": ["--tool", "initcheck"],
+}
+ALIGNED, ODD = (33, 32, 72), (5, 19, 37)
+
+
+def cases():
+    """(label, engine, shape, forced plan choices): every kernel variant at a small shape; forced
+    choices reach the multi-tile loop and both weight placements of the persistent kernel."""
+    return [
+        ("conventional", "conventional", ODD, {}),
+        ("persistent, weights in smem", "persistent", ODD, {}),
+        ("persistent, global weights, 3 tiles per CTA", "persistent", (67, 19, 37), {"tile_rows": 8, "grid": 3,
+                                                                                       "weights": "global"}),
+        ("persistent-global, weights in smem, 3 tiles per CTA", "persistent-global", (67, 19, 37),
+         {"tile_rows": 8, "grid": 3}),
+        ("persistent-global, global weights", "persistent-global", ODD, {"weights": "global"}),
+        ("conventional-tc", "conventional-tc", ALIGNED, {}),
+        ("persistent-tc, 32-row tiles", "persistent-tc", ALIGNED, {}),
+        ("persistent-tc, 64-row tiles, partial chunk, 2 tiles per CTA", "persistent-tc", (130, 136, 200),
+         {"tile_rows": 64, "grid": 2}),
+    ]
+
+
+def child() -> int:
+    """Launch every case once and validate it; returns the number of failed validations."""
+    import torch
+
+    from . import bench, engines, planning, validation
+    from .runner import compile_model
+
+    failures = 0
+    device = planning.current_device()
+    for label, engine, shape, choices in cases():
+        problem = bench.ResidualMLP(shape)
+        plan = planning.forced(engine, *shape, device, **choices)
+        run = engines.launcher(plan.engine, plan, problem.activation)
+        inputs = problem.make_inputs(1)
+        y = problem.make_outputs(inputs)["y"]
+        run(inputs["x"], inputs["x"], inputs["w1"], inputs["b1"], inputs["w2"], inputs["b2"], y)
+        torch.cuda.synchronize()
+        tol = problem.tolerance()
+        check = validation.error_summary(y, problem.reference(inputs)["y"], tol.rtol, tol.atol)
+        failures += not check["passed"]
+        print(f"{label} ({shape}): passed={check['passed']} max_abs={check['max_abs_error']}", flush=True)
+    stack = {"channels": 24, "blocks": [{"hidden": 40, "norm": True}, {"hidden": 48, "activation": "silu"}]}
+    compiled = compile_model(stack, rows=9, engine="persistent")
+    out = compiled(torch.randn(9, 24, device="cuda").half())
+    torch.cuda.synchronize()
+    finite = bool(torch.isfinite(out).all())
+    failures += not finite
+    print(f"compiled two-block stack with prologues: finite={finite}", flush=True)
+    return failures
+
+
+def count(tool: str, log: str) -> dict:
+    """The tool's own summary line, as numbers."""
+    if tool == "racecheck":
+        m = re.search(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)", log)
+        if m:
+            return {"hazards": int(m.group(1)), "errors": int(m.group(2)), "warnings": int(m.group(3))}
+        return {"hazards": 0 if "RACECHECK SUMMARY" not in log and "ERROR SUMMARY: 0" in log else None}
+    m = re.search(r"ERROR SUMMARY: (\d+) errors?", log)
+    return {"errors": int(m.group(1)) if m else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kernellab.megakernel.sanitize", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="reports/h200/sanitize", help="directory for sanitize.json and the logs")
+    p.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated subset of {list(TOOLS)}")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return 1 if child() else 0
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if not has_gpu:
+        print("sanitize: no CUDA device; compute-sanitizer needs a GPU", file=sys.stderr)
+        return 2
+    sanitizer = shutil.which("compute-sanitizer") or next(
+        (str(c) for c in (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "compute-sanitizer",)
+         if c.exists()), None)
+    if sanitizer is None:
+        print("sanitize: compute-sanitizer not found on PATH or in $CUDA_HOME/bin", file=sys.stderr)
+        return 2
+    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    unknown = sorted(set(tools) - set(TOOLS))
+    if unknown:
+        print(f"sanitize: unknown tools {unknown}; known: {list(TOOLS)}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    # compile everything once outside the sanitizer (the DSL's disk cache serves the children)
+    warm = subprocess.run([sys.executable, "-m", "kernellab.megakernel.sanitize", "--child"], capture_output=True,
+                          text=True)
+    (out / "plain.log").write_text(warm.stdout + warm.stderr)
+    results: dict = {"cases": [c[0] for c in cases()], "plain_run_exit_code": warm.returncode}
+    bad = warm.returncode != 0
+    for tool in tools:
+        cmd = [sanitizer, *TOOLS[tool], sys.executable, "-m", "kernellab.megakernel.sanitize", "--child"]
+        print(f"sanitize: {tool} ...", file=sys.stderr, flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        log = proc.stdout + proc.stderr
+        (out / f"{tool}.log").write_text(log)
+        counted = count(tool, log)
+        results[tool] = {**counted, "exit_code": proc.returncode, "command": " ".join(cmd[:-4] + ["<child>"])}
+        found = counted.get("hazards") if tool == "racecheck" else counted.get("errors")
+        bad |= found != 0 or proc.returncode != 0
+        print(f"sanitize: {tool}: {counted} (exit {proc.returncode})", file=sys.stderr, flush=True)
+    (out / "sanitize.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

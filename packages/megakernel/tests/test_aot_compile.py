@@ -1,0 +1,24 @@
+"""Ahead-of-time sm_90a compile without a GPU (``CUTE_DSL_ARCH=sm_90a``): one variant of every kernel
+class and code path, so a CuTe DSL error fails CI. ``nox -s build`` compiles all of them."""
+
+import pytest
+
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi is not installed")
+
+from kernellab.megakernel import aot, compile_all  # noqa: E402
+
+
+def test_representative_variants_compile_for_sm90a():
+    names = compile_all(arch="sm_90a", representative=True)
+    assert names == [v.name for v in aot.variants(representative=True)]
+    assert len(set(names)) == len(names)
+
+
+def test_the_full_list_covers_every_engine_and_is_unique():
+    names = [v.name for v in aot.variants()]
+    assert len(set(names)) == len(names) == 33
+    for prefix in ("persistent_", "persistent-global_", "conventional-hidden", "conventional-output",
+                   "conventional-tc-hidden", "conventional-tc-output", "persistent-tc_m32", "persistent-tc_m64",
+                   "prologue-rmsnorm", "prologue-cast"):
+        assert any(n.startswith(prefix) for n in names), prefix

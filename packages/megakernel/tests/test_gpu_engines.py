@@ -1,0 +1,106 @@
+"""Every engine against the float64 reference on the GPU: random shapes (odd sizes included) and
+activations, forced plans that reach every kernel code path, and the changed-input graph replay."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernellab.harness import validate
+from kernellab.megakernel import bench, engines, model, planning, sanitize, validation
+
+pytestmark = pytest.mark.gpu
+
+KERNEL_ENGINES = ("conventional", "persistent", "persistent-global", "conventional-tc", "persistent-tc")
+ODD_SIZES = st.sampled_from([1, 7, 13, 31, 47, 111, 127, 257, 299])
+SIZES = st.one_of(st.integers(1, 300), ODD_SIZES)
+
+
+def _check(engine, shape, activation, seed=0):
+    problem = bench.ResidualMLP(shape, activation=activation)
+    bound = engines.bind(engine, problem.model_shape, activation)
+    report = validate.validate_call(problem, bound.call, seed)
+    assert report["passed"], (engine, shape, activation, bound.served_by, report)
+    return bound
+
+
+@settings(deadline=None)
+@given(rows=st.integers(1, 2000), channels=SIZES, hidden=SIZES, activation=st.sampled_from(model.ACTIVATIONS),
+       engine=st.sampled_from(KERNEL_ENGINES), seed=st.integers(0, 2**31))
+def test_any_shape_any_engine(rows, channels, hidden, activation, engine, seed):
+    bound = _check(engine, (rows, channels, hidden), activation, seed)
+    assert bound.served_by in planning.FALLBACK_CHAINS[engine]
+
+
+@settings(deadline=None)
+@given(rows=st.integers(1, 2000), channels=st.integers(1, 64).map(lambda v: 8 * v),
+       hidden=st.integers(1, 150).map(lambda v: 8 * v), activation=st.sampled_from(model.ACTIVATIONS),
+       engine=st.sampled_from(["persistent-tc", "conventional-tc"]), seed=st.integers(0, 2**31))
+def test_tensor_core_engines_on_aligned_shapes(rows, channels, hidden, activation, engine, seed):
+    """Multiples of 8 up to 512 channels: the tensor-core engines serve them themselves."""
+    bound = _check(engine, (rows, channels, hidden), activation, seed)
+    assert bound.served_by == engine
+
+
+@pytest.mark.parametrize("case", sanitize.cases(), ids=lambda c: c[0])
+@pytest.mark.parametrize("activation", model.ACTIVATIONS)
+def test_forced_plans(case, activation):
+    """Several tiles per CTA, weights from global memory, partial hidden chunks, 64-row tiles."""
+    _, engine, shape, choices = case
+    problem = bench.ResidualMLP(shape, activation=activation)
+    plan = planning.forced(engine, *shape, planning.current_device(), **choices)
+    run = engines.launcher(plan.engine, plan, activation)
+
+    def call(inputs, outputs):
+        run(inputs["x"], inputs["x"], inputs["w1"], inputs["b1"], inputs["w2"], inputs["b2"], outputs["y"])
+        return outputs
+
+    report = validate.validate_call(problem, call, 11)
+    assert report["passed"], (case, report)
+
+
+SMALL = [s for s in bench.DEVELOPMENT_SHAPES + bench.ASSESSMENT_SHAPES if s[0] * s[1] * s[2] <= 2**25]
+COMPILED = ("torch-compile", "torch-compile-graph")  # max-autotune takes a minute per shape: two shapes only
+CASES = [(e, s) for e in engines.ENGINES if e not in COMPILED for s in SMALL] + [
+    (e, s) for e in COMPILED for s in ((33, 32, 64), (5, 19, 37))]
+
+
+@pytest.mark.parametrize("engine,shape", CASES, ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v)))
+def test_every_engine_at_the_report_shapes(engine, shape):
+    """Validation and the changed-input replay, as the report does it (graph engines own their graph)."""
+    problem = bench.ResidualMLP(shape)
+    bound = engines.bind(engine, problem.model_shape, problem.activation)
+    result = validation.check(problem, engine, bound.call)
+    assert result["passed"] and result["replay_changed_input"], result
+
+
+@pytest.mark.parametrize("shape", [(4096, 256, 1024), (16384, 512, 2048)])
+def test_persistent_tc_at_the_large_shapes(shape):
+    bound = _check("persistent-tc", shape, "gelu")
+    assert bound.served_by == "persistent-tc"
+
+
+def test_graph_engine_replays_changed_inputs_and_new_buffers():
+    problem = bench.ResidualMLP((33, 32, 64))
+    bound = engines.bind("persistent-tc-graph", problem.model_shape, problem.activation)
+    first = validation.owned_graph_replay(problem, bound.call, 1, 2)
+    second = validation.owned_graph_replay(problem, bound.call, 3, 4)  # new buffers: a second graph
+    assert first["replay_changed_input"] and second["replay_changed_input"]
+    assert len(bound.call.graphs) == 2
+
+
+def test_results_do_not_depend_on_the_tiling():
+    """Scalar engines sum in one fixed order per row: any tile size gives identical bits."""
+    import torch
+
+    shape = (70, 31, 47)
+    problem = bench.ResidualMLP(shape)
+    inputs = problem.make_inputs(5)
+    outs = []
+    for tile_rows, grid in ((4, None), (8, 3), (32, 1)):
+        plan = planning.forced("persistent", *shape, planning.current_device(), tile_rows=tile_rows, grid=grid)
+        y = problem.make_outputs(inputs)["y"]
+        engines.launcher("persistent", plan, "gelu")(inputs["x"], inputs["x"], inputs["w1"], inputs["b1"],
+                                                     inputs["w2"], inputs["b2"], y)
+        outs.append(y)
+    torch.cuda.synchronize()
+    assert all(torch.equal(outs[0], o) for o in outs[1:])

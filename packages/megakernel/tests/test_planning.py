@@ -1,0 +1,116 @@
+"""Shape planning: which engine serves which shape, shared-memory arithmetic, grids and ownership."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kernellab.megakernel import planning
+from kernellab.megakernel.planning import H200
+
+# requested engine -> engine that serves, at the example report's shapes (H200 numbers)
+SERVED = {
+    (1, 7, 13): {"persistent-tc": "persistent", "conventional-tc": "conventional"},
+    (33, 32, 64): {"persistent-tc": "persistent-tc", "conventional-tc": "conventional-tc"},
+    (129, 31, 47): {"persistent-tc": "persistent", "conventional-tc": "conventional"},
+    (16384, 512, 2048): {"persistent-tc": "persistent-tc", "conventional-tc": "conventional-tc"},
+    (128, 1024, 14336): {"persistent-tc": "persistent-global", "persistent": "persistent-global"},
+    (8, 520, 64): {"persistent-tc": "persistent", "conventional-tc": "conventional-tc"},
+}
+
+
+@pytest.mark.parametrize("shape,expected", SERVED.items())
+def test_fallback_choice(shape, expected):
+    for requested, served in expected.items():
+        choice = planning.choose(requested, *shape, H200)
+        assert choice.served_by == served, (shape, requested, choice.skipped)
+        assert [r.engine for r in choice.skipped] == list(
+            planning.FALLBACK_CHAINS[requested][: planning.FALLBACK_CHAINS[requested].index(served)])
+
+
+def test_refusal_reasons_say_why():
+    odd = planning.choose("persistent-tc", 129, 31, 47, H200)
+    assert "multiples of 8" in odd.skipped[0].reason
+    wide = planning.choose("persistent-tc", 8, 520, 64, H200)
+    assert "channels=520 > 512" in wide.skipped[0].reason
+    huge = planning.choose("persistent", 128, 1024, 14336, H200)
+    assert "does not fit on chip" in huge.skipped[0].reason
+
+
+def test_shared_memory_arithmetic():
+    # persistent-tc: x tile + W1 chunk + W2 chunk + hidden chunk, fp16
+    assert planning.persistent_tc_smem_bytes(64, 512) == 2 * (64 * 512 + 2 * 64 * 512 + 64 * 64) == 204800
+    assert planning.persistent_tc_smem_bytes(32, 64) == 24576
+    # scalar: fp32 operand row (+ fp32 hidden row when on chip); transposed fp16 weights, padded strides
+    assert planning.scalar_row_bytes("persistent", 7, 13) == 4 * 20
+    assert planning.scalar_row_bytes("persistent-global", 7, 13) == 4 * 7
+    assert planning.padded_stride(13) == 14 and planning.padded_stride(64) == 66 and planning.padded_stride(2) == 2
+    assert planning.scalar_weight_bytes(7, 13) == planning.round_up(2 * 7 * 14, 16) + planning.round_up(2 * 13 * 10, 16)
+    plan = planning.choose("persistent", 1, 7, 13, H200).plan
+    assert plan.smem.weights == "smem"
+    assert plan.smem.bytes == planning.scalar_weight_bytes(7, 13) + plan.tile.rows * 4 * 20
+
+
+@given(st.integers(1, 10_000))
+def test_padded_stride_is_minimal_and_odd_in_words(n):
+    s = planning.padded_stride(n)
+    assert s >= n and s % 4 == 2 and s - 4 < n
+
+
+@pytest.mark.parametrize("rows,channels,tile,grid,occupancy", [
+    (16384, 512, 64, 132, 1),  # 256 tiles of 64 rows, 200 KB each: one CTA per SM, 2 tiles for most
+    (4096, 256, 32, 128, 2),  # 64-row tiles would leave SMs idle: 32-row tiles, 84 KB, two fit per SM
+    (33, 32, 32, 2, 2),
+])
+def test_persistent_tc_tiles_and_grid(rows, channels, tile, grid, occupancy):
+    plan = planning.choose("persistent-tc", rows, channels, 1024, H200).plan
+    assert plan.engine == "persistent-tc"
+    assert (plan.tile.rows, plan.owners.grid, plan.owners.occupancy) == (tile, grid, occupancy)
+    assert plan.tile.channels_tile >= channels and plan.tile.hidden_chunk == planning.TC_HIDDEN_CHUNK
+
+
+@given(rows=st.integers(1, 20000), channels=st.integers(1, 1200), hidden=st.integers(1, 4000),
+       requested=st.sampled_from(sorted(planning.FALLBACK_CHAINS)))
+def test_every_shape_is_served_by_a_consistent_plan(rows, channels, hidden, requested):
+    choice = planning.choose(requested, rows, channels, hidden, H200)
+    plan = choice.plan
+    assert plan.engine in planning.FALLBACK_CHAINS[requested]
+    assert plan.tile.rows * plan.tile.num_tiles >= rows > plan.tile.rows * (plan.tile.num_tiles - 1)
+    assert 0 <= plan.smem.bytes <= H200.smem_per_block
+    assert 1 <= plan.owners.grid <= plan.tile.num_tiles
+    assert plan.owners.grid * plan.owners.tiles_per_cta >= plan.tile.num_tiles
+    if plan.engine.startswith("persistent"):  # never more CTAs than can be resident
+        assert plan.owners.grid <= H200.sm_count * plan.owners.occupancy
+    if plan.engine.endswith("-tc"):
+        assert channels % 8 == 0 and hidden % 8 == 0
+    if plan.engine == "persistent":
+        assert plan.smem.hidden == "smem"
+
+
+def test_occupancy_limits():
+    assert planning.occupancy(256, 0, H200) == 8  # threads
+    assert planning.occupancy(256, 204800, H200) == 1  # shared memory
+    assert planning.occupancy(256, 24576, H200, limit=2) == 2  # registers (the kernel's launch bound)
+
+
+def test_forced_plans_reach_other_code_paths():
+    plan = planning.forced("persistent", 67, 19, 37, H200, tile_rows=8, grid=3, weights="global")
+    assert (plan.tile.rows, plan.tile.num_tiles, plan.owners.grid, plan.owners.tiles_per_cta) == (8, 9, 3, 3)
+    assert plan.smem.weights == "global" and plan.smem.bytes == 8 * 4 * (19 + 37)
+    with pytest.raises(ValueError, match="no weights="):
+        planning.forced("persistent-tc", 33, 32, 64, H200, weights="global")
+    with pytest.raises(ValueError, match="tile_rows must be one of"):
+        planning.forced("persistent-tc", 33, 32, 64, H200, tile_rows=48)
+
+
+def test_unknown_engine_and_bad_device():
+    with pytest.raises(ValueError, match="unknown engine"):
+        planning.choose("megakernel", 1, 1, 1, H200)
+    with pytest.raises(ValueError, match="sm_count must be >= 1"):
+        planning.DeviceSpec(name="x", sm_count=0, smem_per_block=1, smem_per_sm=1)
+
+
+def test_ceil_div_and_round_up_agree_with_python():
+    for a in range(0, 50):
+        for b in (1, 3, 8, 16):
+            assert planning.ceil_div(a, b) == -(-a // b)
+            assert planning.round_up(a, b) % b == 0 and 0 <= planning.round_up(a, b) - a < b

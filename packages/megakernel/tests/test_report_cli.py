@@ -1,0 +1,77 @@
+"""The report command's CPU-side parts: arguments, the no-GPU exit, targets, the table, sealing."""
+
+import json
+
+import pytest
+import torch
+
+from kernellab.harness import report as report_io
+from kernellab.megakernel import bench, report
+
+
+def test_shape_and_engine_selection():
+    both = report._shape_list(None)
+    assert len(both) == len(bench.DEVELOPMENT_SHAPES) + len(bench.ASSESSMENT_SHAPES)
+    assert report._shape_list("assessment") == [("assessment", s) for s in bench.ASSESSMENT_SHAPES]
+    assert report._shape_list("5x19x37,3x4x5") == [("assessment", (5, 19, 37)), ("development", (3, 4, 5))]
+    assert report._engine_list("persistent*") == ["persistent", "persistent-global", "persistent-graph",
+                                                  "persistent-global-graph", "persistent-tc", "persistent-tc-graph"]
+    with pytest.raises(SystemExit):
+        report._shape_list("4x4")
+    with pytest.raises(SystemExit):
+        report._engine_list("cudnn")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
+def test_no_gpu_exits_2_with_a_message(capsys):
+    assert report.main(["--out", "/tmp/never-written.json"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def _entry(p50_us, passed=True):
+    s = {"count": 3, "p50_ms": p50_us / 1e3, "p95_ms": 0, "min_ms": 0, "max_ms": 0, "mean_ms": 0}
+    return {"passed": passed, "replay_changed_input": passed, "stream_summary": s, "host_summary": s}
+
+
+def test_targets_and_table():
+    sections = {"development": [{"shape": {"rows": 1, "channels": 7, "hidden": 13}, "engines": {
+        "persistent": _entry(20), "torch-cublas": _entry(100), "persistent-graph": _entry(4),
+        "persistent-tc-graph": _entry(3), "torch-cublas-graph": _entry(12), "torch-compile-graph": _entry(3.5)}}],
+        "assessment": [{"shape": {"rows": 5, "channels": 19, "hidden": 37}, "engines": {
+            "persistent-graph": _entry(5, passed=False), "torch-cublas-graph": _entry(12)}}]}
+    targets = report._targets(sections)
+    first = targets[0]
+    assert first["best_persistent_graph_vs_torch_cublas_graph"] == {"ratio": 0.25, "target": 0.5, "met": True}
+    assert first["best_persistent_graph_vs_torch_compile_graph"]["met"] is False  # 3 / 3.5 > 0.8
+    assert first["persistent_vs_torch_cublas"]["ratio"] == pytest.approx(0.2)
+    assert targets[1] == {"shape": {"rows": 5, "channels": 19, "hidden": 37}}  # a failed engine is no evidence
+    table = report._table(sections)
+    assert "1x7x13" in table and "5x19x37*" in table and "5.0 FAIL" in table
+
+
+def test_seal_and_write_uses_the_harness_hash(tmp_path):
+    path = report.seal_and_write({"b": 1.5, "a": [float("nan")]}, tmp_path / "r.json")
+    body = json.loads(path.read_text())
+    assert body["a"] == [None]
+    assert body["sha256"] == report_io.report_hash(body)
+
+
+def test_merge_keeps_earlier_results_unless_remeasured():
+    previous = {"development": [{"shape": {"rows": 1, "channels": 7, "hidden": 13},
+                                 "engines": {"persistent": _entry(20), "torch-compile": _entry(9)}}],
+                "assessment": [{"shape": {"rows": 5, "channels": 19, "hidden": 37},
+                                "engines": {"torch-compile": _entry(8)}}]}
+    results = {((1, 7, 13), "persistent"): _entry(10), ((5, 19, 37), "conventional"): _entry(30)}
+    kinds = {(1, 7, 13): "development", (5, 19, 37): "assessment"}
+    sections = report.merge_sections(results, kinds, previous)
+    dev = sections["development"][0]["engines"]
+    assert list(dev) == ["persistent", "torch-compile"]  # report order
+    assert dev["persistent"]["stream_summary"]["p50_ms"] == 0.010  # re-measured
+    assert dev["torch-compile"]["stream_summary"]["p50_ms"] == 0.009  # kept
+    assert set(sections["assessment"][0]["engines"]) == {"conventional", "torch-compile"}
+
+
+def test_provenance_hashes_the_package_sources():
+    prov = report._provenance()
+    assert "report.py" in prov["source_sha256"] and "engines/persistent_tc.py" in prov["source_sha256"]
+    assert all(len(h) == 64 for h in prov["source_sha256"].values())

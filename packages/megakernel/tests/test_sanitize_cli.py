@@ -1,0 +1,31 @@
+"""The sanitize command's CPU-side parts: parsing compute-sanitizer summaries, the no-GPU exit."""
+
+import pytest
+import torch
+
+from kernellab.megakernel import planning, sanitize
+
+
+def test_counts_from_tool_summaries():
+    assert sanitize.count("memcheck", "...\n========= ERROR SUMMARY: 0 errors\n") == {"errors": 0}
+    assert sanitize.count("initcheck", "========= ERROR SUMMARY: 3 errors") == {"errors": 3}
+    race = "========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)"
+    assert sanitize.count("racecheck", race) == {"hazards": 2, "errors": 1, "warnings": 1}
+    assert sanitize.count("synccheck", "crashed") == {"errors": None}  # no summary: not a clean run
+
+
+def test_cases_reach_every_kernel_variant():
+    plans = [planning.forced(engine, *shape, planning.H200, **choices)
+             for _, engine, shape, choices in sanitize.cases()]
+    seen = {(p.engine, p.smem.weights, p.owners.tiles_per_cta > 1) for p in plans}
+    for engine in ("persistent", "persistent-global"):
+        assert {(engine, "smem"), (engine, "global")} <= {(e, w) for e, w, _ in seen}
+        assert any(e == engine and multi for e, _, multi in seen)
+    assert {p.engine for p in plans} == set(planning.KERNEL_ENGINES)
+    assert any(p.engine == "persistent-tc" and p.tile.rows == 64 and p.hidden % 64 for p in plans)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
+def test_no_gpu_exits_2(capsys, tmp_path):
+    assert sanitize.main(["--out", str(tmp_path)]) == 2
+    assert "no CUDA device" in capsys.readouterr().err

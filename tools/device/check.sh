@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# On the GPU host, after `source .device/b/env.sh`: one batched check per call, results under $OUT.
+#   bash tools/device/check.sh tests PKG...      pytest -m gpu over the packages (junit XML + log)
+#   bash tools/device/check.sh sanitize PKG...   compute-sanitizer over every kernel of the packages
+#   bash tools/device/check.sh bench ARGS...     kernellab-bench ARGS --out $OUT (report, table, plot)
+set -u
+out=${OUT:?OUT must name the folder whose files come back}
+step=$1; shift
+case "$step" in
+  tests)
+    for pkg in "$@"; do
+      timeout 500 python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts="" -rfE "packages/$pkg/tests" \
+        --junitxml="$out/$pkg-gpu.xml" > "$out/$pkg-gpu.log" 2>&1
+      echo "$pkg: pytest exit $?"; grep -E "passed|failed|error" "$out/$pkg-gpu.log" | tail -3
+      grep -E "^(FAILED|ERROR)" "$out/$pkg-gpu.log" | cut -c1-300 | head -30
+    done ;;
+  sanitize)
+    for pkg in "$@"; do
+      timeout 500 python3 -m "kernellab.$pkg.sanitize" --out "$out/sanitize-$pkg" > "$out/sanitize-$pkg.log" 2>&1
+      echo "$pkg: sanitize exit $?"; tail -15 "$out/sanitize-$pkg.log"
+    done ;;
+  bench)
+    kernellab-bench "$@" --out "$out" 2>"$out/bench.log"; code=$?
+    grep -E "VALIDATION|ERROR|error" "$out/bench.log" | head -20; echo "bench exit $code" ;;
+  *) echo "unknown step $step" >&2; exit 2 ;;
+esac
