@@ -54,6 +54,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list suites, impls and cases, then exit")
     p.add_argument("--show", metavar="REPORT", help="verify a report's hash and print its table, then exit")
     p.add_argument("--format", default="simple", help="table format for --show (tabulate's; 'github' for READMEs)")
+    p.add_argument("--pivot", metavar="MODE", nargs="?", const="", help="with --show: one row per problem, one "
+                   "column per impl, in MODE (default: the primary mode)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
 
@@ -167,7 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.show:
         try:
-            print(table.render(report_io.load(args.show), args.format))
+            shown = report_io.load(args.show)
+            if args.pivot is not None and shown["kind"] == "run":
+                print(table.pivot_table(shown, args.pivot or None, args.format))
+            else:
+                print(table.render(shown, args.format))
         except report_io.ReportError as e:
             return _usage(str(e))
         return EXIT_OK

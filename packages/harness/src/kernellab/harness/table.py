@@ -33,6 +33,28 @@ def run_table(report: dict, fmt: str = "simple") -> str:
     return tabulate(rows, headers=headers, disable_numparse=True, tablefmt=fmt)
 
 
+def pivot_table(report: dict, mode: str | None = None, fmt: str = "simple") -> str:
+    """One row per problem, one column per impl: p50 in ``mode``, each contender's time over the
+    control's, and each contender's fraction of the copy ceiling (the bandwidth figures)."""
+    mode = mode or primary_mode(report)
+    control = report.get("control", "torch")
+    impls = [control] + sorted({c["impl"] for c in report["cases"]} - {control})
+    cells: dict[str, dict[str, dict]] = {}
+    for c in report["cases"]:
+        if c["problem"]["op"] != "copy":
+            cells.setdefault(c["name"], {})[c["impl"]] = c["modes"].get(mode, {})
+    rows = []
+    for name, by_impl in cells.items():
+        p50 = {i: by_impl.get(i, {}).get("summary_us", {}).get("p50") for i in impls}
+        row = [name, *[_fmt(p50[i]) for i in impls]]
+        row += [_fmt(p50[i] / p50[control] if p50[i] and p50[control] else None, ".3f") for i in impls[1:]]
+        row += [_fmt(by_impl.get(i, {}).get("ceiling_fraction"), ".2f") for i in impls[1:]]
+        rows.append(row)
+    headers = ["case", *[f"{i} us" for i in impls], *[f"{i} / {control}" for i in impls[1:]],
+               *[f"{i} of copy" for i in impls[1:]]]
+    return f"{mode} p50 per call\n" + tabulate(rows, headers=headers, disable_numparse=True, tablefmt=fmt)
+
+
 def comparison_table(report: dict, fmt: str = "simple") -> str:
     rows = []
     for r in report["records"]:

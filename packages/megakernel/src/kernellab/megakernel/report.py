@@ -95,6 +95,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", help="a report to extend: its (shape, engine) results are kept unless re-measured")
     p.add_argument("--no-compiler", action="store_true", help="skip the compiler block (kept from --resume if any)")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--show", metavar="REPORT", help="verify a report's sha256 and print its table, then exit")
+    p.add_argument("--format", default="simple", help="table format for --show (tabulate's; 'github' for READMEs)")
     return p
 
 
@@ -215,7 +217,7 @@ def _targets(sections: dict) -> list[dict]:
     return out
 
 
-def _table(sections: dict) -> str:
+def _table(sections: dict, fmt: str = "simple") -> str:
     from tabulate import tabulate
 
     shapes, columns = [], []
@@ -241,7 +243,7 @@ def _table(sections: dict) -> str:
         if seen:
             rows.append([name, *cells])
     return ("stream p50 per call, microseconds (* assessment shape)\n"
-            + tabulate(rows, headers=["engine", *columns], disable_numparse=True))
+            + tabulate(rows, headers=["engine", *columns], disable_numparse=True, tablefmt=fmt))
 
 
 def _provenance() -> dict:
@@ -337,8 +339,23 @@ def seal_and_write(report: dict, path: str) -> Path:
     return out
 
 
+def show(path: str, fmt: str) -> int:
+    """Print a written report's table after checking that its sha256 still matches its content."""
+    from kernellab.harness import report as report_io
+
+    data = json.loads(Path(path).read_text())
+    if data.get("sha256") != report_io.report_hash(data):
+        print(f"{path}: sha256 mismatch: recorded {data.get('sha256')}, content hashes to "
+              f"{report_io.report_hash(data)}", file=sys.stderr)
+        return 1
+    print(_table({k: data[k] for k in ("development", "assessment")}, fmt))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.show:
+        return show(args.show, args.format)
     try:
         import torch
     except ImportError:
