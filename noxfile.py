@@ -93,6 +93,16 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def sanitize(session: nox.Session) -> None:
+    """compute-sanitizer's memcheck, racecheck, synccheck and initcheck over every GPU kernel variant;
+    a JSON summary per package under reports/runs/. Exits non-zero without a GPU, saying so."""
+    install(session, *GPU_PACKAGES, extras=("gpu",))
+    for name in GPU_PACKAGES:
+        session.run("python", "-m", f"kernellab.{name}.sanitize", "--out", f"reports/runs/sanitize-{name}",
+                    *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def audit(session: nox.Session) -> None:
     """Verify two reports by replaying them: nox -s audit -- REFERENCE.json CANDIDATE.json (or none:
     the two newest run reports of one suite under reports/)."""
