@@ -9,9 +9,11 @@ binary wheels for the target. torch is left out unless asked for (GPU hosts brin
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +38,30 @@ def requirements(extras: list[str], with_torch: bool) -> list[str]:
     return out
 
 
+def expand(platform: str) -> list[str]:
+    """pip matches platform tags exactly: a host of manylinux_2_N also takes every older manylinux tag."""
+    prefix, _, arch = platform.partition("_2_")
+    if prefix != "manylinux" or "_" not in arch:
+        return [platform]
+    minor, _, machine = arch.partition("_")
+    tags = [f"manylinux_2_{m}_{machine}" for m in range(int(minor), 4, -1)]
+    return tags + [f"manylinux2014_{machine}", f"manylinux2010_{machine}", f"manylinux1_{machine}"]
+
+
+def needs_torch(wheel: Path) -> bool:
+    """Whether a wheel's own requirements name torch (then its dependencies are not resolved, or
+    pip would fetch a torch build the host already has)."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        text = zf.read(meta).decode(errors="replace")
+    return any(re.match(r"torch\b(?!-)", line.split(":", 1)[1].strip())
+               for line in text.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line)
+
+
+def _name(req: str) -> str:
+    return re.split(r"[<>=!~\[ ;]", req, maxsplit=1)[0].lower().replace("-", "_")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--platform", action="append", required=True, help="pip platform tag (repeatable)")
@@ -49,9 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     for pkg in sorted(ROOT.glob("packages/*/pyproject.toml")):
         subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dest), str(pkg.parent)], check=True)
     reqs = requirements([e for e in args.extras.split(",") if e], args.with_torch)
-    platforms = [a for plat in args.platform for a in ("--platform", plat)]
-    subprocess.run([sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--python-version", args.python,
-                    "--implementation", "cp", *platforms, "--dest", str(dest), *reqs], check=True)
+    platforms = [a for plat in args.platform for tag in expand(plat) for a in ("--platform", tag)]
+    download = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--python-version", args.python,
+                "--implementation", "cp", *platforms, "--dest", str(dest)]
+    subprocess.run([*download, "--no-deps", *reqs], check=True)
+    if not args.with_torch:
+        bound = {w.name.split("-")[0].lower() for w in dest.glob("*.whl") if needs_torch(w)}
+        reqs = [r for r in reqs if _name(r) not in bound]
+    subprocess.run([*download, *reqs], check=True)
     wheels = sorted(dest.glob("*.whl"))
     print(f"{len(wheels)} wheels in {dest}")
     return 0
