@@ -84,21 +84,7 @@ def compare(result: Tensors, truth: Tensors, rtol: float, atol: float) -> dict[s
 def validate_call(problem: Problem, call: Call, seed: int) -> dict[str, Any]:
     """One validation: fresh inputs from ``seed``, poisoned outputs, truth, and inputs unchanged."""
     inputs = problem.make_inputs(seed)
-    before = snapshot(inputs)
-    outputs = problem.make_outputs(inputs)
-    poison(outputs)
-    result = call(inputs, outputs)
-    _sync(problem)
-    truth = problem.reference(before)
-    tol = problem.tolerance()
-    report = compare(result, truth, tol.rtol, tol.atol)
-    mutated = sorted(k for k in inputs if not _same(inputs[k], before[k]))
-    report["inputs_unchanged"] = not mutated
-    if mutated:
-        report["passed"] = False
-        report["error"] = f"the call wrote its inputs {mutated}"
-    report["seed"] = seed
-    return report
+    return _check(problem, call, inputs, problem.make_outputs(inputs), seed)
 
 
 def validate_in_place(problem: Problem, call: Call, inputs: Tensors, outputs: Tensors, seed: int) -> dict[str, Any]:
@@ -110,6 +96,11 @@ def validate_in_place(problem: Problem, call: Call, inputs: Tensors, outputs: Te
     fresh = problem.make_inputs(seed)
     for k, t in inputs.items():
         t.copy_(fresh[k])
+    return _check(problem, call, inputs, outputs, seed) | {"in_place": True}
+
+
+def _check(problem: Problem, call: Call, inputs: Tensors, outputs: Tensors, seed: int) -> dict[str, Any]:
+    """Poison the outputs, call, compare with the float64 truth of the inputs as they were before."""
     before = snapshot(inputs)
     poison(outputs)
     _sync(problem)
@@ -123,7 +114,6 @@ def validate_in_place(problem: Problem, call: Call, inputs: Tensors, outputs: Te
         report["passed"] = False
         report["error"] = f"the call wrote its inputs {mutated}"
     report["seed"] = seed
-    report["in_place"] = True
     return report
 
 
