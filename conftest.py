@@ -1,6 +1,7 @@
 """Shared pytest setup for every package's tests and the top-level tests.
 
-- hypothesis profiles: ``ci`` (default, quick) and ``thorough``; pick one with HYPOTHESIS_PROFILE.
+- hypothesis profiles: ``ci`` (default: quick and derandomized, so CI is repeatable) and ``thorough``
+  (random, many examples); pick one with HYPOTHESIS_PROFILE.
 - tests that use hypothesis get the ``property`` marker, so ``pytest -m property`` runs them all.
 - tests marked ``gpu`` skip with "no CUDA device" where torch sees none.
 """
@@ -15,7 +16,7 @@ except ImportError:  # a package's tests without hypothesis installed
     settings = None
 
 if settings is not None:
-    settings.register_profile("ci", max_examples=25, deadline=None, print_blob=True,
+    settings.register_profile("ci", max_examples=25, deadline=None, print_blob=True, derandomize=True,
                               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     settings.register_profile("thorough", max_examples=400, deadline=None, print_blob=True,
                               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

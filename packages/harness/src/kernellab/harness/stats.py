@@ -87,30 +87,33 @@ def bootstrap_gain_ci(
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    a = tuple(tuple(r) for r in reference_rounds)
-    b = tuple(tuple(r) for r in candidate_rounds)
-    if b < a:  # resample in one canonical orientation so that swapping sides inverts the interval exactly
-        lo, hi = bootstrap_gain_ci(candidate_rounds, reference_rounds, resamples=resamples, confidence=confidence,
-                                   seed=seed)
-        return 1.0 / hi, 1.0 / lo
     estimate = ratio_stats(reference_rounds, candidate_rounds)["value"]
-    n_rounds = len(reference_rounds)
+    spread = math.exp(_normal_quantile(0.5 + confidence / 2.0)
+                      * _bootstrap_log_sd(reference_rounds, candidate_rounds, resamples, seed))
+    return estimate / spread, estimate * spread
+
+
+def _bootstrap_log_sd(a_rounds, b_rounds, resamples: int, seed: int) -> float:
+    """Standard deviation of log(gain) over bootstrap resamples, computed in one canonical
+    orientation of the two sides, so that it does not depend on which side is which."""
+    a = tuple(tuple(r) for r in a_rounds)
+    b = tuple(tuple(r) for r in b_rounds)
+    if b < a:
+        a, b = b, a
+    n_rounds = len(a)
     rng = random.Random(seed)
     logs = []
     for _ in range(resamples):
         ratios = []
         for _ in range(n_rounds):
             r = rng.randrange(n_rounds)
-            ref, cand = reference_rounds[r], candidate_rounds[r]
+            ref, cand = a[r], b[r]
             ref_m = median([ref[rng.randrange(len(ref))] for _ in ref])
             cand_m = median([cand[rng.randrange(len(cand))] for _ in cand])
             ratios.append(ref_m / cand_m)
         logs.append(math.log(log_median(ratios)))
     mean = math.fsum(logs) / len(logs)
-    sd = math.sqrt(math.fsum((x - mean) ** 2 for x in logs) / max(1, len(logs) - 1))
-    z = _normal_quantile(0.5 + confidence / 2.0)
-    centre = math.log(estimate)
-    return math.exp(centre - z * sd), math.exp(centre + z * sd)
+    return math.sqrt(math.fsum((x - mean) ** 2 for x in logs) / max(1, len(logs) - 1))
 
 
 def _normal_quantile(p: float) -> float:
