@@ -71,3 +71,16 @@ def test_rotation_count_exceeds_twice_the_cache():
     assert n * 1_000_000 > 2 * 32_000_000
     assert timing.rotation_count(10**9, 32_000_000, limit_bytes=1 << 40) >= 1
     assert timing.rotation_count(1_000_000, 32_000_000, limit_bytes=3_000_000) == 3
+
+
+def test_bandwidth_is_read_against_the_suites_ceiling_problem():
+    suite = affine_suite(Impl("ours", bind=honest), shapes=((64, 64),))
+    bench = Bench(suite, FAST)
+    side = {"cases": bench.describe(), "rounds": [bench.run_round(0)], "provenance": {}}
+    plain = {c["id"]: c for c in assemble.run_report(suite, FAST.to_json(), side)["cases"]}
+    assert all("gbps" in m and "ceiling_fraction" not in m for c in plain.values() for m in c["modes"].values())
+    suite.ceiling_op = "affine"  # the control's own run of this problem is then the ceiling
+    ceiled = {c["id"]: c for c in assemble.run_report(suite, FAST.to_json(), side)["cases"]}
+    for mode in ("e2e_latency",):
+        assert ceiled["affine_64x64_fp32/torch"]["modes"][mode]["ceiling_fraction"] == pytest.approx(1.0)
+        assert ceiled["affine_64x64_fp32/ours"]["modes"][mode]["ceiling_fraction"] > 0

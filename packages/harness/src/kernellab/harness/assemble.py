@@ -39,8 +39,10 @@ def _compact_validation(index: int, data: dict) -> dict:
     return out
 
 
-def case_table(cases: list[dict], rounds: list[dict]) -> list[dict]:
-    """Per case: validation per round, samples per round per mode, summaries."""
+def case_table(cases: list[dict], rounds: list[dict], ceiling_op: str | None = None,
+               control: str = "torch") -> list[dict]:
+    """Per case: validation per round, samples per round per mode, summaries, and bandwidth against
+    the suite's ceiling problem (``ceiling_op`` run by the control) where it has one."""
     out = []
     for desc in cases:
         cid = desc["id"]
@@ -76,19 +78,20 @@ def case_table(cases: list[dict], rounds: list[dict]) -> list[dict]:
                 entry["reason"] = "; ".join(e for v in failed for e in v.get("errors", [])) or \
                     f"validation failed in rounds {[v['round'] for v in failed]}"
         out.append(entry)
-    _bandwidth(out)
+    _bandwidth(out, ceiling_op, control)
     return out
 
 
-def _bandwidth(cases: list[dict]) -> None:
-    """GB/s per mode by the problem's minimum bytes, and the fraction of the same-shape copy ceiling.
+def _bandwidth(cases: list[dict], ceiling_op: str | None, control: str) -> None:
+    """GB/s per mode by the problem's minimum bytes, and, where the suite has a ceiling problem, the
+    fraction of the same-shape ceiling (a copy) that the control measured.
 
     For the throughput modes the ceiling is the fastest copy among them: a copy captured in a graph
     can run as a DMA memcpy node, slower than the copy kernel, and must not lower the bar."""
     ceilings: dict[tuple, dict[str, float]] = {}
     for c in cases:
         p = c["problem"]
-        if p["op"] == "copy" and c["impl"] == "torch":
+        if p["op"] == ceiling_op and c["impl"] == control:
             bw = {m: p["bytes"] / (v["summary_us"]["p50"] * 1e3) for m, v in c["modes"].items()}
             best = max((bw[m] for m in THROUGHPUT_MODES if m in bw), default=None)
             ceilings[(tuple(p["shape"]), p["dtype"])] = {m: best if m in THROUGHPUT_MODES else v for m, v in bw.items()}
@@ -132,13 +135,14 @@ def versus_control(cases: list[dict], control: str) -> list[dict]:
 
 def run_report(suite, config: dict, side: dict) -> dict:
     """A plain run: one revision, every case, torch as the control in the same rounds."""
-    cases = case_table(side["cases"], side["rounds"])
+    cases = case_table(side["cases"], side["rounds"], suite.ceiling_op, suite.control)
     return {
         "schema": report_io.SCHEMA,
         "kind": "run",
         "suite": suite.name,
         "suite_device": suite.device,
         "control": suite.control,
+        "ceiling_op": suite.ceiling_op,
         "created_at": now_iso(),
         "config": config,
         "revision": side.get("revision"),
@@ -159,8 +163,9 @@ def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, 
     ``suite`` needs only ``name``, ``device`` and ``control``; each side has ``cases`` (as described by
     the runner), ``rounds`` (per round, case id -> measured data), ``provenance`` and ``revision``.
     """
-    ref_cases = {c["id"]: c for c in case_table(reference["cases"], reference["rounds"])}
-    cand_cases = {c["id"]: c for c in case_table(candidate["cases"], candidate["rounds"])}
+    ceiling = getattr(suite, "ceiling_op", None)
+    ref_cases = {c["id"]: c for c in case_table(reference["cases"], reference["rounds"], ceiling, suite.control)}
+    cand_cases = {c["id"]: c for c in case_table(candidate["cases"], candidate["rounds"], ceiling, suite.control)}
     contenders = _contenders(list(cand_cases.values()), suite.control)
     pairs = sum(1 for cid, c in cand_cases.items() if c["impl"] in contenders and cid in ref_cases
                 for m in c["modes"] if m in ref_cases[cid]["modes"])

@@ -52,7 +52,6 @@ class Problem:
     """One operation at one shape and dtype. Subclasses fill in inputs, outputs and the truth."""
 
     op: str = ""
-    control_name: str = "torch"
 
     def __init__(self, shape: tuple[int, ...], dtype: str, device: str, **params: Any):
         if dtype not in DTYPES:
@@ -191,10 +190,6 @@ def seed_for(*parts: Any) -> int:
 
     digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def prod(shape) -> int:

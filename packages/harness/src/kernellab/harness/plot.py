@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .table import primary_mode
+from .table import ceiling_op, primary_mode
 from .timing import ALL_MODES
 
 
@@ -78,7 +78,9 @@ def _run_figure(plt, report: dict):
     if gpu:
         ax2 = axes[0][1]
         mode = primary_mode(report)
-        shown = [c for c in cases if c["problem"]["op"] != "copy" and "ceiling_fraction" in c["modes"].get(mode, {})]
+        ceiling = ceiling_op(report)
+        shown = [c for c in cases
+                 if c["problem"]["op"] != ceiling and "ceiling_fraction" in c["modes"].get(mode, {})]
         ax2.barh(range(len(shown)), [c["modes"][mode]["ceiling_fraction"] for c in shown])
         ax2.set_yticks(range(len(shown)), [f"{c['name']} [{c['impl']}]" for c in shown], fontsize=7)
         ax2.axvline(1.0, color="black", lw=0.8)

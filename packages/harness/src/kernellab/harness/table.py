@@ -12,6 +12,11 @@ def primary_mode(report: dict) -> str:
     return "graph_throughput" if report.get("suite_device") == "cuda" else "e2e_throughput"
 
 
+def ceiling_op(report: dict) -> str | None:
+    """The problem op that measured the bandwidth ceiling; reports before 0.2 recorded none and used copy."""
+    return report.get("ceiling_op", "copy")
+
+
 def _fmt(x, spec=".2f"):
     return "-" if x is None else format(x, spec)
 
@@ -38,10 +43,11 @@ def pivot_table(report: dict, mode: str | None = None, fmt: str = "simple") -> s
     control's, and each contender's fraction of the copy ceiling (the bandwidth figures)."""
     mode = mode or primary_mode(report)
     control = report.get("control", "torch")
+    ceiling = ceiling_op(report)
     impls = [control] + sorted({c["impl"] for c in report["cases"]} - {control})
     cells: dict[str, dict[str, dict]] = {}
     for c in report["cases"]:
-        if c["problem"]["op"] != "copy":
+        if c["problem"]["op"] != ceiling:
             cells.setdefault(c["name"], {})[c["impl"]] = c["modes"].get(mode, {})
     rows = []
     for name, by_impl in cells.items():

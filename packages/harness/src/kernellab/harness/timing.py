@@ -20,7 +20,6 @@ from pathlib import Path
 GPU_MODES = ("gpu_throughput", "gpu_latency", "e2e_throughput", "e2e_latency", "graph_throughput")
 CPU_MODES = ("e2e_throughput", "e2e_latency")
 ALL_MODES = GPU_MODES
-LATENCY_MODES = ("gpu_latency", "e2e_latency")
 THROUGHPUT_MODES = ("gpu_throughput", "graph_throughput", "e2e_throughput")
 
 

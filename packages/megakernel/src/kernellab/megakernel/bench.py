@@ -22,7 +22,6 @@ class ResidualMLP(Problem):
     fp32 accumulation, bias and output."""
 
     op = "residual_mlp"
-    control_name = CONTROL
 
     def __init__(self, shape, dtype: str = "fp16", device: str = "cuda", activation: str = DEFAULT_ACTIVATION):
         model.check_activation(activation)
