@@ -13,6 +13,7 @@ over global memory per reduction stage (the re-reads mostly hit L2).
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import cutlass
@@ -22,9 +23,18 @@ from cutlass.memory import SmemAllocator
 
 MAX_THREADS_PER_ROW = 512  # one CTA's share of a row; keeps two or more CTAs resident per SM
 MAX_CLUSTER = 8  # the portable thread block cluster size on Hopper
-REGISTER_VALUES = 32  # fp32 values of x one thread keeps in registers
-MIN_THREADS = 128  # small rows: several rows per CTA so that a CTA still moves enough bytes
 WARP = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """The knobs of a launch plan (compile-time). The defaults are the heuristic; a sweep on the GPU
+    (tools/device/norm_sweep.py) overrides them to measure alternatives."""
+
+    accesses: int = 4  # vector accesses per thread and tile: 64 bytes or more in flight per thread
+    register_values: int = 32  # fp32 values of x one thread keeps in registers
+    min_threads: int = 128  # small rows: several rows per CTA so that a CTA still moves enough bytes
+    resident_threads: int = 1024  # asked-for resident threads per SM when a thread holds register_values
 
 ADD = operator.add
 
@@ -52,13 +62,14 @@ class RowKernel:
     stages = 1
     name = "row"
 
-    def __init__(self, dtype, n: int, vec: int):
+    def __init__(self, dtype, n: int, vec: int, tuning: Tuning | None = None):
         if n < 1 or vec < 1 or n % vec or 128 % (vec * dtype.width):
             raise ValueError(f"bad row shape: N={n}, vector width {vec} of {dtype}")
         self.dtype, self.n, self.vec = dtype, n, vec
+        self.tuning = tuning = tuning or Tuning()
         vectors = n // vec
-        target = max(4, 16 // vec)  # accesses per thread and tile: >= 64 bytes in flight per thread
-        limit = max(target, REGISTER_VALUES // vec)  # accesses whose values still fit in registers
+        target = max(tuning.accesses, 16 // vec)  # accesses per thread and tile
+        limit = max(target, tuning.register_values // vec)  # accesses whose values still fit in registers
         tpr = min(MAX_THREADS_PER_ROW, _pow2_at_least(_ceil_div(vectors, target)))
         chunks, tiles, ctas = _ceil_div(vectors, tpr), 1, 1
         if chunks > limit:  # the row does not fit in one CTA's registers: split it over a cluster
@@ -70,16 +81,17 @@ class RowKernel:
                 tiles = _ceil_div(vectors, ctas * tpr * chunks)
             ctas = _ceil_div(vectors, tiles * tpr * chunks)  # every CTA gets columns
         self.threads_per_row, self.chunks, self.tiles, self.ctas = tpr, chunks, tiles, ctas
-        self.num_threads = max(tpr, MIN_THREADS)
+        self.num_threads = max(tpr, tuning.min_threads)
         self.rows_per_cta = self.num_threads // tpr
         self.warps_per_row = max(1, tpr // WARP)
         self.tile_cols = tpr * chunks * vec
         self.tiler = (self.rows_per_cta, self.tile_cols)
         self.even = ctas * tiles * self.tile_cols == n  # no column predicates needed
         self.values_per_thread = chunks * vec
-        # a thread holding the full REGISTER_VALUES of x: ask for 1024 resident threads per SM (registers
-        # capped at 64), which keeps 64 KB or more of loads in flight per SM
-        self.min_ctas_per_sm = 1024 // self.num_threads if self.values_per_thread >= REGISTER_VALUES else 1
+        # a thread holding all its register_values of x: ask for resident_threads per SM (which caps the
+        # registers per thread), so that enough loads stay in flight per SM
+        full = self.values_per_thread >= tuning.register_values
+        self.min_ctas_per_sm = max(1, tuning.resident_threads // self.num_threads) if full else 1
         # more than 16 values of x per thread: fetch weight / bias (an L2 hit) only after the reductions,
         # since their fp32 copies beside x would cost up to half the resident CTAs
         self.late_vectors = self.values_per_thread > 16
@@ -91,7 +103,7 @@ class RowKernel:
     def describe(self) -> dict:
         return {"threads_per_row": self.threads_per_row, "rows_per_cta": self.rows_per_cta,
                 "num_threads": self.num_threads, "vec": self.vec, "chunks": self.chunks,
-                "tiles": self.tiles, "cluster": self.ctas}
+                "tiles": self.tiles, "cluster": self.ctas, "min_ctas_per_sm": self.min_ctas_per_sm}
 
     # ---- host side ----------------------------------------------------------------------------
     def launch(self, kernel, rows, stream) -> None:

@@ -15,6 +15,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # CuTe DSL is imported only when compiling
+    from .base import Tuning
 
 DTYPES = {"float32": 32, "float16": 16, "bfloat16": 16}
 
@@ -30,6 +34,7 @@ class Variant:
     weight: str | None = None
     bias: str | None = None
     residual: bool = False
+    tuning: Tuning | None = None  # None: the kernel's heuristic plan
 
     def __post_init__(self):
         if self.op not in ("softmax", "rmsnorm", "layernorm"):
@@ -43,7 +48,9 @@ class Variant:
     @property
     def name(self) -> str:
         flags = "".join(f"_{k}-{v}" for k, v in (("w", self.weight), ("b", self.bias)) if v)
-        return f"{self.op}_{self.dtype}_n{self.n}_v{self.vec}{flags}{'_res' if self.residual else ''}"
+        t = self.tuning
+        knobs = f"_t{t.accesses}-{t.register_values}-{t.min_threads}-{t.resident_threads}" if t else ""
+        return f"{self.op}_{self.dtype}_n{self.n}_v{self.vec}{flags}{'_res' if self.residual else ''}{knobs}"
 
     def kernel(self):
         """The kernel object: its __init__ holds the launch plan for this N and dtype."""
@@ -51,14 +58,14 @@ class Variant:
         if self.op == "softmax":
             from .softmax_kernel import Softmax
 
-            return Softmax(x, self.n, self.vec)
+            return Softmax(x, self.n, self.vec, self.tuning)
         if self.op == "rmsnorm":
             from .rmsnorm_kernel import RMSNorm
 
-            return RMSNorm(x, self.n, self.vec, weight_dtype=w, residual=self.residual)
+            return RMSNorm(x, self.n, self.vec, weight_dtype=w, residual=self.residual, tuning=self.tuning)
         from .layernorm_kernel import LayerNorm
 
-        return LayerNorm(x, self.n, self.vec, weight_dtype=w, bias_dtype=b)
+        return LayerNorm(x, self.n, self.vec, weight_dtype=w, bias_dtype=b, tuning=self.tuning)
 
     def compile(self, arch: str | None = None):
         """cute.compile with fake tensors: M symbolic, row strides symbolic and divisible by vec."""

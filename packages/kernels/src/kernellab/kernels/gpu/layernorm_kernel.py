@@ -20,8 +20,8 @@ class LayerNorm(RowKernel):
     stages = 2
     name = "layernorm"
 
-    def __init__(self, dtype, n: int, vec: int, weight_dtype=None, bias_dtype=None):
-        super().__init__(dtype, n, vec)
+    def __init__(self, dtype, n: int, vec: int, weight_dtype=None, bias_dtype=None, tuning=None):
+        super().__init__(dtype, n, vec, tuning)
         self.weight_dtype, self.bias_dtype = weight_dtype, bias_dtype
 
     def __repr__(self) -> str:

@@ -20,8 +20,8 @@ class RMSNorm(RowKernel):
     stages = 1
     name = "rmsnorm"
 
-    def __init__(self, dtype, n: int, vec: int, weight_dtype=None, residual: bool = False):
-        super().__init__(dtype, n, vec)
+    def __init__(self, dtype, n: int, vec: int, weight_dtype=None, residual: bool = False, tuning=None):
+        super().__init__(dtype, n, vec, tuning)
         self.weight_dtype, self.residual = weight_dtype, residual
         if residual:  # x and the residual both in registers: 64 would spill, keep the natural count
             self.min_ctas_per_sm = 1

@@ -1,0 +1,155 @@
+"""Launch-plan sweep of the CuTe norm kernels on the GPU host: every distinct plan the Tuning knobs give,
+timed in graph throughput with inputs rotated past the L2 beside torch's copy (the ceiling), torch
+eager and QuACK, in alternating rounds. It is how the heuristic defaults in gpu/base.py are chosen.
+
+    python3 tools/device/norm_sweep.py [--cases 'rmsnorm*bf16*'] [--rounds 2]
+
+Writes $OUT/norm_sweep.json and prints one line per case: the default plan, the best plan, both as a
+fraction of the copy ceiling. Every plan's output is checked against torch before it is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import functools
+import itertools
+import json
+import os
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from kernellab.harness import timing
+from kernellab.kernels.gpu.base import Tuning
+from kernellab.kernels.gpu.compiler import Variant, widest_vector
+
+SHAPES = [(16384, 8192), (8192, 16384), (65536, 1024), (768, 6144), (1024, 4096), (256, 3072), (37, 1537)]
+KNOBS = [Tuning(a, rv, mt, rt) for a in (2, 4, 8) for rv, rt in ((32, 0), (32, 1024), (64, 0), (64, 512))
+         for mt in (128, 256)]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
+
+
+def torch_op(op, x, w, b):
+    if op == "softmax":
+        return torch.softmax(x, -1)
+    if op == "rmsnorm":
+        return F.rms_norm(x, (x.shape[-1],), w, EPS[op])
+    return F.layer_norm(x, (x.shape[-1],), w, b, EPS[op])
+
+
+def ours(op, fn):
+    if op == "softmax":
+        return lambda x, w, b, y: fn(x, y)
+    if op == "rmsnorm":
+        return lambda x, w, b, y: fn(x, w, None, y, None, EPS[op])
+    return lambda x, w, b, y: fn(x, w, b, y, EPS[op])
+
+
+def quack_op(op, dtype, n):
+    try:
+        import importlib
+
+        import quack
+        norms = importlib.import_module("quack.rmsnorm")
+    except Exception:  # noqa: BLE001 - QuACK is an optional comparison point
+        return None
+    if n % (128 // (8 * torch.tensor([], dtype=dtype).element_size())):
+        return None
+    if op == "softmax":
+        return lambda x, w, b, y: quack.softmax(x)
+    if op == "rmsnorm":
+        return lambda x, w, b, y: quack.rmsnorm(x, w, eps=EPS[op])
+    if dtype == torch.float32:
+        return lambda x, w, b, y: norms.layernorm_fwd(x, w, b, eps=EPS[op])
+    return lambda x, w, b, y: norms._rmsnorm_fwd(x, w, y, b, None, None, None, None, EPS[op], True)
+
+
+def plans(op, dt, n):
+    """{plan description: (label, Variant)} over the knobs, the default first."""
+    name = {torch.float32: "float32", torch.bfloat16: "bfloat16"}[dt]
+    base = dict(weight=None if op == "softmax" else name, bias=name if op == "layernorm" else None)
+    vec = widest_vector(n, name)
+    out = {}
+    for tuning in [None, *KNOBS]:
+        v = Variant(op, name, n, vec, tuning=tuning, **base)
+        key = json.dumps(v.kernel().describe(), sort_keys=True)
+        out.setdefault(key, ("default" if tuning is None else v.name.rsplit("_t", 1)[1], v))
+    return out
+
+
+def time_case(op, dname, m, n, args, device) -> dict:
+    """Every plan of one case beside copy, torch and QuACK; p50 of graph throughput per contender."""
+    dt = DTYPES[dname]
+    set_bytes = 2 * m * n * dt.itemsize
+    sets = timing.rotation_count(set_bytes, device.cache_bytes, limit_bytes=16 << 30)
+    g = torch.Generator(device="cuda").manual_seed(m * 7 + n)
+    xs = [torch.randn(m, n, device="cuda", dtype=dt, generator=g) for _ in range(sets)]
+    ys = [torch.empty_like(x) for x in xs]
+    w = torch.randn(n, device="cuda", dtype=dt, generator=g)
+    b = torch.randn(n, device="cuda", dtype=dt, generator=g)
+    contenders = {"copy": lambda x, w, b, y: y.copy_(x), "torch": functools.partial(torch_eager, op)}
+    q = quack_op(op, dt, n)
+    if q is not None:
+        contenders["quack"] = q
+    want = torch_op(op, xs[0].double(), w.double(), b.double()).float()
+    tol = 2e-2 if dt == torch.bfloat16 else 1e-4
+    case = f"{op}_{m}x{n}_{dname}"
+    variants = plans(op, dt, n)
+    for label, v in variants.values():
+        fn = ours(op, v.compile())
+        ys[0].fill_(float("nan"))
+        fn(xs[0], w, b, ys[0])
+        err = (ys[0].float() - want).abs().max().item()
+        if not err <= tol * (1 + want.abs().max().item()):
+            print(f"{case} {label}: WRONG (max error {err})", flush=True)
+            continue
+        contenders[label] = fn
+    est = set_bytes / 4e6 + 2  # us per call at ~4 TB/s
+    iterations = max(20, int(3000 / est))
+    samples = {k: [] for k in contenders}
+    names = list(contenders)
+    for r in range(args.rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            calls = [functools.partial(contenders[name], xs[i], w, b, ys[i]) for i in range(sets)]
+            samples[name] += timing.measure("graph_throughput", calls, device, samples=args.samples,
+                                            iterations=iterations)
+    p50 = {k: statistics.median(v) for k, v in samples.items()}
+    plan_us = {k: v for k, v in p50.items() if k not in ("copy", "torch", "quack")}
+    best = min(plan_us, key=plan_us.get)
+    return {"case": case, "sets": sets, "p50_us": p50, "best": best,
+            "default_of_copy": p50["copy"] / p50["default"], "best_of_copy": p50["copy"] / p50[best],
+            "plans": {label: v.kernel().describe() for label, v in variants.values()}}
+
+
+def torch_eager(op, x, w, b, y):
+    return torch_op(op, x, w, b)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="*")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--samples", type=int, default=10)
+    args = ap.parse_args()
+    device = timing.Device("cuda")
+    device.warm_up(2.0)
+    results = []
+    for (m, n), dname, op in itertools.product(SHAPES, DTYPES, ("softmax", "rmsnorm", "layernorm")):
+        if not fnmatch.fnmatch(f"{op}_{m}x{n}_{dname}", args.cases):
+            continue
+        row = time_case(op, dname, m, n, args, device)
+        results.append(row)
+        p50 = row["p50_us"]
+        qs = f"{p50['copy'] / p50['quack']:.3f}" if "quack" in p50 else "  -  "
+        print(f"{row['case']:28s} copy {p50['copy']:8.2f}us torch {p50['copy'] / p50['torch']:.3f} quack {qs} "
+              f"default {row['default_of_copy']:.3f} best {row['best_of_copy']:.3f} ({row['best']})", flush=True)
+        torch.cuda.empty_cache()
+    with open(os.path.join(os.environ.get("OUT", "."), "norm_sweep.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
