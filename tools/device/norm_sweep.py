@@ -2,7 +2,7 @@
 timed in graph throughput with inputs rotated past the L2 beside torch's copy (the ceiling), torch
 eager and QuACK, in alternating rounds. It is how the heuristic defaults in gpu/base.py are chosen.
 
-    python3 tools/device/norm_sweep.py [--cases 'rmsnorm*bf16*'] [--rounds 2]
+    python3 tools/device/norm_sweep.py [--cases 'rmsnorm*bf16,*x4096_fp32'] [--rounds 2]
 
 Writes $OUT/norm_sweep.json and prints one line per case: the default plan, the best plan, both as a
 fraction of the copy ceiling. Every plan's output is checked against torch before it is timed.
@@ -130,7 +130,7 @@ def torch_eager(op, x, w, b, y):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cases", default="*")
+    ap.add_argument("--cases", default="*", help="comma-separated shell patterns over case names")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--samples", type=int, default=10)
     args = ap.parse_args()
@@ -138,7 +138,7 @@ def main() -> None:
     device.warm_up(2.0)
     results = []
     for (m, n), dname, op in itertools.product(SHAPES, DTYPES, ("softmax", "rmsnorm", "layernorm")):
-        if not fnmatch.fnmatch(f"{op}_{m}x{n}_{dname}", args.cases):
+        if not any(fnmatch.fnmatch(f"{op}_{m}x{n}_{dname}", p) for p in args.cases.split(",")):
             continue
         row = time_case(op, dname, m, n, args, device)
         results.append(row)

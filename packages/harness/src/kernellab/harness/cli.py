@@ -45,7 +45,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", help="comma-separated modes; default: all the device has")
     p.add_argument("--rounds", type=positive_int, help="rounds (suite default if omitted)")
     p.add_argument("--samples", type=positive_int, help="samples per round per mode")
-    p.add_argument("--warmup", type=non_negative_int, help="warmup calls per round per case")
+    p.add_argument("--warmup", type=non_negative_int,
+                   help="warmup passes over the rotated calls before each mode (at least 20 ms of them)")
     p.add_argument("--iterations", type=positive_int, help="calls per throughput sample")
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of every input")
     p.add_argument("--baseline", metavar="REV", help="compare against a git revision or a source .zip")

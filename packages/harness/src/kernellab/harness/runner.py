@@ -3,7 +3,7 @@
 ``Bench`` runs in the process that owns the code being measured: in-process for a plain run, in a
 worker subprocess per revision for an A/B comparison (``revision.py``). A round visits every
 problem; within a problem its impls run in an order that alternates from round to round, each with
-a fresh validation (poisoned outputs, fresh inputs), warmup, then every mode's samples, each timed
+a fresh validation (poisoned outputs, fresh inputs), then every mode's warmup and samples, each timed
 batch followed by a validation in the buffers it just used (fresh values written in place).
 """
 
@@ -19,6 +19,8 @@ from typing import Any
 
 from . import timing, validate
 from .case import Impl, Problem, Suite, Unsupported, seed_for
+
+WARM_MS = 20.0  # least wall time of warmup calls before each mode's samples
 
 
 @dataclasses.dataclass
@@ -195,13 +197,10 @@ class Bench:
                 seeds = [seed_for(cfg.seed, problem.name, case.impl.name, "graph", index, k) for k in (0, 1)]
                 result["graph_replay"] = validate.validate_graph_replay(problem, case.call, *seeds)
             calls, held = self._rotated_calls(case, index)
-            for _ in range(cfg.warmup):
-                for c in calls:
-                    c()
-            self.device.sync()
             for mode in self.modes:
                 if mode == "graph_throughput" and not case.impl.graphable:
                     continue
+                self._warm(calls)
                 result["samples_us"][mode] = timing.measure(mode, calls, self.device, samples=cfg.samples,
                                                             iterations=cfg.iterations)
                 seed = seed_for(cfg.seed, problem.name, case.impl.name, "after", mode, index)
@@ -218,6 +217,18 @@ class Bench:
             passed &= result["graph_replay"]["passed"]
         result["passed"] = passed
         return result
+
+    def _warm(self, calls: list[Callable[[], Any]]) -> None:
+        """``warmup`` passes over the rotated calls, continued until WARM_MS of wall time have passed:
+        each mode's samples start from the device's working clocks, not from the idle state that the
+        validation before them (a float64 reference) can leave it in."""
+        start = time.perf_counter()
+        passes = 0
+        while passes < self.config.warmup or (time.perf_counter() - start) * 1e3 < WARM_MS:
+            for c in calls:
+                c()
+            self.device.sync()
+            passes += 1
 
     def _rotated_calls(self, case: Case, index: int) -> tuple[list[Callable[[], Any]], list]:
         problem, cfg = case.problem, self.config

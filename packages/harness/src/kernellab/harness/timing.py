@@ -5,7 +5,7 @@
 - ``e2e_throughput``: host ``perf_counter_ns`` around K back-to-back calls plus one synchronize.
 - ``e2e_latency``: host clock around one call plus synchronize, after a cache flush.
 - ``graph_throughput``: CUDA events around one replay of a graph of K captured calls (K at least the
-  number of rotated sets).
+  number of rotated sets, and enough calls for 2 ms of work per replay).
 
 Calls cycle through rotated input/output sets so that repeated calls do not read from cache.
 Every mode returns microseconds per call, one value per sample.
@@ -13,6 +13,7 @@ Every mode returns microseconds per call, one value per sample.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,6 +22,8 @@ GPU_MODES = ("gpu_throughput", "gpu_latency", "e2e_throughput", "e2e_latency", "
 CPU_MODES = ("e2e_throughput", "e2e_latency")
 ALL_MODES = GPU_MODES
 THROUGHPUT_MODES = ("gpu_throughput", "graph_throughput", "e2e_throughput")
+GRAPH_REPLAY_US = 2000.0  # least work per timed graph replay
+MAX_GRAPH_CALLS = 8192
 
 
 class Device:
@@ -146,10 +149,8 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
             device.sync()
             out.append((time.perf_counter_ns() - t0) / 1e3)
     elif mode == "graph_throughput":
-        length = max(iterations, n)  # every rotated set appears in the graph, so none stays in cache
-        graph = capture(calls, device, length)
+        graph, length = graph_of(calls, device, iterations)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        graph.replay()
         for _ in range(samples):
             device.sync()
             start.record()
@@ -159,6 +160,27 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
             out.append(start.elapsed_time(end) * 1e3 / length)
         del graph
     return out
+
+
+def graph_of(calls: Sequence[Callable[[], object]], device: Device, iterations: int):
+    """(graph, calls in it) for graph_throughput: at least ``iterations`` calls and every rotated set (so
+    none stays in cache), lengthened until one replay does GRAPH_REPLAY_US of work, so that what each
+    replay costs beyond its calls (its launch, the restart after the synchronize) is spread thin."""
+    torch = device.torch
+    length = max(iterations, len(calls))
+    while True:
+        graph = capture(calls, device, length)
+        graph.replay()  # the first replay uploads the graph
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        took = start.elapsed_time(end) * 1e3
+        if took >= GRAPH_REPLAY_US or length >= MAX_GRAPH_CALLS:
+            return graph, length
+        del graph
+        length = min(MAX_GRAPH_CALLS, max(2 * length, math.ceil(length * 1.2 * GRAPH_REPLAY_US / max(took, 1.0))))
 
 
 def capture(calls: Sequence[Callable[[], object]], device: Device, iterations: int):

@@ -104,11 +104,18 @@ def _run(op: str, x, y, weight=None, bias=None, residual=None, h=None, eps=None)
     bits = n * e | 16 | _matrix_bits(x, e) | _matrix_bits(y, e)
     if residual is not None:
         bits |= _matrix_bits(residual, e) | _matrix_bits(h, e)
+    _call(op, x, y, weight, bias, residual, h, eps, bits)
+
+
+def _call(op: str, x, y, weight, bias, residual, h, eps, bits: int) -> None:
+    """The compiled function of the call's alignment class (``bits`` of the rows, narrowed here by the
+    vectors), called."""
+    e = x.element_size()
     if weight is not None:
         bits |= _vector_bits(weight, e)
     if bias is not None:
         bits |= _vector_bits(bias, e)
-    fn = _function(op, x, n, bits, weight, bias, residual is not None)
+    fn = _function(op, x, x.shape[1], bits, weight, bias, residual is not None)
     if op == "softmax":
         fn(x, y)
     elif op == "rmsnorm":
@@ -294,14 +301,34 @@ _layernorm.register_autograd(_layernorm_grad, setup_context=_setup)
 
 
 # ---- public functions ---------------------------------------------------------------------------------
-# Each first tries a cheap predicate that accepts only certainly valid arguments (plain contiguous CUDA
-# tensors of matching shape, dtype and device); anything else goes through the checks, which raise
-# with the argument's name or accept it (strided rows, leading dims, fake tensors under torch.compile).
+# Each first tries _eager, which accepts only the common call (plain contiguous 2-D rows, no autograd, not
+# traced) and goes straight to the kernel: on a slow host the general path's layers cost more than the
+# launch. Then cheap predicates that accept certainly valid arguments; anything else goes through the
+# checks, which raise with the argument's name or accept it (strided rows, leading dims, fake tensors
+# under torch.compile).
 _FLOAT_SET = frozenset(FLOATS)
 
 
 def _plain_x(x) -> bool:
     return type(x) is torch.Tensor and x.is_cuda and x.dtype in _FLOAT_SET and x.dim() > 0 and x.is_contiguous()
+
+
+def _eager(x, y, weight=None, bias=None) -> bool:
+    """The common eager call, which skips the general path's checks and views: x and y plain, contiguous,
+    non-empty 2-D CUDA tensors of one dtype, shape and device, plain vectors, no autograd, not traced."""
+    if not (type(x) is torch.Tensor and type(y) is torch.Tensor and x.is_cuda and x.dim() == 2 and x.numel()
+            and x.dtype in _FLOAT_SET and y.dtype is x.dtype and y.shape == x.shape and x.is_contiguous()
+            and y.is_contiguous() and y.get_device() == x.get_device() and not x.requires_grad):
+        return False
+    for v in (weight, bias):
+        if v is not None and (not _plain_vector(v, x) or v.requires_grad):
+            return False
+    return not torch.compiler.is_compiling()
+
+
+def _eager_run(op: str, x, y, weight=None, bias=None, eps=None) -> None:
+    """_run of an _eager call: contiguous rows, so the alignment class is N's and the base pointers'."""
+    _call(op, x, y, weight, bias, None, None, eps, x.shape[1] * x.element_size() | 16 | x.data_ptr() | y.data_ptr())
 
 
 def _plain_like(t, x) -> bool:
@@ -320,6 +347,10 @@ def _checked_eps(eps) -> float:
 
 def softmax(x, *, out=None):
     """softmax over the last dimension of a CUDA tensor (fp32, fp16, bf16; fp32 inside)."""
+    if _eager(x, x if out is None else out):
+        y = _empty(x) if out is None else out
+        _eager_run("softmax", x, y)
+        return y
     if not _plain_x(x):
         _check_x(x)
     if out is not None:
@@ -341,6 +372,11 @@ def softmax(x, *, out=None):
 def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None, *, out=None, residual_out=None):
     """RMSNorm over the last dimension; with ``residual``, normalizes h = x + residual and returns
     (y, h), h in x's dtype. ``weight`` is fp32 or x's dtype."""
+    if (residual is None and residual_out is None and type(eps) is float and eps > 0.0
+            and _eager(x, x if out is None else out, weight)):
+        y = _empty(x) if out is None else out
+        _eager_run("rmsnorm", x, y, weight, eps=eps)
+        return y
     if not _plain_x(x):
         _check_x(x)
     if weight is not None and not _plain_vector(weight, x):
@@ -377,6 +413,10 @@ def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None, *, out=None, resid
 def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
     """LayerNorm over the last dimension (exact two-pass statistics in fp32); weight and bias are fp32
     or x's dtype."""
+    if type(eps) is float and eps > 0.0 and _eager(x, x if out is None else out, weight, bias):
+        y = _empty(x) if out is None else out
+        _eager_run("layernorm", x, y, weight, bias, eps)
+        return y
     if not _plain_x(x):
         _check_x(x)
     if weight is not None and not _plain_vector(weight, x):
