@@ -7,7 +7,8 @@
 - ``graph_throughput``: CUDA events around one replay of a graph of K captured calls (K at least the
   number of rotated sets, and enough calls for 2 ms of work per replay).
 
-Calls cycle through rotated input/output sets so that repeated calls do not read from cache.
+Calls cycle through rotated input sets so that repeated calls do not read from cache; they write one
+output set, as a torch op writes the block its allocator recycles.
 Every mode returns microseconds per call, one value per sample.
 """
 
@@ -90,7 +91,7 @@ def cpu_last_level_cache_bytes() -> int:
 
 
 def rotation_count(set_bytes: int, cache_bytes: int, *, limit_bytes: int, max_sets: int = 4096) -> int:
-    """Enough input/output sets that the working set exceeds twice the cache, within a memory limit."""
+    """Enough input sets that their working set exceeds twice the cache, within a memory limit."""
     if set_bytes <= 0:
         return 1
     want = -(-2 * cache_bytes // set_bytes) + 1

@@ -1,11 +1,12 @@
 // Softmax, RMSNorm and LayerNorm over rows. Each row is read from memory once; the later passes
 // over it hit L1. So that the memory time of the next row overlaps the compute on this one
 // instead of following it, the last pass over a row (which has no misses of its own) either
-// prefetches the next row a line per vector (softmax, RMSNorm) or does the next row's first pass
-// itself (LayerNorm, where that measured 15-20% faster than prefetching). Rows are split across
-// threads only when there is enough work to repay the fork.
+// prefetches the next row a line per vector (softmax, RMSNorm), or (LayerNorm) one loop runs all
+// passes at once over consecutive rows while prefetching rows ahead, outputs included. Rows are
+// split across threads only when there is enough work to repay the fork.
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "kernels.h"
 #include "simd.h"
@@ -108,20 +109,35 @@ float sum_squares(const float* h, long n) {
     return s;
 }
 
+// Horizontal sum in log2(VW) dependent adds rather than VW: it ends each row's chain of sums.
+template <int W = VW, int... K>
+inline float hsum_pairwise(vf v, std::integer_sequence<int, K...> lanes) {
+    if constexpr (W == 1)
+        return v[0];
+    else
+        return hsum_pairwise<W / 2>(v + __builtin_shufflevector(v, v, ((K + W / 2) % VW)...), lanes);
+}
+
 // Sum of (x - pivot) over a row, accumulated in exactly the order of the fused loop in
-// layernorm_row_out, so that a row's result does not depend on which thread's first row it is.
+// layernorm_stages, so that a row's result does not depend on which thread's first rows it is in.
 float sum_dev(const float* x, long n, float pivot) {
     const long nv = n - n % VW;
     const vf vp = splat(pivot);
-    vf acc = vf{};
+    vf a0 = vf{}, a1 = vf{}, a2 = vf{}, a3 = vf{};
     long i = 0;
-    for (; i < nv; i += VW) acc += loadu(x + i) - vp;
-    float s = hsum(acc);
+    for (; i + 4 * VW <= nv; i += 4 * VW) {
+        a0 += loadu(x + i) - vp;
+        a1 += loadu(x + i + VW) - vp;
+        a2 += loadu(x + i + 2 * VW) - vp;
+        a3 += loadu(x + i + 3 * VW) - vp;
+    }
+    for (; i < nv; i += VW) a0 += loadu(x + i) - vp;
+    float s = hsum_pairwise((a0 + a1) + (a2 + a3), std::make_integer_sequence<int, VW>{});
     for (; i < n; ++i) s += x[i] - pivot;
     return s;
 }
 
-// Sum of ((x - pivot) - shift)^2 over a row.
+// Sum of ((x - pivot) - shift)^2 over a row, in the fused loop's order too.
 float sum_sq_dev(const float* x, long n, float pivot, float shift) {
     const long nv = n - n % VW;
     const vf vp = splat(pivot), vs = splat(shift);
@@ -139,45 +155,116 @@ float sum_sq_dev(const float* x, long n, float pivot, float shift) {
         vf v = (loadu(x + i) - vp) - vs;
         a0 += v * v;
     }
-    float s = hsum((a0 + a1) + (a2 + a3));
+    float s = hsum_pairwise((a0 + a1) + (a2 + a3), std::make_integer_sequence<int, VW>{});
     for (; i < n; ++i) s += ((x[i] - pivot) - shift) * ((x[i] - pivot) - shift);
     return s;
 }
 
-// LayerNorm's output pass for one row, y = ((x - pivot) - shift) * rstd [* w] [+ b], fused with the
-// first pass of the next row: returns the sum of (next - next_pivot). Software pipelining of
-// this kind keeps a stream of loads from memory in the same loop as the arithmetic and stores.
-template <bool HasW, bool HasB>
-float layernorm_row_out(const float* x, float pivot, float shift, float rstd, const float* w, const float* b,
-                        float* y, long n, const float* next, float next_pivot) {
-    const long nv = n - n % VW;
-    const vf vp = splat(pivot), vs = splat(shift), vk = splat(rstd), vq = splat(next_pivot);
-    vf acc = vf{};
-    long i = 0;
-    for (; i < nv; i += VW) {
-        acc += loadu(next + i) - vq;
-        vf v = ((loadu(x + i) - vp) - vs) * vk;
-        if constexpr (HasW) v = v * loadu(w + i);
-        if constexpr (HasB) v = v + loadu(b + i);
-        storeu(y + i, v);
-    }
-    float s = hsum(acc);
-    for (; i < n; ++i) {
-        s += next[i] - next_pivot;
-        float v = ((x[i] - pivot) - shift) * rstd;
-        if constexpr (HasW) v = v * w[i];
-        if constexpr (HasB) v = v + b[i];
-        y[i] = v;
-    }
-    return s;
+inline float shift_of(float sum_dev, long n) {
+    return static_cast<float>(static_cast<double>(sum_dev) / static_cast<double>(n));
 }
 
-float layernorm_row_out(const float* x, float pivot, float shift, float rstd, const float* w, const float* b,
-                        float* y, long n, const float* next, float next_pivot) {
-    if (w && b) return layernorm_row_out<true, true>(x, pivot, shift, rstd, w, b, y, n, next, next_pivot);
-    if (w) return layernorm_row_out<true, false>(x, pivot, shift, rstd, w, b, y, n, next, next_pivot);
-    if (b) return layernorm_row_out<false, true>(x, pivot, shift, rstd, w, b, y, n, next, next_pivot);
-    return layernorm_row_out<false, false>(x, pivot, shift, rstd, w, b, y, n, next, next_pivot);
+// The row scalar in double: free at one per row, and it keeps eps exact.
+inline float rstd_of(float sum_sq_dev, long n, double eps) {
+    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(sum_sq_dev) / static_cast<double>(n) + eps));
+}
+
+// A LayerNorm row and what is known of it so far.
+struct LnRow {
+    const float* x;
+    float pivot, shift, rstd;
+};
+
+// One loop over three rows, each at another stage: c's output, y = ((x - pivot) - shift) * rstd [* w]
+// [+ b]; b's sum of squared deviations (giving b.rstd); a's sum of deviations (giving a.shift).
+// The three are independent, so the loop is not a chain of dependent adds, and a, the row read from
+// memory, streams in while the others compute. px and py (optional) are rows ahead to prefetch.
+template <bool HasW, bool HasB>
+void layernorm_stages(const LnRow& c, float* y, LnRow& b, LnRow& a, const float* w, const float* bias, long n,
+                      double eps, const float* px, float* py) {
+    constexpr int line = 64 / sizeof(float);
+    const long nv = n - n % VW;
+    const vf cp = splat(c.pivot), cs = splat(c.shift), ck = splat(c.rstd);
+    const vf bp = splat(b.pivot), bs = splat(b.shift), ap = splat(a.pivot);
+    auto out = [&](long i) {
+        vf v = ((loadu(c.x + i) - cp) - cs) * ck;
+        if constexpr (HasW) v = v * loadu(w + i);
+        if constexpr (HasB) v = v + loadu(bias + i);
+        storeu(y + i, v);
+    };
+    auto sq = [&](long i) {
+        vf v = (loadu(b.x + i) - bp) - bs;
+        return v * v;
+    };
+    vf s0 = vf{}, s1 = vf{}, s2 = vf{}, s3 = vf{}, q0 = vf{}, q1 = vf{}, q2 = vf{}, q3 = vf{};
+    long i = 0;
+    for (; i + 4 * VW <= nv; i += 4 * VW) {
+        for (int j = 0; j < 4 * VW; j += line) {
+            if (px) __builtin_prefetch(px + i + j);
+            if (py) __builtin_prefetch(py + i + j, 1);
+        }
+        s0 += loadu(a.x + i) - ap;
+        s1 += loadu(a.x + i + VW) - ap;
+        s2 += loadu(a.x + i + 2 * VW) - ap;
+        s3 += loadu(a.x + i + 3 * VW) - ap;
+        q0 += sq(i);
+        q1 += sq(i + VW);
+        q2 += sq(i + 2 * VW);
+        q3 += sq(i + 3 * VW);
+        out(i);
+        out(i + VW);
+        out(i + 2 * VW);
+        out(i + 3 * VW);
+    }
+    for (; i < nv; i += VW) {
+        if (px) __builtin_prefetch(px + i);
+        if (py) __builtin_prefetch(py + i, 1);
+        s0 += loadu(a.x + i) - ap;
+        q0 += sq(i);
+        out(i);
+    }
+    constexpr auto lanes = std::make_integer_sequence<int, VW>{};
+    float s = hsum_pairwise((s0 + s1) + (s2 + s3), lanes), q = hsum_pairwise((q0 + q1) + (q2 + q3), lanes);
+    for (; i < n; ++i) {
+        s += a.x[i] - a.pivot;
+        q += ((b.x[i] - b.pivot) - b.shift) * ((b.x[i] - b.pivot) - b.shift);
+        float v = ((c.x[i] - c.pivot) - c.shift) * c.rstd;
+        if constexpr (HasW) v = v * w[i];
+        if constexpr (HasB) v = v + bias[i];
+        y[i] = v;
+    }
+    a.shift = shift_of(s, n);
+    b.rstd = rstd_of(q, n, eps);
+}
+
+// Rows [begin, end) of one thread. Each row is centred on its first element, then on the mean of
+// what is left: x - pivot is exact for values within a factor of two of each other, so a large
+// common offset costs no precision (fp32 cannot even represent mean(x) closely enough to subtract
+// it directly). The variance is a second pass over squared deviations, never E[x^2] - E[x]^2.
+template <bool HasW, bool HasB>
+void layernorm_rows(const float* x, long ldx, const float* w, const float* b, float* y, long ldy, long begin,
+                    long end, long n, double eps) {
+    // Rows past the end are stood in for by the last one: L1 re-reads whose results are dropped.
+    auto row = [&](long r) {
+        LnRow o;
+        o.x = x + std::min(r, end - 1) * ldx;
+        o.pivot = o.x[0];
+        return o;
+    };
+    // Prefetch at least ~2 KiB ahead, so that short rows still keep enough lines in flight.
+    const long ahead = std::max(1L, 512 / n);
+    LnRow c = row(begin), bb = row(begin + 1);
+    c.shift = shift_of(sum_dev(c.x, n, c.pivot), n);
+    c.rstd = rstd_of(sum_sq_dev(c.x, n, c.pivot, c.shift), n, eps);
+    bb.shift = shift_of(sum_dev(bb.x, n, bb.pivot), n);
+    for (long r = begin; r < end; ++r) {
+        LnRow a = row(r + 2);
+        const long rx = r + 2 + ahead, ry = r + ahead;
+        layernorm_stages<HasW, HasB>(c, y + r * ldy, bb, a, w, b, n, eps, rx < end ? x + rx * ldx : nullptr,
+                                     ry < end ? y + ry * ldy : nullptr);
+        c = bb;
+        bb = a;
+    }
 }
 
 // RMSNorm's output pass, y = src * scale [* w]; y may be src itself. next and next2 (optional)
@@ -241,24 +328,14 @@ void layernorm(const float* x, long ldx, const float* weight, const float* bias,
         long begin, end;
         split(rows, t, team, begin, end);
         if (begin >= end) return;
-        // Each row is centred on its first element, then on the mean of what is left: x - pivot
-        // is exact for values within a factor of two of each other, so a large common offset
-        // costs no precision (fp32 cannot even represent mean(x) closely enough to subtract it
-        // directly). The variance is a second pass over squared deviations, never
-        // E[x^2] - E[x]^2. The first pass of row r + 1 runs inside the output pass of row r.
-        float pivot = x[begin * ldx];
-        float sum = sum_dev(x + begin * ldx, n, pivot);
-        for (long r = begin; r < end; ++r) {
-            const float* src = x + r * ldx;
-            // The last row "pipelines" into itself, an L1 re-read whose sum is dropped.
-            const float* next = r + 1 < end ? src + ldx : src;
-            const float next_pivot = next[0];
-            const float shift = static_cast<float>(static_cast<double>(sum) / static_cast<double>(n));
-            const double var = static_cast<double>(sum_sq_dev(src, n, pivot, shift)) / static_cast<double>(n);
-            const float rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
-            sum = layernorm_row_out(src, pivot, shift, rstd, weight, bias, y + r * ldy, n, next, next_pivot);
-            pivot = next_pivot;
-        }
+        if (weight && bias)
+            layernorm_rows<true, true>(x, ldx, weight, bias, y, ldy, begin, end, n, eps);
+        else if (weight)
+            layernorm_rows<true, false>(x, ldx, weight, bias, y, ldy, begin, end, n, eps);
+        else if (bias)
+            layernorm_rows<false, true>(x, ldx, weight, bias, y, ldy, begin, end, n, eps);
+        else
+            layernorm_rows<false, false>(x, ldx, weight, bias, y, ldy, begin, end, n, eps);
     });
 }
 
