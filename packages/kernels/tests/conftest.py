@@ -4,4 +4,4 @@ when run from this directory alone."""
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped with 'no CUDA device' where none")
+    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped with 'skipped: no CUDA device' where none")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kernellab.harness.suites import reference
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="skipped: no CUDA device")]
 if torch.cuda.is_available():
     pytest.importorskip("cutlass", reason="CuTe DSL not installed")
     pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi not installed")

@@ -27,7 +27,7 @@ if not _cuda():
 def pytest_collection_modifyitems(config, items):
     if _cuda():
         return
-    skip = pytest.mark.skip(reason="no CUDA device")
+    skip = pytest.mark.skip(reason="skipped: no CUDA device")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
