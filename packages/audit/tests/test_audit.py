@@ -166,6 +166,26 @@ def test_source_changed_after_the_report(repo, tmp_path):
     assert any("source files differ" in r and "planted/__init__.py" in r for r in audit["reasons"])
 
 
+def test_dirty_report_is_located_by_its_sources(repo, tmp_path):
+    from kernellab.audit import trees
+    from kernellab.harness import provenance
+
+    stale = repo.git("rev-parse", "HEAD")  # what a copied tree's stale .git names
+    sources = provenance.source_hashes(provenance.tree_roots(repo.path))
+    dirty = {"provenance": {"git": {"commit": stale, "dirty": True}, "sources_sha256": sources}}
+    holder = repo.commit("honest", "the measured files, committed")
+    repo.module.write_text(repo.module.read_text() + "\n# later work\n")
+    repo.git("commit", "-qam", "later work")
+    where = trees.locate(dirty, repo.path, tmp_path / "a")
+    assert where["commit"] == holder and not any(trees.source_changes(dirty, where["root"]).values())
+    clean = {"provenance": {"git": {"commit": stale, "dirty": False}, "sources_sha256": sources}}
+    assert trees.locate(clean, repo.path, tmp_path / "b")["source"] == f"commit {stale}"
+    repo.git("checkout", "-q", holder)  # a checkout holding the files is used as it is
+    assert trees.locate(dirty, repo.path, tmp_path / "c")["root"] == str(repo.path)
+    lost = dict(dirty, provenance=dict(dirty["provenance"], sources_sha256={**sources, "planted/x.py": "0" * 64}))
+    assert trees.locate(lost, repo.path, tmp_path / "d")["source"] == f"commit {stale}"  # no commit holds them
+
+
 @pytest.mark.gpu
 def test_graph_replaying_a_stale_result_fails(tmp_path):
     repo = Repo(tmp_path / "repo", ["--suite", "gpu-norm", "--cases", "softmax_256x3072_fp32", *BENCH[4:]])

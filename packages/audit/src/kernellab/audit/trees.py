@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import hashlib
+import subprocess
+from pathlib import Path, PurePosixPath
 
 from kernellab.harness import provenance
 from kernellab.harness.revision import materialize
@@ -10,13 +12,52 @@ from kernellab.harness.revision import materialize
 
 def locate(report: dict, repo: Path, workdir: Path) -> dict:
     """The tree whose files a report is checked against: the checkout itself when the report came
-    from its HEAD (or names no commit), else the report's commit materialized from the repository."""
-    commit = report["provenance"].get("git", {}).get("commit")
+    from its HEAD (or names no commit); for a report whose tree was dirty (its commit does not name
+    its files then, their sha256s do), the checkout when it holds exactly those files, else the newest
+    commit that does; else the report's commit, materialized from the repository."""
+    git = report["provenance"].get("git", {})
+    commit = git.get("commit")
     head = provenance.git_state(repo)["commit"]
     if commit is None or commit == head:
         return {"root": str(repo), "source": "working tree", "commit": head}
+    recorded = report["provenance"].get("sources_sha256") or {}
+    if git.get("dirty") and recorded:
+        if not any(source_changes(report, repo).values()):
+            return {"root": str(repo), "source": f"working tree (it holds the sources of dirty commit {commit})",
+                    "commit": head}
+        holder = commit_holding(recorded, repo)
+        if holder:
+            info = materialize(holder, repo, workdir)
+            return {"root": info["root"], "source": f"commit {holder} (it holds the sources of dirty commit {commit})",
+                    "commit": holder}
     info = materialize(commit, repo, workdir)
     return {"root": info["root"], "source": f"commit {commit}", "commit": commit}
+
+
+def commit_holding(recorded: dict[str, str], repo: Path, depth: int = 200) -> str | None:
+    """The newest of HEAD's last ``depth`` commits whose measured packages hold exactly the recorded
+    source files (same names, same sha256), or None."""
+    def git(*args: str, data: bytes | None = None) -> bytes:
+        return subprocess.run(["git", "-C", str(repo), *args], input=data, capture_output=True, check=True).stdout
+
+    packages = {key.split("/", 1)[0] for key in recorded}
+    try:
+        commits = git("rev-list", f"--max-count={depth}", "HEAD").decode().split()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    for commit in commits:
+        files = {}  # recorded key -> path in the commit
+        for path in git("ls-tree", "-r", "--name-only", commit, "--", "packages").decode().splitlines():
+            parts = PurePosixPath(path).parts  # packages/<dist>/src/kernellab/<package>/...
+            if (len(parts) > 5 and parts[2:4] == ("src", "kernellab") and parts[4] in packages
+                    and PurePosixPath(path).suffix in provenance.SOURCE_SUFFIXES and "__pycache__" not in parts):
+                files["/".join(parts[4:])] = path
+        if files.keys() != recorded.keys():
+            continue
+        if all(hashlib.sha256(git("show", f"{commit}:{files[key]}")).hexdigest() == digest
+               for key, digest in recorded.items()):
+            return commit
+    return None
 
 
 def source_changes(report: dict, root: str | Path) -> dict[str, list[str]]:

@@ -93,12 +93,15 @@ def git_state(root: str | os.PathLike | None) -> dict:
 
     commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain")
-    if commit is None and os.environ.get("KERNELLAB_GIT_COMMIT"):
-        # a copied tree without .git (an offline GPU host): the sender states the commit it copied
-        dirty = os.environ.get("KERNELLAB_GIT_DIRTY", "")
-        return {"commit": os.environ["KERNELLAB_GIT_COMMIT"], "dirty": dirty.lower() in ("1", "true", "yes") if dirty
-                else None, "root": str(root), "from_environment": True}
-    return {"commit": commit, "dirty": None if status is None else bool(status), "root": str(root)}
+    dirty = None if status is None else bool(status)
+    stated = os.environ.get("KERNELLAB_GIT_COMMIT")
+    if stated and (commit is None or dirty):
+        # a copied tree (an offline GPU host) without .git, or with a stale one under which every copied
+        # change shows as dirty: the sender states the commit it copied; what git saw here is kept beside it
+        said = os.environ.get("KERNELLAB_GIT_DIRTY", "")
+        return {"commit": stated, "dirty": said.lower() in ("1", "true", "yes") if said else None, "root": str(root),
+                "from_environment": True, "local_git": {"commit": commit, "dirty": dirty}}
+    return {"commit": commit, "dirty": dirty, "root": str(root)}
 
 
 def find_repo_root(start: str | os.PathLike) -> Path | None:

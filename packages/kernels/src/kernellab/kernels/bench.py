@@ -105,10 +105,21 @@ def cute_impls():
                  description="kernellab CuTe DSL kernels (128-bit vector rows, cluster reductions, TVM-FFI calls)")]
 
 
+RECOMPILE_LIMIT = 256
+"""Every case is a recompile of its op's control; past torch's default limit of 8, dynamo would run the
+later cases eagerly and time torch under the name ``compile``."""
+
+
 def _compile_call(problem):
     import torch
 
     _gpu_problem(problem, "compile")
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+    if hasattr(config, "fail_on_recompile_limit_hit"):  # never fall back to eager silently
+        config.fail_on_recompile_limit_hit = True
     return torch.compile(problem.control, dynamic=False)
 
 

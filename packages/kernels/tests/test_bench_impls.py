@@ -1,0 +1,34 @@
+"""The gpu-norm contenders bind without a GPU: what they refuse, and that `compile` cannot quietly
+become eager torch after dynamo's recompile limit."""
+
+import types
+
+import pytest
+import torch
+
+from kernellab.harness.case import Unsupported
+from kernellab.kernels import bench
+
+
+def _problem(op="softmax", device="cuda", dtype="fp32"):
+    return types.SimpleNamespace(op=op, device=device, dtype=dtype, name=f"{op}_4x8_{dtype}", shape=(4, 8),
+                                 params={"eps": 1e-6}, control=lambda i, o: {"y": torch.softmax(i["x"], -1)})
+
+
+def test_compile_raises_the_recompile_limit_and_refuses_eager_fallback(monkeypatch):
+    config = torch._dynamo.config
+    monkeypatch.setattr(config, "recompile_limit", 8)
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        monkeypatch.setattr(config, "fail_on_recompile_limit_hit", False)
+    bench._compile_call(_problem())
+    assert config.recompile_limit >= bench.RECOMPILE_LIMIT
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        assert config.fail_on_recompile_limit_hit
+
+
+@pytest.mark.parametrize("bind", [bench._compile_call, bench._quack_call, bench._cute_call])
+@pytest.mark.parametrize("problem", [_problem(device="cpu"), _problem(op="copy"), _problem(dtype="fp64"),
+                                     _problem(op="linear_forward")])
+def test_gpu_contenders_refuse_what_they_cannot_run(bind, problem):
+    with pytest.raises(Unsupported):
+        bind(problem)
