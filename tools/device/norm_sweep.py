@@ -1,6 +1,7 @@
 """Launch-plan sweep of the CuTe norm kernels on the GPU host: every distinct plan the Tuning knobs give,
-timed in graph throughput with inputs rotated past the L2 beside torch's copy (the ceiling), torch
-eager and QuACK, in alternating rounds. It is how the heuristic defaults in gpu/base.py are chosen.
+timed in graph throughput with inputs rotated past the L2 and one output buffer (as the harness times
+them) beside torch's copy (the ceiling), torch eager and QuACK (bound as the gpu-norm suite binds it),
+in alternating rounds. It is how the heuristic defaults in gpu/base.py are chosen.
 
     python3 tools/device/norm_sweep.py [--cases 'rmsnorm*bf16,*x4096_fp32'] [--rounds 2]
 
@@ -17,6 +18,7 @@ import itertools
 import json
 import os
 import statistics
+import types
 
 import torch
 import torch.nn.functional as F
@@ -48,23 +50,21 @@ def ours(op, fn):
     return lambda x, w, b, y: fn(x, w, b, y, EPS[op])
 
 
-def quack_op(op, dtype, n):
-    try:
-        import importlib
+def quack_op(op, dname, m, n):
+    """QuACK bound as the gpu-norm suite binds it (kernellab.kernels.bench), or None where it cannot run."""
+    from kernellab.harness.case import Unsupported
+    from kernellab.kernels import bench
 
-        import quack
-        norms = importlib.import_module("quack.rmsnorm")
-    except Exception:  # noqa: BLE001 - QuACK is an optional comparison point
+    if bench._quack_available():
         return None
-    if n % (128 // (8 * torch.tensor([], dtype=dtype).element_size())):
+    dt = DTYPES[dname]
+    problem = types.SimpleNamespace(op=op, device="cuda", dtype=dname, name=f"{op}_{m}x{n}_{dname}", shape=(m, n),
+                                    params={"eps": EPS.get(op)}, element_size=lambda: dt.itemsize)
+    try:
+        call = bench._quack_call(problem)
+    except Unsupported:
         return None
-    if op == "softmax":
-        return lambda x, w, b, y: quack.softmax(x)
-    if op == "rmsnorm":
-        return lambda x, w, b, y: quack.rmsnorm(x, w, eps=EPS[op])
-    if dtype == torch.float32:
-        return lambda x, w, b, y: norms.layernorm_fwd(x, w, b, eps=EPS[op])
-    return lambda x, w, b, y: norms._rmsnorm_fwd(x, w, y, b, None, None, None, None, EPS[op], True)
+    return lambda x, w, b, y: call({"x": x, "weight": w, "bias": b}, {"y": y})
 
 
 def plans(op, dt, n):
@@ -83,15 +83,15 @@ def plans(op, dt, n):
 def time_case(op, dname, m, n, args, device) -> dict:
     """Every plan of one case beside copy, torch and QuACK; p50 of graph throughput per contender."""
     dt = DTYPES[dname]
-    set_bytes = 2 * m * n * dt.itemsize
+    set_bytes = m * n * dt.itemsize  # inputs rotate; every call writes one output, as in the harness
     sets = timing.rotation_count(set_bytes, device.cache_bytes, limit_bytes=16 << 30)
     g = torch.Generator(device="cuda").manual_seed(m * 7 + n)
     xs = [torch.randn(m, n, device="cuda", dtype=dt, generator=g) for _ in range(sets)]
-    ys = [torch.empty_like(x) for x in xs]
+    y = torch.empty_like(xs[0])
     w = torch.randn(n, device="cuda", dtype=dt, generator=g)
     b = torch.randn(n, device="cuda", dtype=dt, generator=g)
     contenders = {"copy": lambda x, w, b, y: y.copy_(x), "torch": functools.partial(torch_eager, op)}
-    q = quack_op(op, dt, n)
+    q = quack_op(op, dname, m, n)
     if q is not None:
         contenders["quack"] = q
     want = torch_op(op, xs[0].double(), w.double(), b.double()).float()
@@ -100,20 +100,20 @@ def time_case(op, dname, m, n, args, device) -> dict:
     variants = plans(op, dt, n)
     for label, v in variants.values():
         fn = ours(op, v.compile())
-        ys[0].fill_(float("nan"))
-        fn(xs[0], w, b, ys[0])
-        err = (ys[0].float() - want).abs().max().item()
+        y.fill_(float("nan"))
+        fn(xs[0], w, b, y)
+        err = (y.float() - want).abs().max().item()
         if not err <= tol * (1 + want.abs().max().item()):
             print(f"{case} {label}: WRONG (max error {err})", flush=True)
             continue
         contenders[label] = fn
-    est = set_bytes / 4e6 + 2  # us per call at ~4 TB/s
+    est = 2 * set_bytes / 4e6 + 2  # us per call at ~4 TB/s, read plus write
     iterations = max(20, int(3000 / est))
     samples = {k: [] for k in contenders}
     names = list(contenders)
     for r in range(args.rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            calls = [functools.partial(contenders[name], xs[i], w, b, ys[i]) for i in range(sets)]
+            calls = [functools.partial(contenders[name], xs[i], w, b, y) for i in range(sets)]
             samples[name] += timing.measure("graph_throughput", calls, device, samples=args.samples,
                                             iterations=iterations)
     p50 = {k: statistics.median(v) for k, v in samples.items()}
