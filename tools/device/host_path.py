@@ -18,6 +18,7 @@ import pstats
 import time
 
 import torch
+import tvm_ffi
 
 from kernellab.kernels import gpu
 from kernellab.kernels.gpu import ops
@@ -50,8 +51,16 @@ def main() -> None:
     gpu.softmax(x, out=y)
     fn = next(iter(ops._FUNCTIONS.values()))
     empty = torch.empty(1, device="cuda")
+    raw = tvm_ffi.Function.__call__
     layers = {
         "torch.softmax": lambda: torch.softmax(x, -1),
+        "torch.softmax(out=y)": lambda: torch.softmax(x, -1, out=y),
+        "torch.empty_like(x)": lambda: torch.empty_like(x),
+        "ops._empty(x)": lambda: ops._empty(x),
+        "torch.compiler.is_compiling()": torch.compiler.is_compiling,
+        "ops._eager(x, y)": lambda: ops._eager(x, y),
+        "tvm_ffi.Function.__call__(fn, x, y)": lambda: raw(fn, x, y),
+        "ops._eager_run": lambda: ops._eager_run("softmax", x, y),
         "torch.rms_norm": lambda: torch.nn.functional.rms_norm(x, (n,), w, 1e-6),
         "tensor.add_ (one torch launch)": lambda: empty.add_(1.0),
         "compiled fn(x, y) (TVM-FFI)": lambda: fn(x, y),

@@ -296,7 +296,64 @@ def torch_kernels(monkeypatch):
 
     monkeypatch.setattr(ops, "compiled", compiled)
     monkeypatch.setattr(ops, "_FUNCTIONS", {})
+    monkeypatch.setattr(ops, "_FAST", {})
     return seen
+
+
+def test_only_the_widest_class_joins_the_fast_path(torch_kernels):
+    ops._launch("softmax", torch.empty(3 * 4096 + 1)[1:].view(3, 4096), torch.empty(3, 4096))  # vec 1
+    assert ("softmax", torch.float32, 4096, None, None) not in ops._FAST
+    ops._launch("rmsnorm", torch.empty(3, 4096), torch.empty(3, 4096), weight=torch.empty(4096), eps=1e-6)
+    assert ops._FAST[("rmsnorm", torch.float32, 4096, torch.float32, None)] is ops._FUNCTIONS[
+        ("rmsnorm", torch.float32, 4096, 16, torch.float32, None, False)]
+    x, r = torch.empty(3, 4096), torch.empty(3, 4096)
+    ops._launch("rmsnorm", x, torch.empty_like(x), residual=r, h=torch.empty_like(x), eps=1e-6)
+    assert not [k for k in ops._FAST if k[3] is None and k[0] == "rmsnorm"], "residual calls have no fast path"
+
+
+def test_fast_path_calls_the_cached_function_and_falls_back_on_its_refusal(monkeypatch):
+    """The fast path calls the cached function directly. The compiled function checks dtypes, N, rows,
+    device and alignment itself and raises TypeError / ValueError before launching; the call then takes the
+    general path, whose checks name the argument."""
+    key = ("softmax", torch.float32, 8, None, None)
+    seen = []
+    monkeypatch.setattr(ops, "_FAST", {key: lambda x, y: seen.append((x, y))})
+    x = torch.randn(4, 8)
+    y = gpu.softmax(x)
+    assert len(seen) == 1 and seen[0][0] is x and seen[0][1] is y
+    assert y.shape == x.shape and y.dtype == x.dtype and y.is_contiguous()
+    out = torch.empty(4, 8)
+    assert gpu.softmax(x, out=out) is out and seen[-1][1] is out
+
+    def refusing(*args):
+        raise ValueError("Mismatched Tensor on argument #0, expected device_type=cuda")
+
+    monkeypatch.setattr(ops, "_FAST", {key: refusing})
+    raises(ValueError, "x must be a CUDA tensor", gpu.softmax, x)
+    raises(ValueError, "x must be a CUDA tensor", gpu.softmax, x, out=out)
+
+    def launch_failure(*args):
+        raise RuntimeError("CUDA Error Code: 700")
+
+    monkeypatch.setattr(ops, "_FAST", {key: launch_failure})
+    with pytest.raises(RuntimeError, match="700"):  # a failed launch is not retried on the general path
+        gpu.softmax(x)
+
+
+def test_fast_path_is_not_taken_where_the_function_cannot_check(monkeypatch):
+    def never(*args):
+        raise AssertionError("fast path taken")
+
+    keys = [("softmax", torch.float32, 8, None, None), ("rmsnorm", torch.float32, 8, torch.float32, None)]
+    monkeypatch.setattr(ops, "_FAST", dict.fromkeys(keys, never))
+    x = torch.randn(4, 8)
+    refused = "x must be a CUDA tensor"
+    raises(ValueError, refused, gpu.softmax, torch.randn(4, 8, requires_grad=True))  # autograd
+    raises(ValueError, refused, gpu.softmax, x, out=torch.empty(4, 16)[:, ::2])  # output rows not contiguous
+    raises(ValueError, refused, gpu.softmax, x, out=torch.empty(1, 8).expand(4, 8))  # overlapping rows
+    raises(ValueError, refused, gpu.softmax, torch.randn(0, 8))  # nothing to launch
+    raises(ValueError, refused, gpu.rmsnorm, x, torch.ones(8, requires_grad=True))  # autograd through weight
+    raises(ValueError, refused, gpu.rmsnorm, x, torch.ones(8), 1e-6, torch.randn(4, 8))  # residual
 
 
 def test_launch_rows_views_and_alignment_classes(torch_kernels):

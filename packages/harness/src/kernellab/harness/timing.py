@@ -1,6 +1,10 @@
 """Clocks and the timing modes.
 
-- ``gpu_throughput``: CUDA events around K back-to-back calls; per call = elapsed / K.
+- ``gpu_throughput``: CUDA events around K back-to-back calls; per call = elapsed / K. The calls are
+  queued behind a hold (a spin kernel, as nvbench's blocking kernel) that outlasts their queueing, so
+  that the GPU runs them back to back even where the host takes longer to issue a call than the GPU
+  to run it; a sample whose hold ended before the last call was queued is taken again with a longer
+  hold.
 - ``gpu_latency``: CUDA events around one call, after a synchronize and an L2 flush.
 - ``e2e_throughput``: host ``perf_counter_ns`` around K back-to-back calls plus one synchronize.
 - ``e2e_latency``: host clock around one call plus synchronize, after a cache flush.
@@ -24,6 +28,8 @@ CPU_MODES = ("e2e_throughput", "e2e_latency")
 ALL_MODES = GPU_MODES
 THROUGHPUT_MODES = ("gpu_throughput", "graph_throughput", "e2e_throughput")
 GRAPH_REPLAY_US = 2000.0  # least work per timed graph replay
+HOLD_MIN_US = 50.0  # shortest hold before a gpu_throughput sample
+HOLD_TRIES = 6  # holds, each twice as long, before a sample is declared unmeasurable
 MAX_GRAPH_CALLS = 8192
 
 
@@ -47,6 +53,21 @@ class Device:
             self.cache_bytes = cpu_last_level_cache_bytes()
             self.modes = CPU_MODES
         self._flush_buf = None
+        self._cycles_per_us = None
+
+    def hold(self, us: float) -> None:
+        """Queue a spin kernel of about ``us`` microseconds on the current stream: what is queued after it
+        waits, so the host can queue calls faster than the GPU runs them."""
+        torch = self.torch
+        if self._cycles_per_us is None:  # the spin kernel counts clock cycles: calibrate once
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(1000)
+            start.record()
+            torch.cuda._sleep(2_000_000)
+            end.record()
+            end.synchronize()
+            self._cycles_per_us = 2_000_000 / max(start.elapsed_time(end) * 1e3, 1.0)
+        torch.cuda._sleep(int(us * self._cycles_per_us))
 
     def warm_up(self, seconds: float = 1.0) -> None:
         """Keep the device busy for a moment so that clocks leave their idle state before timing."""
@@ -111,15 +132,26 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
     torch = device.torch
     if mode == "gpu_throughput":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        k = 0
+        k, hold = 0, HOLD_MIN_US
         for _ in range(samples):
-            device.sync()
-            start.record()
-            for _ in range(iterations):
-                calls[k % n]()
-                k += 1
-            end.record()
-            end.synchronize()
+            for _ in range(HOLD_TRIES):
+                device.sync()
+                device.hold(hold)
+                start.record()
+                t0 = time.perf_counter_ns()
+                for _ in range(iterations):
+                    calls[k % n]()
+                    k += 1
+                end.record()
+                queued = (time.perf_counter_ns() - t0) / 1e3
+                held = not start.query()  # the GPU had not passed the hold when the last call was queued
+                end.synchronize()
+                hold = max(HOLD_MIN_US, 2 * queued, hold if held else 2 * hold)
+                if held:
+                    break
+            else:
+                raise RuntimeError(f"gpu_throughput: {iterations} calls could not be queued behind a hold of "
+                                   f"{hold / 2:.0f} us (a launch queue fills up?); use fewer iterations")
             out.append(start.elapsed_time(end) * 1e3 / iterations)
     elif mode == "gpu_latency":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -35,6 +35,7 @@ class Tuning:
     register_values: int = 32  # fp32 values of x one thread keeps in registers
     min_threads: int = 128  # small rows: several rows per CTA so that a CTA still moves enough bytes
     resident_threads: int = 1024  # asked-for resident threads per SM when a thread holds register_values
+    vectors: str = "auto"  # when weight / bias are read: "early" or "late" (see RowKernel)
 
 ADD = operator.add
 
@@ -92,9 +93,15 @@ class RowKernel:
         # registers per thread), so that enough loads stay in flight per SM
         full = self.values_per_thread >= tuning.register_values
         self.min_ctas_per_sm = max(1, tuning.resident_threads // self.num_threads) if full else 1
-        # more than 16 values of x per thread: fetch weight / bias (an L2 hit) only after the reductions,
-        # since their fp32 copies beside x would cost up to half the resident CTAs
-        self.late_vectors = self.values_per_thread > 16
+        # weight / bias (L2 hits): "early" loads them in fp32 beside x, before the reductions; "late" reads
+        # them after the reductions, a chunk at a time (store_affine), so that only x's values are live while
+        # the row's loads are in flight. More than 16 values of x per thread: fp32 copies beside x would cost
+        # up to half the resident CTAs, so late.
+        if tuning.vectors not in ("auto", "early", "late"):
+            raise ValueError(f"unknown vectors timing {tuning.vectors!r}")
+        self.vectors = tuning.vectors
+        if self.vectors == "auto":
+            self.vectors = "late" if self.values_per_thread > 16 else "early"
 
     def __repr__(self) -> str:
         # names the compiled function and its dumped artifacts
@@ -103,7 +110,8 @@ class RowKernel:
     def describe(self) -> dict:
         return {"threads_per_row": self.threads_per_row, "rows_per_cta": self.rows_per_cta,
                 "num_threads": self.num_threads, "vec": self.vec, "chunks": self.chunks,
-                "tiles": self.tiles, "cluster": self.ctas, "min_ctas_per_sm": self.min_ctas_per_sm}
+                "tiles": self.tiles, "cluster": self.ctas, "min_ctas_per_sm": self.min_ctas_per_sm,
+                "vectors": self.vectors}
 
     # ---- host side ----------------------------------------------------------------------------
     def launch(self, kernel, rows, stream) -> None:
@@ -177,11 +185,52 @@ class RowKernel:
         return self.load(self.part(thr, g_vector, 0, tile), None, cols, 0.0).load().to(Float32)
 
     @cute.jit
+    def early_vector(self, thr, g_vector, tile, cols):
+        """A vector's fp32 values where the plan reads vectors before the reductions, else None."""
+        if const_expr(self.vectors == "early"):
+            return self.load_vector(thr, g_vector, tile, cols)
+        return None
+
+    @cute.jit
     def store(self, values, dst, row_ok, cols):
         frag = cute.make_rmem_tensor_like(dst)
         frag.store(values.to(dst.element_type))
         if row_ok:
             self._copy_chunks(frag, dst, cols)
+
+    @cute.jit
+    def store_affine(self, values, thr, g_scale, g_shift, tile, dst, row_ok, cols):
+        """Store values * scale + shift (scale, shift: broadcast vectors or None), reading the vectors one
+        chunk at a time: only a chunk of each is live beside the values (the "late" plan's registers)."""
+        y = cute.make_rmem_tensor(values.shape, Float32)
+        y.store(values)
+        frag = cute.make_rmem_tensor_like(dst)
+        scale, shift = None, None
+        if const_expr(g_scale is not None):
+            scale = self.part(thr, g_scale, 0, tile)
+        if const_expr(g_shift is not None):
+            shift = self.part(thr, g_shift, 0, tile)
+        for k in cutlass.range_constexpr(self.chunks):
+            v = y[None, 0, k].load()
+            if const_expr(g_scale is not None):
+                v = v * self._chunk(scale, k, cols)
+            if const_expr(g_shift is not None):
+                v = v + self._chunk(shift, k, cols)
+            frag[None, 0, k].store(v.to(dst.element_type))
+        if row_ok:
+            self._copy_chunks(frag, dst, cols)
+
+    @cute.jit
+    def _chunk(self, src, k, cols):
+        """fp32 values of chunk k of a vector's partition (0 past N)."""
+        frag = cute.make_rmem_tensor_like(src[None, 0, k])
+        frag.fill(0.0)
+        if const_expr(cols is None):
+            cute.autovec_copy(src[None, 0, k], frag)
+        else:
+            if cols[k]:
+                cute.autovec_copy(src[None, 0, k], frag)
+        return frag.load().to(Float32)
 
     @cute.jit
     def _copy_chunks(self, src, dst, cols):

@@ -49,7 +49,7 @@ class Variant:
     def name(self) -> str:
         flags = "".join(f"_{k}-{v}" for k, v in (("w", self.weight), ("b", self.bias)) if v)
         t = self.tuning
-        knobs = f"_t{t.accesses}-{t.register_values}-{t.min_threads}-{t.resident_threads}" if t else ""
+        knobs = f"_t{t.accesses}-{t.register_values}-{t.min_threads}-{t.resident_threads}-{t.vectors}" if t else ""
         return f"{self.op}_{self.dtype}_n{self.n}_v{self.vec}{flags}{'_res' if self.residual else ''}{knobs}"
 
     def kernel(self):

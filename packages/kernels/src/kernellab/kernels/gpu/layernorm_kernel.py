@@ -43,17 +43,16 @@ class LayerNorm(RowKernel):
         gW, gB = self.broadcast_rows(mW), self.broadcast_rows(mB)
         if const_expr(self.tiles == 1):
             row_ok, cols = self.predicates(thr, rows, block, first)
-            w, b = None, None
-            if const_expr(not self.late_vectors):
-                w, b = self.load_vector(thr, gW, first, cols), self.load_vector(thr, gB, first, cols)
+            w, b = self.early_vector(thr, gW, first, cols), self.early_vector(thr, gB, first, cols)
             x = self.load(self.part(thr, mX, block, first), row_ok, cols, 0.0).load().to(Float32)
             mean = self.row_reduce(x.reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, 0, buffer, mbar) / self.n
             d = self.deviation(x, mean, cols)
             ss = self.row_reduce((d * d).reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, 1, buffer, mbar)
-            if const_expr(self.late_vectors):
-                w, b = self.load_vector(thr, gW, first, cols), self.load_vector(thr, gB, first, cols)
-            y = self.affine(d * cute.math.rsqrt(ss / self.n + eps, fastmath=True), w, b)
-            self.store(y, self.part(thr, mO, block, first), row_ok, cols)
+            y = d * cute.math.rsqrt(ss / self.n + eps, fastmath=True)
+            if const_expr(self.vectors == "late"):
+                self.store_affine(y, thr, gW, gB, first, self.part(thr, mO, block, first), row_ok, cols)
+            else:
+                self.store(self.affine(y, w, b), self.part(thr, mO, block, first), row_ok, cols)
         else:
             total = Float32(0.0)
             for t in cutlass.range(self.tiles):

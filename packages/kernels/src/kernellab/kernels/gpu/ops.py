@@ -70,6 +70,7 @@ def _no_autograd_with_out(op: str, *tensors) -> None:
 # every row stride in bytes and every base pointer; an (N,) vector whose base is less aligned narrows it
 # in proportion to its element size. It picks the vector width: vec = alignment / element size.
 _FUNCTIONS: dict[tuple, object] = {}  # (op, dtypes, N, alignment, residual) -> compiled function
+_FAST: dict[tuple, object] = {}  # (op, x dtype, N, weight dtype, bias dtype) -> function of N's widest class
 
 
 def _matrix_bits(t, elem: int) -> int:
@@ -90,6 +91,9 @@ def _function(op: str, x, n: int, bits: int, weight, bias, residual: bool):
         vec = (bits & -bits) // x.element_size()
         variant = Variant(op, _NAME[x.dtype], n, vec, weight=_NAME.get(wdt), bias=_NAME.get(bdt), residual=residual)
         fn = _FUNCTIONS[key] = compiled(variant)
+        widest = n * x.element_size() | 16
+        if not residual and bits & -bits == widest & -widest:
+            _FAST[(op, x.dtype, n, wdt, bdt)] = fn
     return fn
 
 
@@ -149,7 +153,8 @@ def _rows(t, n: int):
 
 
 def _empty(x):
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    """A fresh contiguous tensor of x's shape, dtype and device (empty_like: the cheapest allocation call)."""
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 # ---- custom ops -------------------------------------------------------------------------------------
@@ -301,34 +306,32 @@ _layernorm.register_autograd(_layernorm_grad, setup_context=_setup)
 
 
 # ---- public functions ---------------------------------------------------------------------------------
-# Each first tries _eager, which accepts only the common call (plain contiguous 2-D rows, no autograd, not
-# traced) and goes straight to the kernel: on a slow host the general path's layers cost more than the
-# launch. Then cheap predicates that accept certainly valid arguments; anything else goes through the
-# checks, which raise with the argument's name or accept it (strided rows, leading dims, fake tensors
-# under torch.compile).
+# Each first tries the fast path: the compiled function of N's widest alignment class, called directly once
+# _fast has tested the few conditions that function cannot test itself. The function checks everything else
+# before it launches (dtypes, N, rows, device, alignment, row strides) and raises TypeError or ValueError;
+# the call then takes the general path, whose checks raise with the argument's name or accept it (leading
+# dims, a narrower alignment class, strided rows, fake tensors under torch.compile). On a slow host the
+# general path's layers cost more than the launch.
 _FLOAT_SET = frozenset(FLOATS)
+
+
+def _fast(op: str, x, out, weight=None, bias=None):
+    """The fast path's function, or None: plain (not subclassed) tensors, a non-empty 2-D x, an output whose
+    rows cannot overlap (contiguous, or fresh when ``out`` is None), no autograd, not traced, and a function
+    compiled for (op, dtypes, N)."""
+    if not (type(x) is torch.Tensor and x.dim() == 2 and x.numel() and not x.requires_grad
+            and (out is None or type(out) is torch.Tensor and out.is_contiguous())
+            and not torch.compiler.is_compiling()):
+        return None
+    for v in (weight, bias):
+        if v is not None and (type(v) is not torch.Tensor or v.requires_grad):
+            return None
+    return _FAST.get((op, x.dtype, x.shape[1], None if weight is None else weight.dtype,
+                      None if bias is None else bias.dtype))
 
 
 def _plain_x(x) -> bool:
     return type(x) is torch.Tensor and x.is_cuda and x.dtype in _FLOAT_SET and x.dim() > 0 and x.is_contiguous()
-
-
-def _eager(x, y, weight=None, bias=None) -> bool:
-    """The common eager call, which skips the general path's checks and views: x and y plain, contiguous,
-    non-empty 2-D CUDA tensors of one dtype, shape and device, plain vectors, no autograd, not traced."""
-    if not (type(x) is torch.Tensor and type(y) is torch.Tensor and x.is_cuda and x.dim() == 2 and x.numel()
-            and x.dtype in _FLOAT_SET and y.dtype is x.dtype and y.shape == x.shape and x.is_contiguous()
-            and y.is_contiguous() and y.get_device() == x.get_device() and not x.requires_grad):
-        return False
-    for v in (weight, bias):
-        if v is not None and (not _plain_vector(v, x) or v.requires_grad):
-            return False
-    return not torch.compiler.is_compiling()
-
-
-def _eager_run(op: str, x, y, weight=None, bias=None, eps=None) -> None:
-    """_run of an _eager call: contiguous rows, so the alignment class is N's and the base pointers'."""
-    _call(op, x, y, weight, bias, None, None, eps, x.shape[1] * x.element_size() | 16 | x.data_ptr() | y.data_ptr())
 
 
 def _plain_like(t, x) -> bool:
@@ -347,10 +350,14 @@ def _checked_eps(eps) -> float:
 
 def softmax(x, *, out=None):
     """softmax over the last dimension of a CUDA tensor (fp32, fp16, bf16; fp32 inside)."""
-    if _eager(x, x if out is None else out):
+    fn = _fast("softmax", x, out)
+    if fn is not None:
         y = _empty(x) if out is None else out
-        _eager_run("softmax", x, y)
-        return y
+        try:
+            fn(x, y)
+            return y
+        except (TypeError, ValueError):  # not the widest class's call: the general path decides
+            pass
     if not _plain_x(x):
         _check_x(x)
     if out is not None:
@@ -372,11 +379,15 @@ def softmax(x, *, out=None):
 def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None, *, out=None, residual_out=None):
     """RMSNorm over the last dimension; with ``residual``, normalizes h = x + residual and returns
     (y, h), h in x's dtype. ``weight`` is fp32 or x's dtype."""
-    if (residual is None and residual_out is None and type(eps) is float and eps > 0.0
-            and _eager(x, x if out is None else out, weight)):
-        y = _empty(x) if out is None else out
-        _eager_run("rmsnorm", x, y, weight, eps=eps)
-        return y
+    if residual is None and residual_out is None and type(eps) is float and eps > 0.0:
+        fn = _fast("rmsnorm", x, out, weight)
+        if fn is not None:
+            y = _empty(x) if out is None else out
+            try:
+                fn(x, weight, None, y, None, eps)
+                return y
+            except (TypeError, ValueError):  # not the widest class's call: the general path decides
+                pass
     if not _plain_x(x):
         _check_x(x)
     if weight is not None and not _plain_vector(weight, x):
@@ -413,10 +424,15 @@ def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None, *, out=None, resid
 def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
     """LayerNorm over the last dimension (exact two-pass statistics in fp32); weight and bias are fp32
     or x's dtype."""
-    if type(eps) is float and eps > 0.0 and _eager(x, x if out is None else out, weight, bias):
-        y = _empty(x) if out is None else out
-        _eager_run("layernorm", x, y, weight, bias, eps)
-        return y
+    if type(eps) is float and eps > 0.0:
+        fn = _fast("layernorm", x, out, weight, bias)
+        if fn is not None:
+            y = _empty(x) if out is None else out
+            try:
+                fn(x, weight, bias, y, eps)
+                return y
+            except (TypeError, ValueError):  # not the widest class's call: the general path decides
+                pass
     if not _plain_x(x):
         _check_x(x)
     if weight is not None and not _plain_vector(weight, x):

@@ -44,13 +44,14 @@ class RMSNorm(RowKernel):
         gW = self.broadcast_rows(mW)
         if const_expr(self.tiles == 1):
             row_ok, cols = self.predicates(thr, rows, block, first)
-            w = None if const_expr(self.late_vectors) else self.load_vector(thr, gW, first, cols)
+            w = self.early_vector(thr, gW, first, cols)
             h = self.combine(thr, mX, mR, mRO, block, first, row_ok, cols)
             ss = self.row_reduce((h * h).reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, 0, buffer, mbar)
             y = h * cute.math.rsqrt(ss / self.n + eps, fastmath=True)
-            if const_expr(self.late_vectors):
-                w = self.load_vector(thr, gW, first, cols)
-            self.store(self.scale(y, w), self.part(thr, mO, block, first), row_ok, cols)
+            if const_expr(self.vectors == "late"):
+                self.store_affine(y, thr, gW, None, first, self.part(thr, mO, block, first), row_ok, cols)
+            else:
+                self.store(self.scale(y, w), self.part(thr, mO, block, first), row_ok, cols)
         else:
             ss = Float32(0.0)
             for t in cutlass.range(self.tiles):
