@@ -30,7 +30,9 @@ from kernellab.kernels.gpu.compiler import Variant, widest_vector
 SHAPES = [(16384, 8192), (8192, 16384), (65536, 1024), (768, 6144), (1024, 4096), (256, 3072), (37, 1537)]
 KNOBS = [Tuning(a, rv, 128, rt, vs) for a in (2, 4, 8) for rv, rt in ((32, 0), (32, 1024), (64, 512))
          for vs in ("early", "late")] + [  # fewer threads per row, more values each (QuACK's kind of plan)
-    Tuning(8, 48, 128, 768, "late"), Tuning(12, 96, 128, 512, "late"), Tuning(16, 128, 128, 512, "late")]
+    Tuning(8, 48, 128, 768, "late"), Tuning(12, 96, 128, 512, "late"), Tuning(16, 128, 128, 512, "late"),
+    # launch bounds from 16 values of x per thread up: more resident rows per SM
+    Tuning(4, 16, 128, 1280, "late"), Tuning(4, 16, 128, 1536, "late"), Tuning(8, 16, 128, 896, "late")]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
 
