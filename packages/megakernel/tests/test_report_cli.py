@@ -71,7 +71,8 @@ def test_merge_keeps_earlier_results_unless_remeasured():
     assert set(sections["assessment"][0]["engines"]) == {"conventional", "torch-compile"}
 
 
-def test_provenance_hashes_the_package_sources():
+def test_provenance_hashes_the_engine_and_harness_sources():
     prov = report._provenance()
-    assert "report.py" in prov["source_sha256"] and "engines/persistent_tc.py" in prov["source_sha256"]
+    wanted = {"megakernel/report.py", "megakernel/engines/persistent_tc.py", "harness/timing.py"}
+    assert wanted <= set(prov["source_sha256"])
     assert all(len(h) == 64 for h in prov["source_sha256"].values())
