@@ -18,7 +18,6 @@ import pstats
 import time
 
 import torch
-import tvm_ffi
 
 from kernellab.kernels import gpu
 from kernellab.kernels.gpu import ops
@@ -51,7 +50,6 @@ def main() -> None:
     gpu.softmax(x, out=y)
     fn = next(iter(ops._FUNCTIONS.values()))
     empty = torch.empty(1, device="cuda")
-    raw = tvm_ffi.Function.__call__
     layers = {
         "torch.softmax": lambda: torch.softmax(x, -1),
         "torch.softmax(out=y)": lambda: torch.softmax(x, -1, out=y),
@@ -59,7 +57,6 @@ def main() -> None:
         "ops._empty(x)": lambda: ops._empty(x),
         "torch.compiler.is_compiling()": torch.compiler.is_compiling,
         "ops._fast(softmax, x, y)": lambda: ops._fast("softmax", x, y),
-        "tvm_ffi.Function.__call__(fn, x, y)": lambda: raw(fn, x, y),
         "torch.rms_norm": lambda: torch.nn.functional.rms_norm(x, (n,), w, 1e-6),
         "tensor.add_ (one torch launch)": lambda: empty.add_(1.0),
         "compiled fn(x, y) (TVM-FFI)": lambda: fn(x, y),

@@ -3,9 +3,9 @@ timed in graph throughput with inputs rotated past the L2 and one output buffer 
 them) beside torch's copy (the ceiling), torch eager and QuACK (bound as the gpu-norm suite binds it),
 in alternating rounds. It is how the heuristic defaults in gpu/base.py are chosen.
 
-    python3 tools/device/norm_sweep.py [--cases 'rmsnorm*bf16,*x4096_fp32'] [--rounds 2]
+    python3 tools/device/norm_sweep.py [--cases 'rmsnorm*bf16,*x4096_fp32'] [--plans '8-48-*'] [--rounds 2]
 
-Writes $OUT/norm_sweep.json and prints one line per case: the default plan, the best plan, both as a
+Writes $OUT/norm_sweep.json (after every case) and prints one line per case: the default plan, the best plan, both as a
 fraction of the copy ceiling. Every plan's output is checked against torch before it is timed.
 """
 
@@ -70,16 +70,19 @@ def quack_op(op, dname, m, n):
     return lambda x, w, b, y: call({"x": x, "weight": w, "bias": b}, {"y": y})
 
 
-def plans(op, dt, n):
-    """{plan description: (label, Variant)} over the knobs, the default first."""
+def plans(op, dt, n, patterns=("*",)):
+    """{plan description: (label, Variant)} over the knobs whose label matches a pattern, the default first."""
     name = {torch.float32: "float32", torch.bfloat16: "bfloat16"}[dt]
     base = dict(weight=None if op == "softmax" else name, bias=name if op == "layernorm" else None)
     vec = widest_vector(n, name)
     out = {}
     for tuning in [None, *KNOBS]:
         v = Variant(op, name, n, vec, tuning=tuning, **base)
+        label = "default" if tuning is None else v.name.rsplit("_t", 1)[1]
+        if tuning is not None and not any(fnmatch.fnmatch(label, p) for p in patterns):
+            continue
         key = json.dumps(v.kernel().describe(), sort_keys=True)
-        out.setdefault(key, ("default" if tuning is None else v.name.rsplit("_t", 1)[1], v))
+        out.setdefault(key, (label, v))
     return out
 
 
@@ -100,7 +103,7 @@ def time_case(op, dname, m, n, args, device) -> dict:
     want = torch_op(op, xs[0].double(), w.double(), b.double()).float()
     tol = 2e-2 if dt == torch.bfloat16 else 1e-4
     case = f"{op}_{m}x{n}_{dname}"
-    variants = plans(op, dt, n)
+    variants = plans(op, dt, n, args.plans.split(","))
     for label, v in variants.values():
         fn = ours(op, v.compile())
         y.fill_(float("nan"))
@@ -134,6 +137,7 @@ def torch_eager(op, x, w, b, y):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="*", help="comma-separated shell patterns over case names")
+    ap.add_argument("--plans", default="*", help="comma-separated shell patterns over plan labels (a-rv-mt-rt-vectors)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--samples", type=int, default=10)
     args = ap.parse_args()
@@ -150,8 +154,8 @@ def main() -> None:
         print(f"{row['case']:28s} copy {p50['copy']:8.2f}us torch {p50['copy'] / p50['torch']:.3f} quack {qs} "
               f"default {row['default_of_copy']:.3f} best {row['best_of_copy']:.3f} ({row['best']})", flush=True)
         torch.cuda.empty_cache()
-    with open(os.path.join(os.environ.get("OUT", "."), "norm_sweep.json"), "w") as f:
-        json.dump(results, f, indent=1)
+        with open(os.path.join(os.environ.get("OUT", "."), "norm_sweep.json"), "w") as f:
+            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":
