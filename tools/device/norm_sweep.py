@@ -4,6 +4,7 @@ them) beside torch's copy (the ceiling), torch eager and QuACK (bound as the gpu
 in alternating rounds. It is how the heuristic defaults in gpu/base.py are chosen.
 
     python3 tools/device/norm_sweep.py [--cases 'rmsnorm*bf16,*x4096_fp32'] [--plans '8-48-*'] [--rounds 2]
+                                       [--shapes 512x6144,768x6144,1536x6144]   (M against a plan's waves)
 
 Writes $OUT/norm_sweep.json (after every case) and prints one line per case: the default plan, the best plan, both as a
 fraction of the copy ceiling. Every plan's output is checked against torch before it is timed.
@@ -137,6 +138,7 @@ def torch_eager(op, x, w, b, y):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="*", help="comma-separated shell patterns over case names")
+    ap.add_argument("--shapes", help="comma-separated MxN in place of the suite's shapes")
     ap.add_argument("--plans", default="*", help="comma-separated shell patterns over plan labels (a-rv-mt-rt-vectors)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--samples", type=int, default=10)
@@ -144,7 +146,8 @@ def main() -> None:
     device = timing.Device("cuda")
     device.warm_up(2.0)
     results = []
-    for (m, n), dname, op in itertools.product(SHAPES, DTYPES, ("softmax", "rmsnorm", "layernorm")):
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
+    for (m, n), dname, op in itertools.product(shapes, DTYPES, ("softmax", "rmsnorm", "layernorm")):
         if not any(fnmatch.fnmatch(f"{op}_{m}x{n}_{dname}", p) for p in args.cases.split(",")):
             continue
         row = time_case(op, dname, m, n, args, device)
