@@ -50,6 +50,7 @@ def main() -> None:
     gpu.softmax(x, out=y)
     fn = next(iter(ops._FUNCTIONS.values()))
     empty = torch.empty(1, device="cuda")
+    raw = fn.__tvm_ffi_object__()  # the tvm_ffi.Function under the DSL's kwargs wrapper
     layers = {
         "torch.softmax": lambda: torch.softmax(x, -1),
         "torch.softmax(out=y)": lambda: torch.softmax(x, -1, out=y),
@@ -60,6 +61,7 @@ def main() -> None:
         "torch.rms_norm": lambda: torch.nn.functional.rms_norm(x, (n,), w, 1e-6),
         "tensor.add_ (one torch launch)": lambda: empty.add_(1.0),
         "compiled fn(x, y) (TVM-FFI)": lambda: fn(x, y),
+        "raw tvm_ffi.Function(x, y)": lambda: raw(x, y),
         "ops._run": lambda: ops._run("softmax", x, y),
         "ops._launch": lambda: ops._launch("softmax", x, y),
         "gpu.softmax(x, out=y)": lambda: gpu.softmax(x, out=y),
