@@ -5,6 +5,7 @@ in alternating rounds. It is how the heuristic defaults in gpu/base.py are chose
 
     python3 tools/device/norm_sweep.py [--cases 'rmsnorm*bf16,*x4096_fp32'] [--plans '8-48-*'] [--rounds 2]
                                        [--shapes 512x6144,768x6144,1536x6144]   (M against a plan's waves)
+                                       [--by-rows]   (only cases where M picks a bounded plan: it against the default)
 
 Writes $OUT/norm_sweep.json (after every case) and prints one line per case: the default plan, the best plan, both as a
 fraction of the copy ceiling. Every plan's output is checked against torch before it is timed.
@@ -13,6 +14,7 @@ fraction of the copy ceiling. Every plan's output is checked against torch befor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fnmatch
 import functools
 import itertools
@@ -25,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from kernellab.harness import timing
+from kernellab.kernels.gpu import compiler
 from kernellab.kernels.gpu.base import Tuning
 from kernellab.kernels.gpu.compiler import Variant, widest_vector
 
@@ -87,9 +90,26 @@ def plans(op, dt, n, patterns=("*",)):
     return out
 
 
-def time_case(op, dname, m, n, args, device) -> dict:
+def by_rows(variants, m):
+    """The function the ops choose for M rows where it is not the heuristic plan's (then it joins
+    ``variants`` as "by-rows", labelled with its bound), else None."""
+    label, default = next(iter(variants.values()))
+    chosen = compiler.Plans(default, torch.cuda.get_device_properties(0).multi_processor_count)
+    fn = chosen.for_rows(m) if m <= chosen.limit else chosen.fn
+    if fn is chosen.fn:
+        return None
+    k = next(k for k, f in chosen.bounded.items() if f is fn)
+    variants["by-rows"] = ("by-rows", dataclasses.replace(default, tuning=Tuning(ctas_per_sm=k)))
+    return fn
+
+
+def time_case(op, dname, m, n, args, device) -> dict | None:
     """Every plan of one case beside copy, torch and QuACK; p50 of graph throughput per contender."""
     dt = DTYPES[dname]
+    variants = plans(op, dt, n, args.plans.split(","))
+    chosen = by_rows(variants, m)
+    if args.by_rows and chosen is None:
+        return None
     set_bytes = m * n * dt.itemsize  # inputs rotate; every call writes one output, as in the harness
     sets = timing.rotation_count(set_bytes, device.cache_bytes, limit_bytes=16 << 30)
     g = torch.Generator(device="cuda").manual_seed(m * 7 + n)
@@ -104,9 +124,8 @@ def time_case(op, dname, m, n, args, device) -> dict:
     want = torch_op(op, xs[0].double(), w.double(), b.double()).float()
     tol = 2e-2 if dt == torch.bfloat16 else 1e-4
     case = f"{op}_{m}x{n}_{dname}"
-    variants = plans(op, dt, n, args.plans.split(","))
     for label, v in variants.values():
-        fn = ours(op, v.compile())
+        fn = ours(op, v.compile() if label != "by-rows" else chosen)
         y.fill_(float("nan"))
         fn(xs[0], w, b, y)
         err = (y.float() - want).abs().max().item()
@@ -140,6 +159,8 @@ def main() -> None:
     ap.add_argument("--cases", default="*", help="comma-separated shell patterns over case names")
     ap.add_argument("--shapes", help="comma-separated MxN in place of the suite's shapes")
     ap.add_argument("--plans", default="*", help="comma-separated shell patterns over plan labels (a-rv-mt-rt-vectors)")
+    ap.add_argument("--by-rows", action="store_true",
+                    help="only cases where the ops run a bounded plan for M (compiler.Plans), timed as 'by-rows'")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--samples", type=int, default=10)
     args = ap.parse_args()
@@ -151,6 +172,8 @@ def main() -> None:
         if not any(fnmatch.fnmatch(f"{op}_{m}x{n}_{dname}", p) for p in args.cases.split(",")):
             continue
         row = time_case(op, dname, m, n, args, device)
+        if row is None:
+            continue
         results.append(row)
         p50 = row["p50_us"]
         qs = f"{p50['copy'] / p50['quack']:.3f}" if "quack" in p50 else "  -  "

@@ -12,7 +12,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kernellab.kernels import gpu
-from kernellab.kernels.gpu import ops
+from kernellab.kernels.gpu import compiler, ops
 from kernellab.kernels.gpu.compiler import Variant
 
 
@@ -294,7 +294,7 @@ def torch_kernels(monkeypatch):
 
         return call
 
-    monkeypatch.setattr(ops, "compiled", compiled)
+    monkeypatch.setattr(compiler, "compiled", compiled)
     monkeypatch.setattr(ops, "_FUNCTIONS", {})
     monkeypatch.setattr(ops, "_FAST", {})
     return seen
@@ -311,13 +311,18 @@ def test_only_the_widest_class_joins_the_fast_path(torch_kernels):
     assert not [k for k in ops._FAST if k[3] is None and k[0] == "rmsnorm"], "residual calls have no fast path"
 
 
+def _plans(fn):
+    """A cache entry whose one plan is fn (no denser plan)."""
+    return SimpleNamespace(fn=fn, limit=0)
+
+
 def test_fast_path_calls_the_cached_function_and_falls_back_on_its_refusal(monkeypatch):
     """The fast path calls the cached function directly. The compiled function checks dtypes, N, rows,
     device and alignment itself and raises TypeError / ValueError before launching; the call then takes the
     general path, whose checks name the argument."""
     key = ("softmax", torch.float32, 8, None, None)
     seen = []
-    monkeypatch.setattr(ops, "_FAST", {key: lambda x, y: seen.append((x, y))})
+    monkeypatch.setattr(ops, "_FAST", {key: _plans(lambda x, y: seen.append((x, y)))})
     x = torch.randn(4, 8)
     y = gpu.softmax(x)
     assert len(seen) == 1 and seen[0][0] is x and seen[0][1] is y
@@ -328,14 +333,14 @@ def test_fast_path_calls_the_cached_function_and_falls_back_on_its_refusal(monke
     def refusing(*args):
         raise ValueError("Mismatched Tensor on argument #0, expected device_type=cuda")
 
-    monkeypatch.setattr(ops, "_FAST", {key: refusing})
+    monkeypatch.setattr(ops, "_FAST", {key: _plans(refusing)})
     raises(ValueError, "x must be a CUDA tensor", gpu.softmax, x)
     raises(ValueError, "x must be a CUDA tensor", gpu.softmax, x, out=out)
 
     def launch_failure(*args):
         raise RuntimeError("CUDA Error Code: 700")
 
-    monkeypatch.setattr(ops, "_FAST", {key: launch_failure})
+    monkeypatch.setattr(ops, "_FAST", {key: _plans(launch_failure)})
     with pytest.raises(RuntimeError, match="700"):  # a failed launch is not retried on the general path
         gpu.softmax(x)
 
@@ -345,7 +350,7 @@ def test_fast_path_is_not_taken_where_the_function_cannot_check(monkeypatch):
         raise AssertionError("fast path taken")
 
     keys = [("softmax", torch.float32, 8, None, None), ("rmsnorm", torch.float32, 8, torch.float32, None)]
-    monkeypatch.setattr(ops, "_FAST", dict.fromkeys(keys, never))
+    monkeypatch.setattr(ops, "_FAST", dict.fromkeys(keys, _plans(never)))
     x = torch.randn(4, 8)
     refused = "x must be a CUDA tensor"
     raises(ValueError, refused, gpu.softmax, torch.randn(4, 8, requires_grad=True))  # autograd

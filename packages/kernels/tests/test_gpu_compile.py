@@ -16,6 +16,7 @@ from cutlass.cute.runtime import from_dlpack  # noqa: E402
 
 from kernellab.kernels import gpu  # noqa: E402
 from kernellab.kernels.gpu import compiler  # noqa: E402
+from kernellab.kernels.gpu.base import Tuning  # noqa: E402
 from kernellab.kernels.gpu.compiler import Variant  # noqa: E402
 
 
@@ -78,3 +79,59 @@ def test_every_element_is_owned_once(variant, rows):
     count = _ownership(variant, rows)
     assert bool((count[:rows, :k.n] == 1).all()), "an element is missed or touched twice"
     assert int(count.sum()) == rows * k.n, "an access outside the tensor is allowed"
+
+
+def test_resident_ctas_matches_the_occupancy_calculator():
+    assert compiler.resident_ctas(256, 47) == 5  # 48 registers a thread after rounding: 12288 a CTA
+    assert compiler.resident_ctas(256, 40) == 6
+    assert compiler.resident_ctas(128, 64) == 8
+    assert compiler.resident_ctas(128, 0) == 16  # no register limit: the thread limit
+    assert compiler.resident_ctas(32, 16) == 32  # the CTA limit
+    assert compiler.resident_ctas(1024, 255) == 0
+
+
+def test_cubin_resources_and_the_launch_bound_of_a_denser_plan(tmp_path, monkeypatch):
+    """Registers read from the cubin, and a plan one CTA per SM denser than the heuristic one: the
+    launch bound caps the registers so that it is resident, without spilling."""
+    monkeypatch.setenv("KERNELLAB_CUTE_CACHE", str(tmp_path))
+    for op, extra in (("rmsnorm", {"weight": "bfloat16"}), ("layernorm", {"weight": "bfloat16", "bias": "bfloat16"}),
+                      ("softmax", {})):
+        variant = Variant(op, "bfloat16", 6144, 8, **extra)
+        variant.compile("sm_90a")
+        res = compiler._RESOURCES[variant]
+        threads = variant.kernel().describe()["num_threads"]
+        ctas = compiler.resident_ctas(threads, res.registers)
+        assert 16 <= res.registers <= 255 and res.stack_bytes == 0 and 1 <= ctas < 2048 // threads
+        denser = Variant(op, "bfloat16", 6144, 8, tuning=Tuning(ctas_per_sm=ctas + 1), **extra)
+        assert denser.kernel().describe()["min_ctas_per_sm"] == ctas + 1
+        denser.compile("sm_90a")
+        dense = compiler._RESOURCES[denser]
+        assert compiler.resident_ctas(threads, dense.registers) >= ctas + 1, (res, dense)
+
+
+def test_plans_bound_the_ctas_per_sm_only_where_it_saves_a_wave(monkeypatch):
+    """132 SMs, 256-thread CTAs of one row at 47 registers: 5 resident per SM (660 rows a wave), at most 8
+    by threads. A bound of k CTAs per SM caps the registers; in this stand-in, the bound of 8 spills."""
+    variant = Variant("rmsnorm", "bfloat16", 6144, 8, weight="bfloat16")
+    compiles = []
+
+    def compiled(v):
+        compiles.append(v)
+        k = v.tuning.ctas_per_sm if v.tuning else 0
+        regs = 65536 // (k * 256) // 8 * 8 if k else 47
+        compiler._RESOURCES[v] = compiler.Resources(registers=regs, stack_bytes=64 if k == 8 else 0)
+        return f"bound {k}" if k else "heuristic"
+
+    monkeypatch.setattr(compiler, "compiled", compiled)
+    monkeypatch.setattr(compiler, "_RESOURCES", {})
+    plans = compiler.Plans(variant, sms=132)
+    assert (plans.ctas, plans.max_ctas, plans.limit) == (5, 8, 4 * 660)
+    chosen = {m: plans.for_rows(m) for m in (1, 660, 661, 768, 792, 1000, 1400, 2000, 2640)}
+    assert chosen == {1: "heuristic", 660: "heuristic",  # one wave already
+                      661: "bound 6", 768: "bound 6", 792: "bound 6",  # one wave of 6 CTAs per SM, not two of 5
+                      1000: "heuristic",  # one wave would need 8 (spills); 7 still needs two
+                      1400: "bound 6",  # two waves, not three
+                      2000: "bound 6",  # three waves, not four (two would need 8)
+                      2640: "bound 7"}  # three waves: 7 CTAs per SM, the fewest that hold 2640 rows in three
+    assert sorted(v.tuning.ctas_per_sm for v in compiles if v.tuning) == [6, 7, 8], "each bound compiles once"
+    assert compiler.Plans(variant).limit == 0, "no SM count: the heuristic plan only"

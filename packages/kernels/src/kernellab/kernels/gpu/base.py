@@ -36,6 +36,7 @@ class Tuning:
     min_threads: int = 128  # small rows: several rows per CTA so that a CTA still moves enough bytes
     resident_threads: int = 1024  # asked-for resident threads per SM when a thread holds register_values
     vectors: str = "auto"  # when weight / bias are read: "early" or "late" (see RowKernel)
+    ctas_per_sm: int = 0  # a launch bound of this many resident CTAs per SM; 0: from resident_threads
 
 ADD = operator.add
 
@@ -93,6 +94,8 @@ class RowKernel:
         # registers per thread), so that enough loads stay in flight per SM
         full = self.values_per_thread >= tuning.register_values
         self.min_ctas_per_sm = max(1, tuning.resident_threads // self.num_threads) if full else 1
+        if tuning.ctas_per_sm:
+            self.min_ctas_per_sm = tuning.ctas_per_sm
         # weight / bias (L2 hits): "early" loads them in fp32 beside x, before the reductions; "late" reads
         # them after the reductions, a chunk at a time (store_affine), so that only x's values are live while
         # the row's loads are in flight. More than 16 values of x per thread: fp32 copies beside x would cost

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import struct
 import tempfile
 import threading
 import time
@@ -49,7 +50,8 @@ class Variant:
     def name(self) -> str:
         flags = "".join(f"_{k}-{v}" for k, v in (("w", self.weight), ("b", self.bias)) if v)
         t = self.tuning
-        knobs = f"_t{t.accesses}-{t.register_values}-{t.min_threads}-{t.resident_threads}-{t.vectors}" if t else ""
+        knobs = (f"_t{t.accesses}-{t.register_values}-{t.min_threads}-{t.resident_threads}-{t.vectors}"
+                 f"{f'-c{t.ctas_per_sm}' if t.ctas_per_sm else ''}" if t else "")
         return f"{self.op}_{self.dtype}_n{self.n}_v{self.vec}{flags}{'_res' if self.residual else ''}{knobs}"
 
     def kernel(self):
@@ -104,6 +106,7 @@ class Variant:
             if isinstance(cubin, str):
                 cubin = Path(cubin).read_bytes() if os.path.exists(cubin) else None
         if cubin:
+            _RESOURCES[self] = cubin_resources(cubin)
             path = artifact_dir(arch) / f"{self.name}.cubin"
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -112,6 +115,116 @@ class Variant:
             except OSError:  # no writable cache: the kernel still runs, without a cubin for provenance
                 pass
         return fn
+
+
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    """What a compiled kernel takes per thread, read from its cubin."""
+
+    registers: int
+    stack_bytes: int  # local memory frame: register spills where the launch bound is tight
+
+
+def cubin_resources(cubin: bytes) -> Resources:
+    """Registers and stack frame from the cubin's ELF ``.nv.info`` attributes (EIATTR_REGCOUNT and
+    EIATTR_FRAME_SIZE, one (symbol, value) pair each per function; the largest over the functions)."""
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    entsize, count, names = struct.unpack_from("<HHH", cubin, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * entsize) for i in range(count)]
+    strtab = sections[names][4]
+    found = {0x2F: 0, 0x11: 0}  # EIATTR_REGCOUNT, EIATTR_FRAME_SIZE
+    for sec in sections:
+        end = cubin.index(b"\0", strtab + sec[0])
+        if cubin[strtab + sec[0]:end] != b".nv.info":
+            continue
+        data, i = cubin[sec[4]:sec[4] + sec[5]], 0
+        while i + 4 <= len(data):
+            fmt, attr, size = data[i], data[i + 1], struct.unpack_from("<H", data, i + 2)[0]
+            if fmt != 4:  # EIFMT_SVAL carries a payload of `size` bytes; the others carry their value inline
+                i += 4
+                continue
+            if attr in found and size == 8:
+                found[attr] = max(found[attr], struct.unpack_from("<I", data, i + 8)[0])
+            i += 4 + size
+    return Resources(registers=found[0x2F], stack_bytes=found[0x11])
+
+
+# Hopper's (sm_90) per-SM limits, as the occupancy calculator applies them.
+SM_THREADS, SM_CTAS, SM_REGISTERS, REGISTER_UNIT = 2048, 32, 65536, 256
+
+
+def resident_ctas(threads: int, registers: int) -> int:
+    """CTAs of ``threads`` threads at ``registers`` per thread that fit on one SM at once. Shared memory is
+    not the limit for the row kernels: they keep one fp32 per warp and row there, and a few mbarriers."""
+    warps = -(-threads // 32)
+    per_warp = -(-registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
+    return min(SM_CTAS, SM_THREADS // (warps * 32), SM_REGISTERS // (per_warp * warps) if registers else SM_CTAS)
+
+
+TAIL_WAVES = 4  # beyond this many waves of CTAs, a partial last wave costs too little to trade registers for
+
+
+class Plans:
+    """The compiled functions of one variant, chosen per call by M.
+
+    A launch runs in waves of resident CTAs, and a partial last wave leaves most SMs idle while it runs.
+    Where the heuristic plan keeps ``ctas`` CTAs per SM and M would take a few waves of them, the same
+    plan under a launch bound of ``k > ctas`` CTAs per SM (fewer registers per thread) may need fewer
+    waves: the smallest such ``k`` for the fewest waves reachable runs instead, unless its bound makes
+    the compiler spill. Only for rows that fit in one CTA's registers (no cluster, no streaming); with
+    many waves, the tail is noise and the registers a bound takes are not.
+    """
+
+    __slots__ = ("variant", "fn", "ctas", "max_ctas", "rows_per_sm", "limit", "bounded", "by_rows")
+
+    def __init__(self, variant: Variant, sms: int = 0):
+        self.variant, self.fn = variant, call_of(compiled(variant))
+        self.limit = 0  # the largest M that may run another plan; 0: the heuristic plan always
+        self.bounded: dict[int, object] = {}  # k -> the function under a bound of k CTAs per SM (None: spills)
+        self.by_rows: dict[int, object] = {}  # M -> the function chosen for it
+        res = _RESOURCES.get(variant)
+        if not (sms and res and variant.tuning is None):
+            return
+        plan = variant.kernel().describe()
+        threads = plan["num_threads"]
+        self.ctas, self.max_ctas = resident_ctas(threads, res.registers), resident_ctas(threads, 0)
+        self.rows_per_sm = sms * plan["rows_per_cta"]  # rows a wave holds per resident CTA per SM
+        if plan["cluster"] == 1 and plan["tiles"] == 1 and 0 < self.ctas < self.max_ctas:
+            self.limit = TAIL_WAVES * self.ctas * self.rows_per_sm
+
+    def for_rows(self, m: int):
+        """The function for M rows (M <= limit; a bounded plan compiles on first use)."""
+        fn = self.by_rows.get(m)
+        if fn is None:
+            fn = self.by_rows[m] = self._choose(m)
+        return fn
+
+    def _choose(self, m: int):
+        per = self.rows_per_sm
+        for waves in range(-(-m // (self.max_ctas * per)), -(-m // (self.ctas * per))):
+            fn = self._bounded(-(-m // (waves * per)))
+            if fn is not None:
+                return fn
+        return self.fn
+
+    def _bounded(self, k: int):
+        if k not in self.bounded:
+            from .base import Tuning
+
+            variant = dataclasses.replace(self.variant, tuning=Tuning(ctas_per_sm=k))
+            fn = compiled(variant)
+            res = _RESOURCES.get(variant)
+            threads = variant.kernel().describe()["num_threads"]
+            ok = res is not None and not res.stack_bytes and resident_ctas(threads, res.registers) >= k
+            self.bounded[k] = call_of(fn) if ok else None  # spills (or unknown): the bound costs more than the tail
+        return self.bounded[k]
+
+
+def call_of(fn):
+    """The tvm_ffi.Function under the DSL's kwargs wrapper where there is one: the same positional
+    arguments (the wrapper only fills defaults we always pass), a shorter host path per call."""
+    raw = getattr(fn, "__tvm_ffi_object__", None)
+    return (raw() if raw is not None else None) or fn
 
 
 def _cute_dtype(name: str | None):
@@ -125,6 +238,7 @@ def _cute_dtype(name: str | None):
 
 _COMPILED: dict[Variant, object] = {}
 _ARTIFACTS: dict[Variant, str] = {}
+_RESOURCES: dict[Variant, Resources] = {}
 _LOCK = threading.Lock()
 
 

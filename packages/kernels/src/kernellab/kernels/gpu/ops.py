@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .. import checks
-from .compiler import Variant, compiled
+from .compiler import Plans, Variant
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -69,8 +69,9 @@ def _no_autograd_with_out(op: str, *tensors) -> None:
 # The alignment class of a call is the largest power of two (<= 16 bytes) dividing N * element size,
 # every row stride in bytes and every base pointer; an (N,) vector whose base is less aligned narrows it
 # in proportion to its element size. It picks the vector width: vec = alignment / element size.
-_FUNCTIONS: dict[tuple, object] = {}  # (op, dtypes, N, alignment, residual) -> compiled function
-_FAST: dict[tuple, object] = {}  # (op, x dtype, N, weight dtype, bias dtype) -> function of N's widest class
+_FUNCTIONS: dict[tuple, Plans] = {}  # (op, dtypes, N, alignment, residual) -> its compiled plans
+_FAST: dict[tuple, Plans] = {}  # (op, x dtype, N, weight dtype, bias dtype) -> plans of N's widest class
+_SMS: dict[int, int] = {}  # device index -> SM count
 
 
 def _matrix_bits(t, elem: int) -> int:
@@ -82,19 +83,30 @@ def _vector_bits(v, elem: int) -> int:
     return low * elem // v.element_size() if low else 0
 
 
+def _sms(x) -> int:
+    """The SM count of x's GPU (0 off CUDA): the width of a wave of resident CTAs."""
+    if not x.is_cuda:
+        return 0
+    index = x.get_device()
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
+
+
 def _function(op: str, x, n: int, bits: int, weight, bias, residual: bool):
     wdt = None if weight is None else weight.dtype
     bdt = None if bias is None else bias.dtype
     key = (op, x.dtype, n, bits & -bits, wdt, bdt, residual)
-    fn = _FUNCTIONS.get(key)
-    if fn is None:
+    plans = _FUNCTIONS.get(key)
+    if plans is None:
         vec = (bits & -bits) // x.element_size()
         variant = Variant(op, _NAME[x.dtype], n, vec, weight=_NAME.get(wdt), bias=_NAME.get(bdt), residual=residual)
-        fn = _FUNCTIONS[key] = compiled(variant)
+        plans = _FUNCTIONS[key] = Plans(variant, _sms(x))
         widest = n * x.element_size() | 16
         if not residual and bits & -bits == widest & -widest:
-            _FAST[(op, x.dtype, n, wdt, bdt)] = fn
-    return fn
+            _FAST[(op, x.dtype, n, wdt, bdt)] = plans
+    m = x.shape[0]
+    return plans.fn if m > plans.limit else plans.for_rows(m)
 
 
 def _run(op: str, x, y, weight=None, bias=None, residual=None, h=None, eps=None) -> None:
@@ -326,8 +338,12 @@ def _fast(op: str, x, out, weight=None, bias=None):
     for v in (weight, bias):
         if v is not None and (type(v) is not torch.Tensor or v.requires_grad):
             return None
-    return _FAST.get((op, x.dtype, x.shape[1], None if weight is None else weight.dtype,
-                      None if bias is None else bias.dtype))
+    plans = _FAST.get((op, x.dtype, x.shape[1], None if weight is None else weight.dtype,
+                       None if bias is None else bias.dtype))
+    if plans is None:
+        return None
+    m = x.shape[0]
+    return plans.fn if m > plans.limit else plans.for_rows(m)
 
 
 def _plain_x(x) -> bool:
