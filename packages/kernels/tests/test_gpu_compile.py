@@ -109,7 +109,7 @@ def test_cubin_resources_and_the_launch_bound_of_a_denser_plan(tmp_path, monkeyp
         assert compiler.resident_ctas(threads, dense.registers) >= ctas + 1, (res, dense)
 
 
-def test_plans_bound_the_ctas_per_sm_only_where_it_saves_a_wave(monkeypatch):
+def test_plans_bound_the_ctas_per_sm_only_where_it_makes_one_wave(monkeypatch):
     """132 SMs, 256-thread CTAs of one row at 47 registers: 5 resident per SM (660 rows a wave), at most 8
     by threads. A bound of k CTAs per SM caps the registers; in this stand-in, the bound of 8 spills."""
     variant = Variant("rmsnorm", "bfloat16", 6144, 8, weight="bfloat16")
@@ -125,13 +125,11 @@ def test_plans_bound_the_ctas_per_sm_only_where_it_saves_a_wave(monkeypatch):
     monkeypatch.setattr(compiler, "compiled", compiled)
     monkeypatch.setattr(compiler, "_RESOURCES", {})
     plans = compiler.Plans(variant, sms=132)
-    assert (plans.ctas, plans.max_ctas, plans.limit) == (5, 8, 4 * 660)
-    chosen = {m: plans.for_rows(m) for m in (1, 660, 661, 768, 792, 1000, 1400, 2000, 2640)}
+    assert (plans.ctas, plans.limit) == (5, 8 * 132)
+    chosen = {m: plans.for_rows(m) for m in (1, 660, 661, 768, 792, 793, 924, 925, 1000, 1056)}
     assert chosen == {1: "heuristic", 660: "heuristic",  # one wave already
                       661: "bound 6", 768: "bound 6", 792: "bound 6",  # one wave of 6 CTAs per SM, not two of 5
-                      1000: "heuristic",  # one wave would need 8 (spills); 7 still needs two
-                      1400: "bound 6",  # two waves, not three
-                      2000: "bound 6",  # three waves, not four (two would need 8)
-                      2640: "bound 7"}  # three waves: 7 CTAs per SM, the fewest that hold 2640 rows in three
+                      793: "bound 7", 924: "bound 7",
+                      925: "heuristic", 1000: "heuristic", 1056: "heuristic"}  # one wave needs 8: spills
     assert sorted(v.tuning.ctas_per_sm for v in compiles if v.tuning) == [6, 7, 8], "each bound compiles once"
     assert compiler.Plans(variant).limit == 0, "no SM count: the heuristic plan only"

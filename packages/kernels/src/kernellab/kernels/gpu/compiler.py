@@ -161,25 +161,24 @@ def resident_ctas(threads: int, registers: int) -> int:
     return min(SM_CTAS, SM_THREADS // (warps * 32), SM_REGISTERS // (per_warp * warps) if registers else SM_CTAS)
 
 
-TAIL_WAVES = 4  # beyond this many waves of CTAs, a partial last wave costs too little to trade registers for
-
-
 class Plans:
     """The compiled functions of one variant, chosen per call by M.
 
-    A launch runs in waves of resident CTAs, and a partial last wave leaves most SMs idle while it runs.
-    Where the heuristic plan keeps ``ctas`` CTAs per SM and M would take a few waves of them, the same
-    plan under a launch bound of ``k > ctas`` CTAs per SM (fewer registers per thread) may need fewer
-    waves: the smallest such ``k`` for the fewest waves reachable runs instead, unless its bound makes
-    the compiler spill. Only for rows that fit in one CTA's registers (no cluster, no streaming); with
-    many waves, the tail is noise and the registers a bound takes are not.
+    A launch runs in waves of resident CTAs. When M rows take a little more than one wave of the
+    heuristic plan (``ctas`` CTAs per SM), the tail wave runs with most SMs idle; the same plan under a
+    launch bound of ``k > ctas`` CTAs per SM (fewer registers per thread) can hold all M rows at once.
+    The smallest such ``k`` runs instead, unless its bound makes the compiler spill. Only for rows that
+    fit in one CTA's registers (no cluster, no streaming), and only to make one wave: on the H200, a
+    bound that turned 2 waves into 1 gained 4-10 % at every shape measured, one that turned 3 into 2
+    or 4 into 3 lost 1-3 % (tools/device/norm_sweep.py --by-rows): with several waves, CTAs of the
+    next wave start as others finish and the tail is short.
     """
 
-    __slots__ = ("variant", "fn", "ctas", "max_ctas", "rows_per_sm", "limit", "bounded", "by_rows")
+    __slots__ = ("variant", "fn", "ctas", "rows_per_sm", "limit", "bounded", "by_rows")
 
     def __init__(self, variant: Variant, sms: int = 0):
         self.variant, self.fn = variant, call_of(compiled(variant))
-        self.limit = 0  # the largest M that may run another plan; 0: the heuristic plan always
+        self.limit = 0  # the largest M that may run a bounded plan; 0: the heuristic plan always
         self.bounded: dict[int, object] = {}  # k -> the function under a bound of k CTAs per SM (None: spills)
         self.by_rows: dict[int, object] = {}  # M -> the function chosen for it
         res = _RESOURCES.get(variant)
@@ -187,25 +186,19 @@ class Plans:
             return
         plan = variant.kernel().describe()
         threads = plan["num_threads"]
-        self.ctas, self.max_ctas = resident_ctas(threads, res.registers), resident_ctas(threads, 0)
-        self.rows_per_sm = sms * plan["rows_per_cta"]  # rows a wave holds per resident CTA per SM
-        if plan["cluster"] == 1 and plan["tiles"] == 1 and 0 < self.ctas < self.max_ctas:
-            self.limit = TAIL_WAVES * self.ctas * self.rows_per_sm
+        self.ctas, most = resident_ctas(threads, res.registers), resident_ctas(threads, 0)
+        self.rows_per_sm = sms * plan["rows_per_cta"]  # rows one resident CTA per SM holds in a wave
+        if plan["cluster"] == 1 and plan["tiles"] == 1 and 0 < self.ctas < most:
+            self.limit = most * self.rows_per_sm
 
     def for_rows(self, m: int):
-        """The function for M rows (M <= limit; a bounded plan compiles on first use)."""
+        """The function for M <= limit rows (a bounded plan compiles on first use)."""
         fn = self.by_rows.get(m)
         if fn is None:
-            fn = self.by_rows[m] = self._choose(m)
+            k = -(-m // self.rows_per_sm)  # CTAs per SM that hold M rows in one wave
+            fn = self._bounded(k) if k > self.ctas else None
+            fn = self.by_rows[m] = self.fn if fn is None else fn
         return fn
-
-    def _choose(self, m: int):
-        per = self.rows_per_sm
-        for waves in range(-(-m // (self.max_ctas * per)), -(-m // (self.ctas * per))):
-            fn = self._bounded(-(-m // (waves * per)))
-            if fn is not None:
-                return fn
-        return self.fn
 
     def _bounded(self, k: int):
         if k not in self.bounded:
@@ -224,7 +217,8 @@ def call_of(fn):
     """The tvm_ffi.Function under the DSL's kwargs wrapper where there is one: the same positional
     arguments (the wrapper only fills defaults we always pass), a shorter host path per call."""
     raw = getattr(fn, "__tvm_ffi_object__", None)
-    return (raw() if raw is not None else None) or fn
+    inner = raw() if raw is not None else None
+    return fn if inner is None else inner
 
 
 def _cute_dtype(name: str | None):

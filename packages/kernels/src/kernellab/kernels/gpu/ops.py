@@ -331,18 +331,23 @@ def _fast(op: str, x, out, weight=None, bias=None):
     """The fast path's function, or None: plain (not subclassed) tensors, a non-empty 2-D x, an output whose
     rows cannot overlap (contiguous, or fresh when ``out`` is None), no autograd, not traced, and a function
     compiled for (op, dtypes, N)."""
-    if not (type(x) is torch.Tensor and x.dim() == 2 and x.numel() and not x.requires_grad
-            and (out is None or type(out) is torch.Tensor and out.is_contiguous())
-            and not torch.compiler.is_compiling()):
+    if type(x) is not torch.Tensor or x.requires_grad:
+        return None
+    shape = x.shape
+    if len(shape) != 2 or not shape[0] or not shape[1]:
+        return None
+    if out is not None and (type(out) is not torch.Tensor or not out.is_contiguous()):
         return None
     for v in (weight, bias):
         if v is not None and (type(v) is not torch.Tensor or v.requires_grad):
             return None
-    plans = _FAST.get((op, x.dtype, x.shape[1], None if weight is None else weight.dtype,
+    if torch.compiler.is_compiling():
+        return None
+    plans = _FAST.get((op, x.dtype, shape[1], None if weight is None else weight.dtype,
                        None if bias is None else bias.dtype))
     if plans is None:
         return None
-    m = x.shape[0]
+    m = shape[0]
     return plans.fn if m > plans.limit else plans.for_rows(m)
 
 
