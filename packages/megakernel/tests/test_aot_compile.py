@@ -17,8 +17,9 @@ def test_representative_variants_compile_for_sm90a():
 
 def test_the_full_list_covers_every_engine_and_is_unique():
     names = [v.name for v in aot.variants()]
-    assert len(set(names)) == len(names) == 33
+    assert len(set(names)) == len(names) == 45  # 12 persistent-tc variants with two chunk buffers
     for prefix in ("persistent_", "persistent-global_", "conventional-hidden", "conventional-output",
-                   "conventional-tc-hidden", "conventional-tc-output", "persistent-tc_m32", "persistent-tc_m64",
+                   "conventional-tc-hidden", "conventional-tc-output", "persistent-tc_m32_c64_s1",
+                   "persistent-tc_m64_c256_s2",
                    "prologue-rmsnorm", "prologue-cast"):
         assert any(n.startswith(prefix) for n in names), prefix

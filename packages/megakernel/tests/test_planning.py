@@ -40,6 +40,7 @@ def test_shared_memory_arithmetic():
     # persistent-tc: x tile + W1 chunk + W2 chunk + hidden chunk, fp16
     assert planning.persistent_tc_smem_bytes(64, 512) == 2 * (64 * 512 + 2 * 64 * 512 + 64 * 64) == 204800
     assert planning.persistent_tc_smem_bytes(32, 64) == 24576
+    assert planning.persistent_tc_smem_bytes(32, 128, stages=2) == 2 * (32 * 128 + 4 * 64 * 128 + 32 * 64) == 77824
     # scalar: fp32 operand row (+ fp32 hidden row when on chip); transposed fp16 weights, padded strides
     assert planning.scalar_row_bytes("persistent", 7, 13) == 4 * 20
     assert planning.scalar_row_bytes("persistent-global", 7, 13) == 4 * 7
@@ -56,15 +57,19 @@ def test_padded_stride_is_minimal_and_odd_in_words(n):
     assert s >= n and s % 4 == 2 and s - 4 < n
 
 
-@pytest.mark.parametrize("rows,channels,tile,grid,occupancy", [
-    (16384, 512, 64, 132, 1),  # 256 tiles of 64 rows, 200 KB each: one CTA per SM, 2 tiles for most
-    (4096, 256, 32, 128, 2),  # 64-row tiles would leave SMs idle: 32-row tiles, 84 KB, two fit per SM
-    (33, 32, 32, 2, 2),
+@pytest.mark.parametrize("rows,channels,tile,stages,grid,occupancy", [
+    (16384, 512, 64, 1, 132, 1),  # 256 tiles of 64 rows, 200 KB each: one CTA per SM, 2 tiles for most
+    (4096, 256, 32, 2, 128, 1),  # 64-row tiles would leave SMs idle; 128 tiles need one CTA per SM: 2 stages
+    (8192, 256, 32, 1, 256, 2),  # 256 tiles need two CTAs per SM, which two stages (148 KB) would not allow
+    (1024, 128, 32, 2, 32, 2),
+    (33, 32, 32, 2, 2, 2),
 ])
-def test_persistent_tc_tiles_and_grid(rows, channels, tile, grid, occupancy):
+def test_persistent_tc_tiles_and_grid(rows, channels, tile, stages, grid, occupancy):
     plan = planning.choose("persistent-tc", rows, channels, 1024, H200).plan
     assert plan.engine == "persistent-tc"
-    assert (plan.tile.rows, plan.owners.grid, plan.owners.occupancy) == (tile, grid, occupancy)
+    assert (plan.tile.rows, plan.tile.stages, plan.owners.grid, plan.owners.occupancy) == (tile, stages, grid,
+                                                                                           occupancy)
+    assert plan.smem.bytes == planning.persistent_tc_smem_bytes(tile, plan.tile.channels_tile, stages)
     assert plan.tile.channels_tile >= channels and plan.tile.hidden_chunk == planning.TC_HIDDEN_CHUNK
 
 

@@ -106,6 +106,7 @@ class Tile:
     hidden_chunk: int  # hidden units per chunk through shared memory (tensor cores) or the hidden
     threads: int
     num_tiles: int
+    stages: int = 1  # persistent-tc: W1 / W2 chunk buffers each (a chunk's loads overlap 2 * stages - 1 steps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,10 +173,23 @@ def tc_row_tile(rows: int, device: DeviceSpec) -> int:
     return TC_ROW_TILES[1] if ceil_div(rows, TC_ROW_TILES[1]) >= device.sm_count else TC_ROW_TILES[0]
 
 
-def persistent_tc_smem_bytes(tile_rows: int, channels_tile: int) -> int:
-    """x tile + one W1 chunk + one W2 chunk + the hidden chunk, all fp16."""
+def persistent_tc_smem_bytes(tile_rows: int, channels_tile: int, stages: int = 1) -> int:
+    """x tile + ``stages`` W1 chunks + ``stages`` W2 chunks + the hidden chunk, all fp16."""
     chunk = TC_HIDDEN_CHUNK
-    return 2 * (tile_rows * channels_tile + 2 * chunk * channels_tile + tile_rows * chunk)
+    return 2 * (tile_rows * channels_tile + 2 * stages * chunk * channels_tile + tile_rows * chunk)
+
+
+def tc_stages(tile_rows: int, channels_tile: int, num_tiles: int, device: DeviceSpec) -> int:
+    """persistent-tc's chunk buffers: two, so that a chunk's weights load while the two GEMMs of the
+    chunk before run, where that shared memory still lets every CTA the grid needs be resident at
+    once (the grid asks for ceil(tiles / SMs) CTAs per SM, at most what one buffer allows); else one."""
+    one = Tile("persistent-tc", tile_rows, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, num_tiles)
+    needed = min(ceil_div(num_tiles, device.sm_count), tc_occupancy_limit(one))
+    two = dataclasses.replace(one, stages=2)
+    size = persistent_tc_smem_bytes(tile_rows, channels_tile, 2)
+    if size <= usable_smem(device) and occupancy(TC_THREADS, size, device, tc_occupancy_limit(two)) >= needed:
+        return 2
+    return 1
 
 
 def scalar_row_bytes(engine: str, channels: int, hidden: int) -> int:
@@ -224,7 +238,9 @@ def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: Device
         rows_per_tile = tile_rows or tc_row_tile(rows, device)
         if rows_per_tile not in TC_ROW_TILES:
             return Refusal(engine, f"tile_rows must be one of {TC_ROW_TILES} for persistent-tc, got {rows_per_tile}")
-        return Tile(engine, rows_per_tile, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, ceil_div(rows, rows_per_tile))
+        num_tiles = ceil_div(rows, rows_per_tile)
+        return Tile(engine, rows_per_tile, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, num_tiles,
+                    tc_stages(rows_per_tile, channels_tile, num_tiles, device))
     if engine == "conventional-tc":
         block_rows = CONVENTIONAL_TC_TILE[0]
         return Tile(engine, block_rows, channels, hidden, CONVENTIONAL_TC_THREADS, ceil_div(rows, block_rows))
@@ -249,7 +265,7 @@ def plan_shared_memory(tile: Tile, channels: int, hidden: int, device: DeviceSpe
     """Step 2: shared memory per CTA and where the weights and the hidden tile live."""
     engine, capacity = tile.engine, usable_smem(device)
     if engine == "persistent-tc":
-        size = persistent_tc_smem_bytes(tile.rows, tile.channels_tile)
+        size = persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages)
         placement = SharedMemory(size, weights="streamed", hidden="registers+smem")
     elif engine == "conventional-tc":
         block_rows, block_cols, block_k = CONVENTIONAL_TC_TILE
@@ -283,7 +299,7 @@ def tc_occupancy_limit(tile: Tile) -> int:
     room (at most 64 per thread keeps the kernel within 128 registers) and two CTAs' shared memory
     fits an SM of the planning default (H200); else 1 (up to 255 registers)."""
     accumulators = tile.rows * tile.channels_tile // TC_THREADS
-    smem = persistent_tc_smem_bytes(tile.rows, tile.channels_tile) + H200.reserved_smem_per_block
+    smem = persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages) + H200.reserved_smem_per_block
     return 2 if accumulators <= 64 and 2 * smem <= H200.smem_per_sm else 1
 
 
@@ -312,12 +328,19 @@ def plan_engine(engine: str, rows: int, channels: int, hidden: int, device: Devi
 
 
 def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpec, *, tile_rows: int | None = None,
-           grid: int | None = None, weights: str | None = None) -> Plan:
+           grid: int | None = None, weights: str | None = None, stages: int | None = None) -> Plan:
     """A plan with some choices forced, so that tests and the sanitizer reach every code path at
-    small shapes: several tiles per CTA (``grid``), weights read from global memory (``weights``)."""
+    small shapes: several tiles per CTA (``grid``), weights read from global memory (``weights``),
+    persistent-tc's number of chunk buffers (``stages``)."""
     plan = plan_engine(engine, rows, channels, hidden, device, tile_rows)
     if isinstance(plan, Refusal):
         raise ValueError(plan.reason)
+    if stages is not None and stages != plan.tile.stages:
+        size = persistent_tc_smem_bytes(plan.tile.rows, plan.tile.channels_tile, stages)
+        if engine != "persistent-tc" or stages not in (1, 2) or size > usable_smem(device):
+            raise ValueError(f"{engine} has no {stages}-stage variant at this shape")
+        plan = dataclasses.replace(plan, tile=dataclasses.replace(plan.tile, stages=stages),
+                                   smem=dataclasses.replace(plan.smem, bytes=size))
     if weights is not None and weights != plan.smem.weights:
         if engine not in ("persistent", "persistent-global") or weights not in ("smem", "global"):
             raise ValueError(f"{engine} has no weights={weights!r} variant")

@@ -41,9 +41,11 @@ def cases():
          {"tile_rows": 8, "grid": 3}),
         ("persistent-global, global weights", "persistent-global", ODD, {"weights": "global"}),
         ("conventional-tc", "conventional-tc", ALIGNED, {}),
-        ("persistent-tc, 32-row tiles", "persistent-tc", ALIGNED, {}),
+        ("persistent-tc, 32-row tiles, two chunk buffers", "persistent-tc", ALIGNED, {}),
         ("persistent-tc, 64-row tiles, partial chunk, 2 tiles per CTA", "persistent-tc", (130, 136, 200),
          {"tile_rows": 64, "grid": 2}),
+        ("persistent-tc, one chunk buffer, partial chunk, 2 tiles per CTA", "persistent-tc", (130, 136, 200),
+         {"grid": 2, "stages": 1}),
     ]
 
 

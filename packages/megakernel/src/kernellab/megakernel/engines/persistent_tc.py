@@ -7,10 +7,12 @@ Grid: min(row tiles, SMs x CTAs per SM); CTA b owns row tiles b, b + grid, ... F
     h_chunk = fp16(act(x_tile W1[chunk]^T + b1[chunk]))      (GEMM1, epilogue -> shared memory)
     y_acc  += h_chunk W2[:, chunk]^T                          (GEMM2 from shared memory)
 
-then writes ``y = y_acc + b2 + residual``. W1 and W2 chunks stream through one shared-memory buffer
-each with cp.async, double-buffered against the other GEMM: W1(j+1) loads while GEMM2(j) runs and
-W2(j+1) while GEMM1(j+1) runs. Shared memory: x tile + W1 chunk + W2 chunk + hidden chunk, all
-fp16 (planning.persistent_tc_smem_bytes). 8 warps tiled 2 x 4 over every product; the 64 x 512
+then writes ``y = y_acc + b2 + residual``. W1 and W2 chunks stream through ``stages`` shared-memory
+buffers each with cp.async: chunk j + stages loads into the buffer chunk j freed, so with one buffer
+W1(j+1) loads while GEMM2(j) runs, and with two (where the planner finds the shared memory,
+planning.tc_stages) it has three GEMMs' time to land. b1 of a chunk is read into registers before its
+GEMM1, so that load waits under the GEMM. Shared memory: x tile + the W1 and W2 chunk buffers + the
+hidden chunk, all fp16 (planning.persistent_tc_smem_bytes). 8 warps tiled 2 x 4 over every product; the 64 x 512
 output tile costs 128 accumulator registers per thread, the largest tile the planner allows.
 
 Padding: channels are padded to the channel tile and the last hidden chunk and row tile may be
@@ -42,14 +44,15 @@ class Variant:
     tile_rows: int
     channels_tile: int
     residual: str = "float16"
+    stages: int = 1
 
     @property
     def name(self) -> str:
-        return f"persistent-tc_m{self.tile_rows}_c{self.channels_tile}_res-{self.residual}"
+        return f"persistent-tc_m{self.tile_rows}_c{self.channels_tile}_s{self.stages}_res-{self.residual}"
 
     @property
     def occupancy(self) -> int:
-        tile = Tile("persistent-tc", self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, 1)
+        tile = Tile("persistent-tc", self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, 1, self.stages)
         return tc_occupancy_limit(tile)
 
     def compile(self, arch: str | None = None):
@@ -64,7 +67,7 @@ class Variant:
 
 def launcher(plan: Plan, activation: str, residual: str = "float16"):
     """``run(u, residual, w1, b1, w2, b2, y)``: one launch of ``plan.owners.grid`` CTAs."""
-    fn = compiled(Variant(plan.tile.rows, plan.tile.channels_tile, residual))
+    fn = compiled(Variant(plan.tile.rows, plan.tile.channels_tile, residual, plan.tile.stages))
     act, grid = ACTIVATION_CODES[activation], plan.owners.grid
 
     def run(u, res, w1, b1, w2, b2, y):
@@ -77,14 +80,15 @@ class PersistentTensorCore:
     def __init__(self, variant: Variant):
         self.tile_rows = variant.tile_rows
         self.channels_tile = variant.channels_tile
+        self.stages = variant.stages
         self.occupancy = variant.occupancy
 
     @cute.jit
     def __call__(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
                  b2: cute.Tensor, y: cute.Tensor, act: Int32, grid: Int32, stream: cuda.CUstream):
-        rows, cols, chunk = self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK
-        layouts = (tensorcore.smem_layout((rows, cols)), tensorcore.smem_layout((chunk, cols)),
-                   tensorcore.smem_layout((cols, chunk)), tensorcore.smem_layout((rows, chunk)))
+        rows, cols, chunk, stages = self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK, self.stages
+        layouts = (tensorcore.smem_layout((rows, cols)), tensorcore.smem_layout((chunk, cols, stages)),
+                   tensorcore.smem_layout((cols, chunk, stages)), tensorcore.smem_layout((rows, chunk)))
         self.kernel(u, residual, w1, b1, w2, b2, y, act, *layouts, tensorcore.g2s_copy(TC_THREADS, 64),
                     tensorcore.tiled_mma(WARPS_M, WARPS_N)).launch(
             grid=[grid, 1, 1], block=[TC_THREADS, 1, 1], min_blocks_per_mp=self.occupancy,
@@ -111,6 +115,7 @@ class PersistentTensorCore:
         copy_a, copy_b = tensorcore.s2r_copies(mma)
         thr_mma = mma.get_slice(tid)
         acc_h = cute.make_rmem_tensor(thr_mma.partition_shape_C((tile_rows, chunk)), Float32)
+        bias_h = cute.make_rmem_tensor(thr_mma.partition_shape_C((tile_rows, chunk)), Float32)
         acc_y = cute.make_rmem_tensor(thr_mma.partition_shape_C((tile_rows, cols)), Float32)
         h_coords = thr_mma.partition_C(cute.make_identity_tensor((tile_rows, chunk)))
         y_coords = thr_mma.partition_C(cute.make_identity_tensor((tile_rows, cols)))
@@ -121,37 +126,44 @@ class PersistentTensorCore:
         w2_coords = cute.make_identity_tensor(w2.shape)
         num_chunks = ceil_div(hidden, chunk)
 
+        stages = self.stages
+        pending = 2 * stages - 1  # cp.async groups that may still fly once the one a step needs has landed
         for tile in range(cta, ceil_div(rows, tile_rows), grid):
             tensorcore.load_tile(g2s, tid, cute.local_tile(u, (tile_rows, cols), (tile, 0)), s_x,
                                  cute.local_tile(x_coords, (tile_rows, cols), (tile, 0)), rows, channels)
-            self.load_w1(g2s, tid, w1, w1_coords, s_w1, Int32(0), hidden, channels)
-            cute.arch.cp_async_commit_group()
-            self.load_w2(g2s, tid, w2, w2_coords, s_w2, Int32(0), hidden, channels)
-            cute.arch.cp_async_commit_group()
+            for s in cutlass.range_constexpr(stages):  # groups: x + W1(0), W2(0), W1(1), W2(1), ...
+                if s < num_chunks:
+                    self.load_w1(g2s, tid, w1, w1_coords, s_w1[None, None, s], Int32(s), hidden, channels)
+                cute.arch.cp_async_commit_group()
+                if s < num_chunks:
+                    self.load_w2(g2s, tid, w2, w2_coords, s_w2[None, None, s], Int32(s), hidden, channels)
+                cute.arch.cp_async_commit_group()
             acc_y.fill(0.0)
             for j in range(num_chunks):
-                cute.arch.cp_async_wait_group(1)  # x tile and W1(j) landed; W2(j) may still fly
+                slot = j % stages
+                cute.arch.cp_async_wait_group(pending)  # x tile and W1(j) landed
                 cute.arch.sync_threads()
+                for i in cutlass.range_constexpr(cute.size(bias_h)):  # in flight under GEMM1
+                    bias_h[i] = b1[cutlass.min(j * chunk + h_coords[i][1], hidden - 1)]
                 acc_h.fill(0.0)
-                tensorcore.gemm_from_smem(mma, tid, acc_h, s_x, s_w1, copy_a, copy_b)
-                cute.arch.sync_threads()  # every warp is done with W1(j)
-                if j + 1 < num_chunks:
-                    self.load_w1(g2s, tid, w1, w1_coords, s_w1, j + 1, hidden, channels)
+                tensorcore.gemm_from_smem(mma, tid, acc_h, s_x, s_w1[None, None, slot], copy_a, copy_b)
+                cute.arch.sync_threads()  # every warp is done with W1(j)'s buffer
+                if j + stages < num_chunks:
+                    self.load_w1(g2s, tid, w1, w1_coords, s_w1[None, None, slot], j + stages, hidden, channels)
                 cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count uniform
                 for i in cutlass.range_constexpr(cute.size(acc_h)):
-                    unit = cutlass.min(j * chunk + h_coords[i][1], hidden - 1)
-                    acc_h[i] = acc_h[i] + b1[unit]
+                    acc_h[i] = acc_h[i] + bias_h[i]
 
                 def store_hidden(i, v):
                     h_dst[i] = v.to(Float16)
 
                 tensorcore.apply_activation(acc_h, act, store_hidden)
-                cute.arch.cp_async_wait_group(1)  # W2(j) landed; W1(j+1) may still fly
+                cute.arch.cp_async_wait_group(pending)  # W2(j) landed
                 cute.arch.sync_threads()  # and the hidden chunk is complete
-                tensorcore.gemm_from_smem(mma, tid, acc_y, s_h, s_w2, copy_a, copy_b)
-                cute.arch.sync_threads()  # every warp is done with W2(j) and the hidden chunk
-                if j + 1 < num_chunks:
-                    self.load_w2(g2s, tid, w2, w2_coords, s_w2, j + 1, hidden, channels)
+                tensorcore.gemm_from_smem(mma, tid, acc_y, s_h, s_w2[None, None, slot], copy_a, copy_b)
+                cute.arch.sync_threads()  # every warp is done with W2(j)'s buffer and the hidden chunk
+                if j + stages < num_chunks:
+                    self.load_w2(g2s, tid, w2, w2_coords, s_w2[None, None, slot], j + stages, hidden, channels)
                 cute.arch.cp_async_commit_group()
             row0 = tile * tile_rows
             for i in cutlass.range_constexpr(cute.size(acc_y)):
@@ -162,7 +174,7 @@ class PersistentTensorCore:
     @cute.jit
     def load_w1(self, g2s: cute.TiledCopy, tid: Int32, w1: cute.Tensor, coords: cute.Tensor, s_w1: cute.Tensor,
                 j: Int32, hidden: Int32, channels: Int32):
-        """Rows [64 j, 64 j + 64) of W1 (hidden units), all channels."""
+        """Rows [64 j, 64 j + 64) of W1 (hidden units), all channels, into one chunk buffer."""
         tiler = (TC_HIDDEN_CHUNK, self.channels_tile)
         tensorcore.load_tile(g2s, tid, cute.local_tile(w1, tiler, (j, 0)), s_w1,
                              cute.local_tile(coords, tiler, (j, 0)), hidden, channels)
@@ -170,7 +182,7 @@ class PersistentTensorCore:
     @cute.jit
     def load_w2(self, g2s: cute.TiledCopy, tid: Int32, w2: cute.Tensor, coords: cute.Tensor, s_w2: cute.Tensor,
                 j: Int32, hidden: Int32, channels: Int32):
-        """Columns [64 j, 64 j + 64) of W2 (hidden units), all channels."""
+        """Columns [64 j, 64 j + 64) of W2 (hidden units), all channels, into one chunk buffer."""
         tiler = (self.channels_tile, TC_HIDDEN_CHUNK)
         tensorcore.load_tile(g2s, tid, cute.local_tile(w2, tiler, (0, j)), s_w2,
                              cute.local_tile(coords, tiler, (0, j)), channels, hidden)
