@@ -36,7 +36,10 @@ KNOBS = [Tuning(a, rv, 128, rt, vs) for a in (2, 4, 8) for rv, rt in ((32, 0), (
          for vs in ("early", "late")] + [  # fewer threads per row, more values each (QuACK's kind of plan)
     Tuning(8, 48, 128, 768, "late"), Tuning(12, 96, 128, 512, "late"), Tuning(16, 128, 128, 512, "late"),
     # launch bounds from 16 values of x per thread up: more resident rows per SM
-    Tuning(4, 16, 128, 1280, "late"), Tuning(4, 16, 128, 1536, "late"), Tuning(8, 16, 128, 896, "late")]
+    Tuning(4, 16, 128, 1280, "late"), Tuning(4, 16, 128, 1536, "late"), Tuning(8, 16, 128, 896, "late"),
+    # rows streamed on one CTA (the passes after the first re-read x from L2): fewer registers, more rows in flight
+    Tuning(tile_values=16), Tuning(tile_values=16, ctas_per_sm=3), Tuning(tile_values=8),
+    Tuning(tile_values=8, ctas_per_sm=4)]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
 
@@ -158,7 +161,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="*", help="comma-separated shell patterns over case names")
     ap.add_argument("--shapes", help="comma-separated MxN in place of the suite's shapes")
-    ap.add_argument("--plans", default="*", help="comma-separated shell patterns over plan labels (a-rv-mt-rt-vectors)")
+    ap.add_argument("--plans", default="*",
+                    help="comma-separated shell patterns over plan labels (a-rv-mt-rt-vectors[-cK][-sV])")
     ap.add_argument("--by-rows", action="store_true",
                     help="only cases where the ops run a bounded plan for M (compiler.Plans), timed as 'by-rows'")
     ap.add_argument("--rounds", type=int, default=2)

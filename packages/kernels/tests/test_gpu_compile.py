@@ -73,12 +73,25 @@ def _ownership(variant: Variant, rows: int) -> torch.Tensor:
     (Variant("rmsnorm", "bfloat16", 40000, 8), 1),
     (Variant("layernorm", "bfloat16", 300000, 8), 1),  # streamed: 7 CTAs x 3 tiles
     (Variant("softmax", "float32", 140000, 4), 2),
+    (Variant("layernorm", "bfloat16", 16384, 8, tuning=Tuning(tile_values=16)), 2),  # streamed on one CTA
+    (Variant("rmsnorm", "float32", 4001, 1, tuning=Tuning(tile_values=4)), 3),  # ... with a column tail
 ])
 def test_every_element_is_owned_once(variant, rows):
     k = variant.kernel()
     count = _ownership(variant, rows)
     assert bool((count[:rows, :k.n] == 1).all()), "an element is missed or touched twice"
     assert int(count.sum()) == rows * k.n, "an access outside the tensor is allowed"
+
+
+def test_a_row_streamed_on_one_cta_compiles(tmp_path, monkeypatch):
+    """Tuning.tile_values streams rows that would fit in registers (sweep plans): one CTA, several tiles."""
+    monkeypatch.setenv("KERNELLAB_CUTE_CACHE", str(tmp_path))
+    variant = Variant("layernorm", "bfloat16", 16384, 8, weight="bfloat16", bias="bfloat16",
+                      tuning=Tuning(tile_values=16))
+    plan = variant.kernel().describe()
+    assert (plan["cluster"], plan["tiles"], plan["chunks"] * variant.vec) == (1, 2, 16)
+    variant.compile("sm_90a")
+    assert compiler._RESOURCES[variant].stack_bytes == 0
 
 
 def test_resident_ctas_matches_the_occupancy_calculator():
@@ -133,3 +146,20 @@ def test_plans_bound_the_ctas_per_sm_only_where_it_makes_one_wave(monkeypatch):
                       925: "heuristic", 1000: "heuristic", 1056: "heuristic"}  # one wave needs 8: spills
     assert sorted(v.tuning.ctas_per_sm for v in compiles if v.tuning) == [6, 7, 8], "each bound compiles once"
     assert compiler.Plans(variant).limit == 0, "no SM count: the heuristic plan only"
+
+
+def test_call_of_unwraps_the_kwargs_wrapper_where_there_is_one():
+    class Wrapped:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __tvm_ffi_object__(self):
+            return self.inner
+
+    def raw(*args):
+        return args
+
+    assert compiler.call_of(Wrapped(raw)) is raw
+    uninitialized = Wrapped(None)  # compiled for another arch: no function under it
+    assert compiler.call_of(uninitialized) is uninitialized
+    assert compiler.call_of(raw) is raw

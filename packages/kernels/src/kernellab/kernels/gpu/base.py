@@ -37,6 +37,9 @@ class Tuning:
     resident_threads: int = 1024  # asked-for resident threads per SM when a thread holds register_values
     vectors: str = "auto"  # when weight / bias are read: "early" or "late" (see RowKernel)
     ctas_per_sm: int = 0  # a launch bound of this many resident CTAs per SM; 0: from resident_threads
+    tile_values: int = 0  # stream every row on one CTA, this many values per thread and tile (the passes
+    # after the first re-read x, mostly from L2, for fewer registers and more rows in flight); 0: stream
+    # only rows that overflow a cluster's registers
 
 ADD = operator.add
 
@@ -74,7 +77,10 @@ class RowKernel:
         limit = max(target, tuning.register_values // vec)  # accesses whose values still fit in registers
         tpr = min(MAX_THREADS_PER_ROW, _pow2_at_least(_ceil_div(vectors, target)))
         chunks, tiles, ctas = _ceil_div(vectors, tpr), 1, 1
-        if chunks > limit:  # the row does not fit in one CTA's registers: split it over a cluster
+        if tuning.tile_values:
+            chunks = min(chunks, max(1, tuning.tile_values // vec))
+            tiles = _ceil_div(vectors, tpr * chunks)
+        elif chunks > limit:  # the row does not fit in one CTA's registers: split it over a cluster
             ctas = _ceil_div(vectors, tpr * limit)
             if ctas <= MAX_CLUSTER:
                 chunks = _ceil_div(vectors, ctas * tpr)
