@@ -23,7 +23,7 @@ TORCH = os.environ.get("KERNELLAB_TORCH", "torch==2.13.0")
 PACKAGES = {
     "harness": ((), ("test", "plot")),
     "kernels": (("harness",), ("test", "bench", "gpu")),
-    "megakernel": (("harness",), ("test", "bench", "gpu")),
+    "megakernel": (("harness",), ("test", "bench", "gpu", "plot")),
     "audit": (("harness",), ("test",)),
 }
 PACKAGES = {name: spec for name, spec in PACKAGES.items() if (ROOT / "packages" / name / "pyproject.toml").exists()}

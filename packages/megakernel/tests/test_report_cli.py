@@ -76,3 +76,16 @@ def test_provenance_hashes_the_engine_and_harness_sources():
     wanted = {"megakernel/report.py", "megakernel/engines/persistent_tc.py", "harness/timing.py"}
     assert wanted <= set(prov["source_sha256"])
     assert all(len(h) == 64 for h in prov["source_sha256"].values())
+
+
+def test_relative_times_and_the_picture(tmp_path):
+    pytest.importorskip("matplotlib")
+    sections = {"development": [{"shape": {"rows": 1, "channels": 7, "hidden": 13}, "engines": {
+        "persistent-tc-graph": _entry(3), "torch-cublas-graph": _entry(12), "persistent-graph": _entry(6, False)}}],
+        "assessment": [{"shape": {"rows": 5, "channels": 19, "hidden": 37}, "engines": {
+            "persistent-tc-graph": _entry(5), "torch-cublas-graph": _entry(10)}}]}
+    assert report.relative(sections, "persistent-tc-graph", "torch-cublas-graph") == [0.25, 0.5]
+    assert report.relative(sections, "persistent-graph", "torch-cublas-graph") == [None, None]  # failed; absent
+    data = {**sections, "targets": report._targets(sections), "device": "test"}
+    path = report.draw(data, tmp_path / "r.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -105,6 +105,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--show", metavar="REPORT", help="verify a report's sha256 and print its table, then exit")
     p.add_argument("--format", default="simple", help="table format for --show (tabulate's; 'github' for READMEs)")
+    p.add_argument("--plot", metavar="PNG", help="with --show: draw the report's picture (default for a run: the "
+                                                 "report's path with .png, where matplotlib is installed)")
     return p
 
 
@@ -350,8 +352,69 @@ def seal_and_write(report: dict, path: str) -> Path:
     return out
 
 
-def show(path: str, fmt: str) -> int:
-    """Print a written report's table after checking that its sha256 still matches its content."""
+PLOTTED = ("persistent-graph", "persistent-tc-graph", "conventional-tc-graph", "torch-compile-graph")
+TARGET_LABELS = {"best_persistent_graph_vs_torch_cublas_graph": "best persistent graph / torch-cublas-graph",
+                 "best_persistent_graph_vs_torch_compile_graph": "best persistent graph / torch-compile-graph",
+                 "persistent_vs_torch_cublas": "persistent / torch-cublas"}
+
+
+def relative(report: dict, engine: str, base: str) -> list[float | None]:
+    """Per shape (development, then assessment), stream p50 of ``engine`` over ``base``'s; None where
+    either is missing or failed validation."""
+    out = []
+    for section in ("development", "assessment"):
+        for item in report.get(section, []):
+            a, b = (item["engines"].get(name) for name in (engine, base))
+            ok = all(e and e.get("passed") and "stream_summary" in e for e in (a, b))
+            out.append(a["stream_summary"]["p50_ms"] / b["stream_summary"]["p50_ms"] if ok else None)
+    return out
+
+
+def draw(report: dict, path: str | Path) -> Path:
+    """The report's picture: graph engines against torch-cublas-graph per shape, and every target ratio
+    over its target (at or left of 1 is met). Needs matplotlib (``pip install 'kernellab-megakernel[plot]'``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = ["x".join(str(i["shape"][k]) for k in ("rows", "channels", "hidden")) + ("*" if s == "assessment" else "")
+              for s in ("development", "assessment") for i in report.get(s, [])]
+    ys = list(range(len(labels)))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 0.42 * len(labels) + 2.2), sharey=True)
+    for k, name in enumerate(PLOTTED):
+        xs = relative(report, name, "torch-cublas-graph")
+        left.scatter([x for x in xs if x is not None], [y + 0.12 * (k - 1.5) for y, x in zip(ys, xs, strict=True)
+                                                          if x is not None], label=name, s=22)
+    left.axvline(1.0, color="black", lw=0.8)
+    left.axvline(TARGETS["best_persistent_graph_vs_torch_cublas_graph"], color="tab:red", ls="--", lw=0.8,
+                 label="target for the best persistent graph")
+    left.set_xscale("log")
+    left.set_xlabel("stream p50 / torch-cublas-graph's (device time per call; lower is faster)")
+    left.legend(fontsize=7)
+    by_shape = {json.dumps(t["shape"], sort_keys=True): t for t in report.get("targets", [])}
+    shapes = [json.dumps(i["shape"], sort_keys=True) for s in ("development", "assessment") for i in report.get(s, [])]
+    for k, (key, label) in enumerate(TARGET_LABELS.items()):
+        points = [(t[key]["ratio"] / t[key]["target"], y) for y, shape in zip(ys, shapes, strict=True)
+                  if key in (t := by_shape.get(shape, {}))]
+        right.scatter([p[0] for p in points], [p[1] + 0.15 * (k - 1) for p in points], label=label, s=22)
+    right.axvline(1.0, color="tab:red", ls="--", lw=0.8)
+    right.set_xscale("log")
+    right.set_xlabel("ratio / its target (at or left of the line: met)")
+    right.legend(fontsize=7)
+    left.set_yticks(ys, labels, fontsize=8)
+    left.invert_yaxis()
+    fig.suptitle(f"residual MLP engines on {report.get('device')} (* assessment shape)", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def show(path: str, fmt: str, plot: str | None = None) -> int:
+    """Print a written report's table (and draw its picture to ``plot``) after checking that its
+    sha256 still matches its content."""
     from kernellab.harness import report as report_io
 
     data = json.loads(Path(path).read_text())
@@ -360,13 +423,15 @@ def show(path: str, fmt: str) -> int:
               f"{report_io.report_hash(data)}", file=sys.stderr)
         return 1
     print(_table({k: data[k] for k in ("development", "assessment")}, fmt))
+    if plot:
+        print(f"plot: {draw(data, plot)}", file=sys.stderr)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.show:
-        return show(args.show, args.format)
+        return show(args.show, args.format, args.plot)
     try:
         import torch
     except ImportError:
@@ -390,6 +455,10 @@ def main(argv: list[str] | None = None) -> int:
     report = build_report(run, previous)
     path = seal_and_write(report, args.out)
     print(_table({k: report[k] for k in ("development", "assessment")}))
+    try:
+        print(f"plot: {draw(report, args.plot or path.with_suffix('.png'))}")
+    except ImportError:
+        print("no plot: matplotlib is not installed (pip install 'kernellab-megakernel[plot]')")
     failed = [f"{item['shape']} {name}" for section in ("development", "assessment") for item in report[section]
               for name, e in item["engines"].items() if not e.get("passed")]
     print(f"\nwrote {path} ({time.perf_counter() - start:.0f} s); "
