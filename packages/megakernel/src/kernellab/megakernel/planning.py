@@ -41,7 +41,8 @@ TC_HIDDEN_CHUNK = 64
 TC_CHANNEL_TILES = (64, 128, 256, 512)
 TC_ROW_TILES = (32, 64)
 """persistent-tc keeps the fp32 output tile (tile rows x channel tile) in registers: 64 x 512 over
-256 threads is 128 registers each, the most that leaves room for the rest (ptxas: 254, no spills)."""
+256 threads is 128 registers each, the most that leaves room for the rest (the sm_90a cubin of CuTe DSL
+4.8.1 has 255 registers and a 56-byte stack frame: a few spills)."""
 
 CONVENTIONAL_TC_TILE = (128, 64, 32)  # (rows, columns, K) per CTA
 CONVENTIONAL_TC_THREADS = 128
