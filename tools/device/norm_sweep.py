@@ -98,7 +98,7 @@ def by_rows(variants, m):
     ``variants`` as "by-rows", labelled with its bound), else None."""
     label, default = next(iter(variants.values()))
     chosen = compiler.Plans(default, torch.cuda.get_device_properties(0).multi_processor_count)
-    fn = chosen.for_rows(m) if m <= chosen.limit else chosen.fn
+    fn = chosen.for_rows(m)
     if fn is chosen.fn:
         return None
     k = next(k for k, f in chosen.bounded.items() if f is fn)

@@ -313,7 +313,7 @@ def test_only_the_widest_class_joins_the_fast_path(torch_kernels):
 
 def _plans(fn):
     """A cache entry whose one plan is fn (no denser plan)."""
-    return SimpleNamespace(fn=fn, limit=0)
+    return SimpleNamespace(for_rows=lambda m: fn)
 
 
 def test_fast_path_calls_the_cached_function_and_falls_back_on_its_refusal(monkeypatch):

@@ -145,7 +145,9 @@ def test_plans_bound_the_ctas_per_sm_only_where_it_makes_one_wave(monkeypatch):
                       793: "bound 7", 924: "bound 7",
                       925: "heuristic", 1000: "heuristic", 1056: "heuristic"}  # one wave needs 8: spills
     assert sorted(v.tuning.ctas_per_sm for v in compiles if v.tuning) == [6, 7, 8], "each bound compiles once"
-    assert compiler.Plans(variant).limit == 0, "no SM count: the heuristic plan only"
+    assert plans.for_rows(1057) == plans.for_rows(50000) == "heuristic", "past one wave of 8: never bounded"
+    single = compiler.Plans(variant)
+    assert single.limit == 0 and single.for_rows(768) == "heuristic", "no SM count: the heuristic plan only"
 
 
 def test_call_of_unwraps_the_kwargs_wrapper_where_there_is_one():

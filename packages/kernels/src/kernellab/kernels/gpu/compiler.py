@@ -175,7 +175,7 @@ class Plans:
     next wave start as others finish and the tail is short.
     """
 
-    __slots__ = ("variant", "fn", "ctas", "rows_per_sm", "limit", "bounded", "by_rows")
+    __slots__ = ("variant", "fn", "threads", "ctas", "rows_per_sm", "limit", "bounded", "by_rows")
 
     def __init__(self, variant: Variant, sms: int = 0):
         self.variant, self.fn = variant, call_of(compiled(variant))
@@ -186,14 +186,16 @@ class Plans:
         if not (sms and res and variant.tuning is None):
             return
         plan = variant.kernel().describe()
-        threads = plan["num_threads"]
+        self.threads = threads = plan["num_threads"]  # a bound changes the registers, not the threads
         self.ctas, most = resident_ctas(threads, res.registers), resident_ctas(threads, 0)
         self.rows_per_sm = sms * plan["rows_per_cta"]  # rows one resident CTA per SM holds in a wave
         if plan["cluster"] == 1 and plan["tiles"] == 1 and 0 < self.ctas < most:
             self.limit = most * self.rows_per_sm
 
     def for_rows(self, m: int):
-        """The function for M <= limit rows (a bounded plan compiles on first use)."""
+        """The function for M rows (a bounded plan compiles on first use)."""
+        if m > self.limit:
+            return self.fn
         fn = self.by_rows.get(m)
         if fn is None:
             k = -(-m // self.rows_per_sm)  # CTAs per SM that hold M rows in one wave
@@ -208,8 +210,7 @@ class Plans:
             variant = dataclasses.replace(self.variant, tuning=Tuning(ctas_per_sm=k))
             fn = compiled(variant)
             res = _RESOURCES.get(variant)
-            threads = variant.kernel().describe()["num_threads"]
-            ok = res is not None and not res.stack_bytes and resident_ctas(threads, res.registers) >= k
+            ok = res is not None and not res.stack_bytes and resident_ctas(self.threads, res.registers) >= k
             self.bounded[k] = call_of(fn) if ok else None  # spills (or unknown): the bound costs more than the tail
         return self.bounded[k]
 

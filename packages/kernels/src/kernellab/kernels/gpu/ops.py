@@ -105,8 +105,7 @@ def _function(op: str, x, n: int, bits: int, weight, bias, residual: bool):
         widest = n * x.element_size() | 16
         if not residual and bits & -bits == widest & -widest:
             _FAST[(op, x.dtype, n, wdt, bdt)] = plans
-    m = x.shape[0]
-    return plans.fn if m > plans.limit else plans.for_rows(m)
+    return plans.for_rows(x.shape[0])
 
 
 def _run(op: str, x, y, weight=None, bias=None, residual=None, h=None, eps=None) -> None:
@@ -345,10 +344,7 @@ def _fast(op: str, x, out, weight=None, bias=None):
         return None
     plans = _FAST.get((op, x.dtype, shape[1], None if weight is None else weight.dtype,
                        None if bias is None else bias.dtype))
-    if plans is None:
-        return None
-    m = shape[0]
-    return plans.fn if m > plans.limit else plans.for_rows(m)
+    return None if plans is None else plans.for_rows(shape[0])
 
 
 def _plain_x(x) -> bool:
