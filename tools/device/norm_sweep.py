@@ -39,7 +39,9 @@ KNOBS = [Tuning(a, rv, 128, rt, vs) for a in (2, 4, 8) for rv, rt in ((32, 0), (
     Tuning(4, 16, 128, 1280, "late"), Tuning(4, 16, 128, 1536, "late"), Tuning(8, 16, 128, 896, "late"),
     # rows streamed on one CTA (the passes after the first re-read x from L2): fewer registers, more rows in flight
     Tuning(tile_values=16), Tuning(tile_values=16, ctas_per_sm=3), Tuning(tile_values=8),
-    Tuning(tile_values=8, ctas_per_sm=4)]
+    Tuning(tile_values=8, ctas_per_sm=4),
+    # 16-bit rows of 16384 split over a cluster of two CTAs, 16 values per thread: 3 or 4 CTAs per SM
+    Tuning(2, 16, 128, 1536, "late"), Tuning(2, 16, 128, 2048, "late")]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
 

@@ -3,8 +3,8 @@
     python -m kernellab.kernels.sanitize [--out DIR] [--tools memcheck,racecheck]
 
 Runs a small driver (``--driver``) that launches each op / dtype / N class / flag variant once at a
-small shape and checks its result against the float64 reference, once under each tool, in its own
-subprocess. Parses each tool's error (and racecheck hazard) counts, writes ``DIR/sanitize.json``
+small shape and checks its result against the float64 reference: once plainly (compiling every variant
+into the DSL's disk cache), then under each tool, the tools side by side in their own subprocesses. Parses each tool's error (and racecheck hazard) counts, writes ``DIR/sanitize.json``
 ({tool: {errors, warnings, returncode, driver_ok, log}}) and prints a table. Exit status: 0 clean,
 1 any error or failed driver, 2 no CUDA device or no compute-sanitizer here.
 """
@@ -35,6 +35,15 @@ DRIVER_CASES = [
     ("rmsnorm", "bfloat16", 2, 40000, None, False, True, 0),
     ("rmsnorm", "float32", 2, 140000, "float32", False, True, 0),
     ("layernorm", "bfloat16", 5, 4096, "float32", True, False, 16),
+    # 768 rows of 6144 take a little more than one wave of the heuristic plan on a 132-SM H200: the ops
+    # run it under a launch bound (compiler.Plans); the driver counts the bounded plans it ran
+    ("rmsnorm", "bfloat16", 768, 6144, "x", False, False, 0),
+]
+# plans the heuristic may not pick for these N, which norm_sweep measures: (op, dtype, M, N, Tuning knobs)
+TUNED_CASES = [
+    ("layernorm", "bfloat16", 3, 16384, {"tile_values": 16, "ctas_per_sm": 3}),  # streamed on one CTA
+    ("rmsnorm", "float32", 3, 16384, {"tile_values": 8, "ctas_per_sm": 4}),
+    ("softmax", "bfloat16", 3, 16384, {"accesses": 2, "register_values": 16, "resident_threads": 1536}),  # cluster
 ]
 
 
@@ -60,6 +69,8 @@ def run_driver() -> int:
         return None if t is None else t.cpu()
 
     failures = 0
+    for op, dt, m, n, knobs in TUNED_CASES:
+        failures += tuned_case(op, dt, m, n, knobs, host)
     for op, dt, m, n, wdt, has_bias, has_res, pad in DRIVER_CASES:
         dtype = getattr(torch, dt)
         g = torch.Generator(device="cuda").manual_seed(m * 1_000_003 + n)
@@ -82,8 +93,47 @@ def run_driver() -> int:
             if not torch.allclose(a.double(), e.to(a.device), rtol=tol, atol=tol):
                 failures += 1
                 print(f"MISMATCH {op} {dt} {m}x{n} w={wdt} b={has_bias} res={has_res}", flush=True)
-    print(f"driver: {len(DRIVER_CASES)} variants, {failures} mismatches", flush=True)
+    from .gpu import ops
+
+    bounded = sum(any(fn is not plans.fn for fn in plans.by_rows.values()) for plans in ops._FUNCTIONS.values())
+    print(f"driver: {len(DRIVER_CASES) + len(TUNED_CASES)} variants ({bounded} under a launch bound for M), "
+          f"{failures} mismatches", flush=True)
     return 1 if failures else 0
+
+
+def tuned_case(op: str, dt: str, m: int, n: int, knobs: dict, host) -> int:
+    """One explicit plan, called as the ops call a compiled function; 1 on a mismatch with the reference."""
+    import torch
+
+    from kernellab.harness.suites import reference
+
+    from .gpu.base import Tuning
+    from .gpu.compiler import Variant, compiled, widest_vector
+
+    dtype = getattr(torch, dt)
+    g = torch.Generator(device="cuda").manual_seed(m * 7919 + n)
+    x = torch.randn(m, n, device="cuda", generator=g).to(dtype)
+    w = torch.randn(n, device="cuda", generator=g).to(dtype)
+    b = torch.randn(n, device="cuda", generator=g).to(dtype)
+    y = torch.full_like(x, float("nan"))
+    variant = Variant(op, dt, n, widest_vector(n, dt), weight=None if op == "softmax" else dt,
+                      bias=dt if op == "layernorm" else None, tuning=Tuning(**knobs))
+    fn = compiled(variant)
+    if op == "softmax":
+        fn(x, y)
+        want = reference.softmax(host(x))
+    elif op == "rmsnorm":
+        fn(x, w, None, y, None, 1e-6)
+        want = reference.rmsnorm(host(x), host(w), 1e-6, None)[0]
+    else:
+        fn(x, w, b, y, 1e-5)
+        want = reference.layernorm(host(x), host(w), host(b), 1e-5)
+    torch.cuda.synchronize()
+    tol = 1e-4 if dt == "float32" else 3e-2
+    if torch.allclose(y.double(), want.to(y.device), rtol=tol, atol=tol):
+        return 0
+    print(f"MISMATCH {variant.name}", flush=True)
+    return 1
 
 
 def parse(tool: str, log: str) -> dict:
@@ -123,24 +173,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = {}
+    driver = [sys.executable, "-m", "kernellab.kernels.sanitize", "--driver"]
+    # one plain run first: it compiles every variant into the DSL's disk cache, which the tools' runs then load
+    warm = subprocess.run(driver, capture_output=True, text=True)
+    (out / "plain.log").write_text(warm.stdout + warm.stderr)
+    print(f"plain run: exit {warm.returncode}, {warm.stdout.strip().splitlines()[-1:]}", flush=True)
+    procs = {}  # the tools run side by side, each in its own process and context on the one GPU
     for tool in tools:
-        cmd = [sanitizer, "--tool", tool, *TOOL_FLAGS.get(tool, []), sys.executable, "-m",
-               "kernellab.kernels.sanitize", "--driver"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        log = proc.stdout + proc.stderr
+        with open(out / f"{tool}.log", "w") as log:
+            procs[tool] = subprocess.Popen([sanitizer, "--tool", tool, *TOOL_FLAGS.get(tool, []), *driver],
+                                           stdout=log, stderr=subprocess.STDOUT)
+    summary = {}
+    for tool, proc in procs.items():
+        code = proc.wait()
         path = out / f"{tool}.log"
-        path.write_text(log)
-        counts = parse(tool, log)
-        summary[tool] = {**counts, "returncode": proc.returncode,
-                         "driver_ok": "0 mismatches" in log and proc.returncode == 0, "log": str(path)}
+        log = path.read_text()
+        summary[tool] = {**parse(tool, log), "returncode": code,
+                         "driver_ok": "0 mismatches" in log and code == 0, "log": str(path)}
     (out / "sanitize.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     print(f"{'tool':<10} {'errors':>7} {'warnings':>8} {'driver':>7}")
     for tool, s in summary.items():
         errors = "?" if s["errors"] is None else s["errors"]
         print(f"{tool:<10} {errors:>7} {s['warnings']:>8} {'ok' if s['driver_ok'] else 'FAILED':>7}")
     print(f"summary: {out / 'sanitize.json'}")
-    clean = all(s["errors"] == 0 and s["driver_ok"] for s in summary.values())
+    clean = warm.returncode == 0 and all(s["errors"] == 0 and s["driver_ok"] for s in summary.values())
     return 0 if clean else 1
 
 

@@ -128,17 +128,21 @@ def main(argv: list[str] | None = None) -> int:
     (out / "plain.log").write_text(warm.stdout + warm.stderr)
     results: dict = {"cases": [c[0] for c in cases()], "plain_run_exit_code": warm.returncode}
     bad = warm.returncode != 0
-    for tool in tools:
-        cmd = [sanitizer, *TOOLS[tool], sys.executable, "-m", "kernellab.megakernel.sanitize", "--child"]
-        print(f"sanitize: {tool} ...", file=sys.stderr, flush=True)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        log = proc.stdout + proc.stderr
-        (out / f"{tool}.log").write_text(log)
-        counted = count(tool, log)
-        results[tool] = {**counted, "exit_code": proc.returncode, "command": " ".join(cmd[:-4] + ["<child>"])}
+    # the tools run side by side, each in its own process and context on the one GPU
+    commands = {tool: [sanitizer, *TOOLS[tool], sys.executable, "-m", "kernellab.megakernel.sanitize", "--child"]
+                for tool in tools}
+    print(f"sanitize: {', '.join(tools)} ...", file=sys.stderr, flush=True)
+    procs = {}
+    for tool, cmd in commands.items():
+        with open(out / f"{tool}.log", "w") as log:
+            procs[tool] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    for tool, proc in procs.items():
+        code = proc.wait()
+        counted = count(tool, (out / f"{tool}.log").read_text())
+        results[tool] = {**counted, "exit_code": code, "command": " ".join(commands[tool][:-4] + ["<child>"])}
         found = counted.get("hazards") if tool == "racecheck" else counted.get("errors")
-        bad |= found != 0 or proc.returncode != 0
-        print(f"sanitize: {tool}: {counted} (exit {proc.returncode})", file=sys.stderr, flush=True)
+        bad |= found != 0 or code != 0
+        print(f"sanitize: {tool}: {counted} (exit {code})", file=sys.stderr, flush=True)
     (out / "sanitize.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
     return 1 if bad else 0
