@@ -37,8 +37,9 @@ KNOBS = [Tuning(a, rv, 128, rt, vs) for a in (2, 4, 8) for rv, rt in ((32, 0), (
     Tuning(8, 48, 128, 768, "late"), Tuning(12, 96, 128, 512, "late"), Tuning(16, 128, 128, 512, "late"),
     # launch bounds from 16 values of x per thread up: more resident rows per SM
     Tuning(4, 16, 128, 1280, "late"), Tuning(4, 16, 128, 1536, "late"), Tuning(8, 16, 128, 896, "late"),
-    # rows streamed on one CTA (the passes after the first re-read x from L2): fewer registers, more rows in flight
-    Tuning(tile_values=16), Tuning(tile_values=16, ctas_per_sm=3), Tuning(tile_values=8),
+    # rows streamed on one CTA (the passes after the first re-read x from L2): fewer registers, more rows in flight;
+    # tile_values=0 holds every row that fits (against a kernel's own streaming rule)
+    Tuning(tile_values=0), Tuning(tile_values=16), Tuning(tile_values=16, ctas_per_sm=3), Tuning(tile_values=8),
     Tuning(tile_values=8, ctas_per_sm=4),
     # 16-bit rows of 16384 split over a cluster of two CTAs, 16 values per thread: 3 or 4 CTAs per SM
     Tuning(2, 16, 128, 1536, "late"), Tuning(2, 16, 128, 2048, "late")]

@@ -75,6 +75,7 @@ def _ownership(variant: Variant, rows: int) -> torch.Tensor:
     (Variant("softmax", "float32", 140000, 4), 2),
     (Variant("layernorm", "bfloat16", 16384, 8, tuning=Tuning(tile_values=16)), 2),  # streamed on one CTA
     (Variant("rmsnorm", "float32", 4001, 1, tuning=Tuning(tile_values=4)), 3),  # ... with a column tail
+    (Variant("layernorm", "bfloat16", 12280, 8), 2),  # LayerNorm's own streaming rule, a column tail
 ])
 def test_every_element_is_owned_once(variant, rows):
     k = variant.kernel()
@@ -92,6 +93,21 @@ def test_a_row_streamed_on_one_cta_compiles(tmp_path, monkeypatch):
     assert (plan["cluster"], plan["tiles"], plan["chunks"] * variant.vec) == (1, 2, 16)
     variant.compile("sm_90a")
     assert compiler._RESOURCES[variant].stack_bytes == 0
+
+
+@pytest.mark.parametrize("op,dtype,n,streamed", [
+    ("layernorm", "bfloat16", 16384, True), ("layernorm", "float16", 12288, True),
+    ("layernorm", "bfloat16", 8192, False),  # 256 threads a row: four rows per SM in flight
+    ("layernorm", "float32", 16384, False), ("softmax", "bfloat16", 16384, False),
+    ("layernorm", "bfloat16", 32768, False),  # a cluster's row
+])
+def test_layernorm_streams_16_bit_rows_that_take_the_largest_cta(op, dtype, n, streamed):
+    plan = Variant(op, dtype, n, compiler.widest_vector(n, dtype)).kernel().describe()
+    assert (plan["tiles"] > 1) == streamed
+    if streamed:
+        assert (plan["cluster"], plan["threads_per_row"], plan["chunks"] * plan["vec"]) == (1, 512, 8)
+    held = Variant(op, dtype, n, compiler.widest_vector(n, dtype), tuning=Tuning(tile_values=0)).kernel()
+    assert held.tiles == 1
 
 
 def test_resident_ctas_matches_the_occupancy_calculator():

@@ -37,9 +37,9 @@ class Tuning:
     resident_threads: int = 1024  # asked-for resident threads per SM when a thread holds register_values
     vectors: str = "auto"  # when weight / bias are read: "early" or "late" (see RowKernel)
     ctas_per_sm: int = 0  # a launch bound of this many resident CTAs per SM; 0: from resident_threads
-    tile_values: int = 0  # stream every row on one CTA, this many values per thread and tile (the passes
-    # after the first re-read x, mostly from L2, for fewer registers and more rows in flight); 0: stream
-    # only rows that overflow a cluster's registers
+    tile_values: int | None = None  # stream every row on one CTA, this many values per thread and tile (the
+    # passes after the first re-read x, mostly from L2, for fewer registers and more rows in flight); 0: stream
+    # only rows that overflow a cluster's registers; None: the kernel's rule (RowKernel.stream_values)
 
 ADD = operator.add
 
@@ -66,6 +66,10 @@ class RowKernel:
 
     stages = 1
     name = "row"
+    # a 16-bit row that one CTA of MAX_THREADS_PER_ROW threads would hold at more than 16 values per thread (two
+    # rows per SM in flight at most) is streamed on that CTA instead, this many values per thread and tile
+    # (0: held). LayerNorm sets it: its held row keeps x and x - mean live in fp32 (64 registers).
+    stream_values = 0
 
     def __init__(self, dtype, n: int, vec: int, tuning: Tuning | None = None):
         if n < 1 or vec < 1 or n % vec or 128 % (vec * dtype.width):
@@ -77,8 +81,12 @@ class RowKernel:
         limit = max(target, tuning.register_values // vec)  # accesses whose values still fit in registers
         tpr = min(MAX_THREADS_PER_ROW, _pow2_at_least(_ceil_div(vectors, target)))
         chunks, tiles, ctas = _ceil_div(vectors, tpr), 1, 1
-        if tuning.tile_values:
-            chunks = min(chunks, max(1, tuning.tile_values // vec))
+        stream = tuning.tile_values
+        if stream is None:
+            held = chunks <= limit and tpr == MAX_THREADS_PER_ROW and chunks * vec > 16 and dtype.width == 16
+            stream = self.stream_values if held else 0
+        if stream:
+            chunks = min(chunks, max(1, stream // vec))
             tiles = _ceil_div(vectors, tpr * chunks)
         elif chunks > limit:  # the row does not fit in one CTA's registers: split it over a cluster
             ctas = _ceil_div(vectors, tpr * limit)

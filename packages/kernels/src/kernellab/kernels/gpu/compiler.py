@@ -51,8 +51,8 @@ class Variant:
         flags = "".join(f"_{k}-{v}" for k, v in (("w", self.weight), ("b", self.bias)) if v)
         t = self.tuning
         knobs = (f"_t{t.accesses}-{t.register_values}-{t.min_threads}-{t.resident_threads}-{t.vectors}"
-                 f"{f'-c{t.ctas_per_sm}' if t.ctas_per_sm else ''}{f'-s{t.tile_values}' if t.tile_values else ''}"
-                 if t else "")
+                 f"{f'-c{t.ctas_per_sm}' if t.ctas_per_sm else ''}"
+                 f"{f'-s{t.tile_values}' if t.tile_values is not None else ''}" if t else "")
         return f"{self.op}_{self.dtype}_n{self.n}_v{self.vec}{flags}{'_res' if self.residual else ''}{knobs}"
 
     def kernel(self):
