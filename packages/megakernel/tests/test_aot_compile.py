@@ -17,9 +17,10 @@ def test_representative_variants_compile_for_sm90a():
 
 def test_the_full_list_covers_every_engine_and_is_unique():
     names = [v.name for v in aot.variants()]
-    assert len(set(names)) == len(names) == 45  # 12 persistent-tc variants with two chunk buffers
+    # 28 persistent-tc variants (12 with two chunk buffers), each also with element loads
+    assert len(set(names)) == len(names) == 73
     for prefix in ("persistent_", "persistent-global_", "conventional-hidden", "conventional-output",
                    "conventional-tc-hidden", "conventional-tc-output", "persistent-tc_m32_c64_s1",
-                   "persistent-tc_m64_c256_s2",
+                   "persistent-tc_m64_c256_s2", "persistent-tc_m32_c64_s1_v1",
                    "prologue-rmsnorm", "prologue-cast"):
         assert any(n.startswith(prefix) for n in names), prefix

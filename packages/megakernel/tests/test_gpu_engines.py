@@ -41,6 +41,15 @@ def test_tensor_core_engines_on_aligned_shapes(rows, channels, hidden, activatio
     assert bound.served_by == engine
 
 
+@settings(deadline=None)
+@given(rows=st.integers(1, 2000), channels=st.one_of(st.integers(1, 512), ODD_SIZES), hidden=SIZES,
+       activation=st.sampled_from(model.ACTIVATIONS), seed=st.integers(0, 2**31))
+def test_persistent_tc_serves_any_shape_up_to_512_channels(rows, channels, hidden, activation, seed):
+    """Rows that are not 16-byte aligned load element by element: still persistent-tc, still exact."""
+    bound = _check("persistent-tc", (rows, channels, hidden), activation, seed)
+    assert bound.served_by == "persistent-tc"
+
+
 @pytest.mark.parametrize("case", sanitize.cases(), ids=lambda c: c[0])
 @pytest.mark.parametrize("activation", model.ACTIVATIONS)
 def test_forced_plans(case, activation):

@@ -9,9 +9,9 @@ from kernellab.megakernel.planning import H200
 
 # requested engine -> engine that serves, at the example report's shapes (H200 numbers)
 SERVED = {
-    (1, 7, 13): {"persistent-tc": "persistent", "conventional-tc": "conventional"},
+    (1, 7, 13): {"persistent-tc": "persistent-tc", "conventional-tc": "conventional"},
     (33, 32, 64): {"persistent-tc": "persistent-tc", "conventional-tc": "conventional-tc"},
-    (129, 31, 47): {"persistent-tc": "persistent", "conventional-tc": "conventional"},
+    (129, 31, 47): {"persistent-tc": "persistent-tc", "conventional-tc": "conventional"},
     (16384, 512, 2048): {"persistent-tc": "persistent-tc", "conventional-tc": "conventional-tc"},
     (128, 1024, 14336): {"persistent-tc": "persistent-global", "persistent": "persistent-global"},
     (8, 520, 64): {"persistent-tc": "persistent", "conventional-tc": "conventional-tc"},
@@ -28,7 +28,7 @@ def test_fallback_choice(shape, expected):
 
 
 def test_refusal_reasons_say_why():
-    odd = planning.choose("persistent-tc", 129, 31, 47, H200)
+    odd = planning.choose("conventional-tc", 129, 31, 47, H200)
     assert "multiples of 8" in odd.skipped[0].reason
     wide = planning.choose("persistent-tc", 8, 520, 64, H200)
     assert "channels=520 > 512" in wide.skipped[0].reason
@@ -85,8 +85,10 @@ def test_every_shape_is_served_by_a_consistent_plan(rows, channels, hidden, requ
     assert plan.owners.grid * plan.owners.tiles_per_cta >= plan.tile.num_tiles
     if plan.engine.startswith("persistent"):  # never more CTAs than can be resident
         assert plan.owners.grid <= H200.sm_count * plan.owners.occupancy
-    if plan.engine.endswith("-tc"):
+    if plan.engine == "conventional-tc":
         assert channels % 8 == 0 and hidden % 8 == 0
+    if plan.engine == "persistent-tc":  # 16-byte loads only where every row is 16-byte aligned
+        assert plan.tile.vector == (8 if channels % 8 == 0 and hidden % 8 == 0 else 1)
     if plan.engine == "persistent":
         assert plan.smem.hidden == "smem"
 

@@ -30,6 +30,7 @@ def variants(representative: bool = False) -> list:
             conventional_tc.Variant("output", "float32"),
             persistent_tc.Variant(TC_ROW_TILES[0], TC_CHANNEL_TILES[0]),
             persistent_tc.Variant(TC_ROW_TILES[0], TC_CHANNEL_TILES[1], stages=2),
+            persistent_tc.Variant(TC_ROW_TILES[0], TC_CHANNEL_TILES[0], vector=1),
             prologue.Variant(norm=True, stream="float16"),
             prologue.Variant(norm=False),
         ]
@@ -38,8 +39,8 @@ def variants(representative: bool = False) -> list:
         out += [persistent.Variant(on_chip, in_smem, residual) for on_chip in (True, False)
                 for in_smem in (True, False)]
         out += [conventional.Variant("output", residual), conventional_tc.Variant("output", residual)]
-        out += [persistent_tc.Variant(rows, cols, residual, stages)
-                for rows in TC_ROW_TILES for cols in TC_CHANNEL_TILES for stages in (1, 2)
+        out += [persistent_tc.Variant(rows, cols, residual, stages, vector)
+                for rows in TC_ROW_TILES for cols in TC_CHANNEL_TILES for stages in (1, 2) for vector in (8, 1)
                 if stages == 1 or persistent_tc_smem_bytes(rows, cols, stages) <= H200.smem_per_block]
         out += [prologue.Variant(norm=True, stream=residual)]
     out += [conventional.Variant("hidden"), conventional_tc.Variant("hidden"), prologue.Variant(norm=False)]

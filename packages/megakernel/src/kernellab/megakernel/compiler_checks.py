@@ -91,8 +91,12 @@ PASS_CASES = (
              == [("none", "float16"), ("rmsnorm", "float32"), ("cast", "float32")]),
     PassCase("prologues rejects a program that was not validated", "prologues",
              lambda: _program(_gelu(32, 64)), error="requires ['validated']"),
-    PassCase("tiles: tensor cores refuse odd sizes, scalar engines tile them", "tiles",
+    PassCase("tiles: odd sizes get element loads on tensor cores, scalar engines tile them", "tiles",
              lambda: run_to("tiles", _program(_gelu(31, 47), rows=129)),
+             expect=lambda p: p.blocks[0].candidates[0].tile.vector == 1
+             and all(c.tile is not None for c in p.blocks[0].candidates)),
+    PassCase("tiles: tensor cores refuse channels past their largest tile", "tiles",
+             lambda: run_to("tiles", _program(_gelu(520, 64), rows=9)),
              expect=lambda p: p.blocks[0].candidates[0].refusal is not None
              and all(c.tile is not None for c in p.blocks[0].candidates[1:])),
     PassCase("tiles rejects a forced tile the requested engine cannot use", "tiles",

@@ -6,7 +6,7 @@ block match its hand-written engine bit for bit.
 
 Planning happens in three steps, each a function the compiler runs as its own pass:
 1. ``plan_tile``: the tile shape an engine would use (rows per tile, channel padding, hidden
-   chunk), or a refusal (tensor cores need 16-byte rows; a tile that cannot fit at all);
+   chunk, load width), or a refusal (conventional-tc needs 16-byte rows; a tile that cannot fit);
 2. ``plan_shared_memory``: bytes of shared memory per CTA and where the weights live, or a refusal
    when the on-chip tile does not fit (the trigger for the fallback);
 3. ``plan_owners``: CTAs per SM from that shared memory, the grid, and the static round-robin
@@ -49,7 +49,8 @@ CONVENTIONAL_TC_THREADS = 128
 CONVENTIONAL_TC_STAGES = 3
 
 VECTOR_ELEMENTS = 8
-"""fp16 elements in one 16-byte cp.async; tensor-core engines need channels and hidden multiples."""
+"""fp16 elements in one 16-byte cp.async: conventional-tc needs channels and hidden multiples of it;
+persistent-tc loads other shapes element by element."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +109,7 @@ class Tile:
     threads: int
     num_tiles: int
     stages: int = 1  # persistent-tc: W1 / W2 chunk buffers each (a chunk's loads overlap 2 * stages - 1 steps)
+    vector: int = 1  # fp16 elements per global load of a tile: 8 (16-byte cp.async) for tensor cores on aligned rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,7 +219,7 @@ def scalar_weight_bytes(channels: int, hidden: int) -> int:
 
 def tensor_core_alignment(channels: int, hidden: int) -> str | None:
     if channels % VECTOR_ELEMENTS or hidden % VECTOR_ELEMENTS:
-        return (f"tensor cores need channels and hidden to be multiples of {VECTOR_ELEMENTS} (16-byte rows "
+        return (f"conventional-tc needs channels and hidden to be multiples of {VECTOR_ELEMENTS} (16-byte rows "
                 f"for cp.async); got channels={channels}, hidden={hidden}")
     return None
 
@@ -227,10 +229,9 @@ def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: Device
     """Step 1: the tile an engine would use for this shape. ``tile_rows`` forces the rows per tile
     (the compiler's override); it must be a multiple of the engine's row granularity."""
     _check_engine(engine)
-    if engine in ("persistent-tc", "conventional-tc"):
-        misaligned = tensor_core_alignment(channels, hidden)
-        if misaligned:
-            return Refusal(engine, misaligned)
+    misaligned = tensor_core_alignment(channels, hidden)
+    if engine == "conventional-tc" and misaligned:
+        return Refusal(engine, misaligned)
     if engine == "persistent-tc":
         channels_tile = channel_tile(channels)
         if channels_tile is None:
@@ -241,10 +242,12 @@ def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: Device
             return Refusal(engine, f"tile_rows must be one of {TC_ROW_TILES} for persistent-tc, got {rows_per_tile}")
         num_tiles = ceil_div(rows, rows_per_tile)
         return Tile(engine, rows_per_tile, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, num_tiles,
-                    tc_stages(rows_per_tile, channels_tile, num_tiles, device))
+                    tc_stages(rows_per_tile, channels_tile, num_tiles, device),
+                    1 if misaligned else VECTOR_ELEMENTS)  # unaligned rows: element loads
     if engine == "conventional-tc":
         block_rows = CONVENTIONAL_TC_TILE[0]
-        return Tile(engine, block_rows, channels, hidden, CONVENTIONAL_TC_THREADS, ceil_div(rows, block_rows))
+        return Tile(engine, block_rows, channels, hidden, CONVENTIONAL_TC_THREADS, ceil_div(rows, block_rows),
+                    vector=VECTOR_ELEMENTS)
     if engine == "conventional":
         rows_per_tile = tile_rows or ROW_BLOCK
         if rows_per_tile % ROW_BLOCK:

@@ -38,8 +38,9 @@ LIMITATIONS = [
     "them), which is evidence of generalization, not proof.",
     "persistent-global keeps persistent's owners and arithmetic order but moves the hidden rows to global memory, "
     "which also changes its shared-memory footprint and occupancy.",
-    "Tensor-core engines need channels and hidden multiples of 8 and 16-byte aligned tensors; other shapes are "
-    "served down the fallback chain (served_by). CUDA-core engines at the large shapes are compute bound on FMA "
+    "conventional-tc needs channels and hidden multiples of 8 (16-byte cp.async); persistent-tc loads other "
+    "shapes element by element (tile_vector 1 in its plan) and needs channels <= 512; shapes an engine cannot serve "
+    "go down the fallback chain (served_by). CUDA-core engines at the large shapes are compute bound on FMA "
     "units and are not expected to compete there.",
 ]
 TARGETS = {"best_persistent_graph_vs_torch_cublas_graph": 0.5, "best_persistent_graph_vs_torch_compile_graph": 0.8,

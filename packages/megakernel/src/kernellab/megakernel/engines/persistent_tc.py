@@ -18,6 +18,10 @@ output tile costs 128 accumulator registers per thread, the largest tile the pla
 Padding: channels are padded to the channel tile and the last hidden chunk and row tile may be
 partial. Loads zero-fill everything outside the tensors, so padded hidden units have W1 rows and
 W2 columns of zeros: whatever the activation makes of their bias, they add exactly 0 to y.
+
+Alignment: where channels and hidden are multiples of 8 every row is 16-byte aligned and tiles load
+by cp.async (``vector=8``); any other shape (odd channels such as 63) compiles the ``vector=1``
+variant, whose tiles load element by element, synchronously, into the same shared-memory tiles.
 """
 
 from __future__ import annotations
@@ -45,10 +49,12 @@ class Variant:
     channels_tile: int
     residual: str = "float16"
     stages: int = 1
+    vector: int = VECTOR_ELEMENTS  # fp16 elements per global load: 8 (16-byte cp.async) or 1
 
     @property
     def name(self) -> str:
-        return f"persistent-tc_m{self.tile_rows}_c{self.channels_tile}_s{self.stages}_res-{self.residual}"
+        narrow = "" if self.vector == VECTOR_ELEMENTS else f"_v{self.vector}"
+        return f"persistent-tc_m{self.tile_rows}_c{self.channels_tile}_s{self.stages}{narrow}_res-{self.residual}"
 
     @property
     def occupancy(self) -> int:
@@ -56,7 +62,7 @@ class Variant:
         return tc_occupancy_limit(tile)
 
     def compile(self, arch: str | None = None):
-        s = Symbols(divisibility=VECTOR_ELEMENTS)
+        s = Symbols(divisibility=self.vector)
         f16, f32 = Float16, Float32
         args = (s.matrix(f16, s.rows, s.channels), s.matrix(DTYPES[self.residual], s.rows, s.channels),
                 s.matrix(f16, s.hidden, s.channels), s.vector(f32, s.hidden),
@@ -67,7 +73,7 @@ class Variant:
 
 def launcher(plan: Plan, activation: str, residual: str = "float16"):
     """``run(u, residual, w1, b1, w2, b2, y)``: one launch of ``plan.owners.grid`` CTAs."""
-    fn = compiled(Variant(plan.tile.rows, plan.tile.channels_tile, residual, plan.tile.stages))
+    fn = compiled(Variant(plan.tile.rows, plan.tile.channels_tile, residual, plan.tile.stages, plan.tile.vector))
     act, grid = ACTIVATION_CODES[activation], plan.owners.grid
 
     def run(u, res, w1, b1, w2, b2, y):
@@ -81,6 +87,7 @@ class PersistentTensorCore:
         self.tile_rows = variant.tile_rows
         self.channels_tile = variant.channels_tile
         self.stages = variant.stages
+        self.vector = variant.vector
         self.occupancy = variant.occupancy
 
     @cute.jit
@@ -130,7 +137,8 @@ class PersistentTensorCore:
         pending = 2 * stages - 1  # cp.async groups that may still fly once the one a step needs has landed
         for tile in range(cta, ceil_div(rows, tile_rows), grid):
             tensorcore.load_tile(g2s, tid, cute.local_tile(u, (tile_rows, cols), (tile, 0)), s_x,
-                                 cute.local_tile(x_coords, (tile_rows, cols), (tile, 0)), rows, channels)
+                                 cute.local_tile(x_coords, (tile_rows, cols), (tile, 0)), rows, channels,
+                                 self.vector)
             for s in cutlass.range_constexpr(stages):  # groups: x + W1(0), W2(0), W1(1), W2(1), ...
                 if s < num_chunks:
                     self.load_w1(g2s, tid, w1, w1_coords, s_w1[None, None, s], Int32(s), hidden, channels)
@@ -177,7 +185,7 @@ class PersistentTensorCore:
         """Rows [64 j, 64 j + 64) of W1 (hidden units), all channels, into one chunk buffer."""
         tiler = (TC_HIDDEN_CHUNK, self.channels_tile)
         tensorcore.load_tile(g2s, tid, cute.local_tile(w1, tiler, (j, 0)), s_w1,
-                             cute.local_tile(coords, tiler, (j, 0)), hidden, channels)
+                             cute.local_tile(coords, tiler, (j, 0)), hidden, channels, self.vector)
 
     @cute.jit
     def load_w2(self, g2s: cute.TiledCopy, tid: Int32, w2: cute.Tensor, coords: cute.Tensor, s_w2: cute.Tensor,
@@ -185,4 +193,4 @@ class PersistentTensorCore:
         """Columns [64 j, 64 j + 64) of W2 (hidden units), all channels, into one chunk buffer."""
         tiler = (self.channels_tile, TC_HIDDEN_CHUNK)
         tensorcore.load_tile(g2s, tid, cute.local_tile(w2, tiler, (0, j)), s_w2,
-                             cute.local_tile(coords, tiler, (0, j)), channels, hidden)
+                             cute.local_tile(coords, tiler, (0, j)), channels, hidden, self.vector)

@@ -4,7 +4,9 @@ MMA: ``mma.sync.m16n8k16`` with fp16 operands and fp32 accumulators (valid on sm
 Operands live in shared memory K-major (K contiguous) in 8 x 64 (or 8 x 32) swizzled atoms, so that
 both the 16-byte ``cp.async`` writes and the ``ldmatrix`` reads are free of bank conflicts. Every
 tile load is predicated per 16-byte vector: a vector outside the tensor is written as zeros, so an
-MMA never reads stale or uninitialized shared memory and the padding contributes exactly 0.
+MMA never reads stale or uninitialized shared memory and the padding contributes exactly 0. Rows that
+are not 16-byte aligned (channels or hidden not a multiple of 8) load element by element instead
+(``vector=1``): the same threads and shared-memory layout, 2-byte loads predicated per element.
 """
 
 from __future__ import annotations
@@ -54,10 +56,11 @@ def s2r_copies(mma):
 
 @cute.jit
 def load_tile(copy: cute.TiledCopy, tid: Int32, g_tile: cute.Tensor, s_tile: cute.Tensor, coords: cute.Tensor,
-              row_limit: Int32, col_limit: Int32):
-    """cp.async a (rows, cols) tile into shared memory. ``coords`` holds each element's coordinates
-    in the global tensor; vectors at or past (row_limit, col_limit) are zero-filled instead (the
-    column limit is a multiple of 8, so a vector is entirely inside or outside)."""
+              row_limit: Int32, col_limit: Int32, vector: cutlass.Constexpr = VECTOR_ELEMENTS):
+    """Copy a (rows, cols) tile into shared memory. ``coords`` holds each element's coordinates in the
+    global tensor; what lies at or past (row_limit, col_limit) is zero-filled instead. With
+    ``vector=8`` each thread's 8 elements go by one 16-byte cp.async (the column limit is a multiple
+    of 8, so a vector is entirely inside or outside); with ``vector=1`` element by element."""
     thr = copy.get_slice(tid)
     src = thr.partition_S(g_tile)
     dst = thr.partition_D(s_tile)
@@ -65,10 +68,23 @@ def load_tile(copy: cute.TiledCopy, tid: Int32, g_tile: cute.Tensor, s_tile: cut
     for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
         for k in cutlass.range_constexpr(cute.size(dst, mode=[2])):
             row, col = crd[0, m, k]  # of the vector's first element
-            if row < row_limit and col < col_limit:
-                cute.copy(copy, src[None, m, k], dst[None, m, k])
+            if cutlass.const_expr(vector == VECTOR_ELEMENTS):
+                if row < row_limit and col < col_limit:
+                    cute.copy(copy, src[None, m, k], dst[None, m, k])
+                else:
+                    dst[None, m, k].fill(0.0)
             else:
-                dst[None, m, k].fill(0.0)
+                for e in cutlass.range_constexpr(VECTOR_ELEMENTS):
+                    load_element(src[None, m, k], dst[None, m, k], e, row < row_limit and col + e < col_limit)
+
+
+@cute.jit
+def load_element(src: cute.Tensor, dst: cute.Tensor, e: cutlass.Constexpr, inside):
+    """dst[e] = src[e] where ``inside``, else 0 (src is not read)."""
+    value = Float16(0.0)
+    if inside:
+        value = src[e]
+    dst[e] = value
 
 
 @cute.jit
