@@ -57,15 +57,17 @@ def test_padded_stride_is_minimal_and_odd_in_words(n):
     assert s >= n and s % 4 == 2 and s - 4 < n
 
 
-@pytest.mark.parametrize("rows,channels,tile,stages,grid,occupancy", [
-    (16384, 512, 64, 1, 132, 1),  # 256 tiles of 64 rows, 200 KB each: one CTA per SM, 2 tiles for most
-    (4096, 256, 32, 2, 128, 1),  # 64-row tiles would leave SMs idle; 128 tiles need one CTA per SM: 2 stages
-    (8192, 256, 32, 1, 256, 2),  # 256 tiles need two CTAs per SM, which two stages (148 KB) would not allow
-    (1024, 128, 32, 2, 32, 2),
-    (33, 32, 32, 2, 2, 2),
+@pytest.mark.parametrize("rows,channels,hidden,tile,stages,grid,occupancy", [
+    (16384, 512, 1024, 64, 1, 132, 1),  # 256 tiles of 64 rows, 200 KB each: one CTA per SM, 2 tiles for most
+    (4096, 256, 1024, 32, 3, 128, 1),  # 64-row tiles would leave SMs idle; one CTA per SM: 3 stages (212 KB)
+    (8192, 256, 1024, 32, 1, 256, 2),  # 256 tiles need two CTAs per SM, which two stages (148 KB) would not allow
+    (1024, 128, 1024, 32, 4, 32, 1),  # 32 tiles: one CTA per SM, and room for the most stages
+    (33, 32, 1024, 32, 4, 2, 2),
+    (513, 96, 192, 32, 3, 17, 2),  # three chunks: three stages, every load of a tile issued at its start
+    (1, 7, 13, 32, 1, 1, 2),  # one chunk
 ])
-def test_persistent_tc_tiles_and_grid(rows, channels, tile, stages, grid, occupancy):
-    plan = planning.choose("persistent-tc", rows, channels, 1024, H200).plan
+def test_persistent_tc_tiles_and_grid(rows, channels, hidden, tile, stages, grid, occupancy):
+    plan = planning.choose("persistent-tc", rows, channels, hidden, H200).plan
     assert plan.engine == "persistent-tc"
     assert (plan.tile.rows, plan.tile.stages, plan.owners.grid, plan.owners.occupancy) == (tile, stages, grid,
                                                                                            occupancy)

@@ -18,7 +18,7 @@ def variants(representative: bool = False) -> list:
     """Every variant, or (``representative``) one of each kernel class and code path: what the CI
     test compiles in a few minutes on two cores."""
     from .engines import conventional, conventional_tc, persistent, persistent_tc, prologue
-    from .planning import H200, TC_CHANNEL_TILES, TC_ROW_TILES, persistent_tc_smem_bytes
+    from .planning import H200, TC_CHANNEL_TILES, TC_MAX_STAGES, TC_ROW_TILES, persistent_tc_smem_bytes
 
     if representative:
         return [
@@ -29,7 +29,7 @@ def variants(representative: bool = False) -> list:
             conventional_tc.Variant("hidden"),
             conventional_tc.Variant("output", "float32"),
             persistent_tc.Variant(TC_ROW_TILES[0], TC_CHANNEL_TILES[0]),
-            persistent_tc.Variant(TC_ROW_TILES[0], TC_CHANNEL_TILES[1], stages=2),
+            persistent_tc.Variant(TC_ROW_TILES[0], TC_CHANNEL_TILES[1], stages=TC_MAX_STAGES),
             persistent_tc.Variant(TC_ROW_TILES[0], TC_CHANNEL_TILES[0], vector=1),
             prologue.Variant(norm=True, stream="float16"),
             prologue.Variant(norm=False),
@@ -40,7 +40,8 @@ def variants(representative: bool = False) -> list:
                 for in_smem in (True, False)]
         out += [conventional.Variant("output", residual), conventional_tc.Variant("output", residual)]
         out += [persistent_tc.Variant(rows, cols, residual, stages, vector)
-                for rows in TC_ROW_TILES for cols in TC_CHANNEL_TILES for stages in (1, 2) for vector in (8, 1)
+                for rows in TC_ROW_TILES for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1)
+                for vector in (8, 1)
                 if stages == 1 or persistent_tc_smem_bytes(rows, cols, stages) <= H200.smem_per_block]
         out += [prologue.Variant(norm=True, stream=residual)]
     out += [conventional.Variant("hidden"), conventional_tc.Variant("hidden"), prologue.Variant(norm=False)]

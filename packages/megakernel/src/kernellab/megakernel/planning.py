@@ -38,6 +38,7 @@ ROW_BLOCK = 4
 
 TC_THREADS = 256
 TC_HIDDEN_CHUNK = 64
+TC_MAX_STAGES = 4  # W1 / W2 chunk buffers each at most: 7 cp.async groups in flight behind the one awaited
 TC_CHANNEL_TILES = (64, 128, 256, 512)
 TC_ROW_TILES = (32, 64)
 """persistent-tc keeps the fp32 output tile (tile rows x channel tile) in registers: 64 x 512 over
@@ -182,16 +183,19 @@ def persistent_tc_smem_bytes(tile_rows: int, channels_tile: int, stages: int = 1
     return 2 * (tile_rows * channels_tile + 2 * stages * chunk * channels_tile + tile_rows * chunk)
 
 
-def tc_stages(tile_rows: int, channels_tile: int, num_tiles: int, device: DeviceSpec) -> int:
-    """persistent-tc's chunk buffers: two, so that a chunk's weights load while the two GEMMs of the
-    chunk before run, where that shared memory still lets every CTA the grid needs be resident at
-    once (the grid asks for ceil(tiles / SMs) CTAs per SM, at most what one buffer allows); else one."""
+def tc_stages(tile_rows: int, channels_tile: int, num_tiles: int, hidden: int, device: DeviceSpec) -> int:
+    """persistent-tc's chunk buffers: as many as there are hidden chunks, up to TC_MAX_STAGES, so that
+    chunks' weights load while the GEMMs of the chunks before run (with as many buffers as chunks, every
+    load of a tile is issued at its start: short tiles are latency chains), where that shared memory
+    still lets every CTA the grid needs be resident at once (the grid asks for ceil(tiles / SMs) CTAs
+    per SM, at most what one buffer allows); else fewer, down to one."""
     one = Tile("persistent-tc", tile_rows, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, num_tiles)
     needed = min(ceil_div(num_tiles, device.sm_count), tc_occupancy_limit(one))
-    two = dataclasses.replace(one, stages=2)
-    size = persistent_tc_smem_bytes(tile_rows, channels_tile, 2)
-    if size <= usable_smem(device) and occupancy(TC_THREADS, size, device, tc_occupancy_limit(two)) >= needed:
-        return 2
+    for stages in range(min(TC_MAX_STAGES, ceil_div(hidden, TC_HIDDEN_CHUNK)), 1, -1):
+        size = persistent_tc_smem_bytes(tile_rows, channels_tile, stages)
+        limit = tc_occupancy_limit(dataclasses.replace(one, stages=stages))
+        if size <= usable_smem(device) and occupancy(TC_THREADS, size, device, limit) >= needed:
+            return stages
     return 1
 
 
@@ -242,7 +246,7 @@ def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: Device
             return Refusal(engine, f"tile_rows must be one of {TC_ROW_TILES} for persistent-tc, got {rows_per_tile}")
         num_tiles = ceil_div(rows, rows_per_tile)
         return Tile(engine, rows_per_tile, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, num_tiles,
-                    tc_stages(rows_per_tile, channels_tile, num_tiles, device),
+                    tc_stages(rows_per_tile, channels_tile, num_tiles, hidden, device),
                     1 if misaligned else VECTOR_ELEMENTS)  # unaligned rows: element loads
     if engine == "conventional-tc":
         block_rows = CONVENTIONAL_TC_TILE[0]
@@ -341,7 +345,7 @@ def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpe
         raise ValueError(plan.reason)
     if stages is not None and stages != plan.tile.stages:
         size = persistent_tc_smem_bytes(plan.tile.rows, plan.tile.channels_tile, stages)
-        if engine != "persistent-tc" or stages not in (1, 2) or size > usable_smem(device):
+        if engine != "persistent-tc" or not 1 <= stages <= TC_MAX_STAGES or size > usable_smem(device):
             raise ValueError(f"{engine} has no {stages}-stage variant at this shape")
         plan = dataclasses.replace(plan, tile=dataclasses.replace(plan.tile, stages=stages),
                                    smem=dataclasses.replace(plan.smem, bytes=size))

@@ -46,7 +46,10 @@ def cases():
          {"tile_rows": 64, "grid": 2}),
         ("persistent-tc, one chunk buffer, partial chunk, 2 tiles per CTA", "persistent-tc", (130, 136, 200),
          {"grid": 2, "stages": 1}),
-        ("persistent-tc, element loads (odd sizes), 2 tiles per CTA", "persistent-tc", (67, 19, 37), {"grid": 2}),
+        ("persistent-tc, four chunk buffers, partial chunk, 2 tiles per CTA", "persistent-tc", (70, 40, 200),
+         {"grid": 2}),
+        ("persistent-tc, element loads (odd sizes), three chunk buffers, 2 tiles per CTA", "persistent-tc",
+         (67, 19, 150), {"grid": 2}),
     ]
 
 

@@ -9,8 +9,9 @@ Grid: min(row tiles, SMs x CTAs per SM); CTA b owns row tiles b, b + grid, ... F
 
 then writes ``y = y_acc + b2 + residual``. W1 and W2 chunks stream through ``stages`` shared-memory
 buffers each with cp.async: chunk j + stages loads into the buffer chunk j freed, so with one buffer
-W1(j+1) loads while GEMM2(j) runs, and with two (where the planner finds the shared memory,
-planning.tc_stages) it has three GEMMs' time to land. b1 of a chunk is read into registers before its
+W1(j+1) loads while GEMM2(j) runs, and with S buffers (up to 4, and no more than the chunks, where the
+planner finds the shared memory: planning.tc_stages) it has 2S - 1 GEMMs' time to land; with as many
+buffers as chunks every load of a tile is issued at its start. b1 of a chunk is read into registers before its
 GEMM1, so that load waits under the GEMM. Shared memory: x tile + the W1 and W2 chunk buffers + the
 hidden chunk, all fp16 (planning.persistent_tc_smem_bytes). 8 warps tiled 2 x 4 over every product; the 64 x 512
 output tile costs 128 accumulator registers per thread, the largest tile the planner allows.
