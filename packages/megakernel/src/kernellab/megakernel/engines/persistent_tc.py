@@ -42,6 +42,7 @@ from .common import DTYPES, Symbols, compile_variant, compiled
 
 WARPS_M, WARPS_N = 2, 4
 ALIGN = 1024  # the swizzle pattern repeats every 8 rows of 128 bytes
+EARLY_EPILOGUE = 16  # output elements per thread up to which b2 and the residual are read at a tile's start
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +137,15 @@ class PersistentTensorCore:
 
         stages = self.stages
         pending = 2 * stages - 1  # cp.async groups that may still fly once the one a step needs has landed
+        # small output tiles: the epilogue's b2 and residual are read into registers at the tile's start, and
+        # each chunk's b1 before its wait, so that their latency hides under the weight loads
+        early = cute.size(acc_y) <= EARLY_EPILOGUE
+        epi_b2, epi_res = None, None
+        if cutlass.const_expr(early):
+            epi_b2 = cute.make_rmem_tensor(thr_mma.partition_shape_C((tile_rows, cols)), Float32)
+            epi_res = cute.make_rmem_tensor(thr_mma.partition_shape_C((tile_rows, cols)), Float32)
         for tile in range(cta, ceil_div(rows, tile_rows), grid):
+            row0 = tile * tile_rows
             tensorcore.load_tile(g2s, tid, cute.local_tile(u, (tile_rows, cols), (tile, 0)), s_x,
                                  cute.local_tile(x_coords, (tile_rows, cols), (tile, 0)), rows, channels,
                                  self.vector)
@@ -147,13 +156,18 @@ class PersistentTensorCore:
                 if s < num_chunks:
                     self.load_w2(g2s, tid, w2, w2_coords, s_w2[None, None, s], Int32(s), hidden, channels)
                 cute.arch.cp_async_commit_group()
+            if cutlass.const_expr(early):
+                for i in cutlass.range_constexpr(cute.size(acc_y)):
+                    self.read_epilogue(epi_b2, epi_res, i, y_coords[i], row0, rows, channels, b2, residual)
             acc_y.fill(0.0)
             for j in range(num_chunks):
                 slot = j % stages
+                if cutlass.const_expr(early):  # in flight under the wait too (a large tile would spill more)
+                    self.read_b1(bias_h, h_coords, b1, j, hidden)
                 cute.arch.cp_async_wait_group(pending)  # x tile and W1(j) landed
                 cute.arch.sync_threads()
-                for i in cutlass.range_constexpr(cute.size(bias_h)):  # in flight under GEMM1
-                    bias_h[i] = b1[cutlass.min(j * chunk + h_coords[i][1], hidden - 1)]
+                if cutlass.const_expr(not early):  # in flight under GEMM1
+                    self.read_b1(bias_h, h_coords, b1, j, hidden)
                 acc_h.fill(0.0)
                 tensorcore.gemm_from_smem(mma, tid, acc_h, s_x, s_w1[None, None, slot], copy_a, copy_b)
                 cute.arch.sync_threads()  # every warp is done with W1(j)'s buffer
@@ -174,11 +188,33 @@ class PersistentTensorCore:
                 if j + stages < num_chunks:
                     self.load_w2(g2s, tid, w2, w2_coords, s_w2[None, None, slot], j + stages, hidden, channels)
                 cute.arch.cp_async_commit_group()
-            row0 = tile * tile_rows
             for i in cutlass.range_constexpr(cute.size(acc_y)):
                 r, c = y_coords[i]
-                if row0 + r < rows and c < channels:
-                    y[row0 + r, c] = acc_y[i] + b2[c] + residual[row0 + r, c].to(Float32)
+                if cutlass.const_expr(early):
+                    if row0 + r < rows and c < channels:
+                        y[row0 + r, c] = acc_y[i] + epi_b2[i] + epi_res[i]
+                else:
+                    if row0 + r < rows and c < channels:
+                        y[row0 + r, c] = acc_y[i] + b2[c] + residual[row0 + r, c].to(Float32)
+
+    @cute.jit
+    def read_b1(self, bias_h: cute.Tensor, h_coords: cute.Tensor, b1: cute.Tensor, j: Int32, hidden: Int32):
+        """b1 of hidden chunk j at this thread's GEMM1 accumulators (past the hidden: its last value, which
+        meets zero W1 rows and W2 columns)."""
+        for i in cutlass.range_constexpr(cute.size(bias_h)):
+            bias_h[i] = b1[cutlass.min(j * TC_HIDDEN_CHUNK + h_coords[i][1], hidden - 1)]
+
+    @cute.jit
+    def read_epilogue(self, epi_b2: cute.Tensor, epi_res: cute.Tensor, i: cutlass.Constexpr, coord, row0: Int32,
+                      rows: Int32, channels: Int32, b2: cute.Tensor, residual: cute.Tensor):
+        """b2 and the residual (as fp32) of output element i of this thread, 0 outside the tensors."""
+        r, c = coord
+        bias, res = Float32(0.0), Float32(0.0)
+        if row0 + r < rows and c < channels:
+            bias = b2[c]
+            res = residual[row0 + r, c].to(Float32)
+        epi_b2[i] = bias
+        epi_res[i] = res
 
     @cute.jit
     def load_w1(self, g2s: cute.TiledCopy, tid: Int32, w1: cute.Tensor, coords: cute.Tensor, s_w1: cute.Tensor,
