@@ -17,11 +17,12 @@ def test_representative_variants_compile_for_sm90a():
 
 def test_the_full_list_covers_every_engine_and_is_unique():
     names = [v.name for v in aot.variants()]
-    # 92 persistent-tc variants: 2 residual dtypes x 2 load widths (16 bytes, one element) x 23 (row tile,
-    # channel tile, 1-4 chunk buffers that fit in shared memory)
-    assert len(set(names)) == len(names) == 109
+    # mma.sync persistent-tc: 2 residual dtypes x 2 load widths (16 bytes, one element) x 23 (row tile, channel
+    # tile, 1-4 chunk buffers that fit in shared memory) = 92; wgmma: 2 residual dtypes x 21 = 42
+    assert len(set(names)) == len(names) == 151
     for prefix in ("persistent_", "persistent-global_", "conventional-hidden", "conventional-output",
                    "conventional-tc-hidden", "conventional-tc-output", "persistent-tc_m32_c64_s1",
                    "persistent-tc_m64_c256_s2", "persistent-tc_m32_c64_s4", "persistent-tc_m32_c64_s1_v1",
+                   "persistent-tc_m64_c128_s2_wg", "persistent-tc_m128_c256_s1_wg",
                    "prologue-rmsnorm", "prologue-cast"):
         assert any(n.startswith(prefix) for n in names), prefix

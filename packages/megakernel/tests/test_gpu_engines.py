@@ -50,6 +50,28 @@ def test_persistent_tc_serves_any_shape_up_to_512_channels(rows, channels, hidde
     assert bound.served_by == "persistent-tc"
 
 
+@settings(deadline=None, max_examples=40)
+@given(rows=st.integers(1, 3000), channels=st.integers(1, 64).map(lambda v: 8 * v),
+       hidden=st.integers(1, 150).map(lambda v: 8 * v), tile_rows=st.sampled_from(planning.WGMMA_ROW_TILES),
+       activation=st.sampled_from(model.ACTIVATIONS), seed=st.integers(0, 2**31))
+def test_persistent_tc_wgmma_plans(rows, channels, hidden, tile_rows, activation, seed):
+    """The wgmma form of persistent-tc (forced: planning does not choose it yet) against the reference."""
+    device = planning.current_device()
+    plan = planning.plan_engine("persistent-tc", rows, channels, hidden, device, tile_rows, "wgmma")
+    if isinstance(plan, planning.Refusal):  # 128-row tiles past 256 channels
+        assert tile_rows == 128 and channels > 256
+        return
+    problem = bench.ResidualMLP((rows, channels, hidden), activation=activation)
+    run = engines.launcher("persistent-tc", plan, activation)
+
+    def call(inputs, outputs):
+        run(inputs["x"], inputs["x"], inputs["w1"], inputs["b1"], inputs["w2"], inputs["b2"], outputs["y"])
+        return outputs
+
+    report = validate.validate_call(problem, call, seed)
+    assert report["passed"], (plan.describe(), report)
+
+
 @pytest.mark.parametrize("case", sanitize.cases(), ids=lambda c: c[0])
 @pytest.mark.parametrize("activation", model.ACTIVATIONS)
 def test_forced_plans(case, activation):

@@ -91,6 +91,7 @@ def test_every_shape_is_served_by_a_consistent_plan(rows, channels, hidden, requ
         assert channels % 8 == 0 and hidden % 8 == 0
     if plan.engine == "persistent-tc":  # 16-byte loads only where every row is 16-byte aligned
         assert plan.tile.vector == (8 if channels % 8 == 0 and hidden % 8 == 0 else 1)
+        assert plan.tile.mma == "mma.sync"  # wgmma only where forced, until measured
     if plan.engine == "persistent":
         assert plan.smem.hidden == "smem"
 
@@ -123,3 +124,20 @@ def test_ceil_div_and_round_up_agree_with_python():
         for b in (1, 3, 8, 16):
             assert planning.ceil_div(a, b) == -(-a // b)
             assert planning.round_up(a, b) % b == 0 and 0 <= planning.round_up(a, b) - a < b
+
+
+def test_forced_wgmma_plans_and_their_limits():
+    plan = planning.forced("persistent-tc", 16384, 512, 2048, H200, mma="wgmma")
+    assert (plan.tile.mma, plan.tile.rows, plan.tile.channels_tile, plan.owners.grid) == ("wgmma", 64, 512, 132)
+    wide = planning.forced("persistent-tc", 4096, 256, 1024, H200, mma="wgmma", tile_rows=128)
+    assert (wide.tile.rows, wide.owners.grid) == (128, 32)
+    with pytest.raises(ValueError, match="at most 256 channels"):
+        planning.forced("persistent-tc", 4096, 512, 1024, H200, mma="wgmma", tile_rows=128)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        planning.forced("persistent-tc", 100, 63, 111, H200, mma="wgmma")
+    with pytest.raises(ValueError, match="one of"):
+        planning.forced("persistent-tc", 100, 64, 128, H200, mma="wgmma", tile_rows=32)
+    with pytest.raises(ValueError, match="no mma choice"):
+        planning.forced("persistent", 100, 64, 128, H200, mma="wgmma")
+    with pytest.raises(ValueError, match="unknown mma"):
+        planning.forced("persistent-tc", 100, 64, 128, H200, mma="tcgen05")

@@ -18,7 +18,7 @@ def variants(representative: bool = False) -> list:
     """Every variant, or (``representative``) one of each kernel class and code path: what the CI
     test compiles in a few minutes on two cores."""
     from .engines import conventional, conventional_tc, persistent, persistent_tc, prologue
-    from .planning import H200, TC_CHANNEL_TILES, TC_MAX_STAGES, TC_ROW_TILES, persistent_tc_smem_bytes
+    from .planning import H200, TC_CHANNEL_TILES, TC_MAX_STAGES, TC_ROW_TILES, WGMMA_ROW_TILES, persistent_tc_smem_bytes
 
     if representative:
         return [
@@ -31,6 +31,8 @@ def variants(representative: bool = False) -> list:
             persistent_tc.Variant(TC_ROW_TILES[0], TC_CHANNEL_TILES[0]),
             persistent_tc.Variant(TC_ROW_TILES[0], TC_CHANNEL_TILES[1], stages=TC_MAX_STAGES),
             persistent_tc.Variant(TC_ROW_TILES[0], TC_CHANNEL_TILES[0], vector=1),
+            persistent_tc.Variant(WGMMA_ROW_TILES[0], TC_CHANNEL_TILES[1], stages=2, mma="wgmma"),
+            persistent_tc.Variant(WGMMA_ROW_TILES[1], TC_CHANNEL_TILES[0], mma="wgmma"),
             prologue.Variant(norm=True, stream="float16"),
             prologue.Variant(norm=False),
         ]
@@ -43,6 +45,10 @@ def variants(representative: bool = False) -> list:
                 for rows in TC_ROW_TILES for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1)
                 for vector in (8, 1)
                 if stages == 1 or persistent_tc_smem_bytes(rows, cols, stages) <= H200.smem_per_block]
+        out += [persistent_tc.Variant(rows, cols, residual, stages, mma="wgmma")
+                for rows in WGMMA_ROW_TILES for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1)
+                if not (rows == WGMMA_ROW_TILES[1] and cols > 256)
+                and persistent_tc_smem_bytes(rows, cols, stages) <= H200.smem_per_block]
         out += [prologue.Variant(norm=True, stream=residual)]
     out += [conventional.Variant("hidden"), conventional_tc.Variant("hidden"), prologue.Variant(norm=False)]
     return out

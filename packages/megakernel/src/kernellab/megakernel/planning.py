@@ -41,6 +41,11 @@ TC_HIDDEN_CHUNK = 64
 TC_MAX_STAGES = 4  # W1 / W2 chunk buffers each at most: 7 cp.async groups in flight behind the one awaited
 TC_CHANNEL_TILES = (64, 128, 256, 512)
 TC_ROW_TILES = (32, 64)
+TC_MMAS = ("mma.sync", "wgmma")
+WGMMA_ROW_TILES = (64, 128)
+"""persistent-tc's wgmma form (sm_90a): 64 rows split across the two warpgroups by columns, or 128 by
+rows (64 each; an instruction is at most 256 columns wide, so up to 256 channels). Not measured yet, so
+only forced plans (``forced(..., mma="wgmma")``) take it."""
 """persistent-tc keeps the fp32 output tile (tile rows x channel tile) in registers: 64 x 512 over
 256 threads is 128 registers each, the most that leaves room for the rest (the sm_90a cubin of CuTe DSL
 4.8.1 has 255 registers and a 56-byte stack frame: a few spills)."""
@@ -111,6 +116,7 @@ class Tile:
     num_tiles: int
     stages: int = 1  # persistent-tc: W1 / W2 chunk buffers each (a chunk's loads overlap 2 * stages - 1 steps)
     vector: int = 1  # fp16 elements per global load of a tile: 8 (16-byte cp.async) for tensor cores on aligned rows
+    mma: str = "mma.sync"  # persistent-tc's instruction: "mma.sync" or "wgmma"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,7 +235,7 @@ def tensor_core_alignment(channels: int, hidden: int) -> str | None:
 
 
 def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpec,
-              tile_rows: int | None = None) -> Tile | Refusal:
+              tile_rows: int | None = None, mma: str = "mma.sync") -> Tile | Refusal:
     """Step 1: the tile an engine would use for this shape. ``tile_rows`` forces the rows per tile
     (the compiler's override); it must be a multiple of the engine's row granularity."""
     _check_engine(engine)
@@ -241,13 +247,20 @@ def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: Device
         if channels_tile is None:
             return Refusal(engine, f"channels={channels} > {TC_CHANNEL_TILES[-1]}: the fp32 output tile does not "
                                    "fit in registers")
-        rows_per_tile = tile_rows or tc_row_tile(rows, device)
-        if rows_per_tile not in TC_ROW_TILES:
-            return Refusal(engine, f"tile_rows must be one of {TC_ROW_TILES} for persistent-tc, got {rows_per_tile}")
+        if mma not in TC_MMAS:
+            raise ValueError(f"unknown mma {mma!r}; persistent-tc has {TC_MMAS}")
+        allowed = WGMMA_ROW_TILES if mma == "wgmma" else TC_ROW_TILES
+        rows_per_tile = tile_rows or (tc_row_tile(rows, device) if mma == "mma.sync" else WGMMA_ROW_TILES[0])
+        if rows_per_tile not in allowed:
+            return Refusal(engine, f"tile_rows must be one of {allowed} for persistent-tc with {mma}, "
+                                   f"got {rows_per_tile}")
+        if mma == "wgmma" and (misaligned or (rows_per_tile == WGMMA_ROW_TILES[1] and channels_tile > 256)):
+            return Refusal(engine, "wgmma needs channels and hidden multiples of 8, and at most 256 channels "
+                                   "with 128-row tiles")
         num_tiles = ceil_div(rows, rows_per_tile)
         return Tile(engine, rows_per_tile, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, num_tiles,
                     tc_stages(rows_per_tile, channels_tile, num_tiles, hidden, device),
-                    1 if misaligned else VECTOR_ELEMENTS)  # unaligned rows: element loads
+                    1 if misaligned else VECTOR_ELEMENTS, mma)  # unaligned rows: element loads
     if engine == "conventional-tc":
         block_rows = CONVENTIONAL_TC_TILE[0]
         return Tile(engine, block_rows, channels, hidden, CONVENTIONAL_TC_THREADS, ceil_div(rows, block_rows),
@@ -324,9 +337,9 @@ def plan_owners(tile: Tile, smem: SharedMemory, device: DeviceSpec) -> Owners:
 
 
 def plan_engine(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpec,
-                tile_rows: int | None = None) -> Plan | Refusal:
+                tile_rows: int | None = None, mma: str = "mma.sync") -> Plan | Refusal:
     """All three steps for one engine."""
-    tile = plan_tile(engine, rows, channels, hidden, device, tile_rows)
+    tile = plan_tile(engine, rows, channels, hidden, device, tile_rows, mma)
     if isinstance(tile, Refusal):
         return tile
     smem = plan_shared_memory(tile, channels, hidden, device)
@@ -336,11 +349,14 @@ def plan_engine(engine: str, rows: int, channels: int, hidden: int, device: Devi
 
 
 def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpec, *, tile_rows: int | None = None,
-           grid: int | None = None, weights: str | None = None, stages: int | None = None) -> Plan:
-    """A plan with some choices forced, so that tests and the sanitizer reach every code path at
+           grid: int | None = None, weights: str | None = None, stages: int | None = None,
+           mma: str | None = None) -> Plan:
+    """A plan with some choices forced, so that tests, the sanitizer and sweeps reach every code path at
     small shapes: several tiles per CTA (``grid``), weights read from global memory (``weights``),
-    persistent-tc's number of chunk buffers (``stages``)."""
-    plan = plan_engine(engine, rows, channels, hidden, device, tile_rows)
+    persistent-tc's number of chunk buffers (``stages``) and instruction (``mma``)."""
+    if mma is not None and engine != "persistent-tc":
+        raise ValueError(f"{engine} has no mma choice")
+    plan = plan_engine(engine, rows, channels, hidden, device, tile_rows, mma or "mma.sync")
     if isinstance(plan, Refusal):
         raise ValueError(plan.reason)
     if stages is not None and stages != plan.tile.stages:

@@ -50,6 +50,10 @@ def cases():
          {"grid": 2}),
         ("persistent-tc, element loads (odd sizes), three chunk buffers, 2 tiles per CTA", "persistent-tc",
          (67, 19, 150), {"grid": 2}),
+        ("persistent-tc wgmma, 64-row tiles split by columns, 2 tiles per CTA", "persistent-tc", (130, 64, 200),
+         {"grid": 2, "mma": "wgmma"}),
+        ("persistent-tc wgmma, 128-row tiles split by rows, partial tile", "persistent-tc", (200, 136, 72),
+         {"tile_rows": 128, "mma": "wgmma"}),
     ]
 
 

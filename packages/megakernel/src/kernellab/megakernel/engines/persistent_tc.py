@@ -52,11 +52,13 @@ class Variant:
     residual: str = "float16"
     stages: int = 1
     vector: int = VECTOR_ELEMENTS  # fp16 elements per global load: 8 (16-byte cp.async) or 1
+    mma: str = "mma.sync"  # or "wgmma" (sm_90a; 64 or 128 row tiles)
 
     @property
     def name(self) -> str:
         narrow = "" if self.vector == VECTOR_ELEMENTS else f"_v{self.vector}"
-        return f"persistent-tc_m{self.tile_rows}_c{self.channels_tile}_s{self.stages}{narrow}_res-{self.residual}"
+        wg = "_wg" if self.mma == "wgmma" else ""
+        return f"persistent-tc_m{self.tile_rows}_c{self.channels_tile}_s{self.stages}{narrow}{wg}_res-{self.residual}"
 
     @property
     def occupancy(self) -> int:
@@ -75,7 +77,8 @@ class Variant:
 
 def launcher(plan: Plan, activation: str, residual: str = "float16"):
     """``run(u, residual, w1, b1, w2, b2, y)``: one launch of ``plan.owners.grid`` CTAs."""
-    fn = compiled(Variant(plan.tile.rows, plan.tile.channels_tile, residual, plan.tile.stages, plan.tile.vector))
+    tile = plan.tile
+    fn = compiled(Variant(tile.rows, tile.channels_tile, residual, tile.stages, tile.vector, tile.mma))
     act, grid = ACTIVATION_CODES[activation], plan.owners.grid
 
     def run(u, res, w1, b1, w2, b2, y):
@@ -90,16 +93,23 @@ class PersistentTensorCore:
         self.channels_tile = variant.channels_tile
         self.stages = variant.stages
         self.vector = variant.vector
+        self.wgmma = variant.mma == "wgmma"
         self.occupancy = variant.occupancy
 
     @cute.jit
     def __call__(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
                  b2: cute.Tensor, y: cute.Tensor, act: Int32, grid: Int32, stream: cuda.CUstream):
         rows, cols, chunk, stages = self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK, self.stages
-        layouts = (tensorcore.smem_layout((rows, cols)), tensorcore.smem_layout((chunk, cols, stages)),
-                   tensorcore.smem_layout((cols, chunk, stages)), tensorcore.smem_layout((rows, chunk)))
+        layout = tensorcore.wgmma_smem_layout if cutlass.const_expr(self.wgmma) else tensorcore.smem_layout
+        layouts = (layout((rows, cols)), layout((chunk, cols, stages)), layout((cols, chunk, stages)),
+                   layout((rows, chunk)))
+        if cutlass.const_expr(self.wgmma):  # GEMM1 is (rows, chunk), GEMM2 (rows, cols): two instruction widths
+            warpgroups = TC_THREADS // 128
+            mmas = (tensorcore.wgmma_tiled(rows, chunk, warpgroups), tensorcore.wgmma_tiled(rows, cols, warpgroups))
+        else:
+            mmas = (tensorcore.tiled_mma(WARPS_M, WARPS_N),) * 2
         self.kernel(u, residual, w1, b1, w2, b2, y, act, *layouts, tensorcore.g2s_copy(TC_THREADS, 64),
-                    tensorcore.tiled_mma(WARPS_M, WARPS_N)).launch(
+                    *mmas).launch(
             grid=[grid, 1, 1], block=[TC_THREADS, 1, 1], min_blocks_per_mp=self.occupancy,
             preferred_smem_carveout=100, stream=stream)
 
@@ -107,7 +117,7 @@ class PersistentTensorCore:
     def kernel(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
                b2: cute.Tensor, y: cute.Tensor, act: Int32, x_layout: cute.ComposedLayout,
                w1_layout: cute.ComposedLayout, w2_layout: cute.ComposedLayout, h_layout: cute.ComposedLayout,
-               g2s: cute.TiledCopy, mma: cute.TiledMma):
+               g2s: cute.TiledCopy, mma_h: cute.TiledMma, mma_y: cute.TiledMma):
         tile_rows, cols, chunk = self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
@@ -116,19 +126,18 @@ class PersistentTensorCore:
         hidden = w1.shape[0]
 
         smem = SmemAllocator()
-        s_x = smem.allocate_tensor(Float16, x_layout, ALIGN)
-        s_w1 = smem.allocate_tensor(Float16, w1_layout, ALIGN)
-        s_w2 = smem.allocate_tensor(Float16, w2_layout, ALIGN)
-        s_h = smem.allocate_tensor(Float16, h_layout, ALIGN)
+        s_x, s_w1, s_w2, s_h = (self.tile_tensor(smem, layout) for layout in (x_layout, w1_layout, w2_layout, h_layout))
 
-        copy_a, copy_b = tensorcore.s2r_copies(mma)
-        thr_mma = mma.get_slice(tid)
-        acc_h = cute.make_rmem_tensor(thr_mma.partition_shape_C((tile_rows, chunk)), Float32)
-        bias_h = cute.make_rmem_tensor(thr_mma.partition_shape_C((tile_rows, chunk)), Float32)
-        acc_y = cute.make_rmem_tensor(thr_mma.partition_shape_C((tile_rows, cols)), Float32)
-        h_coords = thr_mma.partition_C(cute.make_identity_tensor((tile_rows, chunk)))
-        y_coords = thr_mma.partition_C(cute.make_identity_tensor((tile_rows, cols)))
-        h_dst = thr_mma.partition_C(s_h)
+        copy_a, copy_b = None, None
+        if cutlass.const_expr(not self.wgmma):
+            copy_a, copy_b = tensorcore.s2r_copies(mma_h)
+        thr_h, thr_y = mma_h.get_slice(tid), mma_y.get_slice(tid)
+        acc_h = cute.make_rmem_tensor(thr_h.partition_shape_C((tile_rows, chunk)), Float32)
+        bias_h = cute.make_rmem_tensor(thr_h.partition_shape_C((tile_rows, chunk)), Float32)
+        acc_y = cute.make_rmem_tensor(thr_y.partition_shape_C((tile_rows, cols)), Float32)
+        h_coords = thr_h.partition_C(cute.make_identity_tensor((tile_rows, chunk)))
+        y_coords = thr_y.partition_C(cute.make_identity_tensor((tile_rows, cols)))
+        h_dst = thr_h.partition_C(s_h)
 
         x_coords = cute.make_identity_tensor(u.shape)
         w1_coords = cute.make_identity_tensor(w1.shape)
@@ -142,8 +151,8 @@ class PersistentTensorCore:
         early = cute.size(acc_y) <= EARLY_EPILOGUE
         epi_b2, epi_res = None, None
         if cutlass.const_expr(early):
-            epi_b2 = cute.make_rmem_tensor(thr_mma.partition_shape_C((tile_rows, cols)), Float32)
-            epi_res = cute.make_rmem_tensor(thr_mma.partition_shape_C((tile_rows, cols)), Float32)
+            epi_b2 = cute.make_rmem_tensor(thr_y.partition_shape_C((tile_rows, cols)), Float32)
+            epi_res = cute.make_rmem_tensor(thr_y.partition_shape_C((tile_rows, cols)), Float32)
         for tile in range(cta, ceil_div(rows, tile_rows), grid):
             row0 = tile * tile_rows
             tensorcore.load_tile(g2s, tid, cute.local_tile(u, (tile_rows, cols), (tile, 0)), s_x,
@@ -165,11 +174,11 @@ class PersistentTensorCore:
                 if cutlass.const_expr(early):  # in flight under the wait too (a large tile would spill more)
                     self.read_b1(bias_h, h_coords, b1, j, hidden)
                 cute.arch.cp_async_wait_group(pending)  # x tile and W1(j) landed
+                self.fence_for_wgmma()
                 cute.arch.sync_threads()
                 if cutlass.const_expr(not early):  # in flight under GEMM1
                     self.read_b1(bias_h, h_coords, b1, j, hidden)
-                acc_h.fill(0.0)
-                tensorcore.gemm_from_smem(mma, tid, acc_h, s_x, s_w1[None, None, slot], copy_a, copy_b)
+                self.gemm(mma_h, tid, acc_h, s_x, s_w1[None, None, slot], copy_a, copy_b, False)
                 cute.arch.sync_threads()  # every warp is done with W1(j)'s buffer
                 if j + stages < num_chunks:
                     self.load_w1(g2s, tid, w1, w1_coords, s_w1[None, None, slot], j + stages, hidden, channels)
@@ -182,8 +191,9 @@ class PersistentTensorCore:
 
                 tensorcore.apply_activation(acc_h, act, store_hidden)
                 cute.arch.cp_async_wait_group(pending)  # W2(j) landed
+                self.fence_for_wgmma()
                 cute.arch.sync_threads()  # and the hidden chunk is complete
-                tensorcore.gemm_from_smem(mma, tid, acc_y, s_h, s_w2[None, None, slot], copy_a, copy_b)
+                self.gemm(mma_y, tid, acc_y, s_h, s_w2[None, None, slot], copy_a, copy_b, True)
                 cute.arch.sync_threads()  # every warp is done with W2(j)'s buffer and the hidden chunk
                 if j + stages < num_chunks:
                     self.load_w2(g2s, tid, w2, w2_coords, s_w2[None, None, slot], j + stages, hidden, channels)
@@ -196,6 +206,31 @@ class PersistentTensorCore:
                 else:
                     if row0 + r < rows and c < channels:
                         y[row0 + r, c] = acc_y[i] + b2[c] + residual[row0 + r, c].to(Float32)
+
+    def tile_tensor(self, smem: SmemAllocator, layout: cute.ComposedLayout) -> cute.Tensor:
+        """A swizzled fp16 tile in shared memory; for wgmma the swizzle goes on the pointer (its descriptors
+        take an affine layout)."""
+        if cutlass.const_expr(self.wgmma):
+            return smem.allocate_tensor(Float16, layout.outer, ALIGN, swizzle=layout.inner)
+        return smem.allocate_tensor(Float16, layout, ALIGN)
+
+    @cute.jit
+    def gemm(self, mma: cute.TiledMma, tid: Int32, acc: cute.Tensor, s_a: cute.Tensor, s_b: cute.Tensor,
+             copy_a, copy_b, accumulate: cutlass.Constexpr):
+        """acc (+)= s_a s_b^T with the variant's instruction; ``accumulate=False`` starts from zero."""
+        if cutlass.const_expr(self.wgmma):
+            tensorcore.wgmma_from_smem(mma, tid, acc, s_a, s_b, accumulate)
+        else:
+            if cutlass.const_expr(not accumulate):
+                acc.fill(0.0)
+            tensorcore.gemm_from_smem(mma, tid, acc, s_a, s_b, copy_a, copy_b)
+
+    @cute.jit
+    def fence_for_wgmma(self):
+        """Shared memory this thread wrote (cp.async, stores) made visible to wgmma's async proxy, before
+        the barrier that hands it over; nothing for mma.sync, which reads it by ldmatrix."""
+        if cutlass.const_expr(self.wgmma):
+            cute.arch.fence_view_async_shared()
 
     @cute.jit
     def read_b1(self, bias_h: cute.Tensor, h_coords: cute.Tensor, b1: cute.Tensor, j: Int32, hidden: Int32):

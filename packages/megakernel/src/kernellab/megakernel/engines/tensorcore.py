@@ -1,6 +1,8 @@
 """Warp-level tensor-core pieces shared by conventional-tc and persistent-tc.
 
-MMA: ``mma.sync.m16n8k16`` with fp16 operands and fp32 accumulators (valid on sm_80 and sm_90a).
+MMA: ``mma.sync.m16n8k16`` with fp16 operands and fp32 accumulators (valid on sm_80 and sm_90a), or
+on sm_90a ``wgmma.mma_async`` 64 x N x 16 per warpgroup, both operands read from shared memory by
+descriptor (``wgmma_*`` below).
 Operands live in shared memory K-major (K contiguous) in 8 x 64 (or 8 x 32) swizzled atoms, so that
 both the 16-byte ``cp.async`` writes and the ``ldmatrix`` reads are free of bank conflicts. Every
 tile load is predicated per 16-byte vector: a vector outside the tensor is written as zeros, so an
@@ -14,7 +16,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32
-from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warp, warpgroup
 
 from ..planning import VECTOR_ELEMENTS
 from .common import GELU, RELU, gelu, relu, silu
@@ -130,3 +132,43 @@ def apply_activation(values: cute.Tensor, act: Int32, store: cutlass.Constexpr):
     else:
         for i in cutlass.range_constexpr(count):
             store(i, silu(values[i]))
+
+
+# ---- wgmma (sm_90a) ---------------------------------------------------------------------------------
+
+WGMMA_M = 64  # rows of one warpgroup's instruction
+
+
+def wgmma_smem_layout(shape: tuple):
+    """An fp16 tile of ``shape`` (rows, K[, stages]) K-major, tiled from the 128-byte-swizzled atom that
+    wgmma descriptors address (K a multiple of 64)."""
+    atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, Float16)
+    return cute.tile_to_shape(atom, shape, tuple(range(len(shape))))
+
+
+def wgmma_tiled(rows: int, n: int, warpgroups: int):
+    """wgmma over a (rows, n) product: warpgroups split the rows where there are 64 per warpgroup, else
+    the columns (rows == 64)."""
+    split_m = rows == WGMMA_M * warpgroups
+    if not split_m and rows != WGMMA_M:
+        raise ValueError(f"wgmma tiles have 64 rows per warpgroup or 64 rows in all, got {rows}")
+    op = warpgroup.MmaF16BF16Op(Float16, Float32, (WGMMA_M, n if split_m else n // warpgroups, 16),
+                                warpgroup.OperandSource.SMEM, OperandMajorMode.K, OperandMajorMode.K)
+    return cute.make_tiled_mma(cute.make_mma_atom(op), (warpgroups, 1, 1) if split_m else (1, warpgroups, 1))
+
+
+@cute.jit
+def wgmma_from_smem(mma: cute.TiledMma, tid: Int32, acc: cute.Tensor, s_a: cute.Tensor, s_b: cute.Tensor,
+                    accumulate: cutlass.Constexpr):
+    """acc (+)= s_a (M, K) * s_b (N, K)^T by wgmma, waited for before returning. ``accumulate=False``
+    overwrites acc (the first k-block does not add). The caller fences shared memory written by the
+    generic proxy (``cute.arch.fence_view_async_shared``) and synchronizes before calling."""
+    thr = mma.get_slice(tid)
+    frag_a = mma.make_fragment_A(thr.partition_A(s_a))
+    frag_b = mma.make_fragment_B(thr.partition_B(s_b))
+    warpgroup.fence()
+    for k in cutlass.range_constexpr(cute.size(frag_a, mode=[2])):
+        mma.set(warpgroup.Field.ACCUMULATE, accumulate or k > 0)
+        cute.gemm(mma, acc, frag_a[None, None, k], frag_b[None, None, k], acc)
+    warpgroup.commit_group()
+    warpgroup.wait_group(0)

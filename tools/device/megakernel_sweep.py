@@ -1,0 +1,101 @@
+"""Plan sweep of persistent-tc on the GPU host: the planner's plan against forced alternatives (the wgmma
+form with 64- and 128-row tiles, other chunk-buffer counts, other row tiles), beside torch-cublas in a
+graph, in alternating rounds. It is how planning's persistent-tc rules are chosen.
+
+    python3 tools/device/megakernel_sweep.py [--shapes 4096x256x1024,16384x512x2048] [--plans 'wgmma*']
+                                             [--rounds 2] [--samples 10]
+
+Every plan is validated (fresh inputs, poisoned output, float reference) before it is timed; a plan that
+fails is reported and not timed. Timing: graph throughput of one call per replay (harness timing).
+Writes $OUT/megakernel_sweep.json after every shape and prints one line per shape, the fastest first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import functools
+import json
+import os
+import statistics
+
+from kernellab.harness import timing, validate
+from kernellab.megakernel import bench, engines, planning
+
+SHAPES = [(1024, 128, 256), (4096, 256, 1024), (16384, 512, 2048), (513, 96, 192), (257, 64, 128)]
+PLANS = {  # label -> planning.forced choices ({}: the planner's own plan)
+    "planned": {},
+    "wgmma-64": {"mma": "wgmma"},
+    "wgmma-128": {"mma": "wgmma", "tile_rows": 128},
+    "wgmma-64-s1": {"mma": "wgmma", "stages": 1},
+    "wgmma-128-s1": {"mma": "wgmma", "tile_rows": 128, "stages": 1},
+    "sync-32": {"tile_rows": 32},
+    "sync-64": {"tile_rows": 64},
+    "sync-s1": {"stages": 1},
+    "sync-s2": {"stages": 2},
+}
+
+
+def plan_calls(shape, patterns, activation, device):
+    """{label: (plan description, call)} of the plans that exist at this shape and pass validation."""
+    problem = bench.ResidualMLP(shape, activation=activation)
+    out, skipped = {}, {}
+    for label, choices in PLANS.items():
+        if label != "planned" and not any(fnmatch.fnmatch(label, p) for p in patterns):
+            continue
+        try:
+            plan = planning.forced("persistent-tc", *shape, device, **choices)
+        except ValueError as e:
+            skipped[label] = str(e)
+            continue
+        run = engines.launcher("persistent-tc", plan, activation)
+
+        def call(inputs, outputs, run=run):
+            run(inputs["x"], inputs["x"], inputs["w1"], inputs["b1"], inputs["w2"], inputs["b2"], outputs["y"])
+            return outputs
+
+        check = validate.validate_call(problem, call, 7)
+        if not check["passed"]:
+            skipped[label] = f"WRONG: {check}"
+            print(f"{shape} {label}: WRONG", flush=True)
+            continue
+        out[label] = (plan.describe(), call)
+    cublas = engines.bind("torch-cublas", problem.model_shape, activation)
+    out["torch-cublas"] = ({}, cublas.call)
+    return problem, out, skipped
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", help="comma-separated RxCxH (default: the report's larger development shapes)")
+    ap.add_argument("--plans", default="*", help=f"comma-separated shell patterns over {list(PLANS)}")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--samples", type=int, default=10)
+    args = ap.parse_args()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
+    device = timing.Device("cuda")
+    device.warm_up(2.0)
+    spec = planning.current_device()
+    results = []
+    for shape in shapes:
+        problem, calls, skipped = plan_calls(shape, args.plans.split(","), bench.DEFAULT_ACTIVATION, spec)
+        inputs = problem.make_inputs(1)
+        outputs = problem.make_outputs(inputs)
+        samples = {label: [] for label in calls}
+        names = list(calls)
+        for r in range(args.rounds):
+            for label in names if r % 2 == 0 else names[::-1]:
+                call = functools.partial(calls[label][1], inputs, outputs)
+                samples[label] += timing.measure("graph_throughput", [call], device, samples=args.samples,
+                                                 iterations=20)
+        p50 = {label: statistics.median(v) for label, v in samples.items()}
+        results.append({"shape": shape, "p50_us": p50, "skipped": skipped,
+                        "plans": {label: calls[label][0] for label in calls}})
+        ranked = sorted(p50, key=p50.get)
+        print(f"{'x'.join(map(str, shape)):16s} " + "  ".join(f"{k} {p50[k]:.1f}" for k in ranked), flush=True)
+        with open(os.path.join(os.environ.get("OUT", "."), "megakernel_sweep.json"), "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
