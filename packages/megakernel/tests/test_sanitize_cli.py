@@ -29,3 +29,11 @@ def test_cases_reach_every_kernel_variant():
 def test_no_gpu_exits_2(capsys, tmp_path):
     assert sanitize.main(["--out", str(tmp_path)]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_the_record_names_what_ran():
+    record = sanitize.provenance("cpu")
+    assert record["measured_packages"] == ["megakernel"]
+    assert record["packages"]["kernellab-megakernel"]
+    assert any(name.startswith("megakernel/") for name in record["sources_sha256"])
+    assert "commit" in record["git"] and record["device"]["kind"] == "cpu"

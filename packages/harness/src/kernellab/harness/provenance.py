@@ -224,3 +224,12 @@ def collect(device: str, root: str | os.PathLike | None, artifacts: list[str],
         "artifacts_sha256": artifact_hashes(artifacts),
         "clocks_start": clocks(device),
     }
+
+
+def of_check(device: str, start: str | os.PathLike, packages: list[str]) -> dict:
+    """Provenance of a check that times nothing (a compute-sanitizer run): the device, package versions,
+    the commit and the checked packages' source hashes, from the tree above ``start`` (or the installed
+    packages where there is none)."""
+    record = collect(device, find_repo_root(start), [], packages)
+    record.pop("clocks_start")
+    return record

@@ -6,7 +6,7 @@ Runs a small driver (``--driver``) that launches each op / dtype / N class / fla
 small shape and checks its result against the float64 reference: once plainly (compiling every variant
 into the DSL's disk cache), then under each tool, the tools side by side in their own subprocesses.
 Parses each tool's error (and racecheck hazard) counts, writes ``DIR/sanitize.json`` ({tool: {errors,
-warnings, returncode, driver_ok, log}}) and prints a table. Exit status: 0 clean,
+warnings, returncode, driver_ok, log}}, and the run's provenance) and prints a table. Exit status: 0 clean,
 1 any error or failed driver, 2 no CUDA device or no compute-sanitizer here.
 """
 
@@ -138,6 +138,15 @@ def tuned_case(op: str, dt: str, m: int, n: int, knobs: dict, host) -> int:
     return 1
 
 
+def provenance(device: str = "cuda") -> dict | str:
+    """What ran (device, packages, commit, our sources' hashes): the harness's record, where it is installed."""
+    try:
+        from kernellab.harness.provenance import of_check
+    except ImportError:
+        return "not recorded: kernellab-harness is not installed"
+    return of_check(device, Path(__file__).resolve().parent, ["kernels"])
+
+
 def parse(tool: str, log: str) -> dict:
     """Error and warning counts from a compute-sanitizer log (None where no summary was printed)."""
     summary = re.findall(r"ERROR SUMMARY:\s*(\d+)\s+error", log)
@@ -192,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         log = path.read_text()
         summary[tool] = {**parse(tool, log), "returncode": code,
                          "driver_ok": "0 mismatches" in log and code == 0, "log": str(path)}
-    (out / "sanitize.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    record = {**summary, "provenance": provenance()}
+    (out / "sanitize.json").write_text(json.dumps(record, indent=2, sort_keys=True))
     print(f"{'tool':<10} {'errors':>7} {'warnings':>8} {'driver':>7}")
     for tool, s in summary.items():
         errors = "?" if s["errors"] is None else s["errors"]

@@ -4,8 +4,9 @@ Runs memcheck (``--report-api-errors no``: the libraries' cuGetProcAddress probe
 racecheck, synccheck and initcheck, each over a child process that launches every kernel variant
 once at small shapes (an aligned one for the tensor-core engines, an odd one for the CUDA-core
 engines, both hidden placements and both weight placements of the persistent kernel, the prologue
-kernels) and checks each output. Writes ``DIR/sanitize.json`` ({tool: {errors or hazards: n}}, the
-report's ``sanitizers`` block, via ``report --sanitizers DIR/sanitize.json``) and one log per tool.
+kernels) and checks each output. Writes ``DIR/sanitize.json`` ({tool: {errors or hazards: n}} and the
+run's provenance: the report's ``sanitizers`` block, via ``report --sanitizers DIR/sanitize.json``) and
+one log per tool.
 Exits 2 where there is no GPU or no compute-sanitizer, 1 when a tool reports anything.
 """
 
@@ -88,6 +89,15 @@ def child() -> int:
     return failures
 
 
+def provenance(device: str = "cuda") -> dict | str:
+    """What ran (device, packages, commit, our sources' hashes): the harness's record, where it is installed."""
+    try:
+        from kernellab.harness.provenance import of_check
+    except ImportError:
+        return "not recorded: kernellab-harness is not installed"
+    return of_check(device, Path(__file__).resolve().parent, ["megakernel"])
+
+
 def count(tool: str, log: str) -> dict:
     """The tool's own summary line, as numbers."""
     if tool == "racecheck":
@@ -151,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         found = counted.get("hazards") if tool == "racecheck" else counted.get("errors")
         bad |= found != 0 or code != 0
         print(f"sanitize: {tool}: {counted} (exit {code})", file=sys.stderr, flush=True)
+    results["provenance"] = provenance()
     (out / "sanitize.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    print(json.dumps({k: v for k, v in results.items() if k != "provenance"}, indent=2))
     return 1 if bad else 0
 
 
