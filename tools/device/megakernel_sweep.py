@@ -1,6 +1,7 @@
 """Plan sweep of persistent-tc on the GPU host: the planner's plan against forced alternatives (the wgmma
-form with 64- and 128-row tiles, other chunk-buffer counts, other row tiles), beside torch-cublas in a
-graph, in alternating rounds. It is how planning's persistent-tc rules are chosen.
+form with 64- and 128-row tiles, other chunk-buffer counts, other row tiles), beside the CUDA-core
+`persistent` engine and torch-cublas, in alternating rounds. It is how planning's persistent-tc rules are
+chosen (odd shapes: element loads against the CUDA-core engine they used to fall back to).
 
     python3 tools/device/megakernel_sweep.py [--shapes 4096x256x1024,16384x512x2048] [--plans 'wgmma*']
                                              [--rounds 2] [--samples 10]
@@ -22,7 +23,8 @@ import statistics
 from kernellab.harness import timing, validate
 from kernellab.megakernel import bench, engines, planning
 
-SHAPES = [(1024, 128, 256), (4096, 256, 1024), (16384, 512, 2048), (513, 96, 192), (257, 64, 128)]
+SHAPES = [(1024, 128, 256), (4096, 256, 1024), (16384, 512, 2048), (513, 96, 192), (257, 64, 128),
+          (193, 63, 111), (1, 7, 13), (129, 31, 47)]
 PLANS = {  # label -> planning.forced choices ({}: the planner's own plan)
     "planned": {},
     "wgmma-64": {"mma": "wgmma"},
@@ -60,8 +62,9 @@ def plan_calls(shape, patterns, activation, device):
             print(f"{shape} {label}: WRONG", flush=True)
             continue
         out[label] = (plan.describe(), call)
-    cublas = engines.bind("torch-cublas", problem.model_shape, activation)
-    out["torch-cublas"] = ({}, cublas.call)
+    for engine in ("persistent", "torch-cublas"):
+        bound = engines.bind(engine, problem.model_shape, activation)
+        out[engine] = ({"served_by": bound.served_by}, bound.call)
     return problem, out, skipped
 
 
