@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU host, after `source .device/b/env.sh`: one batched check per call, results under $OUT.
-#   bash tools/device/check.sh tests PKG...      pytest -m gpu over the packages (junit XML + log)
+#   bash tools/device/check.sh tests PKG... [-- PYTEST_ARGS]   pytest -m gpu over the packages (junit XML + log),
+#                                                e.g. -- -k "forced or wgmma" to run a subset
 #   bash tools/device/check.sh sanitize PKG...   compute-sanitizer over every kernel of the packages
 #   bash tools/device/check.sh bench ARGS...     kernellab-bench ARGS --out $OUT (report, table, plot)
 set -u
@@ -8,9 +9,11 @@ out=${OUT:?OUT must name the folder whose files come back}
 step=$1; shift
 case "$step" in
   tests)
-    for pkg in "$@"; do
+    pkgs=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do pkgs+=("$1"); shift; done
+    [ $# -gt 0 ] && shift  # what follows -- goes to pytest
+    for pkg in "${pkgs[@]}"; do
       timeout 500 python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts="" -rfE "packages/$pkg/tests" \
-        --junitxml="$out/$pkg-gpu.xml" > "$out/$pkg-gpu.log" 2>&1
+        --junitxml="$out/$pkg-gpu.xml" "$@" > "$out/$pkg-gpu.log" 2>&1
       echo "$pkg: pytest exit $?"; grep -E "passed|failed|error" "$out/$pkg-gpu.log" | tail -3
       grep -E "^(FAILED|ERROR)" "$out/$pkg-gpu.log" | cut -c1-300 | head -30
     done ;;
