@@ -31,10 +31,12 @@ def test_the_record_names_what_ran():
 
 def test_the_driver_reaches_streamed_rows_on_one_cta():
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    from kernellab.kernels.gpu.base import Tuning
     from kernellab.kernels.gpu.compiler import Variant, widest_vector
 
-    plans = [Variant(op, dt, n, widest_vector(n, dt)).kernel().describe()
-             for op, dt, _, n, *_ in sanitize.DRIVER_CASES]
+    plans = [Variant(op, dt, n, widest_vector(n, dt), tuning=Tuning(**knobs) if knobs else None).kernel().describe()
+             for op, dt, _, n, *_, knobs in sanitize.DRIVER_CASES]
+    assert any(knobs for *_, knobs in sanitize.DRIVER_CASES)  # explicit plans too, not only the ops' own
     assert any(p["tiles"] > 1 and p["cluster"] == 1 for p in plans)  # LayerNorm's 16-bit rule
     assert any(p["tiles"] > 1 and p["cluster"] > 1 for p in plans)  # rows past a cluster's registers
     assert any(p["cluster"] > 1 and p["tiles"] == 1 for p in plans)
