@@ -8,7 +8,8 @@ chosen (odd shapes: element loads against the CUDA-core engine they used to fall
 
 Every plan is validated (fresh inputs, poisoned output, float reference) before it is timed; a plan that
 fails is reported and not timed. Timing: graph throughput of one call per replay (harness timing).
-Writes $OUT/megakernel_sweep.json after every shape and prints one line per shape, the fastest first.
+Writes $OUT/megakernel_sweep.json (with the harness's provenance) after every shape and prints one line per
+shape, the fastest first.
 """
 
 from __future__ import annotations
@@ -20,21 +21,22 @@ import json
 import os
 import statistics
 
-from kernellab.harness import timing, validate
+from kernellab.harness import provenance, timing, validate
 from kernellab.megakernel import bench, engines, planning
 
-SHAPES = [(1024, 128, 256), (4096, 256, 1024), (16384, 512, 2048), (513, 96, 192), (257, 64, 128),
-          (193, 63, 111), (1, 7, 13), (129, 31, 47)]
+SHAPES = [(1024, 128, 256), (4096, 256, 1024), (16384, 512, 2048), (257, 64, 128), (1, 7, 13), (129, 31, 47),
+          (8448, 512, 512), (16384, 384, 1536), (2048, 512, 1024), (385, 72, 200), (201, 61, 109)]
+"""The development shapes and others of their kinds; never the report's assessment shapes."""
 PLANS = {  # label -> planning.forced choices ({}: the planner's own plan)
     "planned": {},
     "wgmma-64": {"mma": "wgmma"},
     "wgmma-128": {"mma": "wgmma", "tile_rows": 128},
     "wgmma-64-s1": {"mma": "wgmma", "stages": 1},
     "wgmma-128-s1": {"mma": "wgmma", "tile_rows": 128, "stages": 1},
-    "sync-32": {"tile_rows": 32},
-    "sync-64": {"tile_rows": 64},
-    "sync-s1": {"stages": 1},
-    "sync-s2": {"stages": 2},
+    "sync-32": {"mma": "mma.sync", "tile_rows": 32},
+    "sync-64": {"mma": "mma.sync", "tile_rows": 64},
+    "sync-s1": {"mma": "mma.sync", "stages": 1},
+    "sync-s2": {"mma": "mma.sync", "stages": 2},
 }
 
 
@@ -79,7 +81,8 @@ def main() -> None:
     device = timing.Device("cuda")
     device.warm_up(2.0)
     spec = planning.current_device()
-    results = []
+    record = {"provenance": provenance.of_check("cuda", __file__, ["megakernel"]),
+              "rounds": args.rounds, "samples_per_round": args.samples, "timing": "graph_throughput", "shapes": []}
     for shape in shapes:
         problem, calls, skipped = plan_calls(shape, args.plans.split(","), bench.DEFAULT_ACTIVATION, spec)
         inputs = problem.make_inputs(1)
@@ -92,12 +95,12 @@ def main() -> None:
                 samples[label] += timing.measure("graph_throughput", [call], device, samples=args.samples,
                                                  iterations=20)
         p50 = {label: statistics.median(v) for label, v in samples.items()}
-        results.append({"shape": shape, "p50_us": p50, "skipped": skipped,
+        record["shapes"].append({"shape": shape, "p50_us": p50, "skipped": skipped,
                         "plans": {label: calls[label][0] for label in calls}})
         ranked = sorted(p50, key=p50.get)
         print(f"{'x'.join(map(str, shape)):16s} " + "  ".join(f"{k} {p50[k]:.1f}" for k in ranked), flush=True)
         with open(os.path.join(os.environ.get("OUT", "."), "megakernel_sweep.json"), "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump(record, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,18 @@ def test_missing_output_and_wrong_shape_fail():
     assert not validate.compare({"y": torch.ones(4)}, truth, 0, 0)["passed"]
 
 
+def test_slack_widens_the_bound_only_where_given():
+    truth = {"y": torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)}
+    out = {"y": torch.tensor([1.0, 2.1, 3.1], dtype=torch.float64)}
+    assert validate.compare(out, truth, 0, 1e-3)["outputs"]["y"]["violations"] == 2
+    entry = validate.compare(out, truth, 0, 1e-3, {"y": torch.tensor([0.0, 0.2, 0.0])})["outputs"]["y"]
+    assert entry["violations"] == 1 and entry["max_slack"] == pytest.approx(0.2)
+    nan_out = {"y": torch.tensor([1.0, float("nan"), 3.0], dtype=torch.float64)}
+    assert not validate.compare(nan_out, truth, 0, 1e-3, {"y": torch.full((3,), 1e9)})["passed"]
+    with pytest.raises(ValueError, match="slack for 'y' has shape"):
+        validate.compare(out, truth, 0, 1e-3, {"y": torch.zeros(2)})
+
+
 @pytest.mark.gpu
 def test_graph_replay_with_changed_inputs_on_gpu():
     p = Affine((64, 128), "fp32", "cuda")

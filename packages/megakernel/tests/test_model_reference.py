@@ -124,3 +124,70 @@ def test_unknown_activation_and_bad_shapes_are_rejected():
         model.Shape(0, 4, 4)
     with pytest.raises(ValueError, match="formulation must be one of"):
         model.torch_forward(*[torch.zeros(1, 1)] * 6, "relu", "cublaslt")
+
+
+def _fp32_kernel_hidden(t, activation, bias=True):
+    """The hidden as a CUDA-core kernel makes it: a sequential fp32 sum (bias first), the fp32
+    activation, one rounding to fp16. Returns (pre-activation, hidden)."""
+    f32 = torch.float32
+    products = t["x"].to(f32)[:, None, :] * t["w1"].to(f32)[None, :, :]  # exact: fp16 x fp16 fits fp32
+    pre = t["b1"].expand(products.shape[:2]).clone() if bias else torch.zeros(products.shape[:2])
+    for k in range(products.shape[-1]):
+        pre = pre + products[..., k]
+    return pre, model.torch_activation(activation)(pre).to(torch.float16)
+
+
+def _fp32_kernel_output(t, hidden):
+    f32 = torch.float32
+    return t["x"].to(f32) + hidden.to(f32) @ t["w2"].to(f32).T + t["b2"]
+
+
+@pytest.mark.parametrize("channels", [7, 300, 2048])
+def test_sequential_fp32_sum_stays_well_within_the_accumulation_spread(channels):
+    t = model.make_problem_tensors(model.Shape(48, channels, 24), seed=channels)
+    pre, _ = _fp32_kernel_hidden(t, "relu")
+    f64 = torch.float64
+    u, w, b = t["x"].to(f64), t["w1"].to(f64), t["b1"].to(f64)
+    exact = u @ w.T + b
+    terms = channels + 1
+    spread = model.ACCUMULATION_SPREAD * min(terms, 2 * math.sqrt(terms)) * (u.abs() @ w.abs().T + b.abs())
+    assert float(((pre.to(f64) - exact).abs() / spread).max()) < 0.5
+
+
+@pytest.mark.parametrize("activation", model.ACTIVATIONS)
+def test_a_flipped_hidden_rounding_passes_only_through_the_slack(activation):
+    """hidden = 1: a hidden value that a correct kernel may round either way moves a whole row by
+    2^-10 |h| |W2|, beyond 1e-3; the slack admits exactly that flip."""
+    from kernellab.harness import validate
+
+    t = model.make_problem_tensors(model.Shape(400, 300, 1), seed=5)
+    truth = model.reference(t["x"], t["w1"], t["b1"], t["w2"], t["b2"], activation)
+    slack = model.hidden_rounding_slack(t["x"], t["w1"], t["b1"], t["w2"], activation)
+    _, hidden = _fp32_kernel_hidden(t, activation)
+    assert validate.compare({"y": _fp32_kernel_output(t, hidden)}, {"y": truth}, 1e-3, 1e-3, {"y": slack})["passed"]
+    # round the most consequential ambiguous hidden value to its other fp16 neighbour
+    row = int(slack.amax(1).argmax())
+    h = float(hidden[row, 0])
+    up, down = (torch.nextafter(hidden[row, 0], torch.tensor(d, dtype=torch.float16)) for d in (1e4, -1e4))
+    f64 = torch.float64
+    pre = t["x"][row].to(f64) @ t["w1"][0].to(f64) + t["b1"][0].to(f64)
+    act = float(model.activation_float64(activation, pre))
+    flipped = hidden.clone()
+    flipped[row, 0] = up if abs(float(up) - act) < abs(float(down) - act) else down
+    assert float(flipped[row, 0]) != h
+    y = _fp32_kernel_output(t, flipped)
+    assert not validate.compare({"y": y}, {"y": truth}, 1e-3, 1e-3)["passed"]
+    assert validate.compare({"y": y}, {"y": truth}, 1e-3, 1e-3, {"y": slack})["passed"]
+
+
+@pytest.mark.parametrize("shape", [(165, 300, 1), (64, 96, 2048)])
+def test_the_slack_does_not_hide_a_wrong_answer(shape):
+    """The slack is a few ulp of the hidden times |W2|: a kernel that drops b1 still fails."""
+    from kernellab.harness import validate
+
+    t = model.make_problem_tensors(model.Shape(*shape), seed=2)
+    truth = model.reference(t["x"], t["w1"], t["b1"], t["w2"], t["b2"], "gelu")
+    slack = model.hidden_rounding_slack(t["x"], t["w1"], t["b1"], t["w2"], "gelu")
+    assert float(slack.max()) < 1e-2
+    _, hidden = _fp32_kernel_hidden(t, "gelu", bias=False)
+    assert not validate.compare({"y": _fp32_kernel_output(t, hidden)}, {"y": truth}, 1e-3, 1e-3, {"y": slack})["passed"]

@@ -91,7 +91,8 @@ def test_every_shape_is_served_by_a_consistent_plan(rows, channels, hidden, requ
         assert channels % 8 == 0 and hidden % 8 == 0
     if plan.engine == "persistent-tc":  # 16-byte loads only where every row is 16-byte aligned
         assert plan.tile.vector == (8 if channels % 8 == 0 and hidden % 8 == 0 else 1)
-        assert plan.tile.mma == "mma.sync"  # wgmma only where forced, until measured
+        wide = plan.tile.vector == 8 and plan.tile.rows == 64 and plan.tile.channels_tile == 512
+        assert plan.tile.mma == ("wgmma" if wide else "mma.sync")  # wgmma where mma.sync's tile spills
     if plan.engine == "persistent":
         assert plan.smem.hidden == "smem"
 
@@ -124,6 +125,17 @@ def test_ceil_div_and_round_up_agree_with_python():
         for b in (1, 3, 8, 16):
             assert planning.ceil_div(a, b) == -(-a // b)
             assert planning.round_up(a, b) % b == 0 and 0 <= planning.round_up(a, b) - a < b
+
+
+def test_planning_takes_wgmma_for_the_64_by_512_tile_only():
+    assert planning.plan_engine("persistent-tc", 16384, 512, 2048, H200).tile.mma == "wgmma"
+    assert planning.plan_engine("persistent-tc", 16384, 384, 1536, H200).tile.mma == "wgmma"  # 512-channel tile
+    assert planning.plan_engine("persistent-tc", 4096, 256, 1024, H200).tile.mma == "mma.sync"
+    assert planning.plan_engine("persistent-tc", 1024, 512, 2048, H200).tile.rows == 32  # few rows: 32-row tiles
+    assert planning.plan_engine("persistent-tc", 1024, 512, 2048, H200).tile.mma == "mma.sync"
+    assert planning.plan_engine("persistent-tc", 16384, 511, 2048, H200).tile.mma == "mma.sync"  # element loads
+    forced_sync = planning.forced("persistent-tc", 16384, 512, 2048, H200, mma="mma.sync")
+    assert (forced_sync.tile.mma, forced_sync.tile.rows) == ("mma.sync", 64)
 
 
 def test_forced_wgmma_plans_and_their_limits():

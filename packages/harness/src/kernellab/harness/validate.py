@@ -34,9 +34,10 @@ def _same(a, b) -> bool:
     return bool(torch.equal(a, b))
 
 
-def compare(result: Tensors, truth: Tensors, rtol: float, atol: float) -> dict[str, Any]:
-    """Elementwise |out - ref| <= atol + rtol |ref|; NaN passes only where the truth is NaN,
-    infinities only where the truth has the same infinity."""
+def compare(result: Tensors, truth: Tensors, rtol: float, atol: float, slack: Tensors | None = None) -> dict[str, Any]:
+    """Elementwise |out - ref| <= atol + rtol |ref| (+ slack, where the problem gives one for that
+    output: see ``Problem.slack``); NaN passes only where the truth is NaN, infinities only where the
+    truth has the same infinity."""
     import torch
 
     report: dict[str, Any] = {"passed": True, "outputs": {}}
@@ -57,7 +58,14 @@ def compare(result: Tensors, truth: Tensors, rtol: float, atol: float) -> dict[s
         o_inf, r_inf = torch.isinf(o), torch.isinf(r)
         finite = ~(r_nan | r_inf)
         diff = (o - r).abs()
-        ok = torch.where(finite, diff <= atol + rtol * r.abs(), torch.zeros_like(r_nan))
+        bound = atol + rtol * r.abs()
+        allowance = (slack or {}).get(key)
+        if allowance is not None:
+            if tuple(allowance.shape) != tuple(ref.shape):
+                raise ValueError(f"slack for {key!r} has shape {tuple(allowance.shape)}, expected {tuple(ref.shape)}")
+            allowance = allowance.detach().to(device=o.device, dtype=torch.float64)
+            bound = bound + allowance
+        ok = torch.where(finite, diff <= bound, torch.zeros_like(r_nan))
         ok |= r_nan & o_nan
         ok |= r_inf & o_inf & (torch.sign(o) == torch.sign(r))
         ok &= ~(o_nan & ~r_nan)
@@ -76,6 +84,8 @@ def compare(result: Tensors, truth: Tensors, rtol: float, atol: float) -> dict[s
             "rtol": rtol,
             "atol": atol,
         }
+        if allowance is not None:
+            entry["max_slack"] = float(allowance.max())
         report["outputs"][key] = entry
         report["passed"] &= entry["passed"]
     return report
@@ -107,7 +117,7 @@ def _check(problem: Problem, call: Call, inputs: Tensors, outputs: Tensors, seed
     result = call(inputs, outputs)
     _sync(problem)
     tol = problem.tolerance()
-    report = compare(result, problem.reference(before), tol.rtol, tol.atol)
+    report = compare(result, problem.reference(before), tol.rtol, tol.atol, problem.slack(before))
     mutated = sorted(k for k in inputs if not _same(inputs[k], before[k]))
     report["inputs_unchanged"] = not mutated
     if mutated:
@@ -143,7 +153,7 @@ def validate_graph_replay(problem: Problem, call: Call, seed: int, changed_seed:
     graph.replay()
     torch.cuda.synchronize()
     tol = problem.tolerance()
-    report = compare(result, problem.reference(before), tol.rtol, tol.atol)
+    report = compare(result, problem.reference(before), tol.rtol, tol.atol, problem.slack(before))
     report["replay_changed_input"] = report["passed"]
     return report
 

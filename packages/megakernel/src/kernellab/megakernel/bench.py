@@ -53,6 +53,10 @@ class ResidualMLP(Problem):
         return {"y": model.reference(inputs["x"], inputs["w1"], inputs["b1"], inputs["w2"], inputs["b2"],
                                      self.activation)}
 
+    def slack(self, inputs):
+        return {"y": model.hidden_rounding_slack(inputs["x"], inputs["w1"], inputs["b1"], inputs["w2"],
+                                                 self.activation)}
+
     def control(self, inputs, outputs):
         from .engines import torch_baselines
 

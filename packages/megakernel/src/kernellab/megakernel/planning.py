@@ -40,15 +40,15 @@ TC_THREADS = 256
 TC_HIDDEN_CHUNK = 64
 TC_MAX_STAGES = 4  # W1 / W2 chunk buffers each at most: 7 cp.async groups in flight behind the one awaited
 TC_CHANNEL_TILES = (64, 128, 256, 512)
+"""persistent-tc keeps the fp32 output tile (tile rows x channel tile) in registers: 64 x 512 over
+256 threads is 128 registers each, the most that leaves room for the rest (with mma.sync the sm_90a
+cubin of CuTe DSL 4.8.1 has 255 registers and a 56-byte stack frame: a few spills)."""
 TC_ROW_TILES = (32, 64)
 TC_MMAS = ("mma.sync", "wgmma")
 WGMMA_ROW_TILES = (64, 128)
 """persistent-tc's wgmma form (sm_90a): 64 rows split across the two warpgroups by columns, or 128 by
-rows (64 each; an instruction is at most 256 columns wide, so up to 256 channels). Not measured yet, so
-only forced plans (``forced(..., mma="wgmma")``) take it."""
-"""persistent-tc keeps the fp32 output tile (tile rows x channel tile) in registers: 64 x 512 over
-256 threads is 128 registers each, the most that leaves room for the rest (the sm_90a cubin of CuTe DSL
-4.8.1 has 255 registers and a 56-byte stack frame: a few spills)."""
+rows (64 each; an instruction is at most 256 columns wide, so up to 256 channels). Planning takes the
+64-row form where ``tc_mma`` says; the 128-row one only through ``forced``."""
 
 CONVENTIONAL_TC_TILE = (128, 64, 32)  # (rows, columns, K) per CTA
 CONVENTIONAL_TC_THREADS = 128
@@ -183,6 +183,16 @@ def tc_row_tile(rows: int, device: DeviceSpec) -> int:
     return TC_ROW_TILES[1] if ceil_div(rows, TC_ROW_TILES[1]) >= device.sm_count else TC_ROW_TILES[0]
 
 
+def tc_mma(rows_per_tile: int, channels_tile: int, misaligned: bool) -> str:
+    """persistent-tc's instruction: wgmma for the 64 x 512 output tile, whose 128 fp32 accumulators a
+    thread make mma.sync spill (the wgmma form compiles to 242 registers and no stack), mma.sync for
+    every smaller tile, where it measured faster (``tools/device/megakernel_sweep.py``, its H200 run in
+    ``reports/h200/megakernel-sweep.json``). Unaligned rows load element by element: mma.sync."""
+    if not misaligned and rows_per_tile == WGMMA_ROW_TILES[0] and channels_tile == TC_CHANNEL_TILES[-1]:
+        return "wgmma"
+    return "mma.sync"
+
+
 def persistent_tc_smem_bytes(tile_rows: int, channels_tile: int, stages: int = 1) -> int:
     """x tile + ``stages`` W1 chunks + ``stages`` W2 chunks + the hidden chunk, all fp16."""
     chunk = TC_HIDDEN_CHUNK
@@ -235,9 +245,10 @@ def tensor_core_alignment(channels: int, hidden: int) -> str | None:
 
 
 def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpec,
-              tile_rows: int | None = None, mma: str = "mma.sync") -> Tile | Refusal:
+              tile_rows: int | None = None, mma: str | None = None) -> Tile | Refusal:
     """Step 1: the tile an engine would use for this shape. ``tile_rows`` forces the rows per tile
-    (the compiler's override); it must be a multiple of the engine's row granularity."""
+    (the compiler's override); it must be a multiple of the engine's row granularity. ``mma`` forces
+    persistent-tc's instruction (None: ``tc_mma``'s choice)."""
     _check_engine(engine)
     misaligned = tensor_core_alignment(channels, hidden)
     if engine == "conventional-tc" and misaligned:
@@ -247,6 +258,8 @@ def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: Device
         if channels_tile is None:
             return Refusal(engine, f"channels={channels} > {TC_CHANNEL_TILES[-1]}: the fp32 output tile does not "
                                    "fit in registers")
+        if mma is None:
+            mma = tc_mma(tile_rows or tc_row_tile(rows, device), channels_tile, misaligned is not None)
         if mma not in TC_MMAS:
             raise ValueError(f"unknown mma {mma!r}; persistent-tc has {TC_MMAS}")
         allowed = WGMMA_ROW_TILES if mma == "wgmma" else TC_ROW_TILES
@@ -337,7 +350,7 @@ def plan_owners(tile: Tile, smem: SharedMemory, device: DeviceSpec) -> Owners:
 
 
 def plan_engine(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpec,
-                tile_rows: int | None = None, mma: str = "mma.sync") -> Plan | Refusal:
+                tile_rows: int | None = None, mma: str | None = None) -> Plan | Refusal:
     """All three steps for one engine."""
     tile = plan_tile(engine, rows, channels, hidden, device, tile_rows, mma)
     if isinstance(tile, Refusal):
@@ -356,7 +369,7 @@ def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpe
     persistent-tc's number of chunk buffers (``stages``) and instruction (``mma``)."""
     if mma is not None and engine != "persistent-tc":
         raise ValueError(f"{engine} has no mma choice")
-    plan = plan_engine(engine, rows, channels, hidden, device, tile_rows, mma or "mma.sync")
+    plan = plan_engine(engine, rows, channels, hidden, device, tile_rows, mma)
     if isinstance(plan, Refusal):
         raise ValueError(plan.reason)
     if stages is not None and stages != plan.tile.stages:

@@ -150,7 +150,8 @@ class Run:
                 entry = {"passed": check["passed"], "replay_changed_input": check["replay_changed_input"],
                          "served_by": bound.served_by,
                          "validation": {k: check[k] for k in ("max_abs_error", "violations", "elements", "rtol",
-                                                              "atol", "inputs_unchanged") if k in check},
+                                                              "atol", "max_slack", "inputs_unchanged")
+                                        if k in check},
                          "setup_s": round(time.perf_counter() - start, 3)}
                 if bound.plan:
                     entry["plan"] = bound.plan

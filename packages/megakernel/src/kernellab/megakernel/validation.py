@@ -29,7 +29,7 @@ def owned_graph_replay(problem: Problem, call, seed: int, changed_seed: int) -> 
     result = call(inputs, outputs)
     torch.cuda.synchronize()
     tol = problem.tolerance()
-    report = validate.compare(result, problem.reference(before), tol.rtol, tol.atol)
+    report = validate.compare(result, problem.reference(before), tol.rtol, tol.atol, problem.slack(before))
     report["replay_changed_input"] = report["passed"]
     return report
 
@@ -55,13 +55,15 @@ def check(problem: Problem, engine: str, call, seed: int = 0) -> dict:
         "elements": out.get("elements"),
         "rtol": out.get("rtol"),
         "atol": out.get("atol"),
+        "max_slack": out.get("max_slack"),
         **({"error": first["error"]} if "error" in first else {}),
     }
 
 
-def error_summary(out, truth, rtol: float, atol: float) -> dict:
+def error_summary(out, truth, rtol: float, atol: float, slack=None) -> dict:
     """The report's error block of one output against its truth (harness ``compare`` plus the mean)."""
-    entry = validate.compare({"y": out}, {"y": truth}, rtol, atol)["outputs"]["y"]
+    allowance = None if slack is None else {"y": slack}
+    entry = validate.compare({"y": out}, {"y": truth}, rtol, atol, allowance)["outputs"]["y"]
     diff = (out.double() - truth.double()).abs()
     return {"passed": entry["passed"], "max_abs_error": entry["max_abs_error"],
             "mean_abs_error": float(diff.mean()), "violations": entry["violations"], "elements": entry["elements"],
