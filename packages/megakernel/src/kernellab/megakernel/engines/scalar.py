@@ -38,38 +38,24 @@ def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, 
         rows = [a_row0 + cutlass.min(r0 + rr, rows_valid - 1) for rr in range(ROW_BLOCK)]
         acc = cute.make_rmem_tensor((ROW_BLOCK,), Float32)
         acc.fill(0.0)
-        b = bias[n]  # read before the K loop, so that its latency passes under it
         for k in cutlass.range(k_dim, unroll=4):
             w = weight[n, k].to(Float32)
             for rr in cutlass.range_constexpr(ROW_BLOCK):
                 acc[rr] = acc[rr] + a[rows[rr], k].to(Float32) * w
+        b = bias[n]
         for rr in cutlass.range_constexpr(ROW_BLOCK):
             if r0 + rr < rows_valid:
                 epilogue(r0 + rr, n, acc[rr] + b)
-
-
-STAGE_BATCH = 8
-"""Loads a thread issues before their stores when staging into shared memory: one load then its store
-per step would wait a global-memory round trip per element; a batch waits about one per batch."""
 
 
 @cute.jit
 def stage_rows(src: cute.Tensor, row0: Int32, rows_valid: Int32, dst: cute.Tensor, tid: Int32):
     """dst[r, c] = fp32(src[row0 + r, c]) for the tile's valid rows (fp16 -> fp32 is exact)."""
     cols = src.shape[1]
-    total = rows_valid * cols
-    values = cute.make_rmem_tensor((STAGE_BATCH,), Float32)
-    for start in range(tid, total, SCALAR_THREADS * STAGE_BATCH):
-        for b in cutlass.range_constexpr(STAGE_BATCH):
-            i = start + b * SCALAR_THREADS
-            if i < total:
-                r = i // cols
-                values[b] = src[row0 + r, i - r * cols].to(Float32)
-        for b in cutlass.range_constexpr(STAGE_BATCH):
-            i = start + b * SCALAR_THREADS
-            if i < total:
-                r = i // cols
-                dst[r, i - r * cols] = values[b]
+    for i in range(tid, rows_valid * cols, SCALAR_THREADS):
+        r = i // cols
+        c = i - r * cols
+        dst[r, c] = src[row0 + r, c].to(Float32)
 
 
 @cute.jit
@@ -77,19 +63,10 @@ def stage_weight(src: cute.Tensor, dst: cute.Tensor, tid: Int32):
     """A whole (N, K) weight from global memory (read along K, coalesced) into its transposed
     shared-memory view ``dst`` (same logical (N, K) indexing)."""
     k_dim = src.shape[1]
-    total = cute.size(src)
-    values = cute.make_rmem_tensor((STAGE_BATCH,), Float16)
-    for start in range(tid, total, SCALAR_THREADS * STAGE_BATCH):
-        for b in cutlass.range_constexpr(STAGE_BATCH):
-            i = start + b * SCALAR_THREADS
-            if i < total:
-                n = i // k_dim
-                values[b] = src[n, i - n * k_dim]
-        for b in cutlass.range_constexpr(STAGE_BATCH):
-            i = start + b * SCALAR_THREADS
-            if i < total:
-                n = i // k_dim
-                dst[n, i - n * k_dim] = values[b]
+    for i in range(tid, cute.size(src), SCALAR_THREADS):
+        n = i // k_dim
+        k = i - n * k_dim
+        dst[n, k] = src[n, k]
 
 
 def dynamic_smem():
