@@ -1,7 +1,7 @@
-"""Plan sweep of persistent-tc on the GPU host: the planner's plan against forced alternatives (the wgmma
-form with 64- and 128-row tiles, other chunk-buffer counts, other row tiles), beside the CUDA-core
-`persistent` engine and torch-cublas, in alternating rounds. It is how planning's persistent-tc rules are
-chosen (odd shapes: element loads against the CUDA-core engine they used to fall back to).
+"""Plan sweep of the persistent engines on the GPU host: persistent-tc's plan against forced alternatives
+(the wgmma form with 64- and 128-row tiles, other chunk-buffer counts, other row tiles), and the CUDA-core
+`persistent` engine's plan against its weights staged in shared memory or read from global memory, beside
+torch-cublas, in alternating rounds. It is how planning's rules for these engines are chosen.
 
     python3 tools/device/megakernel_sweep.py [--shapes 4096x256x1024,16384x512x2048] [--plans 'wgmma*']
                                              [--rounds 2] [--samples 10]
@@ -27,32 +27,39 @@ from kernellab.megakernel import bench, engines, planning
 SHAPES = [(1024, 128, 256), (4096, 256, 1024), (16384, 512, 2048), (257, 64, 128), (1, 7, 13), (129, 31, 47),
           (8448, 512, 512), (16384, 384, 1536), (2048, 512, 1024), (385, 72, 200), (201, 61, 109)]
 """The development shapes and others of their kinds; never the report's assessment shapes."""
-PLANS = {  # label -> planning.forced choices ({}: the planner's own plan)
-    "planned": {},
-    "wgmma-64": {"mma": "wgmma"},
-    "wgmma-128": {"mma": "wgmma", "tile_rows": 128},
-    "wgmma-64-s1": {"mma": "wgmma", "stages": 1},
-    "wgmma-128-s1": {"mma": "wgmma", "tile_rows": 128, "stages": 1},
-    "sync-32": {"mma": "mma.sync", "tile_rows": 32},
-    "sync-64": {"mma": "mma.sync", "tile_rows": 64},
-    "sync-s1": {"mma": "mma.sync", "stages": 1},
-    "sync-s2": {"mma": "mma.sync", "stages": 2},
+PLANS = {  # label -> (engine, planning.forced choices); {}: the planner's own plan
+    "planned": ("persistent-tc", {}),
+    "wgmma-64": ("persistent-tc", {"mma": "wgmma"}),
+    "wgmma-128": ("persistent-tc", {"mma": "wgmma", "tile_rows": 128}),
+    "wgmma-64-s1": ("persistent-tc", {"mma": "wgmma", "stages": 1}),
+    "wgmma-128-s1": ("persistent-tc", {"mma": "wgmma", "tile_rows": 128, "stages": 1}),
+    "sync-32": ("persistent-tc", {"mma": "mma.sync", "tile_rows": 32}),
+    "sync-64": ("persistent-tc", {"mma": "mma.sync", "tile_rows": 64}),
+    "sync-s1": ("persistent-tc", {"mma": "mma.sync", "stages": 1}),
+    "sync-s2": ("persistent-tc", {"mma": "mma.sync", "stages": 2}),
+    "persistent": ("persistent", {}),
+    # the CUDA-core engine's weights: staged into shared memory (planned wherever they fit), or read from
+    # global memory, which skips the staging round trip and barrier where a CTA reads each weight once
+    "persistent-smem-weights": ("persistent", {"weights": "smem"}),
+    "persistent-global-weights": ("persistent", {"weights": "global"}),
 }
+ALWAYS = ("planned", "persistent")
+"""Labels swept whatever ``--plans`` says: the plans that serve the shape today."""
 
 
 def plan_calls(shape, patterns, activation, device):
     """{label: (plan description, call)} of the plans that exist at this shape and pass validation."""
     problem = bench.ResidualMLP(shape, activation=activation)
     out, skipped = {}, {}
-    for label, choices in PLANS.items():
-        if label != "planned" and not any(fnmatch.fnmatch(label, p) for p in patterns):
+    for label, (engine, choices) in PLANS.items():
+        if label not in ALWAYS and not any(fnmatch.fnmatch(label, p) for p in patterns):
             continue
         try:
-            plan = planning.forced("persistent-tc", *shape, device, **choices)
+            plan = planning.forced(engine, *shape, device, **choices)
         except ValueError as e:
             skipped[label] = str(e)
             continue
-        run = engines.launcher("persistent-tc", plan, activation)
+        run = engines.launcher(engine, plan, activation)
 
         def call(inputs, outputs, run=run):
             run(inputs["x"], inputs["x"], inputs["w1"], inputs["b1"], inputs["w2"], inputs["b2"], outputs["y"])
@@ -64,9 +71,8 @@ def plan_calls(shape, patterns, activation, device):
             print(f"{shape} {label}: WRONG", flush=True)
             continue
         out[label] = (plan.describe(), call)
-    for engine in ("persistent", "torch-cublas"):
-        bound = engines.bind(engine, problem.model_shape, activation)
-        out[engine] = ({"served_by": bound.served_by}, bound.call)
+    bound = engines.bind("torch-cublas", problem.model_shape, activation)
+    out["torch-cublas"] = ({"served_by": bound.served_by}, bound.call)
     return problem, out, skipped
 
 
