@@ -2,7 +2,7 @@
 # On the GPU host, after `source .device/b/env.sh`: one batched check per call, results under $OUT.
 #   bash tools/device/check.sh tests PKG... [-- PYTEST_ARGS]   pytest -m gpu over the packages (junit XML + log),
 #                                                e.g. -- -k "forced or wgmma" to run a subset
-#   bash tools/device/check.sh sanitize PKG...   compute-sanitizer over every kernel of the packages
+#   bash tools/device/check.sh sanitize PKG...   compute-sanitizer over every kernel of the packages ($OUT/sanitize-PKG.json)
 #   bash tools/device/check.sh bench ARGS...     kernellab-bench ARGS --out $OUT (report, table, plot)
 set -u
 out=${OUT:?OUT must name the folder whose files come back}
@@ -17,10 +17,13 @@ case "$step" in
       echo "$pkg: pytest exit $?"; grep -E "passed|failed|error" "$out/$pkg-gpu.log" | tail -3
       grep -E "^(FAILED|ERROR)" "$out/$pkg-gpu.log" | cut -c1-300 | head -30
     done ;;
-  sanitize)
+  sanitize)  # the JSON comes back; the per-tool logs only when a tool failed (few files come back)
     for pkg in "$@"; do
-      timeout 500 python3 -m "kernellab.$pkg.sanitize" --out "$out/sanitize-$pkg" > "$out/sanitize-$pkg.log" 2>&1
-      echo "$pkg: sanitize exit $?"; tail -15 "$out/sanitize-$pkg.log"
+      work=$(mktemp -d)
+      timeout 500 python3 -m "kernellab.$pkg.sanitize" --out "$work" > "$out/sanitize-$pkg.log" 2>&1; code=$?
+      cp "$work/sanitize.json" "$out/sanitize-$pkg.json" 2>/dev/null
+      [ $code -ne 0 ] && cp -r "$work" "$out/sanitize-$pkg-logs"
+      echo "$pkg: sanitize exit $code"; tail -15 "$out/sanitize-$pkg.log"
     done ;;
   bench)
     kernellab-bench "$@" --out "$out" 2>"$out/bench.log"; code=$?
