@@ -37,6 +37,9 @@ PLANS = {  # label -> (engine, planning.forced choices); {}: the planner's own p
     "sync-64": ("persistent-tc", {"mma": "mma.sync", "tile_rows": 64}),
     "sync-s1": ("persistent-tc", {"mma": "mma.sync", "stages": 1}),
     "sync-s2": ("persistent-tc", {"mma": "mma.sync", "stages": 2}),
+    "split2": ("persistent-tc", {"split": 2}),
+    "split2-64": ("persistent-tc", {"split": 2, "mma": "mma.sync", "tile_rows": 64}),
+    "split2-wgmma": ("persistent-tc", {"split": 2, "mma": "wgmma"}),
     "persistent": ("persistent", {}),
     # the CUDA-core engine's weights: staged into shared memory (planned wherever they fit), or read from
     # global memory, which skips the staging round trip and barrier where a CTA reads each weight once

@@ -138,6 +138,29 @@ def test_planning_takes_wgmma_for_the_64_by_512_tile_only():
     assert (forced_sync.tile.mma, forced_sync.tile.rows) == ("mma.sync", 64)
 
 
+def test_forced_hidden_split_plans():
+    plan = planning.forced("persistent-tc", 4096, 256, 1024, H200, tile_rows=64, split=2)
+    assert (plan.tile.split, plan.tile.rows, plan.owners.grid, plan.owners.tiles_per_cta) == (2, 64, 128, 1)
+    assert plan.smem.bytes == planning.persistent_tc_smem_bytes(64, 256, plan.tile.stages, 2)
+    assert plan.smem.bytes == planning.persistent_tc_smem_bytes(64, 256, plan.tile.stages) + 4 * 64 * 128 + 16
+    assert plan.smem.bytes <= H200.smem_per_block
+    many = planning.forced("persistent-tc", 16384, 256, 1024, H200, split=2)
+    assert many.owners.grid % 2 == 0 and many.owners.grid <= H200.sm_count * many.owners.occupancy
+    assert (many.owners.grid // 2) * many.owners.tiles_per_cta >= many.tile.num_tiles
+    assert planning.forced("persistent-tc", 200, 64, 200, H200, split=2, grid=6).owners.tiles_per_cta == 3
+    with pytest.raises(ValueError, match="multiple of the split"):
+        planning.forced("persistent-tc", 200, 64, 200, H200, split=2, grid=5)
+    with pytest.raises(ValueError, match="does not fit on chip"):  # the 64 x 512 tile has no room for the peer's half
+        planning.forced("persistent-tc", 16384, 512, 2048, H200, split=2)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        planning.forced("persistent-tc", 100, 63, 111, H200, split=2)
+    with pytest.raises(ValueError, match="split must be one of"):
+        planning.forced("persistent-tc", 100, 64, 128, H200, split=3)
+    with pytest.raises(ValueError, match="no mma or split choice"):
+        planning.forced("persistent", 100, 64, 128, H200, split=2)
+    assert planning.plan_engine("persistent-tc", 4096, 256, 1024, H200).tile.split == 1  # only forced, until measured
+
+
 def test_forced_wgmma_plans_and_their_limits():
     plan = planning.forced("persistent-tc", 16384, 512, 2048, H200, mma="wgmma")
     assert (plan.tile.mma, plan.tile.rows, plan.tile.channels_tile, plan.owners.grid) == ("wgmma", 64, 512, 132)
@@ -149,7 +172,7 @@ def test_forced_wgmma_plans_and_their_limits():
         planning.forced("persistent-tc", 100, 63, 111, H200, mma="wgmma")
     with pytest.raises(ValueError, match="one of"):
         planning.forced("persistent-tc", 100, 64, 128, H200, mma="wgmma", tile_rows=32)
-    with pytest.raises(ValueError, match="no mma choice"):
+    with pytest.raises(ValueError, match="no mma or split choice"):
         planning.forced("persistent", 100, 64, 128, H200, mma="wgmma")
     with pytest.raises(ValueError, match="unknown mma"):
         planning.forced("persistent-tc", 100, 64, 128, H200, mma="tcgen05")

@@ -55,6 +55,12 @@ def cases():
          {"grid": 2, "mma": "wgmma"}),
         ("persistent-tc wgmma, 128-row tiles split by rows, partial tile", "persistent-tc", (200, 136, 72),
          {"tile_rows": 128, "mma": "wgmma"}),
+        ("persistent-tc, hidden split over a 2-CTA cluster, odd chunk count, 3 tiles per cluster", "persistent-tc",
+         (200, 64, 200), {"split": 2, "grid": 6}),
+        ("persistent-tc, hidden split, one chunk (one CTA of the pair has none)", "persistent-tc", (70, 40, 40),
+         {"split": 2}),
+        ("persistent-tc wgmma, hidden split, 2 tiles per cluster", "persistent-tc", (130, 64, 200),
+         {"split": 2, "grid": 2, "mma": "wgmma"}),
     ]
 
 
