@@ -63,13 +63,7 @@ def test_persistent_tc_wgmma_plans(rows, channels, hidden, tile_rows, activation
         assert tile_rows == 128 and channels > 256
         return
     problem = bench.ResidualMLP((rows, channels, hidden), activation=activation)
-    run = engines.launcher("persistent-tc", plan, activation)
-
-    def call(inputs, outputs):
-        run(inputs["x"], inputs["x"], inputs["w1"], inputs["b1"], inputs["w2"], inputs["b2"], outputs["y"])
-        return outputs
-
-    report = validate.validate_call(problem, call, seed)
+    report = validate.validate_call(problem, engines.plan_call(plan, activation), seed)
     assert report["passed"], (plan.describe(), report)
 
 
@@ -80,13 +74,7 @@ def test_forced_plans(case, activation):
     _, engine, shape, choices = case
     problem = bench.ResidualMLP(shape, activation=activation)
     plan = planning.forced(engine, *shape, planning.current_device(), **choices)
-    run = engines.launcher(plan.engine, plan, activation)
-
-    def call(inputs, outputs):
-        run(inputs["x"], inputs["x"], inputs["w1"], inputs["b1"], inputs["w2"], inputs["b2"], outputs["y"])
-        return outputs
-
-    report = validate.validate_call(problem, call, 11)
+    report = validate.validate_call(problem, engines.plan_call(plan, activation), 11)
     assert report["passed"], (case, report)
 
 
