@@ -62,12 +62,7 @@ def plan_calls(shape, patterns, activation, device):
         except ValueError as e:
             skipped[label] = str(e)
             continue
-        run = engines.launcher(engine, plan, activation)
-
-        def call(inputs, outputs, run=run):
-            run(inputs["x"], inputs["x"], inputs["w1"], inputs["b1"], inputs["w2"], inputs["b2"], outputs["y"])
-            return outputs
-
+        call = engines.plan_call(plan, activation)
         check = validate.validate_call(problem, call, 7)
         if not check["passed"]:
             skipped[label] = f"WRONG: {check}"

@@ -51,16 +51,6 @@ def test_persistent_tc_serves_any_shape_up_to_512_channels(rows, channels, hidde
     assert bound.served_by == "persistent-tc"
 
 
-def _forced_call(plan, activation):
-    run = engines.launcher(plan.engine, plan, activation)
-
-    def call(inputs, outputs):
-        run(inputs["x"], inputs["x"], inputs["w1"], inputs["b1"], inputs["w2"], inputs["b2"], outputs["y"])
-        return outputs
-
-    return call
-
-
 @settings(deadline=None, max_examples=40)
 @given(rows=st.integers(1, 3000), channels=st.integers(1, 64).map(lambda v: 8 * v),
        hidden=st.integers(1, 150).map(lambda v: 8 * v), tile_rows=st.sampled_from(planning.TC_ROW_TILES),
@@ -79,7 +69,7 @@ def test_persistent_tc_hidden_split_plans(rows, channels, hidden, tile_rows, mma
         assert "does not fit" in str(e) and tile_rows == 64 and channels > 256, e
         return
     problem = bench.ResidualMLP((rows, channels, hidden), activation=activation)
-    report = validate.validate_call(problem, _forced_call(plan, activation), seed)
+    report = validate.validate_call(problem, engines.plan_call(plan, activation), seed)
     assert report["passed"], (plan.describe(), report)
 
 
@@ -95,7 +85,7 @@ def test_persistent_tc_wgmma_plans(rows, channels, hidden, tile_rows, activation
         assert tile_rows == 128 and channels > 256
         return
     problem = bench.ResidualMLP((rows, channels, hidden), activation=activation)
-    report = validate.validate_call(problem, _forced_call(plan, activation), seed)
+    report = validate.validate_call(problem, engines.plan_call(plan, activation), seed)
     assert report["passed"], (plan.describe(), report)
 
 
@@ -106,7 +96,7 @@ def test_forced_plans(case, activation):
     _, engine, shape, choices = case
     problem = bench.ResidualMLP(shape, activation=activation)
     plan = planning.forced(engine, *shape, planning.current_device(), **choices)
-    report = validate.validate_call(problem, _forced_call(plan, activation), 11)
+    report = validate.validate_call(problem, engines.plan_call(plan, activation), 11)
     assert report["passed"], (case, report)
 
 

@@ -81,6 +81,19 @@ class Bound:
     formulation: str | None = None
 
 
+def plan_call(plan: planning.Plan, activation: str) -> Callable[[dict, dict], dict]:
+    """The harness call ``(inputs, outputs) -> outputs`` of one kernel plan (the single-block model: x is
+    both the GEMM operand and the residual)."""
+    run = launcher(plan.engine, plan, activation)
+
+    def call(inputs, outputs):
+        x = inputs["x"]
+        run(x, x, inputs["w1"], inputs["b1"], inputs["w2"], inputs["b2"], outputs["y"])
+        return outputs
+
+    return call
+
+
 def bind(name: str, shape: Shape, activation: str, device: planning.DeviceSpec | None = None) -> Bound:
     """Plan, compile (first use) and wrap one engine for ``shape``."""
     base, graph = split_graph(check_engine(name))
@@ -94,14 +107,7 @@ def bind(name: str, shape: Shape, activation: str, device: planning.DeviceSpec |
         bound = Bound(name, name, call, formulation=torch_baselines.formulation(traced=base == "torch-compile"))
     else:
         choice = planning.choose(base, shape.rows, shape.channels, shape.hidden, device)
-        run = launcher(choice.served_by, choice.plan, activation)
-
-        def call(inputs, outputs):
-            x = inputs["x"]
-            run(x, x, inputs["w1"], inputs["b1"], inputs["w2"], inputs["b2"], outputs["y"])
-            return outputs
-
-        bound = Bound(name, choice.served_by + suffix, call, plan=choice.plan.describe(),
+        bound = Bound(name, choice.served_by + suffix, plan_call(choice.plan, activation), plan=choice.plan.describe(),
                       skipped=[dataclasses.asdict(r) for r in choice.skipped])
     if graph:
         from .graph import GraphCall
