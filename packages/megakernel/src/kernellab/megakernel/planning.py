@@ -48,8 +48,12 @@ TC_MMAS = ("mma.sync", "wgmma")
 TC_SPLITS = (1, 2)
 """persistent-tc's hidden split: with 2, a cluster of two CTAs owns each row tile, CTA r runs hidden chunks
 r, r + 2, ... and the two partial output tiles are summed through distributed shared memory, so each CTA
-streams half the weights of a tile (the large shapes are bound by L2 weight traffic: every row tile streams
-all of W1 and W2). Not measured yet: only ``forced(..., split=2)`` takes it."""
+streams half the weights of a tile. It puts SMs to work that whole tiles would leave idle, or lets a 64-row
+tile (half the weight traffic per row) run on as many SMs as 32-row tiles would; ``tc_layout`` decides."""
+TC_WEIGHT_ROWS = 16
+"""``tc_cost``'s price of a tile's weight traffic, in rows of MMA work per chunk: a 32-row tile costs
+(32 + 16) per chunk, a 64-row tile (64 + 16), so at equal work per SM the 64-row tile wins by 1.2x, as
+mma.sync's 64-row tiles did over its 32-row ones at 8448x512x512 on the H200 (60.6 against 72.5 us)."""
 WGMMA_ROW_TILES = (64, 128)
 """persistent-tc's wgmma form (sm_90a): 64 rows split across the two warpgroups by columns, or 128 by
 rows (64 each; an instruction is at most 256 columns wide, so up to 256 channels). Planning takes the
@@ -184,17 +188,40 @@ def channel_tile(channels: int) -> int | None:
     return None
 
 
-def tc_row_tile(rows: int, device: DeviceSpec) -> int:
-    """64-row tiles halve weight traffic per row; 32-row tiles where 64 would leave SMs idle."""
-    return TC_ROW_TILES[1] if ceil_div(rows, TC_ROW_TILES[1]) >= device.sm_count else TC_ROW_TILES[0]
+def tc_cost(rows_per_tile: int, num_tiles: int, hidden: int, split: int, device: DeviceSpec) -> int:
+    """The work of a persistent-tc layout on its busiest SM: its share of the CTAs (ceil(CTAs / SMs), every
+    tile's CTAs spread evenly) times each CTA's hidden chunks times the rows of MMA work and weight traffic
+    one chunk of a tile costs (``TC_WEIGHT_ROWS``)."""
+    chunks = ceil_div(ceil_div(hidden, TC_HIDDEN_CHUNK), split)
+    return ceil_div(num_tiles * split, device.sm_count) * chunks * (rows_per_tile + TC_WEIGHT_ROWS)
+
+
+def tc_layout(rows: int, channels_tile: int, hidden: int, aligned: bool, device: DeviceSpec) -> tuple[int, int]:
+    """persistent-tc's (rows per tile, hidden split): the cheapest by ``tc_cost``; on ties the larger tile
+    (less weight traffic), then no split (no exchange). A split needs 16-byte rows, at least two hidden
+    chunks per CTA and the peer's half output tile in shared memory."""
+    chunks = ceil_div(hidden, TC_HIDDEN_CHUNK)
+    candidates = []
+    for rows_per_tile in TC_ROW_TILES:
+        num_tiles = ceil_div(rows, rows_per_tile)
+        for split in TC_SPLITS:
+            if split > 1 and not (aligned and chunks >= 2 * split and
+                                  persistent_tc_smem_bytes(rows_per_tile, channels_tile, 1, split)
+                                  <= usable_smem(device)):
+                continue
+            cost = tc_cost(rows_per_tile, num_tiles, hidden, split, device)
+            candidates.append((cost, -rows_per_tile, split))
+    _, neg_rows, split = min(candidates)
+    return -neg_rows, split
 
 
 def tc_mma(rows_per_tile: int, channels_tile: int, misaligned: bool) -> str:
-    """persistent-tc's instruction: wgmma for the 64 x 512 output tile, whose 128 fp32 accumulators a
-    thread make mma.sync spill (the wgmma form compiles to 242 registers and no stack), mma.sync for
-    every smaller tile, where it measured faster (``tools/device/megakernel_sweep.py``, its H200 run in
-    ``reports/h200/megakernel-sweep.json``). Unaligned rows load element by element: mma.sync."""
-    if not misaligned and rows_per_tile == WGMMA_ROW_TILES[0] and channels_tile == TC_CHANNEL_TILES[-1]:
+    """persistent-tc's instruction: wgmma for 64-row tiles of at least 256 channels, mma.sync elsewhere.
+    At 64 x 512 mma.sync's 128 fp32 accumulators a thread spill (the wgmma form compiles to 242 registers
+    and no stack); at 64 x 256 and 64 x 512 wgmma measured faster, at 32-row tiles mma.sync
+    (``tools/device/megakernel_sweep.py``, its H200 runs in ``reports/h200/``). Unaligned rows load
+    element by element: mma.sync."""
+    if not misaligned and rows_per_tile == WGMMA_ROW_TILES[0] and channels_tile >= 256:
         return "wgmma"
     return "mma.sync"
 
@@ -272,12 +299,16 @@ def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: Device
         if channels_tile is None:
             return Refusal(engine, f"channels={channels} > {TC_CHANNEL_TILES[-1]}: the fp32 output tile does not "
                                    "fit in registers")
+        split = 1
+        if tile_rows is None and mma is None:
+            tile_rows, split = tc_layout(rows, channels_tile, hidden, misaligned is None, device)
         if mma is None:
-            mma = tc_mma(tile_rows or tc_row_tile(rows, device), channels_tile, misaligned is not None)
+            mma = tc_mma(tile_rows, channels_tile, misaligned is not None)
         if mma not in TC_MMAS:
             raise ValueError(f"unknown mma {mma!r}; persistent-tc has {TC_MMAS}")
         allowed = WGMMA_ROW_TILES if mma == "wgmma" else TC_ROW_TILES
-        rows_per_tile = tile_rows or (tc_row_tile(rows, device) if mma == "mma.sync" else WGMMA_ROW_TILES[0])
+        rows_per_tile = tile_rows or (tc_layout(rows, channels_tile, hidden, False, device)[0]
+                                      if mma == "mma.sync" else WGMMA_ROW_TILES[0])
         if rows_per_tile not in allowed:
             return Refusal(engine, f"tile_rows must be one of {allowed} for persistent-tc with {mma}, "
                                    f"got {rows_per_tile}")
@@ -286,8 +317,8 @@ def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: Device
                                    "with 128-row tiles")
         num_tiles = ceil_div(rows, rows_per_tile)
         return Tile(engine, rows_per_tile, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, num_tiles,
-                    tc_stages(rows_per_tile, channels_tile, num_tiles, hidden, device),
-                    1 if misaligned else VECTOR_ELEMENTS, mma)  # unaligned rows: element loads
+                    tc_stages(rows_per_tile, channels_tile, num_tiles, hidden, device, split),
+                    1 if misaligned else VECTOR_ELEMENTS, mma, split)  # unaligned rows: element loads
     if engine == "conventional-tc":
         block_rows = CONVENTIONAL_TC_TILE[0]
         return Tile(engine, block_rows, channels, hidden, CONVENTIONAL_TC_THREADS, ceil_div(rows, block_rows),
