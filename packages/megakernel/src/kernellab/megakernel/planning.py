@@ -216,12 +216,12 @@ def tc_layout(rows: int, channels_tile: int, hidden: int, aligned: bool, device:
 
 
 def tc_mma(rows_per_tile: int, channels_tile: int, misaligned: bool) -> str:
-    """persistent-tc's instruction: wgmma for 64-row tiles of at least 256 channels, mma.sync elsewhere.
-    At 64 x 512 mma.sync's 128 fp32 accumulators a thread spill (the wgmma form compiles to 242 registers
-    and no stack); at 64 x 256 and 64 x 512 wgmma measured faster, at 32-row tiles mma.sync
-    (``tools/device/megakernel_sweep.py``, its H200 runs in ``reports/h200/``). Unaligned rows load
-    element by element: mma.sync."""
-    if not misaligned and rows_per_tile == WGMMA_ROW_TILES[0] and channels_tile >= 256:
+    """persistent-tc's instruction: wgmma for 64-row tiles, mma.sync for 32-row ones (wgmma's smallest
+    instruction has 64 rows). At 64 x 512 mma.sync's 128 fp32 accumulators a thread spill (the wgmma form
+    compiles to 242 registers and no stack), and at 64 rows wgmma measured faster at every channel tile,
+    64 to 512, split or not (``tools/device/megakernel_sweep.py``, its H200 runs in ``reports/h200/``).
+    Unaligned rows load element by element: mma.sync."""
+    if not misaligned and rows_per_tile == WGMMA_ROW_TILES[0]:
         return "wgmma"
     return "mma.sync"
 
