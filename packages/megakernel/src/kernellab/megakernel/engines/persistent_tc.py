@@ -20,7 +20,7 @@ Padding: channels are padded to the channel tile and the last hidden chunk and r
 partial. Loads zero-fill everything outside the tensors, so padded hidden units have W1 rows and
 W2 columns of zeros: whatever the activation makes of their bias, they add exactly 0 to y.
 
-Hidden split (``split=2``, forced plans only until measured): a cluster of two CTAs owns each row tile, CTA r
+Hidden split (``split=2``, where ``planning.tc_layout`` takes it): a cluster of two CTAs owns each row tile, CTA r
 runs hidden chunks r, r + 2, ..., so each streams half the weights. Both CTAs' threads hold the same output
 coordinates; at a tile's end each sends the elements the peer finishes (element i goes to CTA i % 2) into
 the peer's shared memory with asynchronous DSMEM stores counted by a transaction barrier, after a cluster
