@@ -4,12 +4,12 @@
 torch-cublas, in alternating rounds. It is how planning's rules for these engines are chosen.
 
     python3 tools/device/megakernel_sweep.py [--shapes 4096x256x1024,16384x512x2048] [--plans 'wgmma*']
-                                             [--rounds 2] [--samples 10]
+                                             [--rounds 2] [--samples 10] [--name megakernel_sweep]
 
 Every plan is validated (fresh inputs, poisoned output, float reference) before it is timed; a plan that
 fails is reported and not timed. Timing: graph throughput of one call per replay (harness timing).
-Writes $OUT/megakernel_sweep.json (with the harness's provenance) after every shape and prints one line per
-shape, the fastest first.
+Writes $OUT/NAME.json (``--name``, default megakernel_sweep; with the harness's provenance) after every
+shape and prints one line per shape, the fastest first.
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ PLANS = {  # label -> (engine, planning.forced choices); {}: the planner's own p
     "sync-64": ("persistent-tc", {"mma": "mma.sync", "tile_rows": 64}),
     "sync-s1": ("persistent-tc", {"mma": "mma.sync", "stages": 1}),
     "sync-s2": ("persistent-tc", {"mma": "mma.sync", "stages": 2}),
+    "split2": ("persistent-tc", {"split": 2}),
+    "split2-64": ("persistent-tc", {"split": 2, "mma": "mma.sync", "tile_rows": 64}),
+    "split2-wgmma": ("persistent-tc", {"split": 2, "mma": "wgmma"}),
     "persistent": ("persistent", {}),
     # the CUDA-core engine's weights: staged into shared memory (planned wherever they fit), or read from
     # global memory, which skips the staging round trip and barrier where a CTA reads each weight once
@@ -77,6 +80,7 @@ def main() -> None:
     ap.add_argument("--plans", default="*", help=f"comma-separated shell patterns over {list(PLANS)}")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--samples", type=int, default=10)
+    ap.add_argument("--name", default="megakernel_sweep", help="the JSON's name under $OUT")
     args = ap.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     device = timing.Device("cuda")
@@ -100,7 +104,7 @@ def main() -> None:
                         "plans": {label: calls[label][0] for label in calls}})
         ranked = sorted(p50, key=p50.get)
         print(f"{'x'.join(map(str, shape)):16s} " + "  ".join(f"{k} {p50[k]:.1f}" for k in ranked), flush=True)
-        with open(os.path.join(os.environ.get("OUT", "."), "megakernel_sweep.json"), "w") as f:
+        with open(os.path.join(os.environ.get("OUT", "."), f"{args.name}.json"), "w") as f:
             json.dump(record, f, indent=1)
 
 

@@ -53,6 +53,28 @@ def test_persistent_tc_serves_any_shape_up_to_512_channels(rows, channels, hidde
 
 @settings(deadline=None, max_examples=40)
 @given(rows=st.integers(1, 3000), channels=st.integers(1, 64).map(lambda v: 8 * v),
+       hidden=st.integers(1, 150).map(lambda v: 8 * v), tile_rows=st.sampled_from(planning.TC_ROW_TILES),
+       mma=st.sampled_from(planning.TC_MMAS), clusters=st.one_of(st.none(), st.integers(1, 3)),
+       activation=st.sampled_from(model.ACTIVATIONS), seed=st.integers(0, 2**31))
+def test_persistent_tc_hidden_split_plans(rows, channels, hidden, tile_rows, mma, clusters, activation, seed):
+    """persistent-tc with the hidden split over a 2-CTA cluster (forced: planning does not choose it yet),
+    with several tiles per cluster where ``clusters`` is small."""
+    device = planning.current_device()
+    if mma == "wgmma":
+        tile_rows = planning.WGMMA_ROW_TILES[0]
+    try:
+        plan = planning.forced("persistent-tc", rows, channels, hidden, device, tile_rows=tile_rows, mma=mma,
+                               split=2, grid=None if clusters is None else 2 * clusters)
+    except ValueError as e:  # the 64 x 512 tile has no room for the peer's half output tile
+        assert "does not fit" in str(e) and tile_rows == 64 and channels > 256, e
+        return
+    problem = bench.ResidualMLP((rows, channels, hidden), activation=activation)
+    report = validate.validate_call(problem, engines.plan_call(plan, activation), seed)
+    assert report["passed"], (plan.describe(), report)
+
+
+@settings(deadline=None, max_examples=40)
+@given(rows=st.integers(1, 3000), channels=st.integers(1, 64).map(lambda v: 8 * v),
        hidden=st.integers(1, 150).map(lambda v: 8 * v), tile_rows=st.sampled_from(planning.WGMMA_ROW_TILES),
        activation=st.sampled_from(model.ACTIVATIONS), seed=st.integers(0, 2**31))
 def test_persistent_tc_wgmma_plans(rows, channels, hidden, tile_rows, activation, seed):

@@ -57,22 +57,46 @@ def test_padded_stride_is_minimal_and_odd_in_words(n):
     assert s >= n and s % 4 == 2 and s - 4 < n
 
 
-@pytest.mark.parametrize("rows,channels,hidden,tile,stages,grid,occupancy", [
-    (16384, 512, 1024, 64, 1, 132, 1),  # 256 tiles of 64 rows, 200 KB each: one CTA per SM, 2 tiles for most
-    (4096, 256, 1024, 32, 3, 128, 1),  # 64-row tiles would leave SMs idle; one CTA per SM: 3 stages (212 KB)
-    (8192, 256, 1024, 32, 1, 256, 2),  # 256 tiles need two CTAs per SM, which two stages (148 KB) would not allow
-    (1024, 128, 1024, 32, 4, 32, 1),  # 32 tiles: one CTA per SM, and room for the most stages
-    (33, 32, 1024, 32, 4, 2, 2),
-    (513, 96, 192, 32, 3, 17, 2),  # three chunks: three stages, every load of a tile issued at its start
-    (1, 7, 13, 32, 1, 1, 2),  # one chunk
+@pytest.mark.parametrize("rows,channels,hidden,tile,split,stages,grid,occupancy", [
+    (16384, 512, 1024, 64, 1, 1, 132, 1),  # 256 tiles of 64 rows, 200 KB each: one CTA per SM, 2 tiles for most
+    (4096, 256, 1024, 64, 2, 2, 128, 1),  # 64 tiles split in two: 64-row tiles on 128 SMs, half the hidden each
+    (8192, 256, 1024, 64, 1, 2, 128, 1),  # 128 tiles of 64 rows already fill the SMs
+    (1024, 128, 1024, 32, 2, 4, 64, 1),  # 32 tiles: split in two, 8 chunks each, room for the most stages
+    (33, 32, 1024, 32, 2, 4, 4, 2),
+    (513, 96, 192, 32, 1, 3, 17, 2),  # three chunks (a split needs two per CTA): three stages, every load of
+    (1, 7, 13, 32, 1, 1, 1, 2),  # one chunk                                     a tile issued at its start
 ])
-def test_persistent_tc_tiles_and_grid(rows, channels, hidden, tile, stages, grid, occupancy):
+def test_persistent_tc_tiles_and_grid(rows, channels, hidden, tile, split, stages, grid, occupancy):
     plan = planning.choose("persistent-tc", rows, channels, hidden, H200).plan
     assert plan.engine == "persistent-tc"
-    assert (plan.tile.rows, plan.tile.stages, plan.owners.grid, plan.owners.occupancy) == (tile, stages, grid,
-                                                                                           occupancy)
-    assert plan.smem.bytes == planning.persistent_tc_smem_bytes(tile, plan.tile.channels_tile, stages)
+    assert (plan.tile.rows, plan.tile.split, plan.tile.stages, plan.owners.grid, plan.owners.occupancy) == (
+        tile, split, stages, grid, occupancy)
+    assert plan.smem.bytes == planning.persistent_tc_smem_bytes(tile, plan.tile.channels_tile, stages, split)
     assert plan.tile.channels_tile >= channels and plan.tile.hidden_chunk == planning.TC_HIDDEN_CHUNK
+
+
+@pytest.mark.parametrize("shape,layout", [
+    # the H200 sweeps' fastest layouts (reports/h200/megakernel-sweep*.json): a split where whole tiles
+    # leave SMs idle or where it lets 64-row tiles fill them; none where every SM is busy already
+    ((1024, 128, 256), (32, 2)), ((2048, 512, 1024), (32, 2)), ((4096, 256, 1024), (64, 2)),
+    ((4096, 128, 512), (64, 2)), ((1024, 64, 1024), (32, 2)), ((2048, 256, 2048), (32, 2)),
+    ((16384, 256, 1024), (64, 1)), ((8192, 256, 1024), (64, 1)), ((16384, 512, 2048), (64, 1)),
+    ((8448, 512, 512), (64, 1)), ((385, 72, 200), (32, 2)), ((65, 128, 512), (32, 2)), ((640, 256, 768), (32, 2)),
+    ((257, 64, 128), (32, 1)),  # two chunks: unsplit measured faster (4.1 against 4.4 us)
+])
+def test_tc_layout_takes_the_measured_fastest(shape, layout):
+    rows, channels, hidden = shape
+    assert planning.tc_layout(rows, planning.channel_tile(channels), hidden, True, H200) == layout
+
+
+def test_tc_layout_splits_only_aligned_rows_with_two_chunks_a_cta_and_room():
+    assert planning.tc_layout(1024, 128, 255, False, H200) == (32, 1)  # element loads: no split
+    assert planning.tc_layout(1024, 128, 192, True, H200) == (32, 1)  # three chunks: one CTA would get one
+    assert planning.tc_layout(1024, 128, 256, True, H200) == (32, 2)
+    assert planning.tc_layout(4096, 512, 2048, True, H200)[0] == 32  # 64 x 512 has no room for the peer's half
+    # the cost: the busiest SM's share of CTAs x its chunks x (rows + the weight traffic's price)
+    assert planning.tc_cost(64, 64, 1024, 2, H200) == 1 * 8 * (64 + planning.TC_WEIGHT_ROWS)
+    assert planning.tc_cost(32, 512, 1024, 1, H200) == 4 * 16 * (32 + planning.TC_WEIGHT_ROWS)
 
 
 @given(rows=st.integers(1, 20000), channels=st.integers(1, 1200), hidden=st.integers(1, 4000),
@@ -91,8 +115,10 @@ def test_every_shape_is_served_by_a_consistent_plan(rows, channels, hidden, requ
         assert channels % 8 == 0 and hidden % 8 == 0
     if plan.engine == "persistent-tc":  # 16-byte loads only where every row is 16-byte aligned
         assert plan.tile.vector == (8 if channels % 8 == 0 and hidden % 8 == 0 else 1)
-        wide = plan.tile.vector == 8 and plan.tile.rows == 64 and plan.tile.channels_tile == 512
-        assert plan.tile.mma == ("wgmma" if wide else "mma.sync")  # wgmma where mma.sync's tile spills
+        assert plan.tile.mma == ("wgmma" if plan.tile.vector == 8 and plan.tile.rows == 64 else "mma.sync")
+        if plan.tile.split > 1:  # whole clusters, each CTA at least two hidden chunks
+            assert plan.tile.vector == 8 and plan.owners.grid % plan.tile.split == 0
+            assert planning.ceil_div(hidden, planning.TC_HIDDEN_CHUNK) >= 2 * plan.tile.split
     if plan.engine == "persistent":
         assert plan.smem.hidden == "smem"
 
@@ -127,15 +153,40 @@ def test_ceil_div_and_round_up_agree_with_python():
             assert planning.round_up(a, b) % b == 0 and 0 <= planning.round_up(a, b) - a < b
 
 
-def test_planning_takes_wgmma_for_the_64_by_512_tile_only():
+def test_planning_takes_wgmma_for_aligned_64_row_tiles():
     assert planning.plan_engine("persistent-tc", 16384, 512, 2048, H200).tile.mma == "wgmma"
     assert planning.plan_engine("persistent-tc", 16384, 384, 1536, H200).tile.mma == "wgmma"  # 512-channel tile
-    assert planning.plan_engine("persistent-tc", 4096, 256, 1024, H200).tile.mma == "mma.sync"
+    assert planning.plan_engine("persistent-tc", 16384, 64, 1024, H200).tile.mma == "wgmma"  # 64-channel tile
     assert planning.plan_engine("persistent-tc", 1024, 512, 2048, H200).tile.rows == 32  # few rows: 32-row tiles
     assert planning.plan_engine("persistent-tc", 1024, 512, 2048, H200).tile.mma == "mma.sync"
     assert planning.plan_engine("persistent-tc", 16384, 511, 2048, H200).tile.mma == "mma.sync"  # element loads
     forced_sync = planning.forced("persistent-tc", 16384, 512, 2048, H200, mma="mma.sync")
     assert (forced_sync.tile.mma, forced_sync.tile.rows) == ("mma.sync", 64)
+    assert planning.forced("persistent-tc", 4096, 256, 1024, H200, tile_rows=32).tile.split == 1  # forced tile
+
+
+def test_forced_hidden_split_plans():
+    plan = planning.forced("persistent-tc", 4096, 256, 1024, H200, tile_rows=64, split=2)
+    assert (plan.tile.split, plan.tile.rows, plan.owners.grid, plan.owners.tiles_per_cta) == (2, 64, 128, 1)
+    assert plan.smem.bytes == planning.persistent_tc_smem_bytes(64, 256, plan.tile.stages, 2)
+    assert plan.smem.bytes == planning.persistent_tc_smem_bytes(64, 256, plan.tile.stages) + 4 * 64 * 128 + 16
+    assert plan.smem.bytes <= H200.smem_per_block
+    many = planning.forced("persistent-tc", 16384, 256, 1024, H200, split=2)
+    assert many.owners.grid % 2 == 0 and many.owners.grid <= H200.sm_count * many.owners.occupancy
+    assert (many.owners.grid // 2) * many.owners.tiles_per_cta >= many.tile.num_tiles
+    assert planning.forced("persistent-tc", 200, 64, 200, H200, split=2, grid=6).owners.tiles_per_cta == 3
+    with pytest.raises(ValueError, match="multiple of the split"):
+        planning.forced("persistent-tc", 200, 64, 200, H200, split=2, grid=5)
+    with pytest.raises(ValueError, match="does not fit on chip"):  # the 64 x 512 tile has no room for the peer's half
+        planning.forced("persistent-tc", 16384, 512, 2048, H200, split=2)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        planning.forced("persistent-tc", 100, 63, 111, H200, split=2)
+    with pytest.raises(ValueError, match="split must be one of"):
+        planning.forced("persistent-tc", 100, 64, 128, H200, split=3)
+    with pytest.raises(ValueError, match="no mma or split choice"):
+        planning.forced("persistent", 100, 64, 128, H200, split=2)
+    unsplit = planning.forced("persistent-tc", 4096, 256, 1024, H200, split=1)  # the planner splits this one
+    assert (unsplit.tile.split, unsplit.owners.grid) == (1, 64)
 
 
 def test_forced_wgmma_plans_and_their_limits():
@@ -149,7 +200,7 @@ def test_forced_wgmma_plans_and_their_limits():
         planning.forced("persistent-tc", 100, 63, 111, H200, mma="wgmma")
     with pytest.raises(ValueError, match="one of"):
         planning.forced("persistent-tc", 100, 64, 128, H200, mma="wgmma", tile_rows=32)
-    with pytest.raises(ValueError, match="no mma choice"):
+    with pytest.raises(ValueError, match="no mma or split choice"):
         planning.forced("persistent", 100, 64, 128, H200, mma="wgmma")
     with pytest.raises(ValueError, match="unknown mma"):
         planning.forced("persistent-tc", 100, 64, 128, H200, mma="tcgen05")

@@ -45,6 +45,15 @@ TC_CHANNEL_TILES = (64, 128, 256, 512)
 cubin of CuTe DSL 4.8.1 has 255 registers and a 56-byte stack frame: a few spills)."""
 TC_ROW_TILES = (32, 64)
 TC_MMAS = ("mma.sync", "wgmma")
+TC_SPLITS = (1, 2)
+"""persistent-tc's hidden split: with 2, a cluster of two CTAs owns each row tile, CTA r runs hidden chunks
+r, r + 2, ... and the two partial output tiles are summed through distributed shared memory, so each CTA
+streams half the weights of a tile. It puts SMs to work that whole tiles would leave idle, or lets a 64-row
+tile (half the weight traffic per row) run on as many SMs as 32-row tiles would; ``tc_layout`` decides."""
+TC_WEIGHT_ROWS = 16
+"""``tc_cost``'s price of a tile's weight traffic, in rows of MMA work per chunk: a 32-row tile costs
+(32 + 16) per chunk, a 64-row tile (64 + 16), so at equal work per SM the 64-row tile wins by 1.2x, as
+mma.sync's 64-row tiles did over its 32-row ones at 8448x512x512 on the H200 (60.6 against 72.5 us)."""
 WGMMA_ROW_TILES = (64, 128)
 """persistent-tc's wgmma form (sm_90a): 64 rows split across the two warpgroups by columns, or 128 by
 rows (64 each; an instruction is at most 256 columns wide, so up to 256 channels). Planning takes the
@@ -117,6 +126,7 @@ class Tile:
     stages: int = 1  # persistent-tc: W1 / W2 chunk buffers each (a chunk's loads overlap 2 * stages - 1 steps)
     vector: int = 1  # fp16 elements per global load of a tile: 8 (16-byte cp.async) for tensor cores on aligned rows
     mma: str = "mma.sync"  # persistent-tc's instruction: "mma.sync" or "wgmma"
+    split: int = 1  # persistent-tc: CTAs of a cluster that share a row tile, each running 1/split of the hidden
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,37 +188,68 @@ def channel_tile(channels: int) -> int | None:
     return None
 
 
-def tc_row_tile(rows: int, device: DeviceSpec) -> int:
-    """64-row tiles halve weight traffic per row; 32-row tiles where 64 would leave SMs idle."""
-    return TC_ROW_TILES[1] if ceil_div(rows, TC_ROW_TILES[1]) >= device.sm_count else TC_ROW_TILES[0]
+def tc_cost(rows_per_tile: int, num_tiles: int, hidden: int, split: int, device: DeviceSpec) -> int:
+    """The work of a persistent-tc layout on its busiest SM: its share of the CTAs (ceil(CTAs / SMs), every
+    tile's CTAs spread evenly) times each CTA's hidden chunks times the rows of MMA work and weight traffic
+    one chunk of a tile costs (``TC_WEIGHT_ROWS``)."""
+    chunks = ceil_div(ceil_div(hidden, TC_HIDDEN_CHUNK), split)
+    return ceil_div(num_tiles * split, device.sm_count) * chunks * (rows_per_tile + TC_WEIGHT_ROWS)
+
+
+def tc_layout(rows: int, channels_tile: int, hidden: int, aligned: bool, device: DeviceSpec) -> tuple[int, int]:
+    """persistent-tc's (rows per tile, hidden split): the cheapest by ``tc_cost``; on ties the larger tile
+    (less weight traffic), then no split (no exchange). A split needs 16-byte rows, at least two hidden
+    chunks per CTA and the peer's half output tile in shared memory."""
+    chunks = ceil_div(hidden, TC_HIDDEN_CHUNK)
+    candidates = []
+    for rows_per_tile in TC_ROW_TILES:
+        num_tiles = ceil_div(rows, rows_per_tile)
+        for split in TC_SPLITS:
+            if split > 1 and not (aligned and chunks >= 2 * split and
+                                  persistent_tc_smem_bytes(rows_per_tile, channels_tile, 1, split)
+                                  <= usable_smem(device)):
+                continue
+            cost = tc_cost(rows_per_tile, num_tiles, hidden, split, device)
+            candidates.append((cost, -rows_per_tile, split))
+    _, neg_rows, split = min(candidates)
+    return -neg_rows, split
 
 
 def tc_mma(rows_per_tile: int, channels_tile: int, misaligned: bool) -> str:
-    """persistent-tc's instruction: wgmma for the 64 x 512 output tile, whose 128 fp32 accumulators a
-    thread make mma.sync spill (the wgmma form compiles to 242 registers and no stack), mma.sync for
-    every smaller tile, where it measured faster (``tools/device/megakernel_sweep.py``, its H200 run in
-    ``reports/h200/megakernel-sweep.json``). Unaligned rows load element by element: mma.sync."""
-    if not misaligned and rows_per_tile == WGMMA_ROW_TILES[0] and channels_tile == TC_CHANNEL_TILES[-1]:
+    """persistent-tc's instruction: wgmma for 64-row tiles, mma.sync for 32-row ones (wgmma's smallest
+    instruction has 64 rows). At 64 x 512 mma.sync's 128 fp32 accumulators a thread spill (the wgmma form
+    compiles to 242 registers and no stack), and at 64 rows wgmma measured faster at every channel tile,
+    64 to 512, split or not (``tools/device/megakernel_sweep.py``, its H200 runs in ``reports/h200/``).
+    Unaligned rows load element by element: mma.sync."""
+    if not misaligned and rows_per_tile == WGMMA_ROW_TILES[0]:
         return "wgmma"
     return "mma.sync"
 
 
-def persistent_tc_smem_bytes(tile_rows: int, channels_tile: int, stages: int = 1) -> int:
-    """x tile + ``stages`` W1 chunks + ``stages`` W2 chunks + the hidden chunk, all fp16."""
+def persistent_tc_smem_bytes(tile_rows: int, channels_tile: int, stages: int = 1, split: int = 1) -> int:
+    """x tile + ``stages`` W1 chunks + ``stages`` W2 chunks + the hidden chunk, all fp16; with a hidden
+    split also the fp32 half of the output tile the peer CTA sends, and its transaction barrier."""
     chunk = TC_HIDDEN_CHUNK
-    return 2 * (tile_rows * channels_tile + 2 * stages * chunk * channels_tile + tile_rows * chunk)
+    size = 2 * (tile_rows * channels_tile + 2 * stages * chunk * channels_tile + tile_rows * chunk)
+    if split > 1:
+        size += 4 * tile_rows * channels_tile // 2 + SPLIT_BARRIER_BYTES
+    return size
 
 
-def tc_stages(tile_rows: int, channels_tile: int, num_tiles: int, hidden: int, device: DeviceSpec) -> int:
+SPLIT_BARRIER_BYTES = 16  # one 8-byte mbarrier, 16-byte aligned
+
+
+def tc_stages(tile_rows: int, channels_tile: int, num_tiles: int, hidden: int, device: DeviceSpec,
+              split: int = 1) -> int:
     """persistent-tc's chunk buffers: as many as there are hidden chunks, up to TC_MAX_STAGES, so that
     chunks' weights load while the GEMMs of the chunks before run (with as many buffers as chunks, every
     load of a tile is issued at its start: short tiles are latency chains), where that shared memory
     still lets every CTA the grid needs be resident at once (the grid asks for ceil(tiles / SMs) CTAs
     per SM, at most what one buffer allows); else fewer, down to one."""
-    one = Tile("persistent-tc", tile_rows, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, num_tiles)
-    needed = min(ceil_div(num_tiles, device.sm_count), tc_occupancy_limit(one))
-    for stages in range(min(TC_MAX_STAGES, ceil_div(hidden, TC_HIDDEN_CHUNK)), 1, -1):
-        size = persistent_tc_smem_bytes(tile_rows, channels_tile, stages)
+    one = Tile("persistent-tc", tile_rows, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, num_tiles, split=split)
+    needed = min(ceil_div(split * num_tiles, device.sm_count), tc_occupancy_limit(one))
+    for stages in range(min(TC_MAX_STAGES, ceil_div(ceil_div(hidden, TC_HIDDEN_CHUNK), split)), 1, -1):
+        size = persistent_tc_smem_bytes(tile_rows, channels_tile, stages, split)
         limit = tc_occupancy_limit(dataclasses.replace(one, stages=stages))
         if size <= usable_smem(device) and occupancy(TC_THREADS, size, device, limit) >= needed:
             return stages
@@ -258,12 +299,16 @@ def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: Device
         if channels_tile is None:
             return Refusal(engine, f"channels={channels} > {TC_CHANNEL_TILES[-1]}: the fp32 output tile does not "
                                    "fit in registers")
+        split = 1
+        if tile_rows is None and mma is None:
+            tile_rows, split = tc_layout(rows, channels_tile, hidden, misaligned is None, device)
         if mma is None:
-            mma = tc_mma(tile_rows or tc_row_tile(rows, device), channels_tile, misaligned is not None)
+            mma = tc_mma(tile_rows, channels_tile, misaligned is not None)
         if mma not in TC_MMAS:
             raise ValueError(f"unknown mma {mma!r}; persistent-tc has {TC_MMAS}")
         allowed = WGMMA_ROW_TILES if mma == "wgmma" else TC_ROW_TILES
-        rows_per_tile = tile_rows or (tc_row_tile(rows, device) if mma == "mma.sync" else WGMMA_ROW_TILES[0])
+        rows_per_tile = tile_rows or (tc_layout(rows, channels_tile, hidden, False, device)[0]
+                                      if mma == "mma.sync" else WGMMA_ROW_TILES[0])
         if rows_per_tile not in allowed:
             return Refusal(engine, f"tile_rows must be one of {allowed} for persistent-tc with {mma}, "
                                    f"got {rows_per_tile}")
@@ -272,8 +317,8 @@ def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: Device
                                    "with 128-row tiles")
         num_tiles = ceil_div(rows, rows_per_tile)
         return Tile(engine, rows_per_tile, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, num_tiles,
-                    tc_stages(rows_per_tile, channels_tile, num_tiles, hidden, device),
-                    1 if misaligned else VECTOR_ELEMENTS, mma)  # unaligned rows: element loads
+                    tc_stages(rows_per_tile, channels_tile, num_tiles, hidden, device, split),
+                    1 if misaligned else VECTOR_ELEMENTS, mma, split)  # unaligned rows: element loads
     if engine == "conventional-tc":
         block_rows = CONVENTIONAL_TC_TILE[0]
         return Tile(engine, block_rows, channels, hidden, CONVENTIONAL_TC_THREADS, ceil_div(rows, block_rows),
@@ -299,7 +344,7 @@ def plan_shared_memory(tile: Tile, channels: int, hidden: int, device: DeviceSpe
     """Step 2: shared memory per CTA and where the weights and the hidden tile live."""
     engine, capacity = tile.engine, usable_smem(device)
     if engine == "persistent-tc":
-        size = persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages)
+        size = persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages, tile.split)
         placement = SharedMemory(size, weights="streamed", hidden="registers+smem")
     elif engine == "conventional-tc":
         block_rows, block_cols, block_k = CONVENTIONAL_TC_TILE
@@ -333,7 +378,8 @@ def tc_occupancy_limit(tile: Tile) -> int:
     room (at most 64 per thread keeps the kernel within 128 registers) and two CTAs' shared memory
     fits an SM of the planning default (H200); else 1 (up to 255 registers)."""
     accumulators = tile.rows * tile.channels_tile // TC_THREADS
-    smem = persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages) + H200.reserved_smem_per_block
+    smem = persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages, tile.split)
+    smem += H200.reserved_smem_per_block
     return 2 if accumulators <= 64 and 2 * smem <= H200.smem_per_sm else 1
 
 
@@ -342,11 +388,10 @@ def plan_owners(tile: Tile, smem: SharedMemory, device: DeviceSpec) -> Owners:
     tiles b, b + grid, ...; the conventional engines launch one CTA per tile."""
     limit = tc_occupancy_limit(tile) if tile.engine == "persistent-tc" else None
     resident = occupancy(tile.threads, smem.bytes, device, limit)
-    if tile.engine.startswith("persistent"):
-        grid = min(tile.num_tiles, device.sm_count * resident)
-    else:
-        grid = tile.num_tiles
-    return Owners(occupancy=resident, grid=grid, tiles_per_cta=ceil_div(tile.num_tiles, grid))
+    if tile.engine.startswith("persistent"):  # a hidden split launches clusters of tile.split CTAs per tile
+        groups = min(tile.num_tiles, device.sm_count * resident // tile.split)
+        return Owners(occupancy=resident, grid=groups * tile.split, tiles_per_cta=ceil_div(tile.num_tiles, groups))
+    return Owners(occupancy=resident, grid=tile.num_tiles, tiles_per_cta=1)
 
 
 def plan_engine(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpec,
@@ -363,17 +408,20 @@ def plan_engine(engine: str, rows: int, channels: int, hidden: int, device: Devi
 
 def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpec, *, tile_rows: int | None = None,
            grid: int | None = None, weights: str | None = None, stages: int | None = None,
-           mma: str | None = None) -> Plan:
+           mma: str | None = None, split: int | None = None) -> Plan:
     """A plan with some choices forced, so that tests, the sanitizer and sweeps reach every code path at
-    small shapes: several tiles per CTA (``grid``), weights read from global memory (``weights``),
-    persistent-tc's number of chunk buffers (``stages``) and instruction (``mma``)."""
-    if mma is not None and engine != "persistent-tc":
-        raise ValueError(f"{engine} has no mma choice")
+    small shapes: several tiles per CTA (``grid``: with a hidden split, the number of clusters times the
+    split), weights read from global memory (``weights``), persistent-tc's number of chunk buffers
+    (``stages``), instruction (``mma``) and hidden split (``split``)."""
+    if (mma is not None or split is not None) and engine != "persistent-tc":
+        raise ValueError(f"{engine} has no mma or split choice")
     plan = plan_engine(engine, rows, channels, hidden, device, tile_rows, mma)
     if isinstance(plan, Refusal):
         raise ValueError(plan.reason)
+    if split is not None and split != plan.tile.split:
+        plan = split_plan(plan, split, device)
     if stages is not None and stages != plan.tile.stages:
-        size = persistent_tc_smem_bytes(plan.tile.rows, plan.tile.channels_tile, stages)
+        size = persistent_tc_smem_bytes(plan.tile.rows, plan.tile.channels_tile, stages, plan.tile.split)
         if engine != "persistent-tc" or not 1 <= stages <= TC_MAX_STAGES or size > usable_smem(device):
             raise ValueError(f"{engine} has no {stages}-stage variant at this shape")
         plan = dataclasses.replace(plan, tile=dataclasses.replace(plan.tile, stages=stages),
@@ -387,9 +435,29 @@ def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpe
             raise ValueError(f"weights={weights!r} needs {size} bytes of shared memory")
         plan = dataclasses.replace(plan, smem=dataclasses.replace(plan.smem, bytes=size, weights=weights))
     if grid is not None:
-        owners = dataclasses.replace(plan.owners, grid=grid, tiles_per_cta=ceil_div(plan.tile.num_tiles, grid))
+        if grid % plan.tile.split:
+            raise ValueError(f"grid must be a multiple of the split {plan.tile.split}, got {grid}")
+        groups = grid // plan.tile.split
+        owners = dataclasses.replace(plan.owners, grid=grid, tiles_per_cta=ceil_div(plan.tile.num_tiles, groups))
         plan = dataclasses.replace(plan, owners=owners)
     return plan
+
+
+def split_plan(plan: Plan, split: int, device: DeviceSpec) -> Plan:
+    """persistent-tc's plan with the hidden split across ``split`` CTAs of a cluster: chunk buffers, shared
+    memory and grid planned again. It needs 16-byte rows (cp.async tiles) and the peer's half output tile
+    in shared memory."""
+    tile = plan.tile
+    if split not in TC_SPLITS:
+        raise ValueError(f"split must be one of {TC_SPLITS}, got {split}")
+    if tile.vector != VECTOR_ELEMENTS:
+        raise ValueError(f"a hidden split needs channels and hidden multiples of {VECTOR_ELEMENTS}")
+    stages = tc_stages(tile.rows, tile.channels_tile, tile.num_tiles, plan.hidden, device, split)
+    tile = dataclasses.replace(tile, split=split, stages=stages)
+    smem = plan_shared_memory(tile, plan.channels, plan.hidden, device)
+    if isinstance(smem, Refusal):
+        raise ValueError(smem.reason)
+    return dataclasses.replace(plan, tile=tile, smem=smem, owners=plan_owners(tile, smem, device))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,8 +43,8 @@ def cases():
         ("persistent-global, global weights", "persistent-global", ODD, {"weights": "global"}),
         ("conventional-tc", "conventional-tc", ALIGNED, {}),
         ("persistent-tc, 32-row tiles, two chunk buffers", "persistent-tc", ALIGNED, {}),
-        ("persistent-tc, 64-row tiles, partial chunk, 2 tiles per CTA", "persistent-tc", (130, 136, 200),
-         {"tile_rows": 64, "grid": 2}),
+        ("persistent-tc, 64-row mma.sync tiles, partial chunk, 2 tiles per CTA", "persistent-tc", (130, 136, 200),
+         {"tile_rows": 64, "grid": 2, "mma": "mma.sync"}),
         ("persistent-tc, one chunk buffer, partial chunk, 2 tiles per CTA", "persistent-tc", (130, 136, 200),
          {"grid": 2, "stages": 1}),
         ("persistent-tc, four chunk buffers, partial chunk, 2 tiles per CTA", "persistent-tc", (70, 40, 200),
@@ -55,6 +55,12 @@ def cases():
          {"grid": 2, "mma": "wgmma"}),
         ("persistent-tc wgmma, 128-row tiles split by rows, partial tile", "persistent-tc", (200, 136, 72),
          {"tile_rows": 128, "mma": "wgmma"}),
+        ("persistent-tc, hidden split over a 2-CTA cluster, odd chunk count, 3 tiles per cluster", "persistent-tc",
+         (200, 64, 200), {"split": 2, "grid": 6}),
+        ("persistent-tc, hidden split, one chunk (one CTA of the pair has none)", "persistent-tc", (70, 40, 40),
+         {"split": 2}),
+        ("persistent-tc wgmma, hidden split, 2 tiles per cluster", "persistent-tc", (130, 64, 200),
+         {"split": 2, "grid": 2, "mma": "wgmma"}),
     ]
 
 

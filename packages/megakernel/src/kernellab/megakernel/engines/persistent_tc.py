@@ -20,6 +20,12 @@ Padding: channels are padded to the channel tile and the last hidden chunk and r
 partial. Loads zero-fill everything outside the tensors, so padded hidden units have W1 rows and
 W2 columns of zeros: whatever the activation makes of their bias, they add exactly 0 to y.
 
+Hidden split (``split=2``, where ``planning.tc_layout`` takes it): a cluster of two CTAs owns each row tile, CTA r
+runs hidden chunks r, r + 2, ..., so each streams half the weights. Both CTAs' threads hold the same output
+coordinates; at a tile's end each sends the elements the peer finishes (element i goes to CTA i % 2) into
+the peer's shared memory with asynchronous DSMEM stores counted by a transaction barrier, after a cluster
+barrier that frees the receive buffer, and finishes its own half.
+
 Alignment: where channels and hidden are multiples of 8 every row is 16-byte aligned and tiles load
 by cp.async (``vector=8``); any other shape (odd channels such as 63) compiles the ``vector=1``
 variant, whose tiles load element by element, synchronously, into the same shared-memory tiles.
@@ -53,16 +59,20 @@ class Variant:
     stages: int = 1
     vector: int = VECTOR_ELEMENTS  # fp16 elements per global load: 8 (16-byte cp.async) or 1
     mma: str = "mma.sync"  # or "wgmma" (sm_90a; 64 or 128 row tiles)
+    split: int = 1  # CTAs of a cluster sharing a row tile, each running 1/split of the hidden chunks
 
     @property
     def name(self) -> str:
         narrow = "" if self.vector == VECTOR_ELEMENTS else f"_v{self.vector}"
         wg = "_wg" if self.mma == "wgmma" else ""
-        return f"persistent-tc_m{self.tile_rows}_c{self.channels_tile}_s{self.stages}{narrow}{wg}_res-{self.residual}"
+        shared = "" if self.split == 1 else f"_x{self.split}"
+        return (f"persistent-tc_m{self.tile_rows}_c{self.channels_tile}_s{self.stages}{narrow}{wg}{shared}"
+                f"_res-{self.residual}")
 
     @property
     def occupancy(self) -> int:
-        tile = Tile("persistent-tc", self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, 1, self.stages)
+        tile = Tile("persistent-tc", self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, 1, self.stages,
+                    split=self.split)
         return tc_occupancy_limit(tile)
 
     def compile(self, arch: str | None = None):
@@ -78,7 +88,7 @@ class Variant:
 def launcher(plan: Plan, activation: str, residual: str = "float16"):
     """``run(u, residual, w1, b1, w2, b2, y)``: one launch of ``plan.owners.grid`` CTAs."""
     tile = plan.tile
-    fn = compiled(Variant(tile.rows, tile.channels_tile, residual, tile.stages, tile.vector, tile.mma))
+    fn = compiled(Variant(tile.rows, tile.channels_tile, residual, tile.stages, tile.vector, tile.mma, tile.split))
     act, grid = ACTIVATION_CODES[activation], plan.owners.grid
 
     def run(u, res, w1, b1, w2, b2, y):
@@ -94,6 +104,7 @@ class PersistentTensorCore:
         self.stages = variant.stages
         self.vector = variant.vector
         self.wgmma = variant.mma == "wgmma"
+        self.split = variant.split
         self.occupancy = variant.occupancy
 
     @cute.jit
@@ -110,18 +121,20 @@ class PersistentTensorCore:
             mmas = (tensorcore.tiled_mma(WARPS_M, WARPS_N),) * 2
         self.kernel(u, residual, w1, b1, w2, b2, y, act, *layouts, tensorcore.g2s_copy(TC_THREADS, 64),
                     *mmas).launch(
-            grid=[grid, 1, 1], block=[TC_THREADS, 1, 1], min_blocks_per_mp=self.occupancy,
-            preferred_smem_carveout=100, stream=stream)
+            grid=[grid, 1, 1], block=[TC_THREADS, 1, 1],
+            cluster=[self.split, 1, 1] if cutlass.const_expr(self.split > 1) else None,
+            min_blocks_per_mp=self.occupancy, preferred_smem_carveout=100, stream=stream)
 
     @cute.kernel
     def kernel(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
                b2: cute.Tensor, y: cute.Tensor, act: Int32, x_layout: cute.ComposedLayout,
                w1_layout: cute.ComposedLayout, w2_layout: cute.ComposedLayout, h_layout: cute.ComposedLayout,
                g2s: cute.TiledCopy, mma_h: cute.TiledMma, mma_y: cute.TiledMma):
-        tile_rows, cols, chunk = self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK
+        tile_rows, cols, chunk, split = self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK, self.split
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
+        rank, group, groups = cta % split, cta // split, grid // split  # a cluster of `split` CTAs per row tile
         rows, channels = u.shape
         hidden = w1.shape[0]
 
@@ -138,39 +151,48 @@ class PersistentTensorCore:
         h_coords = thr_h.partition_C(cute.make_identity_tensor((tile_rows, chunk)))
         y_coords = thr_y.partition_C(cute.make_identity_tensor((tile_rows, cols)))
         h_dst = thr_h.partition_C(s_h)
+        recv, mbar = None, None
+        if cutlass.const_expr(split > 1):  # the peer's partial of the outputs this CTA finishes, and its barrier
+            recv = smem.allocate_tensor(Float32, cute.make_layout((cute.size(acc_y) // 2, TC_THREADS),
+                                                                  stride=(TC_THREADS, 1)), 16)
+            mbar = smem.allocate_array(cutlass.Int64, num_elems=1, byte_alignment=8)
+            if tid == 0:
+                cute.arch.mbarrier_init(mbar, 1)
+            cute.arch.mbarrier_init_fence()  # made visible to the peer by the first exchange's cluster barrier
 
         x_coords = cute.make_identity_tensor(u.shape)
         w1_coords = cute.make_identity_tensor(w1.shape)
         w2_coords = cute.make_identity_tensor(w2.shape)
         num_chunks = ceil_div(hidden, chunk)
+        local_chunks = (num_chunks - rank + split - 1) // split  # this CTA's chunks: rank, rank + split, ...
 
         stages = self.stages
         pending = 2 * stages - 1  # cp.async groups that may still fly once the one a step needs has landed
         # small output tiles: the epilogue's b2 and residual are read into registers at the tile's start, and
         # each chunk's b1 before its wait, so that their latency hides under the weight loads
-        early = cute.size(acc_y) <= EARLY_EPILOGUE
+        early = cute.size(acc_y) <= EARLY_EPILOGUE and split == 1
         epi_b2, epi_res = None, None
         if cutlass.const_expr(early):
             epi_b2 = cute.make_rmem_tensor(thr_y.partition_shape_C((tile_rows, cols)), Float32)
             epi_res = cute.make_rmem_tensor(thr_y.partition_shape_C((tile_rows, cols)), Float32)
-        for tile in range(cta, ceil_div(rows, tile_rows), grid):
+        for tile in range(group, ceil_div(rows, tile_rows), groups):
             row0 = tile * tile_rows
             tensorcore.load_tile(g2s, tid, cute.local_tile(u, (tile_rows, cols), (tile, 0)), s_x,
                                  cute.local_tile(x_coords, (tile_rows, cols), (tile, 0)), rows, channels,
                                  self.vector)
             for s in cutlass.range_constexpr(stages):  # groups: x + W1(0), W2(0), W1(1), W2(1), ...
-                if s < num_chunks:
-                    self.load_w1(g2s, tid, w1, w1_coords, s_w1[None, None, s], Int32(s), hidden, channels)
+                if s < local_chunks:
+                    self.load_w1(g2s, tid, w1, w1_coords, s_w1[None, None, s], rank + split * s, hidden, channels)
                 cute.arch.cp_async_commit_group()
-                if s < num_chunks:
-                    self.load_w2(g2s, tid, w2, w2_coords, s_w2[None, None, s], Int32(s), hidden, channels)
+                if s < local_chunks:
+                    self.load_w2(g2s, tid, w2, w2_coords, s_w2[None, None, s], rank + split * s, hidden, channels)
                 cute.arch.cp_async_commit_group()
             if cutlass.const_expr(early):
                 for i in cutlass.range_constexpr(cute.size(acc_y)):
                     self.read_epilogue(epi_b2, epi_res, i, y_coords[i], row0, rows, channels, b2, residual)
             acc_y.fill(0.0)
-            for j in range(num_chunks):
-                slot = j % stages
+            for jj in range(local_chunks):
+                j, slot = rank + split * jj, jj % stages
                 if cutlass.const_expr(early):  # in flight under the wait too (a large tile would spill more)
                     self.read_b1(bias_h, h_coords, b1, j, hidden)
                 cute.arch.cp_async_wait_group(pending)  # x tile and W1(j) landed
@@ -180,8 +202,9 @@ class PersistentTensorCore:
                     self.read_b1(bias_h, h_coords, b1, j, hidden)
                 self.gemm(mma_h, tid, acc_h, s_x, s_w1[None, None, slot], copy_a, copy_b, False)
                 cute.arch.sync_threads()  # every warp is done with W1(j)'s buffer
-                if j + stages < num_chunks:
-                    self.load_w1(g2s, tid, w1, w1_coords, s_w1[None, None, slot], j + stages, hidden, channels)
+                if jj + stages < local_chunks:
+                    self.load_w1(g2s, tid, w1, w1_coords, s_w1[None, None, slot], j + split * stages, hidden,
+                                 channels)
                 cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count uniform
                 for i in cutlass.range_constexpr(cute.size(acc_h)):
                     acc_h[i] = acc_h[i] + bias_h[i]
@@ -195,17 +218,43 @@ class PersistentTensorCore:
                 cute.arch.sync_threads()  # and the hidden chunk is complete
                 self.gemm(mma_y, tid, acc_y, s_h, s_w2[None, None, slot], copy_a, copy_b, True)
                 cute.arch.sync_threads()  # every warp is done with W2(j)'s buffer and the hidden chunk
-                if j + stages < num_chunks:
-                    self.load_w2(g2s, tid, w2, w2_coords, s_w2[None, None, slot], j + stages, hidden, channels)
+                if jj + stages < local_chunks:
+                    self.load_w2(g2s, tid, w2, w2_coords, s_w2[None, None, slot], j + split * stages, hidden,
+                                 channels)
                 cute.arch.cp_async_commit_group()
+            if cutlass.const_expr(split > 1):
+                cute.arch.cp_async_wait_group(0)  # a CTA without chunks never waited for its x tile
+                self.exchange(acc_y, recv, mbar, rank, (tile - group) // groups % 2, tid)
             for i in cutlass.range_constexpr(cute.size(acc_y)):
                 r, c = y_coords[i]
-                if cutlass.const_expr(early):
+                if cutlass.const_expr(split > 1):  # element i is finished by the CTA of rank i % 2
+                    if i % 2 == rank and row0 + r < rows and c < channels:
+                        y[row0 + r, c] = (acc_y[i] + recv[i // 2, tid]) + b2[c] + residual[row0 + r, c].to(Float32)
+                elif cutlass.const_expr(early):
                     if row0 + r < rows and c < channels:
                         y[row0 + r, c] = acc_y[i] + epi_b2[i] + epi_res[i]
                 else:
                     if row0 + r < rows and c < channels:
                         y[row0 + r, c] = acc_y[i] + b2[c] + residual[row0 + r, c].to(Float32)
+        if cutlass.const_expr(split > 1):  # no CTA leaves while its peer may still write into it
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+
+    @cute.jit
+    def exchange(self, acc_y: cute.Tensor, recv: cute.Tensor, mbar, rank: Int32, phase: Int32, tid: Int32):
+        """Sum a cluster's two partial output tiles: the same thread of both CTAs holds the same output
+        coordinates, so each sends the elements the peer finishes (i % 2 == peer) into the peer's
+        ``recv[i // 2, tid]`` by asynchronous DSMEM stores, counted by the peer's transaction barrier."""
+        half = cute.size(acc_y) // 2
+        cute.arch.cluster_arrive()  # both CTAs are done with the last tile's recv (and the barrier exists)
+        cute.arch.cluster_wait()
+        if tid == 0:
+            cute.arch.mbarrier_arrive_and_expect_tx(mbar, half * TC_THREADS * 4)
+        for i in cutlass.range_constexpr(cute.size(acc_y)):
+            if i % 2 != rank:
+                ptr = recv.iterator + cute.crd2idx((i // 2, tid), recv.layout)
+                cute.arch.store_async_dsmem(ptr, acc_y[i].bitcast(Int32), mbar, 1 - rank)
+        cute.arch.mbarrier_wait(mbar, phase)
 
     def tile_tensor(self, smem: SmemAllocator, layout: cute.ComposedLayout) -> cute.Tensor:
         """A swizzled fp16 tile in shared memory; for wgmma the swizzle goes on the pointer (its descriptors
