@@ -1,0 +1,152 @@
+"""Nsight Compute profile of persistent-tc plans (and torch-cublas) at one shape, on the GPU host: where the
+time of one call goes (SM and memory throughput, tensor-pipe use, occupancy, warp stalls), so that the
+next kernel change aims at the bound that holds and not at a guess.
+
+    python3 tools/device/megakernel_profile.py --shape 1x7x13 [--plans 'planned,torch-cublas'] [--name NAME]
+
+The plans are ``megakernel_sweep.PLANS``' labels plus ``torch-cublas``. Each label runs in its own child
+process under ``ncu --profile-from-start off``: the child validates its plan, makes one untimed call (the
+compile), then profiles one call between ``cudaProfilerStart`` and ``cudaProfilerStop``, so only that call's
+kernels are measured. Clocks are left to the GPU (``--clock-control none``, as the timing harness runs).
+Writes $OUT/NAME.json (default megakernel_profile) with the harness's provenance and every metric ncu
+printed, and prints a short table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import fnmatch
+import io
+import json
+import os
+import subprocess
+import sys
+
+SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis", "Occupancy", "LaunchStats",
+            "WarpStateStats", "SchedulerStats")
+SHOWN = {  # table column -> the (section, metric) ncu prints in its details page
+    "us": ("GPU Speed Of Light Throughput", "Duration"),
+    "sm %": ("GPU Speed Of Light Throughput", "Compute (SM) Throughput"),
+    "mem %": ("GPU Speed Of Light Throughput", "Memory Throughput"),
+    "l2 %": ("GPU Speed Of Light Throughput", "L2 Cache Throughput"),
+    "regs": ("Launch Statistics", "Registers Per Thread"),
+    "occ %": ("Occupancy", "Achieved Occupancy"),
+    "cyc/issue": ("Warp State Statistics", "Warp Cycles Per Issued Instruction"),
+    "issue %": ("Scheduler Statistics", "Issue Slots Busy"),
+}
+
+
+def parse_details(text: str) -> list[dict]:
+    """ncu's ``--csv --page details`` output -> one {"kernel", "metrics": {section: {name: (value, unit)}}}
+    per profiled kernel launch, in launch order (ncu's ``ID`` column)."""
+    start = text.find('"ID"')
+    if start < 0:
+        return []
+    launches: dict[str, dict] = {}
+    for row in csv.DictReader(io.StringIO(text[start:])):
+        if not (row.get("ID") or "").isdigit() or row.get("Metric Name") is None:
+            continue  # a line the profiled program printed after ncu's table
+        launch = launches.setdefault(row["ID"], {"kernel": row["Kernel Name"], "metrics": {}})
+        section = launch["metrics"].setdefault(row["Section Name"], {})
+        section[row["Metric Name"]] = (row["Metric Value"], row["Metric Unit"])
+    return [launches[k] for k in sorted(launches, key=int)]
+
+
+def _number(value: str, unit: str) -> float | None:
+    try:
+        number = float(value.replace(",", ""))
+    except ValueError:
+        return None
+    scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(unit)
+    return number * scale if scale else number
+
+
+def summary(launch: dict) -> dict:
+    """The table's numbers of one kernel launch (None where ncu printed no such metric)."""
+    out = {}
+    for column, (section, metric) in SHOWN.items():
+        value, unit = launch["metrics"].get(section, {}).get(metric, ("", ""))
+        out[column] = _number(value, unit)
+    return out
+
+
+def child(shape: tuple, label: str) -> None:
+    import torch
+    from megakernel_sweep import plan_calls
+
+    from kernellab.megakernel import bench, planning
+
+    problem, calls, skipped = plan_calls(shape, [label], bench.DEFAULT_ACTIVATION, planning.current_device())
+    if label not in calls:
+        sys.exit(f"{label} does not run at {shape}: {skipped.get(label, 'not a label')}")
+    description, call = calls[label]
+    inputs = problem.make_inputs(1)
+    outputs = problem.make_outputs(inputs)
+    call(inputs, outputs)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    call(inputs, outputs)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print("PLAN " + json.dumps(description), flush=True)
+
+
+def profile(shape: tuple, label: str) -> dict:
+    """One label's ncu run: its plan, its kernels' metrics, or the error ncu or the child printed."""
+    command = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "details",
+               *[arg for s in SECTIONS for arg in ("--section", s)],
+               sys.executable, os.path.abspath(__file__), "--child", "--shape", "x".join(map(str, shape)),
+               "--plans", label]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    plan = next((json.loads(line[5:]) for line in done.stdout.splitlines() if line.startswith("PLAN ")), None)
+    launches = parse_details(done.stdout)
+    record = {"plan": plan, "launches": launches, "returncode": done.returncode}
+    if done.returncode or not launches:
+        record["error"] = (done.stderr or done.stdout)[-2000:]
+    return record
+
+
+def main() -> None:
+    from megakernel_sweep import PLANS  # this script's folder is on sys.path
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", required=True, help="RxCxH")
+    ap.add_argument("--plans", default="planned,torch-cublas",
+                    help=f"comma-separated shell patterns over {[*PLANS, 'torch-cublas']}")
+    ap.add_argument("--name", default="megakernel_profile", help="the JSON's name under $OUT")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    shape = tuple(int(v) for v in args.shape.split("x"))
+    if len(shape) != 3 or min(shape) < 1:
+        sys.exit(f"--shape must be RxCxH with every size >= 1, got {args.shape!r}")
+    if args.child:
+        child(shape, args.plans)
+        return
+    labels = [label for label in [*PLANS, "torch-cublas"]
+              if any(fnmatch.fnmatch(label, p) for p in args.plans.split(","))]
+    if not labels:
+        sys.exit(f"--plans {args.plans!r} matches none of {[*PLANS, 'torch-cublas']}")
+
+    from kernellab.harness import provenance
+
+    record = {"provenance": provenance.of_check("cuda", __file__, ["megakernel"]), "shape": shape,
+              "sections": SECTIONS, "plans": {}}
+    rows = []
+    for label in labels:
+        result = profile(shape, label)
+        record["plans"][label] = result
+        for launch in result["launches"]:
+            rows.append((label, launch["kernel"][:40], summary(launch)))
+        if "error" in result:
+            print(f"{label}: ncu exit {result['returncode']}: {result['error'][-300:]}", flush=True)
+        with open(os.path.join(os.environ.get("OUT", "."), f"{args.name}.json"), "w") as f:
+            json.dump(record, f, indent=1)
+    print(f"{'plan':14s} {'kernel':40s} " + " ".join(f"{c:>9s}" for c in SHOWN))
+    for label, kernel, numbers in rows:
+        cells = " ".join(f"{'-' if v is None else format(v, '.1f'):>9s}" for v in numbers.values())
+        print(f"{label:14s} {kernel:40s} {cells}")
+
+
+if __name__ == "__main__":
+    main()
