@@ -34,7 +34,8 @@ FALLBACK_CHAINS = {
 
 SCALAR_THREADS = 256
 ROW_BLOCK = 4
-"""Scalar kernels: a warp computes ROW_BLOCK rows of one output column at a time (lanes split K)."""
+"""Scalar kernels: a thread computes ROW_BLOCK rows of one output column over the whole K loop
+(``engines/scalar.py``); tiles are multiples of it."""
 
 TC_THREADS = 256
 TC_HIDDEN_CHUNK = 64
