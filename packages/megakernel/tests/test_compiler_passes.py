@@ -28,12 +28,23 @@ def test_pipeline_declares_a_linear_order():
     assert have == set(ir.PROPERTIES)
 
 
-def test_full_pipeline_plan_matches_the_hand_bound_engine():
-    """The compiler and engines.bind plan with the same functions: same plan, same kernel."""
-    program = passes.plan([Block(32, 64, "gelu")], rows=33, device=planning.H200)
-    hand = planning.choose("persistent-tc", 33, 32, 64, planning.H200).plan
-    assert program.blocks[0].plan == hand
+@pytest.mark.parametrize("rows,channels,hidden,split", [(33, 32, 64, 1), (1024, 128, 256, 2), (4096, 256, 1024, 2),
+                                                     (16384, 512, 2048, 1)])
+def test_full_pipeline_plan_matches_the_hand_bound_engine(rows, channels, hidden, split):
+    """The compiler and engines.bind plan with the same functions: same plan, same kernel (hidden splits
+    included, whose grid is clusters of CTAs)."""
+    program = passes.plan([Block(channels, hidden, "gelu")], rows=rows, device=planning.H200)
+    hand = planning.choose("persistent-tc", rows, channels, hidden, planning.H200).plan
+    assert program.blocks[0].plan == hand and hand.tile.split == split
     assert program.describe()["blocks"][0]["plan"]["engine"] == "persistent-tc"
+
+
+def test_ir_rejects_a_split_grid_of_partial_clusters():
+    program = passes.plan([Block(128, 256, "gelu")], rows=1024, device=planning.H200)
+    plan = program.blocks[0].plan
+    torn = dataclasses.replace(plan, owners=dataclasses.replace(plan.owners, grid=plan.owners.grid - 1))
+    with pytest.raises(ir.IRError, match="not whole clusters of 2 CTAs"):
+        ir.validate(program.with_blocks([dataclasses.replace(program.blocks[0], plan=torn)]))
 
 
 def test_stack_plan():

@@ -5,13 +5,21 @@ import pytest
 import torch
 from torch import nn
 
-from kernellab.megakernel import compile_model, compiler_checks, frontend, model
+from kernellab.megakernel import compile_model, compiler_checks, frontend, model, planning
 
 pytestmark = pytest.mark.gpu
 
 
 def test_compiled_block_is_bitwise_the_hand_written_engine():
     result = compiler_checks.small_output_check()
+    assert result["bitwise_equal"] and result["engine"] == result["hand_written"] == "persistent-tc", result
+
+
+def test_compiled_split_block_is_bitwise_the_hand_written_engine():
+    shape = model.Shape(1024, 128, 256)  # planned as a hidden split over 2-CTA clusters
+    plan = planning.choose("persistent-tc", shape.rows, shape.channels, shape.hidden, planning.current_device()).plan
+    assert plan.tile.split == 2
+    result = compiler_checks.small_output_check(shape=shape)
     assert result["bitwise_equal"] and result["engine"] == result["hand_written"] == "persistent-tc", result
 
 

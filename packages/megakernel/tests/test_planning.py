@@ -107,8 +107,8 @@ def test_every_shape_is_served_by_a_consistent_plan(rows, channels, hidden, requ
     assert plan.engine in planning.FALLBACK_CHAINS[requested]
     assert plan.tile.rows * plan.tile.num_tiles >= rows > plan.tile.rows * (plan.tile.num_tiles - 1)
     assert 0 <= plan.smem.bytes <= H200.smem_per_block
-    assert 1 <= plan.owners.grid <= plan.tile.num_tiles
-    assert plan.owners.grid * plan.owners.tiles_per_cta >= plan.tile.num_tiles
+    assert 1 <= plan.owners.grid <= plan.tile.num_tiles * plan.tile.split  # a split: clusters of CTAs per tile
+    assert plan.owners.grid // plan.tile.split * plan.owners.tiles_per_cta >= plan.tile.num_tiles
     if plan.engine.startswith("persistent"):  # never more CTAs than can be resident
         assert plan.owners.grid <= H200.sm_count * plan.owners.occupancy
     if plan.engine == "conventional-tc":
@@ -121,6 +121,24 @@ def test_every_shape_is_served_by_a_consistent_plan(rows, channels, hidden, requ
             assert planning.ceil_div(hidden, planning.TC_HIDDEN_CHUNK) >= 2 * plan.tile.split
     if plan.engine == "persistent":
         assert plan.smem.hidden == "smem"
+
+
+@given(rows=st.integers(1, 20000), channels=st.integers(1, 64).map(lambda v: 8 * v),
+       hidden=st.integers(1, 500).map(lambda v: 8 * v))
+def test_aligned_persistent_tc_plans_split_consistently(rows, channels, hidden):
+    """16-byte rows, where the planner may split the hidden: the plan is the cheapest layout, and a split
+    plan is whole clusters that fit, each CTA with two hidden chunks at least."""
+    plan = planning.plan_engine("persistent-tc", rows, channels, hidden, H200)
+    tile = plan.tile
+    assert (tile.rows, tile.split) == planning.tc_layout(rows, tile.channels_tile, hidden, True, H200)
+    assert plan.smem.bytes == planning.persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages,
+                                                                tile.split) <= H200.smem_per_block
+    assert plan.owners.grid % tile.split == 0
+    assert plan.owners.grid <= H200.sm_count * plan.owners.occupancy
+    if tile.split > 1:
+        assert planning.ceil_div(hidden, planning.TC_HIDDEN_CHUNK) >= 2 * tile.split
+        unsplit = planning.tc_cost(tile.rows, tile.num_tiles, hidden, 1, H200)
+        assert planning.tc_cost(tile.rows, tile.num_tiles, hidden, tile.split, H200) <= unsplit
 
 
 def test_occupancy_limits():

@@ -129,7 +129,7 @@ def run_pass_cases() -> dict:
 
 # ---- GPU output checks -------------------------------------------------------------------------------
 
-def small_output_check(seed: int = 0) -> dict:
+def small_output_check(seed: int = 0, shape: model.Shape = SMALL_SHAPE) -> dict:
     """The compiled single block against the hand-bound persistent-tc engine on the same inputs:
     same plan, same kernel, so the outputs must be identical."""
     import torch
@@ -137,7 +137,6 @@ def small_output_check(seed: int = 0) -> dict:
     from . import engines
     from .runner import compile_model
 
-    shape = SMALL_SHAPE
     compiled = compile_model({"channels": shape.channels, "blocks": [{"hidden": shape.hidden, "activation": "gelu"}]},
                              rows=shape.rows, seed=seed)
     params = compiled.parameters[0]

@@ -139,6 +139,8 @@ def validate(program: Program) -> Program:
             _require(b.plan is not None and b.plan.engine == b.chosen, where, "has no plan for its chosen engine")
             owners = b.plan.owners
             _require(owners.grid >= 1 and owners.occupancy >= 1, where, f"grid and occupancy must be >= 1: {owners}")
-            _require(owners.grid <= b.plan.tile.num_tiles, where,
-                     f"grid {owners.grid} exceeds the {b.plan.tile.num_tiles} row tiles (idle CTAs)")
+            split = b.plan.tile.split  # a hidden split runs each row tile on a cluster of `split` CTAs
+            _require(owners.grid % split == 0, where, f"grid {owners.grid} is not whole clusters of {split} CTAs")
+            _require(owners.grid <= b.plan.tile.num_tiles * split, where,
+                     f"grid {owners.grid} exceeds the {b.plan.tile.num_tiles} row tiles x split {split} (idle CTAs)")
     return program
