@@ -197,16 +197,16 @@ def tc_cost(rows_per_tile: int, num_tiles: int, hidden: int, split: int, device:
     return ceil_div(num_tiles * split, device.sm_count) * chunks * (rows_per_tile + TC_WEIGHT_ROWS)
 
 
-def tc_layout(rows: int, channels_tile: int, hidden: int, aligned: bool, device: DeviceSpec) -> tuple[int, int]:
+def tc_layout(rows: int, channels_tile: int, hidden: int, may_split: bool, device: DeviceSpec) -> tuple[int, int]:
     """persistent-tc's (rows per tile, hidden split): the cheapest by ``tc_cost``; on ties the larger tile
-    (less weight traffic), then no split (no exchange). A split needs 16-byte rows, at least two hidden
-    chunks per CTA and the peer's half output tile in shared memory."""
+    (less weight traffic), then no split (no exchange). A split needs ``may_split`` (16-byte rows, and no
+    choice forced), at least two hidden chunks per CTA and the peer's half output tile in shared memory."""
     chunks = ceil_div(hidden, TC_HIDDEN_CHUNK)
     candidates = []
     for rows_per_tile in TC_ROW_TILES:
         num_tiles = ceil_div(rows, rows_per_tile)
         for split in TC_SPLITS:
-            if split > 1 and not (aligned and chunks >= 2 * split and
+            if split > 1 and not (may_split and chunks >= 2 * split and
                                   persistent_tc_smem_bytes(rows_per_tile, channels_tile, 1, split)
                                   <= usable_smem(device)):
                 continue
@@ -308,7 +308,7 @@ def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: Device
         if mma not in TC_MMAS:
             raise ValueError(f"unknown mma {mma!r}; persistent-tc has {TC_MMAS}")
         allowed = WGMMA_ROW_TILES if mma == "wgmma" else TC_ROW_TILES
-        rows_per_tile = tile_rows or (tc_layout(rows, channels_tile, hidden, False, device)[0]
+        rows_per_tile = tile_rows or (tc_layout(rows, channels_tile, hidden, False, device)[0]  # mma forced
                                       if mma == "mma.sync" else WGMMA_ROW_TILES[0])
         if rows_per_tile not in allowed:
             return Refusal(engine, f"tile_rows must be one of {allowed} for persistent-tc with {mma}, "
