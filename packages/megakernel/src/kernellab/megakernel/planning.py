@@ -227,6 +227,9 @@ def tc_mma(rows_per_tile: int, channels_tile: int, misaligned: bool) -> str:
     return "mma.sync"
 
 
+SPLIT_BARRIER_BYTES = 16  # one 8-byte mbarrier, 16-byte aligned
+
+
 def persistent_tc_smem_bytes(tile_rows: int, channels_tile: int, stages: int = 1, split: int = 1) -> int:
     """x tile + ``stages`` W1 chunks + ``stages`` W2 chunks + the hidden chunk, all fp16; with a hidden
     split also the fp32 half of the output tile the peer CTA sends, and its transaction barrier."""
@@ -235,9 +238,6 @@ def persistent_tc_smem_bytes(tile_rows: int, channels_tile: int, stages: int = 1
     if split > 1:
         size += 4 * tile_rows * channels_tile // 2 + SPLIT_BARRIER_BYTES
     return size
-
-
-SPLIT_BARRIER_BYTES = 16  # one 8-byte mbarrier, 16-byte aligned
 
 
 def tc_stages(tile_rows: int, channels_tile: int, num_tiles: int, hidden: int, device: DeviceSpec,
