@@ -40,6 +40,8 @@ PLANS = {  # label -> (engine, planning.forced choices); {}: the planner's own p
     "split2": ("persistent-tc", {"split": 2}),
     "split2-64": ("persistent-tc", {"split": 2, "mma": "mma.sync", "tile_rows": 64}),
     "split2-wgmma": ("persistent-tc", {"split": 2, "mma": "wgmma"}),
+    "mc2": ("persistent-tc", {"mma": "wgmma", "multicast": 2}),
+    "mc2-s1": ("persistent-tc", {"mma": "wgmma", "multicast": 2, "stages": 1}),
     "persistent": ("persistent", {}),
     # the CUDA-core engine's weights: staged into shared memory (planned wherever they fit), or read from
     # global memory, which skips the staging round trip and barrier where a CTA reads each weight once

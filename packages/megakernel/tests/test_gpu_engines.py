@@ -57,7 +57,7 @@ def test_persistent_tc_serves_any_shape_up_to_512_channels(rows, channels, hidde
        mma=st.sampled_from(planning.TC_MMAS), clusters=st.one_of(st.none(), st.integers(1, 3)),
        activation=st.sampled_from(model.ACTIVATIONS), seed=st.integers(0, 2**31))
 def test_persistent_tc_hidden_split_plans(rows, channels, hidden, tile_rows, mma, clusters, activation, seed):
-    """persistent-tc with the hidden split over a 2-CTA cluster (forced: planning does not choose it yet),
+    """persistent-tc with the hidden split over a 2-CTA cluster, forced at random shapes and both row tiles,
     with several tiles per cluster where ``clusters`` is small."""
     device = planning.current_device()
     if mma == "wgmma":
@@ -75,10 +75,27 @@ def test_persistent_tc_hidden_split_plans(rows, channels, hidden, tile_rows, mma
 
 @settings(deadline=None, max_examples=40)
 @given(rows=st.integers(1, 3000), channels=st.integers(1, 64).map(lambda v: 8 * v),
+       hidden=st.integers(1, 150).map(lambda v: 8 * v), clusters=st.one_of(st.none(), st.integers(1, 3)),
+       activation=st.sampled_from(model.ACTIVATIONS), seed=st.integers(0, 2**31))
+def test_persistent_tc_weight_multicast_plans(rows, channels, hidden, clusters, activation, seed):
+    """persistent-tc's wgmma form with each weight chunk loaded by TMA once per 2-CTA cluster (forced: planning
+    does not choose it yet), with several tiles per CTA and a CTA running an empty tile beside its peer where
+    ``clusters`` is small."""
+    device = planning.current_device()
+    plan = planning.forced("persistent-tc", rows, channels, hidden, device, mma="wgmma", multicast=2,
+                           grid=None if clusters is None else 2 * clusters)
+    problem = bench.ResidualMLP((rows, channels, hidden), activation=activation)
+    report = validate.validate_call(problem, engines.plan_call(plan, activation), seed)
+    assert report["passed"], (plan.describe(), report)
+
+
+@settings(deadline=None, max_examples=40)
+@given(rows=st.integers(1, 3000), channels=st.integers(1, 64).map(lambda v: 8 * v),
        hidden=st.integers(1, 150).map(lambda v: 8 * v), tile_rows=st.sampled_from(planning.WGMMA_ROW_TILES),
        activation=st.sampled_from(model.ACTIVATIONS), seed=st.integers(0, 2**31))
 def test_persistent_tc_wgmma_plans(rows, channels, hidden, tile_rows, activation, seed):
-    """The wgmma form of persistent-tc (forced: planning does not choose it yet) against the reference."""
+    """The wgmma form of persistent-tc, forced at random shapes and both of its row tiles, against the
+    reference."""
     device = planning.current_device()
     plan = planning.plan_engine("persistent-tc", rows, channels, hidden, device, tile_rows, "wgmma")
     if isinstance(plan, planning.Refusal):  # 128-row tiles past 256 channels

@@ -193,7 +193,7 @@ def test_forced_hidden_split_plans():
     assert many.owners.grid % 2 == 0 and many.owners.grid <= H200.sm_count * many.owners.occupancy
     assert (many.owners.grid // 2) * many.owners.tiles_per_cta >= many.tile.num_tiles
     assert planning.forced("persistent-tc", 200, 64, 200, H200, split=2, grid=6).owners.tiles_per_cta == 3
-    with pytest.raises(ValueError, match="multiple of the split"):
+    with pytest.raises(ValueError, match="multiple of the cluster size 2"):
         planning.forced("persistent-tc", 200, 64, 200, H200, split=2, grid=5)
     with pytest.raises(ValueError, match="does not fit on chip"):  # the 64 x 512 tile has no room for the peer's half
         planning.forced("persistent-tc", 16384, 512, 2048, H200, split=2)
@@ -201,10 +201,31 @@ def test_forced_hidden_split_plans():
         planning.forced("persistent-tc", 100, 63, 111, H200, split=2)
     with pytest.raises(ValueError, match="split must be one of"):
         planning.forced("persistent-tc", 100, 64, 128, H200, split=3)
-    with pytest.raises(ValueError, match="no mma or split choice"):
+    with pytest.raises(ValueError, match="no mma, split or multicast choice"):
         planning.forced("persistent", 100, 64, 128, H200, split=2)
     unsplit = planning.forced("persistent-tc", 4096, 256, 1024, H200, split=1)  # the planner splits this one
     assert (unsplit.tile.split, unsplit.owners.grid) == (1, 64)
+
+
+def test_forced_weight_multicast_plans():
+    plan = planning.forced("persistent-tc", 16384, 512, 2048, H200, mma="wgmma", multicast=2)
+    assert (plan.tile.multicast, plan.tile.stages, plan.owners.grid, plan.owners.tiles_per_cta) == (2, 1, 132, 2)
+    assert plan.smem.bytes == planning.persistent_tc_smem_bytes(64, 512, 1) + planning.MULTICAST_BARRIER_BYTES
+    odd = planning.forced("persistent-tc", 130, 136, 200, H200, mma="wgmma", multicast=2)  # 3 tiles, 2 clusters
+    assert (odd.tile.num_tiles, odd.owners.grid, odd.owners.tiles_per_cta) == (3, 4, 1)
+    several = planning.forced("persistent-tc", 130, 64, 200, H200, mma="wgmma", multicast=2, grid=2)
+    assert several.owners.tiles_per_cta == 2
+    with pytest.raises(ValueError, match="multiple of the cluster size 2"):
+        planning.forced("persistent-tc", 130, 64, 200, H200, mma="wgmma", multicast=2, grid=3)
+    with pytest.raises(ValueError, match="needs the wgmma form"):
+        planning.forced("persistent-tc", 4096, 256, 1024, H200, mma="mma.sync", multicast=2)
+    with pytest.raises(ValueError, match="needs the wgmma form"):
+        planning.forced("persistent-tc", 4096, 256, 1024, H200, mma="wgmma", split=2, multicast=2)
+    with pytest.raises(ValueError, match="multicast must be one of"):
+        planning.forced("persistent-tc", 4096, 256, 1024, H200, mma="wgmma", multicast=4)
+    with pytest.raises(ValueError, match="no mma, split or multicast choice"):
+        planning.forced("persistent", 100, 64, 128, H200, multicast=2)
+    assert planning.plan_engine("persistent-tc", 16384, 512, 2048, H200).tile.multicast == 1  # until measured
 
 
 def test_forced_wgmma_plans_and_their_limits():
@@ -218,7 +239,7 @@ def test_forced_wgmma_plans_and_their_limits():
         planning.forced("persistent-tc", 100, 63, 111, H200, mma="wgmma")
     with pytest.raises(ValueError, match="one of"):
         planning.forced("persistent-tc", 100, 64, 128, H200, mma="wgmma", tile_rows=32)
-    with pytest.raises(ValueError, match="no mma or split choice"):
+    with pytest.raises(ValueError, match="no mma, split or multicast choice"):
         planning.forced("persistent", 100, 64, 128, H200, mma="wgmma")
     with pytest.raises(ValueError, match="unknown mma"):
         planning.forced("persistent-tc", 100, 64, 128, H200, mma="tcgen05")

@@ -23,6 +23,9 @@ def test_cases_reach_every_kernel_variant():
         assert any(e == engine and multi for e, _, multi in seen)
     assert {p.engine for p in plans} == set(planning.KERNEL_ENGINES)
     assert any(p.engine == "persistent-tc" and p.tile.rows == 64 and p.hidden % 64 for p in plans)
+    multicast = [p for p in plans if p.tile.multicast > 1]  # a CTA runs an empty tile beside its peer
+    assert any(p.owners.grid * p.owners.tiles_per_cta > p.tile.num_tiles for p in multicast)
+    assert any(p.owners.tiles_per_cta > 1 for p in multicast)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")

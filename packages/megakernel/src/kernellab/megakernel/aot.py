@@ -34,6 +34,7 @@ def variants(representative: bool = False) -> list:
             persistent_tc.Variant(WGMMA_ROW_TILES[0], TC_CHANNEL_TILES[1], stages=2, mma="wgmma"),
             persistent_tc.Variant(WGMMA_ROW_TILES[1], TC_CHANNEL_TILES[0], mma="wgmma"),
             persistent_tc.Variant(TC_ROW_TILES[1], TC_CHANNEL_TILES[2], stages=2, split=2),
+            persistent_tc.Variant(WGMMA_ROW_TILES[0], TC_CHANNEL_TILES[2], stages=2, mma="wgmma", multicast=2),
             prologue.Variant(norm=True, stream="float16"),
             prologue.Variant(norm=False),
         ]
@@ -54,6 +55,9 @@ def variants(representative: bool = False) -> list:
                 for mma, row_tiles in (("mma.sync", TC_ROW_TILES), ("wgmma", WGMMA_ROW_TILES[:1]))
                 for rows in row_tiles for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1)
                 if persistent_tc_smem_bytes(rows, cols, stages, split=2) <= H200.smem_per_block]
+        out += [persistent_tc.Variant(WGMMA_ROW_TILES[0], cols, residual, stages, mma="wgmma", multicast=2)
+                for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1)
+                if persistent_tc_smem_bytes(WGMMA_ROW_TILES[0], cols, stages, multicast=2) <= H200.smem_per_block]
         out += [prologue.Variant(norm=True, stream=residual)]
     out += [conventional.Variant("hidden"), conventional_tc.Variant("hidden"), prologue.Variant(norm=False)]
     return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from .model import ACTIVATIONS
-from .planning import FALLBACK_CHAINS, H200, DeviceSpec, Plan, Refusal, SharedMemory, Tile
+from .planning import FALLBACK_CHAINS, H200, DeviceSpec, Plan, Refusal, SharedMemory, Tile, round_up
 
 INPUT_DTYPES = ("float16", "float32")
 PROLOGUES = ("none", "cast", "rmsnorm")
@@ -139,8 +139,10 @@ def validate(program: Program) -> Program:
             _require(b.plan is not None and b.plan.engine == b.chosen, where, "has no plan for its chosen engine")
             owners = b.plan.owners
             _require(owners.grid >= 1 and owners.occupancy >= 1, where, f"grid and occupancy must be >= 1: {owners}")
-            split = b.plan.tile.split  # a hidden split runs each row tile on a cluster of `split` CTAs
-            _require(owners.grid % split == 0, where, f"grid {owners.grid} is not whole clusters of {split} CTAs")
-            _require(owners.grid <= b.plan.tile.num_tiles * split, where,
-                     f"grid {owners.grid} exceeds the {b.plan.tile.num_tiles} row tiles x split {split} (idle CTAs)")
+            tile = b.plan.tile  # a hidden split runs each row tile on `split` CTAs; a multicast cluster runs
+            cluster = tile.split * tile.multicast  # whole clusters, some CTA's last tile maybe an empty one
+            _require(owners.grid % cluster == 0, where, f"grid {owners.grid} is not whole clusters of {cluster} CTAs")
+            most = round_up(tile.num_tiles, tile.multicast) * tile.split
+            _require(owners.grid <= most, where,
+                     f"grid {owners.grid} exceeds the {tile.num_tiles} row tiles' {most} CTAs (idle CTAs)")
     return program

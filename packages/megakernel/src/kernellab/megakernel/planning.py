@@ -51,6 +51,11 @@ TC_SPLITS = (1, 2)
 r, r + 2, ... and the two partial output tiles are summed through distributed shared memory, so each CTA
 streams half the weights of a tile. It puts SMs to work that whole tiles would leave idle, or lets a 64-row
 tile (half the weight traffic per row) run on as many SMs as 32-row tiles would; ``tc_layout`` decides."""
+TC_MULTICASTS = (1, 2)
+"""persistent-tc's weight multicast (wgmma form only): with 2, a cluster of two CTAs owning different row
+tiles loads each weight chunk once by TMA, each CTA half of it sent to both, so L2 serves every chunk once
+per pair instead of once per CTA (the large shapes are bound by that traffic: every row tile streams all
+of W1 and W2). Not measured yet: only ``forced(..., multicast=2)`` takes it."""
 TC_WEIGHT_ROWS = 16
 """``tc_cost``'s price of a tile's weight traffic, in rows of MMA work per chunk: a 32-row tile costs
 (32 + 16) per chunk, a 64-row tile (64 + 16), so at equal work per SM the 64-row tile wins by 1.2x, as
@@ -128,6 +133,7 @@ class Tile:
     vector: int = 1  # fp16 elements per global load of a tile: 8 (16-byte cp.async) for tensor cores on aligned rows
     mma: str = "mma.sync"  # persistent-tc's instruction: "mma.sync" or "wgmma"
     split: int = 1  # persistent-tc: CTAs of a cluster that share a row tile, each running 1/split of the hidden
+    multicast: int = 1  # persistent-tc (wgmma): CTAs of a cluster, on their own row tiles, sharing weight loads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,15 +234,20 @@ def tc_mma(rows_per_tile: int, channels_tile: int, misaligned: bool) -> str:
 
 
 SPLIT_BARRIER_BYTES = 16  # one 8-byte mbarrier, 16-byte aligned
+MULTICAST_BARRIER_BYTES = 32  # per stage: a full and an empty 8-byte mbarrier for W1 and for W2
 
 
-def persistent_tc_smem_bytes(tile_rows: int, channels_tile: int, stages: int = 1, split: int = 1) -> int:
+def persistent_tc_smem_bytes(tile_rows: int, channels_tile: int, stages: int = 1, split: int = 1,
+                             multicast: int = 1) -> int:
     """x tile + ``stages`` W1 chunks + ``stages`` W2 chunks + the hidden chunk, all fp16; with a hidden
-    split also the fp32 half of the output tile the peer CTA sends, and its transaction barrier."""
+    split also the fp32 half of the output tile the peer CTA sends, and its transaction barrier; with a
+    weight multicast the full and empty barriers of both weight pipelines."""
     chunk = TC_HIDDEN_CHUNK
     size = 2 * (tile_rows * channels_tile + 2 * stages * chunk * channels_tile + tile_rows * chunk)
     if split > 1:
         size += 4 * tile_rows * channels_tile // 2 + SPLIT_BARRIER_BYTES
+    if multicast > 1:
+        size += MULTICAST_BARRIER_BYTES * stages
     return size
 
 
@@ -345,7 +356,7 @@ def plan_shared_memory(tile: Tile, channels: int, hidden: int, device: DeviceSpe
     """Step 2: shared memory per CTA and where the weights and the hidden tile live."""
     engine, capacity = tile.engine, usable_smem(device)
     if engine == "persistent-tc":
-        size = persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages, tile.split)
+        size = persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages, tile.split, tile.multicast)
         placement = SharedMemory(size, weights="streamed", hidden="registers+smem")
     elif engine == "conventional-tc":
         block_rows, block_cols, block_k = CONVENTIONAL_TC_TILE
@@ -379,7 +390,7 @@ def tc_occupancy_limit(tile: Tile) -> int:
     room (at most 64 per thread keeps the kernel within 128 registers) and two CTAs' shared memory
     fits an SM of the planning default (H200); else 1 (up to 255 registers)."""
     accumulators = tile.rows * tile.channels_tile // TC_THREADS
-    smem = persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages, tile.split)
+    smem = persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages, tile.split, tile.multicast)
     smem += H200.reserved_smem_per_block
     return 2 if accumulators <= 64 and 2 * smem <= H200.smem_per_sm else 1
 
@@ -389,6 +400,10 @@ def plan_owners(tile: Tile, smem: SharedMemory, device: DeviceSpec) -> Owners:
     tiles b, b + grid, ...; the conventional engines launch one CTA per tile."""
     limit = tc_occupancy_limit(tile) if tile.engine == "persistent-tc" else None
     resident = occupancy(tile.threads, smem.bytes, device, limit)
+    if tile.engine.startswith("persistent") and tile.multicast > 1:  # whole clusters, each on its own tiles
+        m = tile.multicast
+        grid = min(round_up(tile.num_tiles, m), device.sm_count * resident // m * m)
+        return Owners(occupancy=resident, grid=grid, tiles_per_cta=ceil_div(tile.num_tiles, grid))
     if tile.engine.startswith("persistent"):  # a hidden split launches clusters of tile.split CTAs per tile
         groups = min(tile.num_tiles, device.sm_count * resident // tile.split)
         return Owners(occupancy=resident, grid=groups * tile.split, tiles_per_cta=ceil_div(tile.num_tiles, groups))
@@ -409,20 +424,23 @@ def plan_engine(engine: str, rows: int, channels: int, hidden: int, device: Devi
 
 def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpec, *, tile_rows: int | None = None,
            grid: int | None = None, weights: str | None = None, stages: int | None = None,
-           mma: str | None = None, split: int | None = None) -> Plan:
+           mma: str | None = None, split: int | None = None, multicast: int | None = None) -> Plan:
     """A plan with some choices forced, so that tests, the sanitizer and sweeps reach every code path at
     small shapes: several tiles per CTA (``grid``: with a hidden split, the number of clusters times the
     split), weights read from global memory (``weights``), persistent-tc's number of chunk buffers
-    (``stages``), instruction (``mma``) and hidden split (``split``)."""
-    if (mma is not None or split is not None) and engine != "persistent-tc":
-        raise ValueError(f"{engine} has no mma or split choice")
+    (``stages``), instruction (``mma``), hidden split (``split``) and weight multicast (``multicast``)."""
+    if (mma is not None or split is not None or multicast is not None) and engine != "persistent-tc":
+        raise ValueError(f"{engine} has no mma, split or multicast choice")
     plan = plan_engine(engine, rows, channels, hidden, device, tile_rows, mma)
     if isinstance(plan, Refusal):
         raise ValueError(plan.reason)
     if split is not None and split != plan.tile.split:
         plan = split_plan(plan, split, device)
+    if multicast is not None and multicast != plan.tile.multicast:
+        plan = multicast_plan(plan, multicast, device)
     if stages is not None and stages != plan.tile.stages:
-        size = persistent_tc_smem_bytes(plan.tile.rows, plan.tile.channels_tile, stages, plan.tile.split)
+        size = persistent_tc_smem_bytes(plan.tile.rows, plan.tile.channels_tile, stages, plan.tile.split,
+                                        plan.tile.multicast)
         if engine != "persistent-tc" or not 1 <= stages <= TC_MAX_STAGES or size > usable_smem(device):
             raise ValueError(f"{engine} has no {stages}-stage variant at this shape")
         plan = dataclasses.replace(plan, tile=dataclasses.replace(plan.tile, stages=stages),
@@ -436,8 +454,9 @@ def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpe
             raise ValueError(f"weights={weights!r} needs {size} bytes of shared memory")
         plan = dataclasses.replace(plan, smem=dataclasses.replace(plan.smem, bytes=size, weights=weights))
     if grid is not None:
-        if grid % plan.tile.split:
-            raise ValueError(f"grid must be a multiple of the split {plan.tile.split}, got {grid}")
+        cluster = plan.tile.split * plan.tile.multicast
+        if grid % cluster:
+            raise ValueError(f"grid must be a multiple of the cluster size {cluster}, got {grid}")
         groups = grid // plan.tile.split
         owners = dataclasses.replace(plan.owners, grid=grid, tiles_per_cta=ceil_div(plan.tile.num_tiles, groups))
         plan = dataclasses.replace(plan, owners=owners)
@@ -455,6 +474,23 @@ def split_plan(plan: Plan, split: int, device: DeviceSpec) -> Plan:
         raise ValueError(f"a hidden split needs channels and hidden multiples of {VECTOR_ELEMENTS}")
     stages = tc_stages(tile.rows, tile.channels_tile, tile.num_tiles, plan.hidden, device, split)
     tile = dataclasses.replace(tile, split=split, stages=stages)
+    smem = plan_shared_memory(tile, plan.channels, plan.hidden, device)
+    if isinstance(smem, Refusal):
+        raise ValueError(smem.reason)
+    return dataclasses.replace(plan, tile=tile, smem=smem, owners=plan_owners(tile, smem, device))
+
+
+def multicast_plan(plan: Plan, multicast: int, device: DeviceSpec) -> Plan:
+    """persistent-tc's wgmma plan with each weight chunk loaded once per cluster of ``multicast`` CTAs (TMA
+    multicast): shared memory and grid planned again (the grid whole clusters; a CTA whose clustermates
+    still have tiles runs an empty tile beside them, since the cluster loads every chunk together)."""
+    tile = plan.tile
+    if multicast not in TC_MULTICASTS:
+        raise ValueError(f"multicast must be one of {TC_MULTICASTS}, got {multicast}")
+    if multicast > 1 and (tile.mma != "wgmma" or tile.split != 1 or tile.vector != VECTOR_ELEMENTS):
+        raise ValueError("a weight multicast needs the wgmma form, no hidden split, and channels and hidden "
+                         f"multiples of {VECTOR_ELEMENTS} (TMA rows are 16-byte aligned)")
+    tile = dataclasses.replace(tile, multicast=multicast)
     smem = plan_shared_memory(tile, plan.channels, plan.hidden, device)
     if isinstance(smem, Refusal):
         raise ValueError(smem.reason)

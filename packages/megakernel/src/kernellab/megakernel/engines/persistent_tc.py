@@ -26,6 +26,12 @@ coordinates; at a tile's end each sends the elements the peer finishes (element 
 the peer's shared memory with asynchronous DSMEM stores counted by a transaction barrier, after a cluster
 barrier that frees the receive buffer, and finishes its own half.
 
+Weight multicast (``multicast=2``, wgmma form, forced plans only until measured): a cluster of two CTAs
+on their own row tiles loads every W1 / W2 chunk once, by TMA, each CTA half of it into the buffers of
+both; the buffers are two TMA pipelines (a full barrier per buffer, and an empty one that every warp of
+both CTAs releases before either CTA reloads it). The pair runs the same number of tiles, the second
+CTA's last one empty where the tiles are odd.
+
 Alignment: where channels and hidden are multiples of 8 every row is 16-byte aligned and tiles load
 by cp.async (``vector=8``); any other shape (odd channels such as 63) compiles the ``vector=1``
 variant, whose tiles load element by element, synchronously, into the same shared-memory tiles.
@@ -38,7 +44,8 @@ import dataclasses
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float16, Float32, Int32
+from cutlass import Float16, Float32, Int32, pipeline
+from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 
 from ..model import ACTIVATION_CODES
@@ -60,19 +67,21 @@ class Variant:
     vector: int = VECTOR_ELEMENTS  # fp16 elements per global load: 8 (16-byte cp.async) or 1
     mma: str = "mma.sync"  # or "wgmma" (sm_90a; 64 or 128 row tiles)
     split: int = 1  # CTAs of a cluster sharing a row tile, each running 1/split of the hidden chunks
+    multicast: int = 1  # CTAs of a cluster on their own row tiles, each weight chunk loaded once for all (TMA)
 
     @property
     def name(self) -> str:
         narrow = "" if self.vector == VECTOR_ELEMENTS else f"_v{self.vector}"
         wg = "_wg" if self.mma == "wgmma" else ""
         shared = "" if self.split == 1 else f"_x{self.split}"
+        shared += "" if self.multicast == 1 else f"_mc{self.multicast}"
         return (f"persistent-tc_m{self.tile_rows}_c{self.channels_tile}_s{self.stages}{narrow}{wg}{shared}"
                 f"_res-{self.residual}")
 
     @property
     def occupancy(self) -> int:
         tile = Tile("persistent-tc", self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, 1, self.stages,
-                    split=self.split)
+                    split=self.split, multicast=self.multicast)
         return tc_occupancy_limit(tile)
 
     def compile(self, arch: str | None = None):
@@ -88,7 +97,8 @@ class Variant:
 def launcher(plan: Plan, activation: str, residual: str = "float16"):
     """``run(u, residual, w1, b1, w2, b2, y)``: one launch of ``plan.owners.grid`` CTAs."""
     tile = plan.tile
-    fn = compiled(Variant(tile.rows, tile.channels_tile, residual, tile.stages, tile.vector, tile.mma, tile.split))
+    fn = compiled(Variant(tile.rows, tile.channels_tile, residual, tile.stages, tile.vector, tile.mma, tile.split,
+                          tile.multicast))
     act, grid = ACTIVATION_CODES[activation], plan.owners.grid
 
     def run(u, res, w1, b1, w2, b2, y):
@@ -105,6 +115,7 @@ class PersistentTensorCore:
         self.vector = variant.vector
         self.wgmma = variant.mma == "wgmma"
         self.split = variant.split
+        self.multicast = variant.multicast
         self.occupancy = variant.occupancy
 
     @cute.jit
@@ -119,18 +130,28 @@ class PersistentTensorCore:
             mmas = (tensorcore.wgmma_tiled(rows, chunk, warpgroups), tensorcore.wgmma_tiled(rows, cols, warpgroups))
         else:
             mmas = (tensorcore.tiled_mma(WARPS_M, WARPS_N),) * 2
+        tmas = (None,) * 4
+        if cutlass.const_expr(self.multicast > 1):  # TMA atoms for one chunk buffer of each weight
+            op = cpasync.CopyBulkTensorTileG2SMulticastOp()
+            tma_w1, g_w1 = cpasync.make_tiled_tma_atom(op, w1, cute.slice_(layouts[1], (None, None, 0)), (chunk, cols),
+                                                      self.multicast)
+            tma_w2, g_w2 = cpasync.make_tiled_tma_atom(op, w2, cute.slice_(layouts[2], (None, None, 0)), (cols, chunk),
+                                                      self.multicast)
+            tmas = (tma_w1, g_w1, tma_w2, g_w2)
+        cluster = self.split * self.multicast
         self.kernel(u, residual, w1, b1, w2, b2, y, act, *layouts, tensorcore.g2s_copy(TC_THREADS, 64),
-                    *mmas).launch(
+                    *mmas, *tmas).launch(
             grid=[grid, 1, 1], block=[TC_THREADS, 1, 1],
-            cluster=[self.split, 1, 1] if cutlass.const_expr(self.split > 1) else None,
+            cluster=[cluster, 1, 1] if cutlass.const_expr(cluster > 1) else None,
             min_blocks_per_mp=self.occupancy, preferred_smem_carveout=100, stream=stream)
 
     @cute.kernel
     def kernel(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
                b2: cute.Tensor, y: cute.Tensor, act: Int32, x_layout: cute.ComposedLayout,
                w1_layout: cute.ComposedLayout, w2_layout: cute.ComposedLayout, h_layout: cute.ComposedLayout,
-               g2s: cute.TiledCopy, mma_h: cute.TiledMma, mma_y: cute.TiledMma):
-        tile_rows, cols, chunk, split = self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK, self.split
+               g2s: cute.TiledCopy, mma_h: cute.TiledMma, mma_y: cute.TiledMma, tma_w1, g_w1, tma_w2, g_w2):
+        tile_rows, cols, chunk, split, multicast = (self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK, self.split,
+                                                    self.multicast)
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
@@ -160,6 +181,22 @@ class PersistentTensorCore:
                 cute.arch.mbarrier_init(mbar, 1)
             cute.arch.mbarrier_init_fence()  # made visible to the peer by the first exchange's cluster barrier
 
+        # weight multicast: W1 and W2 chunks come by TMA through two pipelines of `stages` buffers; every CTA
+        # of the cluster loads its share of each chunk into all of them (mask), and a buffer is reloaded once
+        # every warp of every CTA released it
+        pipe_w1, pipe_w2, t_s_w1, t_g_w1, t_s_w2, t_g_w2 = None, None, None, None, None, None
+        load_w1, load_w2, use_w1, use_w2 = None, None, None, None
+        is_loader = tid < 32  # warp 0 issues the TMA copies (one elected lane)
+        mask = None
+        if cutlass.const_expr(multicast > 1):
+            pipe_w1, pipe_w2, t_s_w1, t_g_w1, t_s_w2, t_g_w2 = self.multicast_pipelines(
+                smem, cta % multicast, s_w1, s_w2, tma_w1, g_w1, tma_w2, g_w2, tid)
+            mask = cutlass.Int16((1 << multicast) - 1)
+            load_w1 = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            load_w2 = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            use_w1 = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            use_w2 = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+
         x_coords = cute.make_identity_tensor(u.shape)
         w1_coords = cute.make_identity_tensor(w1.shape)
         w2_coords = cute.make_identity_tensor(w2.shape)
@@ -175,18 +212,33 @@ class PersistentTensorCore:
         if cutlass.const_expr(early):
             epi_b2 = cute.make_rmem_tensor(thr_y.partition_shape_C((tile_rows, cols)), Float32)
             epi_res = cute.make_rmem_tensor(thr_y.partition_shape_C((tile_rows, cols)), Float32)
-        for tile in range(group, ceil_div(rows, tile_rows), groups):
+        tiles_end = ceil_div(rows, tile_rows)
+        if cutlass.const_expr(multicast > 1):  # a cluster loads every chunk together: all its CTAs run as many
+            tiles_end = tiles_end + cta % multicast  # tiles as its first, the others' last one past the rows
+        for tile in range(group, tiles_end, groups):
             row0 = tile * tile_rows
             tensorcore.load_tile(g2s, tid, cute.local_tile(u, (tile_rows, cols), (tile, 0)), s_x,
                                  cute.local_tile(x_coords, (tile_rows, cols), (tile, 0)), rows, channels,
                                  self.vector)
-            for s in cutlass.range_constexpr(stages):  # groups: x + W1(0), W2(0), W1(1), W2(1), ...
-                if s < local_chunks:
-                    self.load_w1(g2s, tid, w1, w1_coords, s_w1[None, None, s], rank + split * s, hidden, channels)
-                cute.arch.cp_async_commit_group()
-                if s < local_chunks:
-                    self.load_w2(g2s, tid, w2, w2_coords, s_w2[None, None, s], rank + split * s, hidden, channels)
-                cute.arch.cp_async_commit_group()
+            if cutlass.const_expr(multicast > 1):
+                cute.arch.cp_async_commit_group()  # the x tile alone: the weights come by TMA
+                if is_loader:
+                    for s in cutlass.range_constexpr(stages):
+                        if s < local_chunks:
+                            self.tma_load(pipe_w1, load_w1, tma_w1, t_g_w1, t_s_w1, s, mask)
+                            load_w1.advance()
+                            self.tma_load(pipe_w2, load_w2, tma_w2, t_g_w2, t_s_w2, s, mask)
+                            load_w2.advance()
+            else:
+                for s in cutlass.range_constexpr(stages):  # groups: x + W1(0), W2(0), W1(1), W2(1), ...
+                    if s < local_chunks:
+                        self.load_w1(g2s, tid, w1, w1_coords, s_w1[None, None, s], rank + split * s, hidden,
+                                     channels)
+                    cute.arch.cp_async_commit_group()
+                    if s < local_chunks:
+                        self.load_w2(g2s, tid, w2, w2_coords, s_w2[None, None, s], rank + split * s, hidden,
+                                     channels)
+                    cute.arch.cp_async_commit_group()
             if cutlass.const_expr(early):
                 for i in cutlass.range_constexpr(cute.size(acc_y)):
                     self.read_epilogue(epi_b2, epi_res, i, y_coords[i], row0, rows, channels, b2, residual)
@@ -195,17 +247,29 @@ class PersistentTensorCore:
                 j, slot = rank + split * jj, jj % stages
                 if cutlass.const_expr(early):  # in flight under the wait too (a large tile would spill more)
                     self.read_b1(bias_h, h_coords, b1, j, hidden)
-                cute.arch.cp_async_wait_group(pending)  # x tile and W1(j) landed
+                if cutlass.const_expr(multicast > 1):
+                    cute.arch.cp_async_wait_group(0)  # the x tile
+                    pipe_w1.consumer_wait(use_w1)  # W1(j) landed
+                    slot = use_w1.index
+                else:
+                    cute.arch.cp_async_wait_group(pending)  # x tile and W1(j) landed
                 self.fence_for_wgmma()
                 cute.arch.sync_threads()
                 if cutlass.const_expr(not early):  # in flight under GEMM1
                     self.read_b1(bias_h, h_coords, b1, j, hidden)
                 self.gemm(mma_h, tid, acc_h, s_x, s_w1[None, None, slot], copy_a, copy_b, False)
-                cute.arch.sync_threads()  # every warp is done with W1(j)'s buffer
-                if jj + stages < local_chunks:
-                    self.load_w1(g2s, tid, w1, w1_coords, s_w1[None, None, slot], j + split * stages, hidden,
-                                 channels)
-                cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count uniform
+                if cutlass.const_expr(multicast > 1):  # this warp is done with W1(j)'s buffer, in every CTA
+                    pipe_w1.consumer_release(use_w1)
+                    use_w1.advance()
+                    if jj + stages < local_chunks and is_loader:
+                        self.tma_load(pipe_w1, load_w1, tma_w1, t_g_w1, t_s_w1, j + stages, mask)
+                        load_w1.advance()
+                else:
+                    cute.arch.sync_threads()  # every warp is done with W1(j)'s buffer
+                    if jj + stages < local_chunks:
+                        self.load_w1(g2s, tid, w1, w1_coords, s_w1[None, None, slot], j + split * stages, hidden,
+                                     channels)
+                    cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count uniform
                 for i in cutlass.range_constexpr(cute.size(acc_h)):
                     acc_h[i] = acc_h[i] + bias_h[i]
 
@@ -213,15 +277,26 @@ class PersistentTensorCore:
                     h_dst[i] = v.to(Float16)
 
                 tensorcore.apply_activation(acc_h, act, store_hidden)
-                cute.arch.cp_async_wait_group(pending)  # W2(j) landed
+                if cutlass.const_expr(multicast > 1):
+                    pipe_w2.consumer_wait(use_w2)  # W2(j) landed
+                    slot = use_w2.index
+                else:
+                    cute.arch.cp_async_wait_group(pending)  # W2(j) landed
                 self.fence_for_wgmma()
                 cute.arch.sync_threads()  # and the hidden chunk is complete
                 self.gemm(mma_y, tid, acc_y, s_h, s_w2[None, None, slot], copy_a, copy_b, True)
                 cute.arch.sync_threads()  # every warp is done with W2(j)'s buffer and the hidden chunk
-                if jj + stages < local_chunks:
-                    self.load_w2(g2s, tid, w2, w2_coords, s_w2[None, None, slot], j + split * stages, hidden,
-                                 channels)
-                cute.arch.cp_async_commit_group()
+                if cutlass.const_expr(multicast > 1):
+                    pipe_w2.consumer_release(use_w2)
+                    use_w2.advance()
+                    if jj + stages < local_chunks and is_loader:
+                        self.tma_load(pipe_w2, load_w2, tma_w2, t_g_w2, t_s_w2, j + stages, mask)
+                        load_w2.advance()
+                else:
+                    if jj + stages < local_chunks:
+                        self.load_w2(g2s, tid, w2, w2_coords, s_w2[None, None, slot], j + split * stages, hidden,
+                                     channels)
+                    cute.arch.cp_async_commit_group()
             if cutlass.const_expr(split > 1):
                 cute.arch.cp_async_wait_group(0)  # a CTA without chunks never waited for its x tile
                 self.exchange(acc_y, recv, mbar, rank, (tile - group) // groups % 2, tid)
@@ -236,9 +311,46 @@ class PersistentTensorCore:
                 else:
                     if row0 + r < rows and c < channels:
                         y[row0 + r, c] = acc_y[i] + b2[c] + residual[row0 + r, c].to(Float32)
-        if cutlass.const_expr(split > 1):  # no CTA leaves while its peer may still write into it
+        if cutlass.const_expr(split * multicast > 1):  # no CTA leaves while a peer may still write into it
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
+
+    @cute.jit
+    def multicast_pipelines(self, smem: SmemAllocator, rank: Int32, s_w1: cute.Tensor, s_w2: cute.Tensor, tma_w1,
+                            g_w1: cute.Tensor, tma_w2, g_w2: cute.Tensor, tid: Int32):
+        """The two weight pipelines (full and empty barriers of every chunk buffer; a buffer is free again
+        once every warp of every CTA of the cluster released it) and each weight's TMA partition: chunk j
+        of the global weight against the chunk buffers, this CTA's share of every copy."""
+        stages, multicast, chunk, cols = self.stages, self.multicast, TC_HIDDEN_CHUNK, self.channels_tile
+        barriers = smem.allocate_array(cutlass.Int64, num_elems=4 * stages, byte_alignment=8)
+        cluster = cute.make_layout((1, multicast, 1, 1))
+        pipes = []
+        for w in cutlass.range_constexpr(2):
+            pipes.append(pipeline.PipelineTmaAsync.create(
+                num_stages=stages, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, multicast * (TC_THREADS // 32)),
+                tx_count=2 * chunk * cols, barrier_storage=barriers + 2 * stages * w, cta_layout_vmnk=cluster,
+                tidx=tid, defer_sync=True))
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(multicast, 1), is_relaxed=True)
+        peers = cute.make_layout(multicast)
+        t_s_w1, t_g_w1 = cpasync.tma_partition(tma_w1, rank, peers, cute.group_modes(s_w1, 0, 2),
+                                               cute.group_modes(cute.local_tile(g_w1, (chunk, cols), (None, 0)), 0, 2))
+        t_s_w2, t_g_w2 = cpasync.tma_partition(tma_w2, rank, peers, cute.group_modes(s_w2, 0, 2),
+                                               cute.group_modes(cute.local_tile(g_w2, (cols, chunk), (0, None)), 0, 2))
+        if tid < 32:
+            cpasync.prefetch_descriptor(tma_w1)
+            cpasync.prefetch_descriptor(tma_w2)
+        pipeline.pipeline_init_wait(cluster_shape_mn=(multicast, 1))  # every CTA's barriers exist
+        return pipes[0], pipes[1], t_s_w1, t_g_w1, t_s_w2, t_g_w2
+
+    @cute.jit
+    def tma_load(self, pipe, state, tma, t_g: cute.Tensor, t_s: cute.Tensor, j: Int32, mask):
+        """Once every CTA of the cluster freed ``state``'s buffer: this CTA's share of weight chunk j into it,
+        in every CTA of the mask (the caller advances ``state``)."""
+        pipe.producer_acquire(state)
+        cute.copy(tma, t_g[(None, j)], t_s[(None, state.index)], tma_bar_ptr=pipe.producer_get_barrier(state),
+                  mcast_mask=mask)
+        pipe.producer_commit(state)
 
     @cute.jit
     def exchange(self, acc_y: cute.Tensor, recv: cute.Tensor, mbar, rank: Int32, phase: Int32, tid: Int32):
