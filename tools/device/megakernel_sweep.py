@@ -42,6 +42,7 @@ PLANS = {  # label -> (engine, planning.forced choices); {}: the planner's own p
     "split2-wgmma": ("persistent-tc", {"split": 2, "mma": "wgmma"}),
     "mc2": ("persistent-tc", {"mma": "wgmma", "multicast": 2}),
     "mc2-s1": ("persistent-tc", {"mma": "wgmma", "multicast": 2, "stages": 1}),
+    "mc4": ("persistent-tc", {"mma": "wgmma", "multicast": 4}),
     "persistent": ("persistent", {}),
     # the CUDA-core engine's weights: staged into shared memory (planned wherever they fit), or read from
     # global memory, which skips the staging round trip and barrier where a CTA reads each weight once

@@ -75,15 +75,16 @@ def test_persistent_tc_hidden_split_plans(rows, channels, hidden, tile_rows, mma
 
 @settings(deadline=None, max_examples=40)
 @given(rows=st.integers(1, 3000), channels=st.integers(1, 64).map(lambda v: 8 * v),
-       hidden=st.integers(1, 150).map(lambda v: 8 * v), clusters=st.one_of(st.none(), st.integers(1, 3)),
-       activation=st.sampled_from(model.ACTIVATIONS), seed=st.integers(0, 2**31))
-def test_persistent_tc_weight_multicast_plans(rows, channels, hidden, clusters, activation, seed):
-    """persistent-tc's wgmma form with each weight chunk loaded by TMA once per 2-CTA cluster (forced: planning
-    does not choose it yet), with several tiles per CTA and a CTA running an empty tile beside its peer where
-    ``clusters`` is small."""
+       hidden=st.integers(1, 150).map(lambda v: 8 * v), multicast=st.sampled_from(planning.TC_MULTICASTS[1:]),
+       clusters=st.one_of(st.none(), st.integers(1, 3)), activation=st.sampled_from(model.ACTIVATIONS),
+       seed=st.integers(0, 2**31))
+def test_persistent_tc_weight_multicast_plans(rows, channels, hidden, multicast, clusters, activation, seed):
+    """persistent-tc's wgmma form with each weight chunk loaded by TMA once per cluster (forced: planning
+    does not choose it yet), with several tiles per CTA and CTAs running an empty tile beside their peers
+    where ``clusters`` is small."""
     device = planning.current_device()
-    plan = planning.forced("persistent-tc", rows, channels, hidden, device, mma="wgmma", multicast=2,
-                           grid=None if clusters is None else 2 * clusters)
+    plan = planning.forced("persistent-tc", rows, channels, hidden, device, mma="wgmma", multicast=multicast,
+                           grid=None if clusters is None else multicast * clusters)
     problem = bench.ResidualMLP((rows, channels, hidden), activation=activation)
     report = validate.validate_call(problem, engines.plan_call(plan, activation), seed)
     assert report["passed"], (plan.describe(), report)

@@ -215,6 +215,9 @@ def test_forced_weight_multicast_plans():
     assert (odd.tile.num_tiles, odd.owners.grid, odd.owners.tiles_per_cta) == (3, 4, 1)
     several = planning.forced("persistent-tc", 130, 64, 200, H200, mma="wgmma", multicast=2, grid=2)
     assert several.owners.tiles_per_cta == 2
+    four = planning.forced("persistent-tc", 16384, 512, 2048, H200, mma="wgmma", multicast=4)
+    assert (four.owners.grid, four.owners.tiles_per_cta) == (132, 2)  # 33 clusters of 4
+    assert planning.forced("persistent-tc", 130, 64, 200, H200, mma="wgmma", multicast=4).owners.grid == 4
     with pytest.raises(ValueError, match="multiple of the cluster size 2"):
         planning.forced("persistent-tc", 130, 64, 200, H200, mma="wgmma", multicast=2, grid=3)
     with pytest.raises(ValueError, match="needs the wgmma form"):
@@ -222,7 +225,7 @@ def test_forced_weight_multicast_plans():
     with pytest.raises(ValueError, match="needs the wgmma form"):
         planning.forced("persistent-tc", 4096, 256, 1024, H200, mma="wgmma", split=2, multicast=2)
     with pytest.raises(ValueError, match="multicast must be one of"):
-        planning.forced("persistent-tc", 4096, 256, 1024, H200, mma="wgmma", multicast=4)
+        planning.forced("persistent-tc", 4096, 256, 1024, H200, mma="wgmma", multicast=8)
     with pytest.raises(ValueError, match="no mma, split or multicast choice"):
         planning.forced("persistent", 100, 64, 128, H200, multicast=2)
     assert planning.plan_engine("persistent-tc", 16384, 512, 2048, H200).tile.multicast == 1  # until measured

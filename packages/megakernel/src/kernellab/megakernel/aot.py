@@ -18,7 +18,15 @@ def variants(representative: bool = False) -> list:
     """Every variant, or (``representative``) one of each kernel class and code path: what the CI
     test compiles in a few minutes on two cores."""
     from .engines import conventional, conventional_tc, persistent, persistent_tc, prologue
-    from .planning import H200, TC_CHANNEL_TILES, TC_MAX_STAGES, TC_ROW_TILES, WGMMA_ROW_TILES, persistent_tc_smem_bytes
+    from .planning import (
+        H200,
+        TC_CHANNEL_TILES,
+        TC_MAX_STAGES,
+        TC_MULTICASTS,
+        TC_ROW_TILES,
+        WGMMA_ROW_TILES,
+        persistent_tc_smem_bytes,
+    )
 
     if representative:
         return [
@@ -55,9 +63,9 @@ def variants(representative: bool = False) -> list:
                 for mma, row_tiles in (("mma.sync", TC_ROW_TILES), ("wgmma", WGMMA_ROW_TILES[:1]))
                 for rows in row_tiles for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1)
                 if persistent_tc_smem_bytes(rows, cols, stages, split=2) <= H200.smem_per_block]
-        out += [persistent_tc.Variant(WGMMA_ROW_TILES[0], cols, residual, stages, mma="wgmma", multicast=2)
-                for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1)
-                if persistent_tc_smem_bytes(WGMMA_ROW_TILES[0], cols, stages, multicast=2) <= H200.smem_per_block]
+        out += [persistent_tc.Variant(WGMMA_ROW_TILES[0], cols, residual, stages, mma="wgmma", multicast=m)
+                for m in TC_MULTICASTS[1:] for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1)
+                if persistent_tc_smem_bytes(WGMMA_ROW_TILES[0], cols, stages, multicast=m) <= H200.smem_per_block]
         out += [prologue.Variant(norm=True, stream=residual)]
     out += [conventional.Variant("hidden"), conventional_tc.Variant("hidden"), prologue.Variant(norm=False)]
     return out

@@ -51,11 +51,11 @@ TC_SPLITS = (1, 2)
 r, r + 2, ... and the two partial output tiles are summed through distributed shared memory, so each CTA
 streams half the weights of a tile. It puts SMs to work that whole tiles would leave idle, or lets a 64-row
 tile (half the weight traffic per row) run on as many SMs as 32-row tiles would; ``tc_layout`` decides."""
-TC_MULTICASTS = (1, 2)
-"""persistent-tc's weight multicast (wgmma form only): with 2, a cluster of two CTAs owning different row
-tiles loads each weight chunk once by TMA, each CTA half of it sent to both, so L2 serves every chunk once
-per pair instead of once per CTA (the large shapes are bound by that traffic: every row tile streams all
-of W1 and W2). Not measured yet: only ``forced(..., multicast=2)`` takes it."""
+TC_MULTICASTS = (1, 2, 4)
+"""persistent-tc's weight multicast (wgmma form only): with m, a cluster of m CTAs owning different row
+tiles loads each weight chunk once by TMA, each CTA 1/m of it sent to all, so L2 serves every chunk once
+per cluster instead of once per CTA (the large shapes are bound by that traffic: every row tile streams all
+of W1 and W2). Not measured yet: only ``forced(..., multicast=m)`` takes it."""
 TC_WEIGHT_ROWS = 16
 """``tc_cost``'s price of a tile's weight traffic, in rows of MMA work per chunk: a 32-row tile costs
 (32 + 16) per chunk, a 64-row tile (64 + 16), so at equal work per SM the 64-row tile wins by 1.2x, as

@@ -65,6 +65,8 @@ def cases():
          "persistent-tc", (130, 64, 200), {"mma": "wgmma", "multicast": 2, "grid": 2}),
         ("persistent-tc wgmma, weight multicast, partial channel tile, an idle CTA's empty tile", "persistent-tc",
          (130, 136, 200), {"mma": "wgmma", "multicast": 2}),
+        ("persistent-tc wgmma, weight multicast over a 4-CTA cluster, 2 tiles per CTA, empty tiles", "persistent-tc",
+         (300, 128, 264), {"mma": "wgmma", "multicast": 4, "grid": 4}),
     ]
 
 

@@ -26,11 +26,11 @@ coordinates; at a tile's end each sends the elements the peer finishes (element 
 the peer's shared memory with asynchronous DSMEM stores counted by a transaction barrier, after a cluster
 barrier that frees the receive buffer, and finishes its own half.
 
-Weight multicast (``multicast=2``, wgmma form, forced plans only until measured): a cluster of two CTAs
-on their own row tiles loads every W1 / W2 chunk once, by TMA, each CTA half of it into the buffers of
-both; the buffers are two TMA pipelines (a full barrier per buffer, and an empty one that every warp of
-both CTAs releases before either CTA reloads it). The pair runs the same number of tiles, the second
-CTA's last one empty where the tiles are odd.
+Weight multicast (``multicast`` 2 or 4, wgmma form, forced plans only until measured): a cluster of CTAs
+on their own row tiles loads every W1 / W2 chunk once, by TMA, each CTA its share of it into the buffers
+of all; the buffers are two TMA pipelines (a full barrier per buffer, and an empty one that every warp of
+every CTA of the cluster releases before any reloads it). The cluster's CTAs run the same number of
+tiles, the later CTAs' last one empty where the tiles run out.
 
 Alignment: where channels and hidden are multiples of 8 every row is 16-byte aligned and tiles load
 by cp.async (``vector=8``); any other shape (odd channels such as 63) compiles the ``vector=1``
