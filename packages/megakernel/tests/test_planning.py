@@ -207,6 +207,21 @@ def test_forced_hidden_split_plans():
     assert (unsplit.tile.split, unsplit.owners.grid) == (1, 64)
 
 
+@given(rows=st.integers(1, 20000), channels=st.integers(1, 64).map(lambda v: 8 * v),
+       hidden=st.integers(1, 500).map(lambda v: 8 * v), multicast=st.sampled_from(planning.TC_MULTICASTS[1:]))
+def test_weight_multicast_plans_are_whole_resident_clusters(rows, channels, hidden, multicast):
+    """Every CTA of a cluster runs as many tiles as the cluster's first (the kernel's loop bound), and those
+    cover every row tile; the grid is whole clusters that can all be resident."""
+    plan = planning.forced("persistent-tc", rows, channels, hidden, H200, mma="wgmma", multicast=multicast)
+    grid, tiles = plan.owners.grid, plan.tile.num_tiles
+    assert grid % multicast == 0 and grid <= H200.sm_count * plan.owners.occupancy
+    assert plan.smem.bytes <= H200.smem_per_block
+    for cta in range(grid):
+        first = cta - cta % multicast
+        assert len(range(cta, tiles + cta % multicast, grid)) == len(range(first, tiles, grid))
+    assert sorted(t for cta in range(grid) for t in range(cta, tiles, grid)) == list(range(tiles))
+
+
 def test_forced_weight_multicast_plans():
     plan = planning.forced("persistent-tc", 16384, 512, 2048, H200, mma="wgmma", multicast=2)
     assert (plan.tile.multicast, plan.tile.stages, plan.owners.grid, plan.owners.tiles_per_cta) == (2, 1, 132, 2)
