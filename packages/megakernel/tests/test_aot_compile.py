@@ -20,7 +20,7 @@ def test_the_full_list_covers_every_engine_and_is_unique():
     # mma.sync persistent-tc: 2 residual dtypes x 2 load widths (16 bytes, one element) x 23 (row tile, channel
     # tile, 1-4 chunk buffers that fit in shared memory) = 92; wgmma: 2 residual dtypes x 21 = 42; hidden split
     # over a 2-CTA cluster: 2 residual dtypes x (21 mma.sync + 10 wgmma tiles that fit with the peer's half) = 62
-    assert len(set(names)) == len(names) == 257
+    assert len(set(names)) == len(names) == 299
     for prefix in ("persistent_", "persistent-global_", "conventional-hidden", "conventional-output",
                    "conventional-tc-hidden", "conventional-tc-output", "persistent-tc_m32_c64_s1",
                    "persistent-tc_m64_c256_s2", "persistent-tc_m32_c64_s4", "persistent-tc_m32_c64_s1_v1",

@@ -75,6 +75,26 @@ def test_persistent_tc_hidden_split_plans(rows, channels, hidden, tile_rows, mma
 
 @settings(deadline=None, max_examples=40)
 @given(rows=st.integers(1, 3000), channels=st.integers(1, 64).map(lambda v: 8 * v),
+       hidden=st.integers(1, 150).map(lambda v: 8 * v), split=st.sampled_from(planning.TC_SPLITS),
+       clusters=st.one_of(st.none(), st.integers(1, 3)), activation=st.sampled_from(model.ACTIVATIONS),
+       seed=st.integers(0, 2**31))
+def test_persistent_tc_tma_load_plans(rows, channels, hidden, split, clusters, activation, seed):
+    """persistent-tc's wgmma form with its weight chunks loaded by TMA (forced: planning does not choose it
+    yet), split or not, with several tiles per CTA (or cluster) where ``clusters`` is small."""
+    device = planning.current_device()
+    try:
+        plan = planning.forced("persistent-tc", rows, channels, hidden, device, mma="wgmma", loads="tma",
+                               split=split, grid=None if clusters is None else split * clusters)
+    except ValueError as e:  # the split 64 x 512 tile has no room for the peer's half output tile
+        assert "does not fit" in str(e) and split == 2 and channels > 256, e
+        return
+    problem = bench.ResidualMLP((rows, channels, hidden), activation=activation)
+    report = validate.validate_call(problem, engines.plan_call(plan, activation), seed)
+    assert report["passed"], (plan.describe(), report)
+
+
+@settings(deadline=None, max_examples=40)
+@given(rows=st.integers(1, 3000), channels=st.integers(1, 64).map(lambda v: 8 * v),
        hidden=st.integers(1, 150).map(lambda v: 8 * v), multicast=st.sampled_from(planning.TC_MULTICASTS[1:]),
        clusters=st.one_of(st.none(), st.integers(1, 3)), activation=st.sampled_from(model.ACTIVATIONS),
        seed=st.integers(0, 2**31))

@@ -201,7 +201,7 @@ def test_forced_hidden_split_plans():
         planning.forced("persistent-tc", 100, 63, 111, H200, split=2)
     with pytest.raises(ValueError, match="split must be one of"):
         planning.forced("persistent-tc", 100, 64, 128, H200, split=3)
-    with pytest.raises(ValueError, match="no mma, split or multicast choice"):
+    with pytest.raises(ValueError, match="no mma, split, loads or multicast choice"):
         planning.forced("persistent", 100, 64, 128, H200, split=2)
     unsplit = planning.forced("persistent-tc", 4096, 256, 1024, H200, split=1)  # the planner splits this one
     assert (unsplit.tile.split, unsplit.owners.grid) == (1, 64)
@@ -225,7 +225,8 @@ def test_weight_multicast_plans_are_whole_resident_clusters(rows, channels, hidd
 def test_forced_weight_multicast_plans():
     plan = planning.forced("persistent-tc", 16384, 512, 2048, H200, mma="wgmma", multicast=2)
     assert (plan.tile.multicast, plan.tile.stages, plan.owners.grid, plan.owners.tiles_per_cta) == (2, 1, 132, 2)
-    assert plan.smem.bytes == planning.persistent_tc_smem_bytes(64, 512, 1) + planning.MULTICAST_BARRIER_BYTES
+    assert plan.smem.bytes == planning.persistent_tc_smem_bytes(64, 512, 1) + planning.TMA_BARRIER_BYTES
+    assert plan.tile.loads == "tma"  # a multicast loads by TMA
     odd = planning.forced("persistent-tc", 130, 136, 200, H200, mma="wgmma", multicast=2)  # 3 tiles, 2 clusters
     assert (odd.tile.num_tiles, odd.owners.grid, odd.owners.tiles_per_cta) == (3, 4, 1)
     several = planning.forced("persistent-tc", 130, 64, 200, H200, mma="wgmma", multicast=2, grid=2)
@@ -241,9 +242,26 @@ def test_forced_weight_multicast_plans():
         planning.forced("persistent-tc", 4096, 256, 1024, H200, mma="wgmma", split=2, multicast=2)
     with pytest.raises(ValueError, match="multicast must be one of"):
         planning.forced("persistent-tc", 4096, 256, 1024, H200, mma="wgmma", multicast=8)
-    with pytest.raises(ValueError, match="no mma, split or multicast choice"):
+    with pytest.raises(ValueError, match="no mma, split, loads or multicast choice"):
         planning.forced("persistent", 100, 64, 128, H200, multicast=2)
     assert planning.plan_engine("persistent-tc", 16384, 512, 2048, H200).tile.multicast == 1  # until measured
+
+
+def test_forced_tma_loads():
+    plan = planning.forced("persistent-tc", 4096, 256, 1024, H200, loads="tma")  # the planner's wgmma split
+    assert (plan.tile.loads, plan.tile.mma, plan.tile.split) == ("tma", "wgmma", 2)
+    assert plan.smem.bytes == planning.persistent_tc_smem_bytes(64, 256, plan.tile.stages, 2) + (
+        planning.TMA_BARRIER_BYTES * plan.tile.stages)
+    unsplit = planning.forced("persistent-tc", 16384, 512, 2048, H200, loads="tma")
+    assert (unsplit.tile.loads, unsplit.tile.multicast, unsplit.owners.grid) == ("tma", 1, 132)
+    with pytest.raises(ValueError, match="TMA loads need the wgmma form"):
+        planning.forced("persistent-tc", 1024, 128, 256, H200, loads="tma")  # 32-row mma.sync tiles
+    with pytest.raises(ValueError, match="TMA loads need the wgmma form"):
+        planning.forced("persistent-tc", 16384, 511, 2048, H200, loads="tma")  # element loads
+    with pytest.raises(ValueError, match="loads must be one of"):
+        planning.forced("persistent-tc", 16384, 512, 2048, H200, loads="ldg")
+    with pytest.raises(ValueError, match="multicast loads by TMA"):
+        planning.forced("persistent-tc", 16384, 512, 2048, H200, multicast=2, loads="cp.async")
 
 
 def test_forced_wgmma_plans_and_their_limits():
@@ -257,7 +275,7 @@ def test_forced_wgmma_plans_and_their_limits():
         planning.forced("persistent-tc", 100, 63, 111, H200, mma="wgmma")
     with pytest.raises(ValueError, match="one of"):
         planning.forced("persistent-tc", 100, 64, 128, H200, mma="wgmma", tile_rows=32)
-    with pytest.raises(ValueError, match="no mma, split or multicast choice"):
+    with pytest.raises(ValueError, match="no mma, split, loads or multicast choice"):
         planning.forced("persistent", 100, 64, 128, H200, mma="wgmma")
     with pytest.raises(ValueError, match="unknown mma"):
         planning.forced("persistent-tc", 100, 64, 128, H200, mma="tcgen05")

@@ -24,6 +24,7 @@ def variants(representative: bool = False) -> list:
         TC_MAX_STAGES,
         TC_MULTICASTS,
         TC_ROW_TILES,
+        TC_SPLITS,
         WGMMA_ROW_TILES,
         persistent_tc_smem_bytes,
     )
@@ -42,7 +43,10 @@ def variants(representative: bool = False) -> list:
             persistent_tc.Variant(WGMMA_ROW_TILES[0], TC_CHANNEL_TILES[1], stages=2, mma="wgmma"),
             persistent_tc.Variant(WGMMA_ROW_TILES[1], TC_CHANNEL_TILES[0], mma="wgmma"),
             persistent_tc.Variant(TC_ROW_TILES[1], TC_CHANNEL_TILES[2], stages=2, split=2),
-            persistent_tc.Variant(WGMMA_ROW_TILES[0], TC_CHANNEL_TILES[2], stages=2, mma="wgmma", multicast=2),
+            persistent_tc.Variant(WGMMA_ROW_TILES[0], TC_CHANNEL_TILES[2], stages=2, mma="wgmma", multicast=2,
+                                  loads="tma"),
+            persistent_tc.Variant(WGMMA_ROW_TILES[0], TC_CHANNEL_TILES[1], stages=2, mma="wgmma", split=2,
+                                  loads="tma"),
             prologue.Variant(norm=True, stream="float16"),
             prologue.Variant(norm=False),
         ]
@@ -63,9 +67,13 @@ def variants(representative: bool = False) -> list:
                 for mma, row_tiles in (("mma.sync", TC_ROW_TILES), ("wgmma", WGMMA_ROW_TILES[:1]))
                 for rows in row_tiles for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1)
                 if persistent_tc_smem_bytes(rows, cols, stages, split=2) <= H200.smem_per_block]
-        out += [persistent_tc.Variant(WGMMA_ROW_TILES[0], cols, residual, stages, mma="wgmma", multicast=m)
+        out += [persistent_tc.Variant(WGMMA_ROW_TILES[0], cols, residual, stages, mma="wgmma", multicast=m, loads="tma")
                 for m in TC_MULTICASTS[1:] for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1)
-                if persistent_tc_smem_bytes(WGMMA_ROW_TILES[0], cols, stages, multicast=m) <= H200.smem_per_block]
+                if persistent_tc_smem_bytes(WGMMA_ROW_TILES[0], cols, stages, loads="tma") <= H200.smem_per_block]
+        out += [persistent_tc.Variant(WGMMA_ROW_TILES[0], cols, residual, stages, mma="wgmma", split=split,
+                                      loads="tma")
+                for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1) for split in TC_SPLITS
+                if persistent_tc_smem_bytes(WGMMA_ROW_TILES[0], cols, stages, split, "tma") <= H200.smem_per_block]
         out += [prologue.Variant(norm=True, stream=residual)]
     out += [conventional.Variant("hidden"), conventional_tc.Variant("hidden"), prologue.Variant(norm=False)]
     return out

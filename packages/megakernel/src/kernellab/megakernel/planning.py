@@ -56,6 +56,11 @@ TC_MULTICASTS = (1, 2, 4)
 tiles loads each weight chunk once by TMA, each CTA 1/m of it sent to all, so L2 serves every chunk once
 per cluster instead of once per CTA (the large shapes are bound by that traffic: every row tile streams all
 of W1 and W2). Not measured yet: only ``forced(..., multicast=m)`` takes it."""
+TC_LOADS = ("cp.async", "tma")
+"""How persistent-tc's weight chunks reach shared memory: cp.async, 16 bytes a thread with every thread
+issuing, or TMA, one thread issuing a chunk and mbarrier pipelines tracking it (the wgmma form with
+16-byte rows only; a multicast needs it). Not measured yet: only ``forced(..., loads="tma")`` or a
+multicast takes TMA."""
 TC_WEIGHT_ROWS = 16
 """``tc_cost``'s price of a tile's weight traffic, in rows of MMA work per chunk: a 32-row tile costs
 (32 + 16) per chunk, a 64-row tile (64 + 16), so at equal work per SM the 64-row tile wins by 1.2x, as
@@ -133,7 +138,8 @@ class Tile:
     vector: int = 1  # fp16 elements per global load of a tile: 8 (16-byte cp.async) for tensor cores on aligned rows
     mma: str = "mma.sync"  # persistent-tc's instruction: "mma.sync" or "wgmma"
     split: int = 1  # persistent-tc: CTAs of a cluster that share a row tile, each running 1/split of the hidden
-    multicast: int = 1  # persistent-tc (wgmma): CTAs of a cluster, on their own row tiles, sharing weight loads
+    multicast: int = 1  # persistent-tc: CTAs of a cluster, on their own row tiles, sharing weight loads (TMA)
+    loads: str = "cp.async"  # persistent-tc's weight chunks: "cp.async" (every thread) or "tma" (one, mbarriers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,20 +240,20 @@ def tc_mma(rows_per_tile: int, channels_tile: int, misaligned: bool) -> str:
 
 
 SPLIT_BARRIER_BYTES = 16  # one 8-byte mbarrier, 16-byte aligned
-MULTICAST_BARRIER_BYTES = 32  # per stage: a full and an empty 8-byte mbarrier for W1 and for W2
+TMA_BARRIER_BYTES = 32  # per stage: a full and an empty 8-byte mbarrier for W1 and for W2
 
 
 def persistent_tc_smem_bytes(tile_rows: int, channels_tile: int, stages: int = 1, split: int = 1,
-                             multicast: int = 1) -> int:
+                             loads: str = "cp.async") -> int:
     """x tile + ``stages`` W1 chunks + ``stages`` W2 chunks + the hidden chunk, all fp16; with a hidden
-    split also the fp32 half of the output tile the peer CTA sends, and its transaction barrier; with a
-    weight multicast the full and empty barriers of both weight pipelines."""
+    split also the fp32 half of the output tile the peer CTA sends, and its transaction barrier; with TMA
+    loads the full and empty barriers of both weight pipelines."""
     chunk = TC_HIDDEN_CHUNK
     size = 2 * (tile_rows * channels_tile + 2 * stages * chunk * channels_tile + tile_rows * chunk)
     if split > 1:
         size += 4 * tile_rows * channels_tile // 2 + SPLIT_BARRIER_BYTES
-    if multicast > 1:
-        size += MULTICAST_BARRIER_BYTES * stages
+    if loads == "tma":
+        size += TMA_BARRIER_BYTES * stages
     return size
 
 
@@ -356,7 +362,7 @@ def plan_shared_memory(tile: Tile, channels: int, hidden: int, device: DeviceSpe
     """Step 2: shared memory per CTA and where the weights and the hidden tile live."""
     engine, capacity = tile.engine, usable_smem(device)
     if engine == "persistent-tc":
-        size = persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages, tile.split, tile.multicast)
+        size = persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages, tile.split, tile.loads)
         placement = SharedMemory(size, weights="streamed", hidden="registers+smem")
     elif engine == "conventional-tc":
         block_rows, block_cols, block_k = CONVENTIONAL_TC_TILE
@@ -390,7 +396,7 @@ def tc_occupancy_limit(tile: Tile) -> int:
     room (at most 64 per thread keeps the kernel within 128 registers) and two CTAs' shared memory
     fits an SM of the planning default (H200); else 1 (up to 255 registers)."""
     accumulators = tile.rows * tile.channels_tile // TC_THREADS
-    smem = persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages, tile.split, tile.multicast)
+    smem = persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages, tile.split, tile.loads)
     smem += H200.reserved_smem_per_block
     return 2 if accumulators <= 64 and 2 * smem <= H200.smem_per_sm else 1
 
@@ -424,23 +430,29 @@ def plan_engine(engine: str, rows: int, channels: int, hidden: int, device: Devi
 
 def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpec, *, tile_rows: int | None = None,
            grid: int | None = None, weights: str | None = None, stages: int | None = None,
-           mma: str | None = None, split: int | None = None, multicast: int | None = None) -> Plan:
+           mma: str | None = None, split: int | None = None, multicast: int | None = None,
+           loads: str | None = None) -> Plan:
     """A plan with some choices forced, so that tests, the sanitizer and sweeps reach every code path at
     small shapes: several tiles per CTA (``grid``: with a hidden split, the number of clusters times the
     split), weights read from global memory (``weights``), persistent-tc's number of chunk buffers
-    (``stages``), instruction (``mma``), hidden split (``split``) and weight multicast (``multicast``)."""
-    if (mma is not None or split is not None or multicast is not None) and engine != "persistent-tc":
-        raise ValueError(f"{engine} has no mma, split or multicast choice")
+    (``stages``), instruction (``mma``), hidden split (``split``), weight loads (``loads``) and weight
+    multicast (``multicast``, which loads by TMA)."""
+    if any(v is not None for v in (mma, split, multicast, loads)) and engine != "persistent-tc":
+        raise ValueError(f"{engine} has no mma, split, loads or multicast choice")
+    if (multicast or 1) > 1 and loads == "cp.async":
+        raise ValueError("a weight multicast loads by TMA, not cp.async")
     plan = plan_engine(engine, rows, channels, hidden, device, tile_rows, mma)
     if isinstance(plan, Refusal):
         raise ValueError(plan.reason)
     if split is not None and split != plan.tile.split:
         plan = split_plan(plan, split, device)
+    if loads is not None and loads != plan.tile.loads:
+        plan = loads_plan(plan, loads, device)
     if multicast is not None and multicast != plan.tile.multicast:
         plan = multicast_plan(plan, multicast, device)
     if stages is not None and stages != plan.tile.stages:
         size = persistent_tc_smem_bytes(plan.tile.rows, plan.tile.channels_tile, stages, plan.tile.split,
-                                        plan.tile.multicast)
+                                        plan.tile.loads)
         if engine != "persistent-tc" or not 1 <= stages <= TC_MAX_STAGES or size > usable_smem(device):
             raise ValueError(f"{engine} has no {stages}-stage variant at this shape")
         plan = dataclasses.replace(plan, tile=dataclasses.replace(plan.tile, stages=stages),
@@ -473,11 +485,21 @@ def split_plan(plan: Plan, split: int, device: DeviceSpec) -> Plan:
     if tile.vector != VECTOR_ELEMENTS:
         raise ValueError(f"a hidden split needs channels and hidden multiples of {VECTOR_ELEMENTS}")
     stages = tc_stages(tile.rows, tile.channels_tile, tile.num_tiles, plan.hidden, device, split)
-    tile = dataclasses.replace(tile, split=split, stages=stages)
-    smem = plan_shared_memory(tile, plan.channels, plan.hidden, device)
-    if isinstance(smem, Refusal):
-        raise ValueError(smem.reason)
-    return dataclasses.replace(plan, tile=tile, smem=smem, owners=plan_owners(tile, smem, device))
+    return _replanned(plan, dataclasses.replace(tile, split=split, stages=stages), device)
+
+
+def loads_plan(plan: Plan, loads: str, device: DeviceSpec) -> Plan:
+    """persistent-tc's plan with its weight chunks loaded by ``loads``: shared memory and grid planned again.
+    TMA needs 16-byte rows and the wgmma form, whose 128-byte-swizzled chunk buffers a few TMA boxes fill
+    (mma.sync's buffers, swizzled in elements, compile to a TMA copy per 8-row atom: thousands a chunk)."""
+    if loads not in TC_LOADS:
+        raise ValueError(f"loads must be one of {TC_LOADS}, got {loads!r}")
+    if loads == "tma" and (plan.tile.vector != VECTOR_ELEMENTS or plan.tile.mma != "wgmma"):
+        raise ValueError(f"TMA loads need the wgmma form and channels and hidden multiples of {VECTOR_ELEMENTS} "
+                         "(16-byte rows)")
+    if loads == "cp.async" and plan.tile.multicast > 1:
+        raise ValueError("a weight multicast loads by TMA")
+    return _replanned(plan, dataclasses.replace(plan.tile, loads=loads), device)
 
 
 def multicast_plan(plan: Plan, multicast: int, device: DeviceSpec) -> Plan:
@@ -490,7 +512,12 @@ def multicast_plan(plan: Plan, multicast: int, device: DeviceSpec) -> Plan:
     if multicast > 1 and (tile.mma != "wgmma" or tile.split != 1 or tile.vector != VECTOR_ELEMENTS):
         raise ValueError("a weight multicast needs the wgmma form, no hidden split, and channels and hidden "
                          f"multiples of {VECTOR_ELEMENTS} (TMA rows are 16-byte aligned)")
-    tile = dataclasses.replace(tile, multicast=multicast)
+    loads = "tma" if multicast > 1 else tile.loads
+    return _replanned(plan, dataclasses.replace(tile, multicast=multicast, loads=loads), device)
+
+
+def _replanned(plan: Plan, tile: Tile, device: DeviceSpec) -> Plan:
+    """``plan`` with ``tile``: shared memory and owners planned again, or the refusal raised."""
     smem = plan_shared_memory(tile, plan.channels, plan.hidden, device)
     if isinstance(smem, Refusal):
         raise ValueError(smem.reason)

@@ -61,6 +61,8 @@ def cases():
          {"split": 2}),
         ("persistent-tc wgmma, hidden split, 2 tiles per cluster", "persistent-tc", (130, 64, 200),
          {"split": 2, "grid": 2, "mma": "wgmma"}),
+        ("persistent-tc wgmma, TMA weight loads, hidden split, odd chunk count, 4 tiles per cluster",
+         "persistent-tc", (200, 64, 200), {"mma": "wgmma", "loads": "tma", "split": 2, "grid": 2}),
         ("persistent-tc wgmma, weight multicast over a 2-CTA cluster, 2 tiles per CTA, one empty tile",
          "persistent-tc", (130, 64, 200), {"mma": "wgmma", "multicast": 2, "grid": 2}),
         ("persistent-tc wgmma, weight multicast, partial channel tile, an idle CTA's empty tile", "persistent-tc",

@@ -26,7 +26,9 @@ coordinates; at a tile's end each sends the elements the peer finishes (element 
 the peer's shared memory with asynchronous DSMEM stores counted by a transaction barrier, after a cluster
 barrier that frees the receive buffer, and finishes its own half.
 
-Weight multicast (``multicast`` 2 or 4, wgmma form, forced plans only until measured): a cluster of CTAs
+TMA loads (``loads="tma"``, wgmma form, forced plans only until measured): one thread of warp 0 issues each
+weight chunk by TMA into its buffer, and two mbarrier pipelines (W1, W2) track the buffers; the x tile
+stays on cp.async. Weight multicast (``multicast`` 2 or 4, which loads by TMA): a cluster of CTAs
 on their own row tiles loads every W1 / W2 chunk once, by TMA, each CTA its share of it into the buffers
 of all; the buffers are two TMA pipelines (a full barrier per buffer, and an empty one that every warp of
 every CTA of the cluster releases before any reloads it). The cluster's CTAs run the same number of
@@ -68,20 +70,21 @@ class Variant:
     mma: str = "mma.sync"  # or "wgmma" (sm_90a; 64 or 128 row tiles)
     split: int = 1  # CTAs of a cluster sharing a row tile, each running 1/split of the hidden chunks
     multicast: int = 1  # CTAs of a cluster on their own row tiles, each weight chunk loaded once for all (TMA)
+    loads: str = "cp.async"  # how weight chunks load: "cp.async" (every thread) or "tma" (one thread, mbarriers)
 
     @property
     def name(self) -> str:
         narrow = "" if self.vector == VECTOR_ELEMENTS else f"_v{self.vector}"
         wg = "_wg" if self.mma == "wgmma" else ""
         shared = "" if self.split == 1 else f"_x{self.split}"
-        shared += "" if self.multicast == 1 else f"_mc{self.multicast}"
+        shared += "" if self.loads == "cp.async" else "_tma" if self.multicast == 1 else f"_mc{self.multicast}"
         return (f"persistent-tc_m{self.tile_rows}_c{self.channels_tile}_s{self.stages}{narrow}{wg}{shared}"
                 f"_res-{self.residual}")
 
     @property
     def occupancy(self) -> int:
         tile = Tile("persistent-tc", self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, 1, self.stages,
-                    split=self.split, multicast=self.multicast)
+                    split=self.split, multicast=self.multicast, loads=self.loads)
         return tc_occupancy_limit(tile)
 
     def compile(self, arch: str | None = None):
@@ -98,7 +101,7 @@ def launcher(plan: Plan, activation: str, residual: str = "float16"):
     """``run(u, residual, w1, b1, w2, b2, y)``: one launch of ``plan.owners.grid`` CTAs."""
     tile = plan.tile
     fn = compiled(Variant(tile.rows, tile.channels_tile, residual, tile.stages, tile.vector, tile.mma, tile.split,
-                          tile.multicast))
+                          tile.multicast, tile.loads))
     act, grid = ACTIVATION_CODES[activation], plan.owners.grid
 
     def run(u, res, w1, b1, w2, b2, y):
@@ -116,6 +119,7 @@ class PersistentTensorCore:
         self.wgmma = variant.mma == "wgmma"
         self.split = variant.split
         self.multicast = variant.multicast
+        self.tma = variant.loads == "tma"
         self.occupancy = variant.occupancy
 
     @cute.jit
@@ -131,8 +135,8 @@ class PersistentTensorCore:
         else:
             mmas = (tensorcore.tiled_mma(WARPS_M, WARPS_N),) * 2
         tmas = (None,) * 4
-        if cutlass.const_expr(self.multicast > 1):  # TMA atoms for one chunk buffer of each weight
-            op = cpasync.CopyBulkTensorTileG2SMulticastOp()
+        if cutlass.const_expr(self.tma):  # TMA atoms for one chunk buffer of each weight
+            op = cpasync.CopyBulkTensorTileG2SMulticastOp() if self.multicast > 1 else cpasync.CopyBulkTensorTileG2SOp()
             tma_w1, g_w1 = cpasync.make_tiled_tma_atom(op, w1, cute.slice_(layouts[1], (None, None, 0)), (chunk, cols),
                                                       self.multicast)
             tma_w2, g_w2 = cpasync.make_tiled_tma_atom(op, w2, cute.slice_(layouts[2], (None, None, 0)), (cols, chunk),
@@ -181,15 +185,15 @@ class PersistentTensorCore:
                 cute.arch.mbarrier_init(mbar, 1)
             cute.arch.mbarrier_init_fence()  # made visible to the peer by the first exchange's cluster barrier
 
-        # weight multicast: W1 and W2 chunks come by TMA through two pipelines of `stages` buffers; every CTA
-        # of the cluster loads its share of each chunk into all of them (mask), and a buffer is reloaded once
-        # every warp of every CTA released it
+        # TMA loads: W1 and W2 chunks come through two pipelines of `stages` buffers; with a multicast every
+        # CTA of the cluster loads its share of each chunk into all of them (mask), and a buffer is reloaded
+        # once every warp of every CTA released it
         pipe_w1, pipe_w2, t_s_w1, t_g_w1, t_s_w2, t_g_w2 = None, None, None, None, None, None
         load_w1, load_w2, use_w1, use_w2 = None, None, None, None
         is_loader = tid < 32  # warp 0 issues the TMA copies (one elected lane)
         mask = None
-        if cutlass.const_expr(multicast > 1):
-            pipe_w1, pipe_w2, t_s_w1, t_g_w1, t_s_w2, t_g_w2 = self.multicast_pipelines(
+        if cutlass.const_expr(self.tma):
+            pipe_w1, pipe_w2, t_s_w1, t_g_w1, t_s_w2, t_g_w2 = self.weight_pipelines(
                 smem, cta % multicast, s_w1, s_w2, tma_w1, g_w1, tma_w2, g_w2, tid)
             mask = cutlass.Int16((1 << multicast) - 1)
             load_w1 = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
@@ -220,14 +224,14 @@ class PersistentTensorCore:
             tensorcore.load_tile(g2s, tid, cute.local_tile(u, (tile_rows, cols), (tile, 0)), s_x,
                                  cute.local_tile(x_coords, (tile_rows, cols), (tile, 0)), rows, channels,
                                  self.vector)
-            if cutlass.const_expr(multicast > 1):
+            if cutlass.const_expr(self.tma):
                 cute.arch.cp_async_commit_group()  # the x tile alone: the weights come by TMA
                 if is_loader:
                     for s in cutlass.range_constexpr(stages):
                         if s < local_chunks:
-                            self.tma_load(pipe_w1, load_w1, tma_w1, t_g_w1, t_s_w1, s, mask)
+                            self.tma_load(pipe_w1, load_w1, tma_w1, t_g_w1, t_s_w1, rank + split * s, mask)
                             load_w1.advance()
-                            self.tma_load(pipe_w2, load_w2, tma_w2, t_g_w2, t_s_w2, s, mask)
+                            self.tma_load(pipe_w2, load_w2, tma_w2, t_g_w2, t_s_w2, rank + split * s, mask)
                             load_w2.advance()
             else:
                 for s in cutlass.range_constexpr(stages):  # groups: x + W1(0), W2(0), W1(1), W2(1), ...
@@ -247,7 +251,7 @@ class PersistentTensorCore:
                 j, slot = rank + split * jj, jj % stages
                 if cutlass.const_expr(early):  # in flight under the wait too (a large tile would spill more)
                     self.read_b1(bias_h, h_coords, b1, j, hidden)
-                if cutlass.const_expr(multicast > 1):
+                if cutlass.const_expr(self.tma):
                     cute.arch.cp_async_wait_group(0)  # the x tile
                     pipe_w1.consumer_wait(use_w1)  # W1(j) landed
                     slot = use_w1.index
@@ -258,11 +262,11 @@ class PersistentTensorCore:
                 if cutlass.const_expr(not early):  # in flight under GEMM1
                     self.read_b1(bias_h, h_coords, b1, j, hidden)
                 self.gemm(mma_h, tid, acc_h, s_x, s_w1[None, None, slot], copy_a, copy_b, False)
-                if cutlass.const_expr(multicast > 1):  # this warp is done with W1(j)'s buffer, in every CTA
+                if cutlass.const_expr(self.tma):  # this warp is done with W1(j)'s buffer, in every CTA
                     pipe_w1.consumer_release(use_w1)
                     use_w1.advance()
                     if jj + stages < local_chunks and is_loader:
-                        self.tma_load(pipe_w1, load_w1, tma_w1, t_g_w1, t_s_w1, j + stages, mask)
+                        self.tma_load(pipe_w1, load_w1, tma_w1, t_g_w1, t_s_w1, j + split * stages, mask)
                         load_w1.advance()
                 else:
                     cute.arch.sync_threads()  # every warp is done with W1(j)'s buffer
@@ -277,7 +281,7 @@ class PersistentTensorCore:
                     h_dst[i] = v.to(Float16)
 
                 tensorcore.apply_activation(acc_h, act, store_hidden)
-                if cutlass.const_expr(multicast > 1):
+                if cutlass.const_expr(self.tma):
                     pipe_w2.consumer_wait(use_w2)  # W2(j) landed
                     slot = use_w2.index
                 else:
@@ -286,11 +290,11 @@ class PersistentTensorCore:
                 cute.arch.sync_threads()  # and the hidden chunk is complete
                 self.gemm(mma_y, tid, acc_y, s_h, s_w2[None, None, slot], copy_a, copy_b, True)
                 cute.arch.sync_threads()  # every warp is done with W2(j)'s buffer and the hidden chunk
-                if cutlass.const_expr(multicast > 1):
+                if cutlass.const_expr(self.tma):
                     pipe_w2.consumer_release(use_w2)
                     use_w2.advance()
                     if jj + stages < local_chunks and is_loader:
-                        self.tma_load(pipe_w2, load_w2, tma_w2, t_g_w2, t_s_w2, j + stages, mask)
+                        self.tma_load(pipe_w2, load_w2, tma_w2, t_g_w2, t_s_w2, j + split * stages, mask)
                         load_w2.advance()
                 else:
                     if jj + stages < local_chunks:
@@ -316,11 +320,11 @@ class PersistentTensorCore:
             cute.arch.cluster_wait()
 
     @cute.jit
-    def multicast_pipelines(self, smem: SmemAllocator, rank: Int32, s_w1: cute.Tensor, s_w2: cute.Tensor, tma_w1,
+    def weight_pipelines(self, smem: SmemAllocator, rank: Int32, s_w1: cute.Tensor, s_w2: cute.Tensor, tma_w1,
                             g_w1: cute.Tensor, tma_w2, g_w2: cute.Tensor, tid: Int32):
         """The two weight pipelines (full and empty barriers of every chunk buffer; a buffer is free again
-        once every warp of every CTA of the cluster released it) and each weight's TMA partition: chunk j
-        of the global weight against the chunk buffers, this CTA's share of every copy."""
+        once every warp of every CTA of the multicast cluster released it) and each weight's TMA partition:
+        chunk j of the global weight against the chunk buffers, this CTA's share of every copy."""
         stages, multicast, chunk, cols = self.stages, self.multicast, TC_HIDDEN_CHUNK, self.channels_tile
         barriers = smem.allocate_array(cutlass.Int64, num_elems=4 * stages, byte_alignment=8)
         cluster = cute.make_layout((1, multicast, 1, 1))
