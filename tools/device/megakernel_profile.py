@@ -73,14 +73,15 @@ def summary(launch: dict) -> dict:
 
 def child(shape: tuple, label: str) -> None:
     import torch
-    from megakernel_sweep import plan_calls
+    from megakernel_sweep import labelled_call
 
     from kernellab.megakernel import bench, planning
 
-    problem, calls, skipped = plan_calls(shape, [label], bench.DEFAULT_ACTIVATION, planning.current_device())
-    if label not in calls:
-        sys.exit(f"{label} does not run at {shape}: {skipped.get(label, 'not a label')}")
-    description, call = calls[label]
+    problem = bench.ResidualMLP(shape, activation=bench.DEFAULT_ACTIVATION)
+    try:
+        description, call = labelled_call(problem, label, bench.DEFAULT_ACTIVATION, planning.current_device())
+    except ValueError as e:
+        sys.exit(f"{label} does not run at {shape}: {e}")
     inputs = problem.make_inputs(1)
     outputs = problem.make_outputs(inputs)
     call(inputs, outputs)

@@ -45,37 +45,45 @@ PLANS = {  # label -> (engine, planning.forced choices); {}: the planner's own p
     "mc2": ("persistent-tc", {"mma": "wgmma", "multicast": 2}),
     "mc2-s1": ("persistent-tc", {"mma": "wgmma", "multicast": 2, "stages": 1}),
     "mc4": ("persistent-tc", {"mma": "wgmma", "multicast": 4}),
-    "persistent": ("persistent", {}),
-    # the CUDA-core engine's weights: staged into shared memory (planned wherever they fit), or read from
-    # global memory, which skips the staging round trip and barrier where a CTA reads each weight once
-    "persistent-smem-weights": ("persistent", {"weights": "smem"}),
+    "persistent": ("persistent", {}),  # its weights staged in shared memory, wherever they fit
+    # or read from global memory, which skips the staging round trip and barrier where a CTA reads each
+    # weight once
     "persistent-global-weights": ("persistent", {"weights": "global"}),
 }
 ALWAYS = ("planned", "persistent")
 """Labels swept whatever ``--plans`` says: the plans that serve the shape today."""
 
 
+def labelled_call(problem, label, activation, device):
+    """(description, call) of one label (a ``PLANS`` label or torch-cublas) at the problem's shape, its plan
+    validated first; ValueError where the plan does not exist at this shape or fails validation."""
+    if label == "torch-cublas":
+        bound = engines.bind(label, problem.model_shape, activation)
+        return {"served_by": bound.served_by}, bound.call
+    engine, choices = PLANS[label]
+    shape = problem.model_shape
+    plan = planning.forced(engine, shape.rows, shape.channels, shape.hidden, device, **choices)
+    call = engines.plan_call(plan, activation)
+    check = validate.validate_call(problem, call, 7)
+    if not check["passed"]:
+        raise ValueError(f"WRONG: {check}")
+    return plan.describe(), call
+
+
 def plan_calls(shape, patterns, activation, device):
-    """{label: (plan description, call)} of the plans that exist at this shape and pass validation."""
+    """{label: (plan description, call)} of the plans that exist at this shape and pass validation, and
+    torch-cublas."""
     problem = bench.ResidualMLP(shape, activation=activation)
     out, skipped = {}, {}
-    for label, (engine, choices) in PLANS.items():
-        if label not in ALWAYS and not any(fnmatch.fnmatch(label, p) for p in patterns):
+    for label in [*PLANS, "torch-cublas"]:
+        if label not in (*ALWAYS, "torch-cublas") and not any(fnmatch.fnmatch(label, p) for p in patterns):
             continue
         try:
-            plan = planning.forced(engine, *shape, device, **choices)
+            out[label] = labelled_call(problem, label, activation, device)
         except ValueError as e:
             skipped[label] = str(e)
-            continue
-        call = engines.plan_call(plan, activation)
-        check = validate.validate_call(problem, call, 7)
-        if not check["passed"]:
-            skipped[label] = f"WRONG: {check}"
-            print(f"{shape} {label}: WRONG", flush=True)
-            continue
-        out[label] = (plan.describe(), call)
-    bound = engines.bind("torch-cublas", problem.model_shape, activation)
-    out["torch-cublas"] = ({"served_by": bound.served_by}, bound.call)
+            if str(e).startswith("WRONG"):
+                print(f"{shape} {label}: WRONG", flush=True)
     return problem, out, skipped
 
 
@@ -106,7 +114,7 @@ def main() -> None:
                                                  iterations=20)
         p50 = {label: statistics.median(v) for label, v in samples.items()}
         record["shapes"].append({"shape": shape, "p50_us": p50, "skipped": skipped,
-                        "plans": {label: calls[label][0] for label in calls}})
+                                 "plans": {label: calls[label][0] for label in calls}})
         ranked = sorted(p50, key=p50.get)
         print(f"{'x'.join(map(str, shape)):16s} " + "  ".join(f"{k} {p50[k]:.1f}" for k in ranked), flush=True)
         with open(os.path.join(os.environ.get("OUT", "."), f"{args.name}.json"), "w") as f:
