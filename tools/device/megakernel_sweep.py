@@ -40,8 +40,8 @@ PLANS = {  # label -> (engine, planning.forced choices); {}: the planner's own p
     "split2": ("persistent-tc", {"split": 2}),
     "split2-64": ("persistent-tc", {"split": 2, "mma": "mma.sync", "tile_rows": 64}),
     "split2-wgmma": ("persistent-tc", {"split": 2, "mma": "wgmma"}),
-    "tma": ("persistent-tc", {"mma": "wgmma", "loads": "tma"}),
-    "split2-tma": ("persistent-tc", {"mma": "wgmma", "split": 2, "loads": "tma"}),
+    "wgmma-64-cp": ("persistent-tc", {"mma": "wgmma", "loads": "cp.async"}),  # the planner's loads are TMA
+    "split2-wgmma-cp": ("persistent-tc", {"mma": "wgmma", "split": 2, "loads": "cp.async"}),
     "mc2": ("persistent-tc", {"mma": "wgmma", "multicast": 2}),
     "mc2-s1": ("persistent-tc", {"mma": "wgmma", "multicast": 2, "stages": 1}),
     "mc4": ("persistent-tc", {"mma": "wgmma", "multicast": 4}),

@@ -71,7 +71,9 @@ def test_persistent_tc_tiles_and_grid(rows, channels, hidden, tile, split, stage
     assert plan.engine == "persistent-tc"
     assert (plan.tile.rows, plan.tile.split, plan.tile.stages, plan.owners.grid, plan.owners.occupancy) == (
         tile, split, stages, grid, occupancy)
-    assert plan.smem.bytes == planning.persistent_tc_smem_bytes(tile, plan.tile.channels_tile, stages, split)
+    loads = "tma" if tile == 64 else "cp.async"  # 64-row tiles are wgmma's, which loads weights by TMA
+    assert (plan.tile.mma, plan.tile.loads) == ("wgmma" if tile == 64 else "mma.sync", loads)
+    assert plan.smem.bytes == planning.persistent_tc_smem_bytes(tile, plan.tile.channels_tile, stages, split, loads)
     assert plan.tile.channels_tile >= channels and plan.tile.hidden_chunk == planning.TC_HIDDEN_CHUNK
 
 
@@ -116,6 +118,7 @@ def test_every_shape_is_served_by_a_consistent_plan(rows, channels, hidden, requ
     if plan.engine == "persistent-tc":  # 16-byte loads only where every row is 16-byte aligned
         assert plan.tile.vector == (8 if channels % 8 == 0 and hidden % 8 == 0 else 1)
         assert plan.tile.mma == ("wgmma" if plan.tile.vector == 8 and plan.tile.rows == 64 else "mma.sync")
+        assert plan.tile.loads == ("tma" if plan.tile.mma == "wgmma" else "cp.async")
         if plan.tile.split > 1:  # whole clusters, each CTA at least two hidden chunks
             assert plan.tile.vector == 8 and plan.owners.grid % plan.tile.split == 0
             assert planning.ceil_div(hidden, planning.TC_HIDDEN_CHUNK) >= 2 * plan.tile.split
@@ -131,8 +134,9 @@ def test_aligned_persistent_tc_plans_split_consistently(rows, channels, hidden):
     plan = planning.plan_engine("persistent-tc", rows, channels, hidden, H200)
     tile = plan.tile
     assert (tile.rows, tile.split) == planning.tc_layout(rows, tile.channels_tile, hidden, True, H200)
+    assert tile.loads == ("tma" if tile.mma == "wgmma" else "cp.async")
     assert plan.smem.bytes == planning.persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages,
-                                                                tile.split) <= H200.smem_per_block
+                                                                tile.split, tile.loads) <= H200.smem_per_block
     assert plan.owners.grid % tile.split == 0
     assert plan.owners.grid <= H200.sm_count * plan.owners.occupancy
     if tile.split > 1:
@@ -186,8 +190,9 @@ def test_planning_takes_wgmma_for_aligned_64_row_tiles():
 def test_forced_hidden_split_plans():
     plan = planning.forced("persistent-tc", 4096, 256, 1024, H200, tile_rows=64, split=2)
     assert (plan.tile.split, plan.tile.rows, plan.owners.grid, plan.owners.tiles_per_cta) == (2, 64, 128, 1)
-    assert plan.smem.bytes == planning.persistent_tc_smem_bytes(64, 256, plan.tile.stages, 2)
-    assert plan.smem.bytes == planning.persistent_tc_smem_bytes(64, 256, plan.tile.stages) + 4 * 64 * 128 + 16
+    assert plan.smem.bytes == planning.persistent_tc_smem_bytes(64, 256, plan.tile.stages, 2, "tma")
+    assert plan.smem.bytes == planning.persistent_tc_smem_bytes(64, 256, plan.tile.stages, loads="tma") + (
+        4 * 64 * 128 + 16)
     assert plan.smem.bytes <= H200.smem_per_block
     many = planning.forced("persistent-tc", 16384, 256, 1024, H200, split=2)
     assert many.owners.grid % 2 == 0 and many.owners.grid <= H200.sm_count * many.owners.occupancy
@@ -247,13 +252,20 @@ def test_forced_weight_multicast_plans():
     assert planning.plan_engine("persistent-tc", 16384, 512, 2048, H200).tile.multicast == 1  # until measured
 
 
-def test_forced_tma_loads():
-    plan = planning.forced("persistent-tc", 4096, 256, 1024, H200, loads="tma")  # the planner's wgmma split
+def test_tma_loads_planned_for_wgmma_and_forced_either_way():
+    plan = planning.choose("persistent-tc", 4096, 256, 1024, H200).plan  # the planner's wgmma split
     assert (plan.tile.loads, plan.tile.mma, plan.tile.split) == ("tma", "wgmma", 2)
     assert plan.smem.bytes == planning.persistent_tc_smem_bytes(64, 256, plan.tile.stages, 2) + (
         planning.TMA_BARRIER_BYTES * plan.tile.stages)
-    unsplit = planning.forced("persistent-tc", 16384, 512, 2048, H200, loads="tma")
+    unsplit = planning.choose("persistent-tc", 16384, 512, 2048, H200).plan
     assert (unsplit.tile.loads, unsplit.tile.multicast, unsplit.owners.grid) == ("tma", 1, 132)
+    by_cp_async = planning.forced("persistent-tc", 16384, 512, 2048, H200, loads="cp.async")
+    assert (by_cp_async.tile.loads, by_cp_async.tile.mma) == ("cp.async", "wgmma")
+    assert by_cp_async.smem.bytes == unsplit.smem.bytes - planning.TMA_BARRIER_BYTES * unsplit.tile.stages
+    assert planning.forced("persistent-tc", 4096, 256, 1024, H200, mma="wgmma", tile_rows=128).tile.loads == (
+        "cp.async")  # 128-row wgmma tiles: cp.async unless forced
+    for rows, channels, hidden in [(1024, 128, 256), (16384, 511, 2048), (1, 7, 13)]:  # mma.sync tiles
+        assert planning.choose("persistent-tc", rows, channels, hidden, H200).plan.tile.loads == "cp.async"
     with pytest.raises(ValueError, match="TMA loads need the wgmma form"):
         planning.forced("persistent-tc", 1024, 128, 256, H200, loads="tma")  # 32-row mma.sync tiles
     with pytest.raises(ValueError, match="TMA loads need the wgmma form"):

@@ -54,13 +54,14 @@ tile (half the weight traffic per row) run on as many SMs as 32-row tiles would;
 TC_MULTICASTS = (1, 2, 4)
 """persistent-tc's weight multicast (wgmma form only): with m, a cluster of m CTAs owning different row
 tiles loads each weight chunk once by TMA, each CTA 1/m of it sent to all, so L2 serves every chunk once
-per cluster instead of once per CTA (the large shapes are bound by that traffic: every row tile streams all
-of W1 and W2). Not measured yet: only ``forced(..., multicast=m)`` takes it."""
+per cluster instead of once per CTA. Measured on the H200 (``reports/h200/megakernel-sweep-tma.json``) it
+lost to plain TMA loads at every swept shape (2: 0-12% slower; 4: up to twice as slow), since a cluster's
+CTAs wait for each other's share of every chunk: only ``forced(..., multicast=m)`` takes it."""
 TC_LOADS = ("cp.async", "tma")
 """How persistent-tc's weight chunks reach shared memory: cp.async, 16 bytes a thread with every thread
 issuing, or TMA, one thread issuing a chunk and mbarrier pipelines tracking it (the wgmma form with
-16-byte rows only; a multicast needs it). Not measured yet: only ``forced(..., loads="tma")`` or a
-multicast takes TMA."""
+16-byte rows only; a multicast needs it). ``tc_loads`` gives 64-row wgmma tiles TMA: on the H200 it beat
+cp.async by 4-12% at every unsplit swept shape and tied with a split (``reports/h200/megakernel-sweep-tma.json``)."""
 TC_WEIGHT_ROWS = 16
 """``tc_cost``'s price of a tile's weight traffic, in rows of MMA work per chunk: a 32-row tile costs
 (32 + 16) per chunk, a 64-row tile (64 + 16), so at equal work per SM the 64-row tile wins by 1.2x, as
@@ -239,6 +240,12 @@ def tc_mma(rows_per_tile: int, channels_tile: int, misaligned: bool) -> str:
     return "mma.sync"
 
 
+def tc_loads(rows_per_tile: int, mma: str) -> str:
+    """persistent-tc's weight loads: TMA for the 64-row wgmma form (measured: ``TC_LOADS``), else cp.async
+    (mma.sync's buffers are swizzled in elements, which TMA fills only an 8-row atom a copy)."""
+    return "tma" if mma == "wgmma" and rows_per_tile == WGMMA_ROW_TILES[0] else "cp.async"
+
+
 SPLIT_BARRIER_BYTES = 16  # one 8-byte mbarrier, 16-byte aligned
 TMA_BARRIER_BYTES = 32  # per stage: a full and an empty 8-byte mbarrier for W1 and for W2
 
@@ -258,16 +265,17 @@ def persistent_tc_smem_bytes(tile_rows: int, channels_tile: int, stages: int = 1
 
 
 def tc_stages(tile_rows: int, channels_tile: int, num_tiles: int, hidden: int, device: DeviceSpec,
-              split: int = 1) -> int:
+              split: int = 1, loads: str = "cp.async") -> int:
     """persistent-tc's chunk buffers: as many as there are hidden chunks, up to TC_MAX_STAGES, so that
     chunks' weights load while the GEMMs of the chunks before run (with as many buffers as chunks, every
     load of a tile is issued at its start: short tiles are latency chains), where that shared memory
     still lets every CTA the grid needs be resident at once (the grid asks for ceil(tiles / SMs) CTAs
     per SM, at most what one buffer allows); else fewer, down to one."""
-    one = Tile("persistent-tc", tile_rows, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, num_tiles, split=split)
+    one = Tile("persistent-tc", tile_rows, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, num_tiles, split=split,
+               loads=loads)
     needed = min(ceil_div(split * num_tiles, device.sm_count), tc_occupancy_limit(one))
     for stages in range(min(TC_MAX_STAGES, ceil_div(ceil_div(hidden, TC_HIDDEN_CHUNK), split)), 1, -1):
-        size = persistent_tc_smem_bytes(tile_rows, channels_tile, stages, split)
+        size = persistent_tc_smem_bytes(tile_rows, channels_tile, stages, split, loads)
         limit = tc_occupancy_limit(dataclasses.replace(one, stages=stages))
         if size <= usable_smem(device) and occupancy(TC_THREADS, size, device, limit) >= needed:
             return stages
@@ -333,10 +341,10 @@ def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: Device
         if mma == "wgmma" and (misaligned or (rows_per_tile == WGMMA_ROW_TILES[1] and channels_tile > 256)):
             return Refusal(engine, "wgmma needs channels and hidden multiples of 8, and at most 256 channels "
                                    "with 128-row tiles")
-        num_tiles = ceil_div(rows, rows_per_tile)
+        num_tiles, loads = ceil_div(rows, rows_per_tile), tc_loads(rows_per_tile, mma)
         return Tile(engine, rows_per_tile, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, num_tiles,
-                    tc_stages(rows_per_tile, channels_tile, num_tiles, hidden, device, split),
-                    1 if misaligned else VECTOR_ELEMENTS, mma, split)  # unaligned rows: element loads
+                    tc_stages(rows_per_tile, channels_tile, num_tiles, hidden, device, split, loads),
+                    1 if misaligned else VECTOR_ELEMENTS, mma, split, loads=loads)  # unaligned rows: element loads
     if engine == "conventional-tc":
         block_rows = CONVENTIONAL_TC_TILE[0]
         return Tile(engine, block_rows, channels, hidden, CONVENTIONAL_TC_THREADS, ceil_div(rows, block_rows),
@@ -484,7 +492,7 @@ def split_plan(plan: Plan, split: int, device: DeviceSpec) -> Plan:
         raise ValueError(f"split must be one of {TC_SPLITS}, got {split}")
     if tile.vector != VECTOR_ELEMENTS:
         raise ValueError(f"a hidden split needs channels and hidden multiples of {VECTOR_ELEMENTS}")
-    stages = tc_stages(tile.rows, tile.channels_tile, tile.num_tiles, plan.hidden, device, split)
+    stages = tc_stages(tile.rows, tile.channels_tile, tile.num_tiles, plan.hidden, device, split, tile.loads)
     return _replanned(plan, dataclasses.replace(tile, split=split, stages=stages), device)
 
 

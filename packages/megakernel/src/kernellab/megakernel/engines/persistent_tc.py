@@ -26,7 +26,7 @@ coordinates; at a tile's end each sends the elements the peer finishes (element 
 the peer's shared memory with asynchronous DSMEM stores counted by a transaction barrier, after a cluster
 barrier that frees the receive buffer, and finishes its own half.
 
-TMA loads (``loads="tma"``, wgmma form, forced plans only until measured): one thread of warp 0 issues each
+TMA loads (``loads="tma"``, the planner's choice for 64-row wgmma tiles: planning.tc_loads): one thread of warp 0 issues each
 weight chunk by TMA into its buffer, and two mbarrier pipelines (W1, W2) track the buffers; the x tile
 stays on cp.async. Weight multicast (``multicast`` 2 or 4, which loads by TMA): a cluster of CTAs
 on their own row tiles loads every W1 / W2 chunk once, by TMA, each CTA its share of it into the buffers
