@@ -48,25 +48,37 @@ def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, 
                 epilogue(r0 + rr, n, acc[rr] + b)
 
 
+STAGE_BATCH = 16
+"""Elements a thread loads into registers before it stores any of them when staging into shared memory:
+their memory latencies overlap, where a load-store pair per element waits each one out."""
+
+
 @cute.jit
 def stage_rows(src: cute.Tensor, row0: Int32, rows_valid: Int32, dst: cute.Tensor, tid: Int32):
-    """dst[r, c] = fp32(src[row0 + r, c]) for the tile's valid rows (fp16 -> fp32 is exact)."""
+    """dst[r, c] = src[row0 + r, c], converted to dst's type, for r < rows_valid and every column: a tile's
+    input rows (fp16 -> fp32 is exact), or a whole (N, K) weight (row0 0) into its transposed view.
+    Consecutive threads read consecutive elements (coalesced along the rows)."""
     cols = src.shape[1]
-    for i in range(tid, rows_valid * cols, SCALAR_THREADS):
-        r = i // cols
-        c = i - r * cols
-        dst[r, c] = src[row0 + r, c].to(Float32)
+    total = rows_valid * cols
+    for first in range(tid, total, SCALAR_THREADS * STAGE_BATCH):
+        staged = cute.make_rmem_tensor((STAGE_BATCH,), src.element_type)
+        for u in cutlass.range_constexpr(STAGE_BATCH):
+            staged[u] = element_or_zero(src, row0, first + u * SCALAR_THREADS, total, cols)
+        for u in cutlass.range_constexpr(STAGE_BATCH):
+            i = first + u * SCALAR_THREADS
+            if i < total:
+                r = i // cols
+                dst[r, i - r * cols] = staged[u].to(dst.element_type)
 
 
 @cute.jit
-def stage_weight(src: cute.Tensor, dst: cute.Tensor, tid: Int32):
-    """A whole (N, K) weight from global memory (read along K, coalesced) into its transposed
-    shared-memory view ``dst`` (same logical (N, K) indexing)."""
-    k_dim = src.shape[1]
-    for i in range(tid, cute.size(src), SCALAR_THREADS):
-        n = i // k_dim
-        k = i - n * k_dim
-        dst[n, k] = src[n, k]
+def element_or_zero(src: cute.Tensor, row0: Int32, i: Int32, total: Int32, cols: Int32):
+    """Element i (row-major from row ``row0``) of ``src``, or 0 past ``total`` (not read)."""
+    value = src.element_type(0)
+    if i < total:
+        r = i // cols
+        value = src[row0 + r, i - r * cols]
+    return value
 
 
 def dynamic_smem():

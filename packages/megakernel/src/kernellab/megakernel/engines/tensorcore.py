@@ -62,31 +62,42 @@ def load_tile(copy: cute.TiledCopy, tid: Int32, g_tile: cute.Tensor, s_tile: cut
     """Copy a (rows, cols) tile into shared memory. ``coords`` holds each element's coordinates in the
     global tensor; what lies at or past (row_limit, col_limit) is zero-filled instead. With
     ``vector=8`` each thread's 8 elements go by one 16-byte cp.async (the column limit is a multiple
-    of 8, so a vector is entirely inside or outside); with ``vector=1`` element by element."""
+    of 8, so a vector is entirely inside or outside); with ``vector=1`` element by element, all of a
+    thread's loads issued into registers before any is stored, so that they wait out one memory latency
+    together instead of one each (a load-store pair per element serializes them)."""
     thr = copy.get_slice(tid)
     src = thr.partition_S(g_tile)
     dst = thr.partition_D(s_tile)
     crd = thr.partition_S(coords)
-    for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
-        for k in cutlass.range_constexpr(cute.size(dst, mode=[2])):
-            row, col = crd[0, m, k]  # of the vector's first element
-            if cutlass.const_expr(vector == VECTOR_ELEMENTS):
+    steps_m, steps_k = cute.size(dst, mode=[1]), cute.size(dst, mode=[2])
+    if cutlass.const_expr(vector == VECTOR_ELEMENTS):
+        for m in cutlass.range_constexpr(steps_m):
+            for k in cutlass.range_constexpr(steps_k):
+                row, col = crd[0, m, k]  # of the vector's first element
                 if row < row_limit and col < col_limit:
                     cute.copy(copy, src[None, m, k], dst[None, m, k])
                 else:
                     dst[None, m, k].fill(0.0)
-            else:
+    else:
+        staged = cute.make_rmem_tensor((VECTOR_ELEMENTS, steps_m, steps_k), Float16)
+        for m in cutlass.range_constexpr(steps_m):
+            for k in cutlass.range_constexpr(steps_k):
+                row, col = crd[0, m, k]
                 for e in cutlass.range_constexpr(VECTOR_ELEMENTS):
-                    load_element(src[None, m, k], dst[None, m, k], e, row < row_limit and col + e < col_limit)
+                    staged[e, m, k] = load_element(src[None, m, k], e, row < row_limit and col + e < col_limit)
+        for m in cutlass.range_constexpr(steps_m):
+            for k in cutlass.range_constexpr(steps_k):
+                for e in cutlass.range_constexpr(VECTOR_ELEMENTS):
+                    dst[None, m, k][e] = staged[e, m, k]
 
 
 @cute.jit
-def load_element(src: cute.Tensor, dst: cute.Tensor, e: cutlass.Constexpr, inside):
-    """dst[e] = src[e] where ``inside``, else 0 (src is not read)."""
+def load_element(src: cute.Tensor, e: cutlass.Constexpr, inside) -> Float16:
+    """src[e] where ``inside``, else 0 (src is not read)."""
     value = Float16(0.0)
     if inside:
         value = src[e]
-    dst[e] = value
+    return value
 
 
 @cute.jit
