@@ -57,27 +57,34 @@ their memory latencies overlap, where a load-store pair per element waits each o
 def stage_rows(src: cute.Tensor, row0: Int32, rows_valid: Int32, dst: cute.Tensor, tid: Int32):
     """dst[r, c] = src[row0 + r, c], converted to dst's type, for r < rows_valid and every column: a tile's
     input rows (fp16 -> fp32 is exact), or a whole (N, K) weight (row0 0) into its transposed view.
-    Consecutive threads read consecutive elements (coalesced along the rows)."""
+    Thread t takes the row-major elements t, t + threads, ... (coalesced reads); its coordinates advance
+    by a fixed step with one wrap, since a division per element would cost more than the copy."""
     cols = src.shape[1]
-    total = rows_valid * cols
-    for first in range(tid, total, SCALAR_THREADS * STAGE_BATCH):
+    step_r = SCALAR_THREADS // cols
+    step_c = SCALAR_THREADS - step_r * cols
+    r = tid // cols
+    c = tid - r * cols
+    for _ in range(tid, rows_valid * cols, SCALAR_THREADS * STAGE_BATCH):
         staged = cute.make_rmem_tensor((STAGE_BATCH,), src.element_type)
+        at_r = cute.make_rmem_tensor((STAGE_BATCH,), Int32)
+        at_c = cute.make_rmem_tensor((STAGE_BATCH,), Int32)
         for u in cutlass.range_constexpr(STAGE_BATCH):
-            staged[u] = element_or_zero(src, row0, first + u * SCALAR_THREADS, total, cols)
+            at_r[u], at_c[u] = r, c
+            staged[u] = element_or_zero(src, row0 + r, c, r < rows_valid)
+            r, c = r + step_r, c + step_c
+            if c >= cols:
+                r, c = r + 1, c - cols
         for u in cutlass.range_constexpr(STAGE_BATCH):
-            i = first + u * SCALAR_THREADS
-            if i < total:
-                r = i // cols
-                dst[r, i - r * cols] = staged[u].to(dst.element_type)
+            if at_r[u] < rows_valid:
+                dst[at_r[u], at_c[u]] = staged[u].to(dst.element_type)
 
 
 @cute.jit
-def element_or_zero(src: cute.Tensor, row0: Int32, i: Int32, total: Int32, cols: Int32):
-    """Element i (row-major from row ``row0``) of ``src``, or 0 past ``total`` (not read)."""
+def element_or_zero(src: cute.Tensor, row: Int32, col: Int32, inside):
+    """src[row, col] where ``inside``, else 0 (not read)."""
     value = src.element_type(0)
-    if i < total:
-        r = i // cols
-        value = src[row0 + r, i - r * cols]
+    if inside:
+        value = src[row, col]
     return value
 
 
