@@ -48,44 +48,25 @@ def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, 
                 epilogue(r0 + rr, n, acc[rr] + b)
 
 
-STAGE_BATCH = 16
-"""Elements a thread loads into registers before it stores any of them when staging into shared memory:
-their memory latencies overlap, where a load-store pair per element waits each one out."""
-
-
 @cute.jit
 def stage_rows(src: cute.Tensor, row0: Int32, rows_valid: Int32, dst: cute.Tensor, tid: Int32):
-    """dst[r, c] = src[row0 + r, c], converted to dst's type, for r < rows_valid and every column: a tile's
-    input rows (fp16 -> fp32 is exact), or a whole (N, K) weight (row0 0) into its transposed view.
-    Thread t takes the row-major elements t, t + threads, ... (coalesced reads); its coordinates advance
-    by a fixed step with one wrap, since a division per element would cost more than the copy."""
+    """dst[r, c] = fp32(src[row0 + r, c]) for the tile's valid rows (fp16 -> fp32 is exact)."""
     cols = src.shape[1]
-    step_r = SCALAR_THREADS // cols
-    step_c = SCALAR_THREADS - step_r * cols
-    r = tid // cols
-    c = tid - r * cols
-    for _ in range(tid, rows_valid * cols, SCALAR_THREADS * STAGE_BATCH):
-        staged = cute.make_rmem_tensor((STAGE_BATCH,), src.element_type)
-        at_r = cute.make_rmem_tensor((STAGE_BATCH,), Int32)
-        at_c = cute.make_rmem_tensor((STAGE_BATCH,), Int32)
-        for u in cutlass.range_constexpr(STAGE_BATCH):
-            at_r[u], at_c[u] = r, c
-            staged[u] = element_or_zero(src, row0 + r, c, r < rows_valid)
-            r, c = r + step_r, c + step_c
-            if c >= cols:
-                r, c = r + 1, c - cols
-        for u in cutlass.range_constexpr(STAGE_BATCH):
-            if at_r[u] < rows_valid:
-                dst[at_r[u], at_c[u]] = staged[u].to(dst.element_type)
+    for i in range(tid, rows_valid * cols, SCALAR_THREADS):
+        r = i // cols
+        c = i - r * cols
+        dst[r, c] = src[row0 + r, c].to(Float32)
 
 
 @cute.jit
-def element_or_zero(src: cute.Tensor, row: Int32, col: Int32, inside):
-    """src[row, col] where ``inside``, else 0 (not read)."""
-    value = src.element_type(0)
-    if inside:
-        value = src[row, col]
-    return value
+def stage_weight(src: cute.Tensor, dst: cute.Tensor, tid: Int32):
+    """A whole (N, K) weight from global memory (read along K, coalesced) into its transposed
+    shared-memory view ``dst`` (same logical (N, K) indexing)."""
+    k_dim = src.shape[1]
+    for i in range(tid, cute.size(src), SCALAR_THREADS):
+        n = i // k_dim
+        k = i - n * k_dim
+        dst[n, k] = src[n, k]
 
 
 def dynamic_smem():
