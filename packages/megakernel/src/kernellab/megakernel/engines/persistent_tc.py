@@ -26,9 +26,9 @@ coordinates; at a tile's end each sends the elements the peer finishes (element 
 the peer's shared memory with asynchronous DSMEM stores counted by a transaction barrier, after a cluster
 barrier that frees the receive buffer, and finishes its own half.
 
-TMA loads (``loads="tma"``, the planner's choice for 64-row wgmma tiles: planning.tc_loads): one thread of warp 0 issues each
-weight chunk by TMA into its buffer, and two mbarrier pipelines (W1, W2) track the buffers; the x tile
-stays on cp.async. Weight multicast (``multicast`` 2 or 4, which loads by TMA): a cluster of CTAs
+TMA loads (``loads="tma"``, the planner's choice for 64-row wgmma tiles: planning.tc_loads): one thread
+of warp 0 issues each weight chunk by TMA into its buffer, and two mbarrier pipelines (W1, W2) track the
+buffers; the x tile stays on cp.async. Weight multicast (``multicast`` 2 or 4, which loads by TMA): a cluster of CTAs
 on their own row tiles loads every W1 / W2 chunk once, by TMA, each CTA its share of it into the buffers
 of all; the buffers are two TMA pipelines (a full barrier per buffer, and an empty one that every warp of
 every CTA of the cluster releases before any reloads it). The cluster's CTAs run the same number of
