@@ -23,6 +23,13 @@ def _check(engine, shape, activation, seed=0):
     return bound
 
 
+def _check_plan(plan, activation, seed):
+    """A forced plan's call against the float64 reference at the plan's shape."""
+    problem = bench.ResidualMLP((plan.rows, plan.channels, plan.hidden), activation=activation)
+    report = validate.validate_call(problem, engines.plan_call(plan, activation), seed)
+    assert report["passed"], (plan.describe(), report)
+
+
 @settings(deadline=None)
 @given(rows=st.integers(1, 2000), channels=SIZES, hidden=SIZES, activation=st.sampled_from(model.ACTIVATIONS),
        engine=st.sampled_from(KERNEL_ENGINES), seed=st.integers(0, 2**31))
@@ -68,9 +75,7 @@ def test_persistent_tc_hidden_split_plans(rows, channels, hidden, tile_rows, mma
     except ValueError as e:  # the 64 x 512 tile has no room for the peer's half output tile
         assert "does not fit" in str(e) and tile_rows == 64 and channels > 256, e
         return
-    problem = bench.ResidualMLP((rows, channels, hidden), activation=activation)
-    report = validate.validate_call(problem, engines.plan_call(plan, activation), seed)
-    assert report["passed"], (plan.describe(), report)
+    _check_plan(plan, activation, seed)
 
 
 @settings(deadline=None, max_examples=40)
@@ -79,8 +84,8 @@ def test_persistent_tc_hidden_split_plans(rows, channels, hidden, tile_rows, mma
        clusters=st.one_of(st.none(), st.integers(1, 3)), activation=st.sampled_from(model.ACTIVATIONS),
        seed=st.integers(0, 2**31))
 def test_persistent_tc_tma_load_plans(rows, channels, hidden, split, clusters, activation, seed):
-    """persistent-tc's wgmma form with its weight chunks loaded by TMA (forced: planning does not choose it
-    yet), split or not, with several tiles per CTA (or cluster) where ``clusters`` is small."""
+    """persistent-tc's wgmma form with its weight chunks loaded by TMA (planning's choice for 64-row tiles),
+    split or not, with several tiles per CTA (or cluster) where ``clusters`` is small."""
     device = planning.current_device()
     try:
         plan = planning.forced("persistent-tc", rows, channels, hidden, device, mma="wgmma", loads="tma",
@@ -88,9 +93,7 @@ def test_persistent_tc_tma_load_plans(rows, channels, hidden, split, clusters, a
     except ValueError as e:  # the split 64 x 512 tile has no room for the peer's half output tile
         assert "does not fit" in str(e) and split == 2 and channels > 256, e
         return
-    problem = bench.ResidualMLP((rows, channels, hidden), activation=activation)
-    report = validate.validate_call(problem, engines.plan_call(plan, activation), seed)
-    assert report["passed"], (plan.describe(), report)
+    _check_plan(plan, activation, seed)
 
 
 @settings(deadline=None, max_examples=40)
@@ -105,9 +108,7 @@ def test_persistent_tc_weight_multicast_plans(rows, channels, hidden, multicast,
     device = planning.current_device()
     plan = planning.forced("persistent-tc", rows, channels, hidden, device, mma="wgmma", multicast=multicast,
                            grid=None if clusters is None else multicast * clusters)
-    problem = bench.ResidualMLP((rows, channels, hidden), activation=activation)
-    report = validate.validate_call(problem, engines.plan_call(plan, activation), seed)
-    assert report["passed"], (plan.describe(), report)
+    _check_plan(plan, activation, seed)
 
 
 @settings(deadline=None, max_examples=40)
@@ -122,9 +123,7 @@ def test_persistent_tc_wgmma_plans(rows, channels, hidden, tile_rows, activation
     if isinstance(plan, planning.Refusal):  # 128-row tiles past 256 channels
         assert tile_rows == 128 and channels > 256
         return
-    problem = bench.ResidualMLP((rows, channels, hidden), activation=activation)
-    report = validate.validate_call(problem, engines.plan_call(plan, activation), seed)
-    assert report["passed"], (plan.describe(), report)
+    _check_plan(plan, activation, seed)
 
 
 @pytest.mark.parametrize("case", sanitize.cases(), ids=lambda c: c[0])
