@@ -264,6 +264,11 @@ def persistent_tc_smem_bytes(tile_rows: int, channels_tile: int, stages: int = 1
     return size
 
 
+def tc_tile_smem_bytes(tile: Tile) -> int:
+    """``persistent_tc_smem_bytes`` of a persistent-tc tile."""
+    return persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages, tile.split, tile.loads)
+
+
 def tc_stages(tile_rows: int, channels_tile: int, num_tiles: int, hidden: int, device: DeviceSpec,
               split: int = 1, loads: str = "cp.async") -> int:
     """persistent-tc's chunk buffers: as many as there are hidden chunks, up to TC_MAX_STAGES, so that
@@ -370,7 +375,7 @@ def plan_shared_memory(tile: Tile, channels: int, hidden: int, device: DeviceSpe
     """Step 2: shared memory per CTA and where the weights and the hidden tile live."""
     engine, capacity = tile.engine, usable_smem(device)
     if engine == "persistent-tc":
-        size = persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages, tile.split, tile.loads)
+        size = tc_tile_smem_bytes(tile)
         placement = SharedMemory(size, weights="streamed", hidden="registers+smem")
     elif engine == "conventional-tc":
         block_rows, block_cols, block_k = CONVENTIONAL_TC_TILE
@@ -404,8 +409,7 @@ def tc_occupancy_limit(tile: Tile) -> int:
     room (at most 64 per thread keeps the kernel within 128 registers) and two CTAs' shared memory
     fits an SM of the planning default (H200); else 1 (up to 255 registers)."""
     accumulators = tile.rows * tile.channels_tile // TC_THREADS
-    smem = persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages, tile.split, tile.loads)
-    smem += H200.reserved_smem_per_block
+    smem = tc_tile_smem_bytes(tile) + H200.reserved_smem_per_block
     return 2 if accumulators <= 64 and 2 * smem <= H200.smem_per_sm else 1
 
 
@@ -459,8 +463,7 @@ def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpe
     if multicast is not None and multicast != plan.tile.multicast:
         plan = multicast_plan(plan, multicast, device)
     if stages is not None and stages != plan.tile.stages:
-        size = persistent_tc_smem_bytes(plan.tile.rows, plan.tile.channels_tile, stages, plan.tile.split,
-                                        plan.tile.loads)
+        size = tc_tile_smem_bytes(dataclasses.replace(plan.tile, stages=stages))
         if engine != "persistent-tc" or not 1 <= stages <= TC_MAX_STAGES or size > usable_smem(device):
             raise ValueError(f"{engine} has no {stages}-stage variant at this shape")
         plan = dataclasses.replace(plan, tile=dataclasses.replace(plan.tile, stages=stages),
