@@ -19,12 +19,15 @@ def test_the_full_list_covers_every_engine_and_is_unique():
     names = [v.name for v in aot.variants()]
     # mma.sync persistent-tc: 2 residual dtypes x 2 load widths (16 bytes, one element) x 23 (row tile, channel
     # tile, 1-4 chunk buffers that fit in shared memory) = 92; wgmma: 2 residual dtypes x 21 = 42; hidden split
-    # over a 2-CTA cluster: 2 residual dtypes x (21 mma.sync + 10 wgmma tiles that fit with the peer's half) = 62
-    assert len(set(names)) == len(names) == 299
+    # over a 2-CTA cluster: 2 residual dtypes x (21 mma.sync + 10 wgmma tiles that fit with the peer's half) = 62;
+    # wgmma with TMA loads: 2 residual dtypes x (split or not) x (64- or 32-unit chunks) x (overlapped or not)
+    # x the channel tiles and 1-4 chunk buffers that fit = 192 (150 more than before the chunk sizes and schedule)
+    assert len(set(names)) == len(names) == 449
     for prefix in ("persistent_", "persistent-global_", "conventional-hidden", "conventional-output",
                    "conventional-tc-hidden", "conventional-tc-output", "persistent-tc_m32_c64_s1",
                    "persistent-tc_m64_c256_s2", "persistent-tc_m32_c64_s4", "persistent-tc_m32_c64_s1_v1",
                    "persistent-tc_m64_c128_s2_wg", "persistent-tc_m128_c256_s1_wg", "persistent-tc_m64_c256_s2_x2",
-                   "persistent-tc_m64_c256_s1_wg_x2",
+                   "persistent-tc_m64_c256_s1_wg_x2", "persistent-tc_m64_c512_s2_wg_tma_h32",
+                   "persistent-tc_m64_c512_s1_wg_tma_ov", "persistent-tc_m64_c256_s2_wg_x2_tma_h32_ov",
                    "prologue-rmsnorm", "prologue-cast"):
         assert any(n.startswith(prefix) for n in names), prefix

@@ -113,6 +113,32 @@ def test_persistent_tc_weight_multicast_plans(rows, channels, hidden, multicast,
 
 @settings(deadline=None, max_examples=40)
 @given(rows=st.integers(1, 3000), channels=st.integers(1, 64).map(lambda v: 8 * v),
+       hidden=st.integers(1, 150).map(lambda v: 8 * v), hidden_chunk=st.sampled_from(planning.TC_HIDDEN_CHUNKS),
+       overlap=st.booleans(), split=st.sampled_from(planning.TC_SPLITS),
+       clusters=st.one_of(st.none(), st.integers(1, 3)), activation=st.sampled_from(model.ACTIVATIONS),
+       seed=st.integers(0, 2**31))
+def test_persistent_tc_chunk_sizes_and_overlapped_schedule(rows, channels, hidden, hidden_chunk, overlap, split,
+                                                           clusters, activation, seed):
+    """persistent-tc's wgmma form with TMA loads, 32- or 64-unit hidden chunks, with or without the overlapped
+    chunk schedule (GEMM1 of chunk j + 1 beside GEMM2 of chunk j), split or not, several tiles per CTA where
+    ``clusters`` is small: against the reference at random shapes, odd chunk counts and partial chunks
+    included."""
+    device = planning.current_device()
+    try:
+        plan = planning.forced("persistent-tc", rows, channels, hidden, device, mma="wgmma", loads="tma",
+                               split=split, hidden_chunk=hidden_chunk, overlap=overlap,
+                               grid=None if clusters is None else split * clusters)
+    except ValueError as e:  # the split 64 x 512 tile has no room for the peer's half output tile; the
+        # overlapped schedule needs a chunk for each CTA of a split
+        assert ("does not fit" in str(e) and split == 2 and channels > 256) or (
+            "a hidden chunk for every CTA" in str(e) and split == 2 and hidden <= hidden_chunk), e
+        return
+    assert (plan.tile.hidden_chunk, plan.tile.overlap) == (hidden_chunk, overlap)
+    _check_plan(plan, activation, seed)
+
+
+@settings(deadline=None, max_examples=40)
+@given(rows=st.integers(1, 3000), channels=st.integers(1, 64).map(lambda v: 8 * v),
        hidden=st.integers(1, 150).map(lambda v: 8 * v), tile_rows=st.sampled_from(planning.WGMMA_ROW_TILES),
        activation=st.sampled_from(model.ACTIVATIONS), seed=st.integers(0, 2**31))
 def test_persistent_tc_wgmma_plans(rows, channels, hidden, tile_rows, activation, seed):

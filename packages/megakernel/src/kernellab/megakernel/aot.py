@@ -21,6 +21,7 @@ def variants(representative: bool = False) -> list:
     from .planning import (
         H200,
         TC_CHANNEL_TILES,
+        TC_HIDDEN_CHUNKS,
         TC_MAX_STAGES,
         TC_MULTICASTS,
         TC_ROW_TILES,
@@ -47,6 +48,8 @@ def variants(representative: bool = False) -> list:
                                   loads="tma"),
             persistent_tc.Variant(WGMMA_ROW_TILES[0], TC_CHANNEL_TILES[1], stages=2, mma="wgmma", split=2,
                                   loads="tma"),
+            persistent_tc.Variant(WGMMA_ROW_TILES[0], TC_CHANNEL_TILES[1], stages=2, mma="wgmma", loads="tma",
+                                  hidden_chunk=TC_HIDDEN_CHUNKS[1], overlap=True),
             prologue.Variant(norm=True, stream="float16"),
             prologue.Variant(norm=False),
         ]
@@ -71,9 +74,11 @@ def variants(representative: bool = False) -> list:
                 for m in TC_MULTICASTS[1:] for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1)
                 if persistent_tc_smem_bytes(WGMMA_ROW_TILES[0], cols, stages, loads="tma") <= H200.smem_per_block]
         out += [persistent_tc.Variant(WGMMA_ROW_TILES[0], cols, residual, stages, mma="wgmma", split=split,
-                                      loads="tma")
+                                      loads="tma", hidden_chunk=chunk, overlap=overlap)
                 for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1) for split in TC_SPLITS
-                if persistent_tc_smem_bytes(WGMMA_ROW_TILES[0], cols, stages, split, "tma") <= H200.smem_per_block]
+                for chunk in TC_HIDDEN_CHUNKS for overlap in (False, True)
+                if persistent_tc_smem_bytes(WGMMA_ROW_TILES[0], cols, stages, split, "tma", chunk, overlap)
+                <= H200.smem_per_block]
         out += [prologue.Variant(norm=True, stream=residual)]
     out += [conventional.Variant("hidden"), conventional_tc.Variant("hidden"), prologue.Variant(norm=False)]
     return out

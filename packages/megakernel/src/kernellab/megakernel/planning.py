@@ -39,6 +39,10 @@ ROW_BLOCK = 4
 
 TC_THREADS = 256
 TC_HIDDEN_CHUNK = 64
+TC_HIDDEN_CHUNKS = (64, 32)
+"""persistent-tc's hidden units per chunk. 32 (wgmma with TMA loads only: mma.sync's warp tiling is 64 columns
+wide, and cp.async's copy 64) halves the W1 / W2 chunk buffers, so a tile with room for one buffer of each at 64
+(64 x 512) gets two: the next chunk's weights load while this one's GEMMs run."""
 TC_MAX_STAGES = 4  # W1 / W2 chunk buffers each at most: 7 cp.async groups in flight behind the one awaited
 TC_CHANNEL_TILES = (64, 128, 256, 512)
 """persistent-tc keeps the fp32 output tile (tile rows x channel tile) in registers: 64 x 512 over
@@ -141,6 +145,7 @@ class Tile:
     split: int = 1  # persistent-tc: CTAs of a cluster that share a row tile, each running 1/split of the hidden
     multicast: int = 1  # persistent-tc: CTAs of a cluster, on their own row tiles, sharing weight loads (TMA)
     loads: str = "cp.async"  # persistent-tc's weight chunks: "cp.async" (every thread) or "tma" (one, mbarriers)
+    overlap: bool = False  # persistent-tc: GEMM1 of chunk j + 1 runs beside GEMM2 of chunk j (two hidden buffers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,12 +256,12 @@ TMA_BARRIER_BYTES = 32  # per stage: a full and an empty 8-byte mbarrier for W1 
 
 
 def persistent_tc_smem_bytes(tile_rows: int, channels_tile: int, stages: int = 1, split: int = 1,
-                             loads: str = "cp.async") -> int:
-    """x tile + ``stages`` W1 chunks + ``stages`` W2 chunks + the hidden chunk, all fp16; with a hidden
-    split also the fp32 half of the output tile the peer CTA sends, and its transaction barrier; with TMA
-    loads the full and empty barriers of both weight pipelines."""
-    chunk = TC_HIDDEN_CHUNK
-    size = 2 * (tile_rows * channels_tile + 2 * stages * chunk * channels_tile + tile_rows * chunk)
+                             loads: str = "cp.async", chunk: int = TC_HIDDEN_CHUNK, overlap: bool = False) -> int:
+    """x tile + ``stages`` W1 chunks + ``stages`` W2 chunks + the hidden chunk (two with ``overlap``), all
+    fp16; with a hidden split also the fp32 half of the output tile the peer CTA sends, and its transaction
+    barrier; with TMA loads the full and empty barriers of both weight pipelines."""
+    hidden_buffers = 2 if overlap else 1
+    size = 2 * (tile_rows * channels_tile + 2 * stages * chunk * channels_tile + hidden_buffers * tile_rows * chunk)
     if split > 1:
         size += 4 * tile_rows * channels_tile // 2 + SPLIT_BARRIER_BYTES
     if loads == "tma":
@@ -266,21 +271,22 @@ def persistent_tc_smem_bytes(tile_rows: int, channels_tile: int, stages: int = 1
 
 def tc_tile_smem_bytes(tile: Tile) -> int:
     """``persistent_tc_smem_bytes`` of a persistent-tc tile."""
-    return persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages, tile.split, tile.loads)
+    return persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages, tile.split, tile.loads,
+                                    tile.hidden_chunk, tile.overlap)
 
 
 def tc_stages(tile_rows: int, channels_tile: int, num_tiles: int, hidden: int, device: DeviceSpec,
-              split: int = 1, loads: str = "cp.async") -> int:
+              split: int = 1, loads: str = "cp.async", chunk: int = TC_HIDDEN_CHUNK, overlap: bool = False) -> int:
     """persistent-tc's chunk buffers: as many as there are hidden chunks, up to TC_MAX_STAGES, so that
     chunks' weights load while the GEMMs of the chunks before run (with as many buffers as chunks, every
     load of a tile is issued at its start: short tiles are latency chains), where that shared memory
     still lets every CTA the grid needs be resident at once (the grid asks for ceil(tiles / SMs) CTAs
     per SM, at most what one buffer allows); else fewer, down to one."""
-    one = Tile("persistent-tc", tile_rows, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, num_tiles, split=split,
-               loads=loads)
+    one = Tile("persistent-tc", tile_rows, channels_tile, chunk, TC_THREADS, num_tiles, split=split, loads=loads,
+               overlap=overlap)
     needed = min(ceil_div(split * num_tiles, device.sm_count), tc_occupancy_limit(one))
-    for stages in range(min(TC_MAX_STAGES, ceil_div(ceil_div(hidden, TC_HIDDEN_CHUNK), split)), 1, -1):
-        size = persistent_tc_smem_bytes(tile_rows, channels_tile, stages, split, loads)
+    for stages in range(min(TC_MAX_STAGES, ceil_div(ceil_div(hidden, chunk), split)), 1, -1):
+        size = persistent_tc_smem_bytes(tile_rows, channels_tile, stages, split, loads, chunk, overlap)
         limit = tc_occupancy_limit(dataclasses.replace(one, stages=stages))
         if size <= usable_smem(device) and occupancy(TC_THREADS, size, device, limit) >= needed:
             return stages
@@ -443,14 +449,15 @@ def plan_engine(engine: str, rows: int, channels: int, hidden: int, device: Devi
 def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpec, *, tile_rows: int | None = None,
            grid: int | None = None, weights: str | None = None, stages: int | None = None,
            mma: str | None = None, split: int | None = None, multicast: int | None = None,
-           loads: str | None = None) -> Plan:
+           loads: str | None = None, hidden_chunk: int | None = None, overlap: bool | None = None) -> Plan:
     """A plan with some choices forced, so that tests, the sanitizer and sweeps reach every code path at
     small shapes: several tiles per CTA (``grid``: with a hidden split, the number of clusters times the
     split), weights read from global memory (``weights``), persistent-tc's number of chunk buffers
-    (``stages``), instruction (``mma``), hidden split (``split``), weight loads (``loads``) and weight
-    multicast (``multicast``, which loads by TMA)."""
-    if any(v is not None for v in (mma, split, multicast, loads)) and engine != "persistent-tc":
-        raise ValueError(f"{engine} has no mma, split, loads or multicast choice")
+    (``stages``), instruction (``mma``), hidden split (``split``), weight loads (``loads``), weight
+    multicast (``multicast``, which loads by TMA), hidden units per chunk (``hidden_chunk``) and chunk schedule
+    (``overlap``)."""
+    if any(v is not None for v in (mma, split, multicast, loads, hidden_chunk, overlap)) and engine != "persistent-tc":
+        raise ValueError(f"{engine} has no mma, split, loads, multicast, hidden_chunk or overlap choice")
     if (multicast or 1) > 1 and loads == "cp.async":
         raise ValueError("a weight multicast loads by TMA, not cp.async")
     plan = plan_engine(engine, rows, channels, hidden, device, tile_rows, mma)
@@ -462,6 +469,10 @@ def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpe
         plan = loads_plan(plan, loads, device)
     if multicast is not None and multicast != plan.tile.multicast:
         plan = multicast_plan(plan, multicast, device)
+    if hidden_chunk is not None and hidden_chunk != plan.tile.hidden_chunk:
+        plan = chunk_plan(plan, hidden_chunk, device)
+    if overlap is not None and overlap != plan.tile.overlap:
+        plan = overlap_plan(plan, overlap, device)
     if stages is not None and stages != plan.tile.stages:
         size = tc_tile_smem_bytes(dataclasses.replace(plan.tile, stages=stages))
         if engine != "persistent-tc" or not 1 <= stages <= TC_MAX_STAGES or size > usable_smem(device):
@@ -495,8 +506,37 @@ def split_plan(plan: Plan, split: int, device: DeviceSpec) -> Plan:
         raise ValueError(f"split must be one of {TC_SPLITS}, got {split}")
     if tile.vector != VECTOR_ELEMENTS:
         raise ValueError(f"a hidden split needs channels and hidden multiples of {VECTOR_ELEMENTS}")
-    stages = tc_stages(tile.rows, tile.channels_tile, tile.num_tiles, plan.hidden, device, split, tile.loads)
+    stages = tc_stages(tile.rows, tile.channels_tile, tile.num_tiles, plan.hidden, device, split, tile.loads,
+                       tile.hidden_chunk, tile.overlap)
     return _replanned(plan, dataclasses.replace(tile, split=split, stages=stages), device)
+
+
+def chunk_plan(plan: Plan, chunk: int, device: DeviceSpec) -> Plan:
+    """persistent-tc's plan with ``chunk`` hidden units per chunk: chunk buffers, shared memory and grid
+    planned again. Chunks of 32 need the wgmma form with TMA weight loads (``TC_HIDDEN_CHUNKS``)."""
+    tile = plan.tile
+    if chunk not in TC_HIDDEN_CHUNKS:
+        raise ValueError(f"hidden_chunk must be one of {TC_HIDDEN_CHUNKS}, got {chunk}")
+    if chunk != TC_HIDDEN_CHUNK and (tile.mma != "wgmma" or tile.loads != "tma"):
+        raise ValueError(f"{chunk}-unit hidden chunks need the wgmma form with TMA weight loads")
+    stages = tc_stages(tile.rows, tile.channels_tile, tile.num_tiles, plan.hidden, device, tile.split, tile.loads,
+                       chunk, tile.overlap)
+    return _replanned(plan, dataclasses.replace(tile, hidden_chunk=chunk, stages=stages), device)
+
+
+def overlap_plan(plan: Plan, overlap: bool, device: DeviceSpec) -> Plan:
+    """persistent-tc's plan with (or without) the overlapped chunk schedule: GEMM1 of chunk j + 1 and GEMM2
+    of chunk j issued together, the activation of j + 1 written to a second hidden buffer while GEMM2 of j
+    runs. It needs wgmma (asynchronous products) with TMA weight loads (mbarrier pipelines); chunk buffers,
+    shared memory and grid are planned again."""
+    tile = plan.tile
+    if overlap and (tile.mma != "wgmma" or tile.loads != "tma"):
+        raise ValueError("the overlapped chunk schedule needs the wgmma form with TMA weight loads")
+    if overlap and ceil_div(plan.hidden, tile.hidden_chunk) < tile.split:
+        raise ValueError("the overlapped chunk schedule needs a hidden chunk for every CTA of a split")
+    stages = tc_stages(tile.rows, tile.channels_tile, tile.num_tiles, plan.hidden, device, tile.split, tile.loads,
+                       tile.hidden_chunk, overlap)
+    return _replanned(plan, dataclasses.replace(tile, overlap=overlap, stages=stages), device)
 
 
 def loads_plan(plan: Plan, loads: str, device: DeviceSpec) -> Plan:

@@ -2,7 +2,8 @@
 
 Grid: min(row tiles, SMs x CTAs per SM); CTA b owns row tiles b, b + grid, ... For one tile of
 ``tile_rows`` rows the CTA keeps the fp16 input rows in shared memory and the fp32 output tile
-(tile_rows x channels_tile) in registers, and walks the hidden dimension in chunks of 64:
+(tile_rows x channels_tile) in registers, and walks the hidden dimension in chunks of 64 (or 32,
+``hidden_chunk``: planning.TC_HIDDEN_CHUNKS):
 
     h_chunk = fp16(act(x_tile W1[chunk]^T + b1[chunk]))      (GEMM1, epilogue -> shared memory)
     y_acc  += h_chunk W2[:, chunk]^T                          (GEMM2 from shared memory)
@@ -34,6 +35,10 @@ of all; the buffers are two TMA pipelines (a full barrier per buffer, and an emp
 every CTA of the cluster releases before any reloads it). The cluster's CTAs run the same number of
 tiles, the later CTAs' last one empty where the tiles run out.
 
+Overlapped chunk schedule (``overlap``, wgmma with TMA loads): GEMM1 of chunk j + 1 and GEMM2 of chunk j are
+issued together as two wgmma groups; waiting for the first alone lets the activation of chunk j + 1 go into a
+second hidden buffer while GEMM2 of chunk j still runs, so the epilogue no longer stands between the GEMMs.
+
 Alignment: where channels and hidden are multiples of 8 every row is 16-byte aligned and tiles load
 by cp.async (``vector=8``); any other shape (odd channels such as 63) compiles the ``vector=1``
 variant, whose tiles load element by element, synchronously, into the same shared-memory tiles.
@@ -47,7 +52,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32, pipeline
-from cutlass.cute.nvgpu import cpasync
+from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 
 from ..model import ACTIVATION_CODES
@@ -71,6 +76,8 @@ class Variant:
     split: int = 1  # CTAs of a cluster sharing a row tile, each running 1/split of the hidden chunks
     multicast: int = 1  # CTAs of a cluster on their own row tiles, each weight chunk loaded once for all (TMA)
     loads: str = "cp.async"  # how weight chunks load: "cp.async" (every thread) or "tma" (one thread, mbarriers)
+    hidden_chunk: int = TC_HIDDEN_CHUNK  # hidden units per chunk: 64, or 32 (wgmma with TMA loads)
+    overlap: bool = False  # GEMM1 of chunk j + 1 beside GEMM2 of chunk j (wgmma with TMA loads)
 
     @property
     def name(self) -> str:
@@ -78,13 +85,15 @@ class Variant:
         wg = "_wg" if self.mma == "wgmma" else ""
         shared = "" if self.split == 1 else f"_x{self.split}"
         shared += "" if self.loads == "cp.async" else "_tma" if self.multicast == 1 else f"_mc{self.multicast}"
-        return (f"persistent-tc_m{self.tile_rows}_c{self.channels_tile}_s{self.stages}{narrow}{wg}{shared}"
+        chunk = "" if self.hidden_chunk == TC_HIDDEN_CHUNK else f"_h{self.hidden_chunk}"
+        chunk += "_ov" if self.overlap else ""
+        return (f"persistent-tc_m{self.tile_rows}_c{self.channels_tile}_s{self.stages}{narrow}{wg}{shared}{chunk}"
                 f"_res-{self.residual}")
 
     @property
     def occupancy(self) -> int:
-        tile = Tile("persistent-tc", self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, 1, self.stages,
-                    split=self.split, multicast=self.multicast, loads=self.loads)
+        tile = Tile("persistent-tc", self.tile_rows, self.channels_tile, self.hidden_chunk, TC_THREADS, 1, self.stages,
+                    split=self.split, multicast=self.multicast, loads=self.loads, overlap=self.overlap)
         return tc_occupancy_limit(tile)
 
     def compile(self, arch: str | None = None):
@@ -101,7 +110,7 @@ def launcher(plan: Plan, activation: str, residual: str = "float16"):
     """``run(u, residual, w1, b1, w2, b2, y)``: one launch of ``plan.owners.grid`` CTAs."""
     tile = plan.tile
     fn = compiled(Variant(tile.rows, tile.channels_tile, residual, tile.stages, tile.vector, tile.mma, tile.split,
-                          tile.multicast, tile.loads))
+                          tile.multicast, tile.loads, tile.hidden_chunk, tile.overlap))
     act, grid = ACTIVATION_CODES[activation], plan.owners.grid
 
     def run(u, res, w1, b1, w2, b2, y):
@@ -120,20 +129,26 @@ class PersistentTensorCore:
         self.split = variant.split
         self.multicast = variant.multicast
         self.tma = variant.loads == "tma"
+        self.hidden_chunk = variant.hidden_chunk
+        self.overlap = variant.overlap
         self.occupancy = variant.occupancy
 
     @cute.jit
     def __call__(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
                  b2: cute.Tensor, y: cute.Tensor, act: Int32, grid: Int32, stream: cuda.CUstream):
-        rows, cols, chunk, stages = self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK, self.stages
+        rows, cols, chunk, stages = self.tile_rows, self.channels_tile, self.hidden_chunk, self.stages
         layout = tensorcore.wgmma_smem_layout if cutlass.const_expr(self.wgmma) else tensorcore.smem_layout
+        hidden_buffers = 2 if self.overlap else 1
         layouts = (layout((rows, cols)), layout((chunk, cols, stages)), layout((cols, chunk, stages)),
-                   layout((rows, chunk)))
+                   layout((rows, chunk, hidden_buffers)))
         if cutlass.const_expr(self.wgmma):  # GEMM1 is (rows, chunk), GEMM2 (rows, cols): two instruction widths
             warpgroups = TC_THREADS // 128
-            mmas = (tensorcore.wgmma_tiled(rows, chunk, warpgroups), tensorcore.wgmma_tiled(rows, cols, warpgroups))
+            # the overlapped schedule's last GEMM2 of a tile has its own MMA object: the accumulate flag set
+            # on the loop's one is a value of the loop body, which the code after the loop cannot use
+            mmas = (tensorcore.wgmma_tiled(rows, chunk, warpgroups), tensorcore.wgmma_tiled(rows, cols, warpgroups),
+                    tensorcore.wgmma_tiled(rows, cols, warpgroups) if self.overlap else None)
         else:
-            mmas = (tensorcore.tiled_mma(WARPS_M, WARPS_N),) * 2
+            mmas = (tensorcore.tiled_mma(WARPS_M, WARPS_N),) * 2 + (None,)
         tmas = (None,) * 4
         if cutlass.const_expr(self.tma):  # TMA atoms for one chunk buffer of each weight
             op = cpasync.CopyBulkTensorTileG2SMulticastOp() if self.multicast > 1 else cpasync.CopyBulkTensorTileG2SOp()
@@ -153,8 +168,9 @@ class PersistentTensorCore:
     def kernel(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
                b2: cute.Tensor, y: cute.Tensor, act: Int32, x_layout: cute.ComposedLayout,
                w1_layout: cute.ComposedLayout, w2_layout: cute.ComposedLayout, h_layout: cute.ComposedLayout,
-               g2s: cute.TiledCopy, mma_h: cute.TiledMma, mma_y: cute.TiledMma, tma_w1, g_w1, tma_w2, g_w2):
-        tile_rows, cols, chunk, split, multicast = (self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK, self.split,
+               g2s: cute.TiledCopy, mma_h: cute.TiledMma, mma_y: cute.TiledMma, mma_y_last, tma_w1, g_w1, tma_w2,
+               g_w2):
+        tile_rows, cols, chunk, split, multicast = (self.tile_rows, self.channels_tile, self.hidden_chunk, self.split,
                                                     self.multicast)
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
@@ -175,7 +191,7 @@ class PersistentTensorCore:
         acc_y = cute.make_rmem_tensor(thr_y.partition_shape_C((tile_rows, cols)), Float32)
         h_coords = thr_h.partition_C(cute.make_identity_tensor((tile_rows, chunk)))
         y_coords = thr_y.partition_C(cute.make_identity_tensor((tile_rows, cols)))
-        h_dst = thr_h.partition_C(s_h)
+        h_dst = thr_h.partition_C(s_h[None, None, 0])
         recv, mbar = None, None
         if cutlass.const_expr(split > 1):  # the peer's partial of the outputs this CTA finishes, and its barrier
             recv = smem.allocate_tensor(Float32, cute.make_layout((cute.size(acc_y) // 2, TC_THREADS),
@@ -247,60 +263,102 @@ class PersistentTensorCore:
                 for i in cutlass.range_constexpr(cute.size(acc_y)):
                     self.read_epilogue(epi_b2, epi_res, i, y_coords[i], row0, rows, channels, b2, residual)
             acc_y.fill(0.0)
-            for jj in range(local_chunks):
-                j, slot = rank + split * jj, jj % stages
-                if cutlass.const_expr(early):  # in flight under the wait too (a large tile would spill more)
-                    self.read_b1(bias_h, h_coords, b1, j, hidden)
-                if cutlass.const_expr(self.tma):
-                    cute.arch.cp_async_wait_group(0)  # the x tile
-                    pipe_w1.consumer_wait(use_w1)  # W1(j) landed
-                    slot = use_w1.index
-                else:
-                    cute.arch.cp_async_wait_group(pending)  # x tile and W1(j) landed
+            if cutlass.const_expr(self.overlap):
+                # chunk 0's GEMM1 and activation; then GEMM1(j + 1) beside GEMM2(j), the activation of j + 1
+                # into the other hidden buffer while GEMM2(j) runs; the last GEMM2 alone (every CTA has a
+                # chunk: planning.overlap_plan)
+                self.read_b1(bias_h, h_coords, b1, rank, hidden)
+                cute.arch.cp_async_wait_group(0)  # the x tile
+                pipe_w1.consumer_wait(use_w1)
                 self.fence_for_wgmma()
                 cute.arch.sync_threads()
-                if cutlass.const_expr(not early):  # in flight under GEMM1
-                    self.read_b1(bias_h, h_coords, b1, j, hidden)
-                self.gemm(mma_h, tid, acc_h, s_x, s_w1[None, None, slot], copy_a, copy_b, False)
-                if cutlass.const_expr(self.tma):  # this warp is done with W1(j)'s buffer, in every CTA
+                tensorcore.wgmma_from_smem(mma_h, tid, acc_h, s_x, s_w1[None, None, use_w1.index], False)
+                pipe_w1.consumer_release(use_w1)
+                use_w1.advance()
+                if stages < local_chunks and is_loader:
+                    self.tma_load(pipe_w1, load_w1, tma_w1, t_g_w1, t_s_w1, rank + split * stages, mask)
+                    load_w1.advance()
+                self.hidden_epilogue(acc_h, bias_h, act, thr_h.partition_C(s_h[None, None, 0]))
+                for jj in range(local_chunks - 1):
+                    j = rank + split * jj
+                    self.read_b1(bias_h, h_coords, b1, j + split, hidden)
+                    pipe_w1.consumer_wait(use_w1)  # W1(j + 1) landed
+                    pipe_w2.consumer_wait(use_w2)  # W2(j) landed
+                    self.fence_for_wgmma()
+                    cute.arch.sync_threads()  # hidden chunk j is complete, every GEMM2(j - 1) done with the other
+                    tensorcore.wgmma_issue(mma_h, tid, acc_h, s_x, s_w1[None, None, use_w1.index], False)
+                    tensorcore.wgmma_issue(mma_y, tid, acc_y, s_h[None, None, jj % 2], s_w2[None, None, use_w2.index],
+                                           True)
+                    warpgroup.wait_group(1)  # GEMM1(j + 1) is done, GEMM2(j) runs on
                     pipe_w1.consumer_release(use_w1)
                     use_w1.advance()
-                    if jj + stages < local_chunks and is_loader:
-                        self.tma_load(pipe_w1, load_w1, tma_w1, t_g_w1, t_s_w1, j + split * stages, mask)
+                    if jj + 1 + stages < local_chunks and is_loader:
+                        self.tma_load(pipe_w1, load_w1, tma_w1, t_g_w1, t_s_w1, j + split * (stages + 1), mask)
                         load_w1.advance()
-                else:
-                    cute.arch.sync_threads()  # every warp is done with W1(j)'s buffer
-                    if jj + stages < local_chunks:
-                        self.load_w1(g2s, tid, w1, w1_coords, s_w1[None, None, slot], j + split * stages, hidden,
-                                     channels)
-                    cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count uniform
-                for i in cutlass.range_constexpr(cute.size(acc_h)):
-                    acc_h[i] = acc_h[i] + bias_h[i]
-
-                def store_hidden(i, v):
-                    h_dst[i] = v.to(Float16)
-
-                tensorcore.apply_activation(acc_h, act, store_hidden)
-                if cutlass.const_expr(self.tma):
-                    pipe_w2.consumer_wait(use_w2)  # W2(j) landed
-                    slot = use_w2.index
-                else:
-                    cute.arch.cp_async_wait_group(pending)  # W2(j) landed
-                self.fence_for_wgmma()
-                cute.arch.sync_threads()  # and the hidden chunk is complete
-                self.gemm(mma_y, tid, acc_y, s_h, s_w2[None, None, slot], copy_a, copy_b, True)
-                cute.arch.sync_threads()  # every warp is done with W2(j)'s buffer and the hidden chunk
-                if cutlass.const_expr(self.tma):
+                    self.hidden_epilogue(acc_h, bias_h, act, thr_h.partition_C(s_h[None, None, (jj + 1) % 2]))
+                    warpgroup.wait_group(0)  # GEMM2(j) is done
                     pipe_w2.consumer_release(use_w2)
                     use_w2.advance()
                     if jj + stages < local_chunks and is_loader:
                         self.tma_load(pipe_w2, load_w2, tma_w2, t_g_w2, t_s_w2, j + split * stages, mask)
                         load_w2.advance()
-                else:
-                    if jj + stages < local_chunks:
-                        self.load_w2(g2s, tid, w2, w2_coords, s_w2[None, None, slot], j + split * stages, hidden,
-                                     channels)
-                    cute.arch.cp_async_commit_group()
+                pipe_w2.consumer_wait(use_w2)  # the last chunk's W2
+                self.fence_for_wgmma()
+                cute.arch.sync_threads()
+                tensorcore.wgmma_from_smem(mma_y_last, tid, acc_y, s_h[None, None, (local_chunks - 1) % 2],
+                                           s_w2[None, None, use_w2.index], True)
+                cute.arch.sync_threads()  # every warp is done with the hidden buffers (the next tile writes them)
+                pipe_w2.consumer_release(use_w2)
+                use_w2.advance()
+            else:
+                for jj in range(local_chunks):
+                    j, slot = rank + split * jj, jj % stages
+                    if cutlass.const_expr(early):  # in flight under the wait too (a large tile would spill more)
+                        self.read_b1(bias_h, h_coords, b1, j, hidden)
+                    if cutlass.const_expr(self.tma):
+                        cute.arch.cp_async_wait_group(0)  # the x tile
+                        pipe_w1.consumer_wait(use_w1)  # W1(j) landed
+                        slot = use_w1.index
+                    else:
+                        cute.arch.cp_async_wait_group(pending)  # x tile and W1(j) landed
+                    self.fence_for_wgmma()
+                    cute.arch.sync_threads()
+                    if cutlass.const_expr(not early):  # in flight under GEMM1
+                        self.read_b1(bias_h, h_coords, b1, j, hidden)
+                    self.gemm(mma_h, tid, acc_h, s_x, s_w1[None, None, slot], copy_a, copy_b, False)
+                    if cutlass.const_expr(self.tma):  # this warp is done with W1(j)'s buffer, in every CTA
+                        pipe_w1.consumer_release(use_w1)
+                        use_w1.advance()
+                        if jj + stages < local_chunks and is_loader:
+                            self.tma_load(pipe_w1, load_w1, tma_w1, t_g_w1, t_s_w1, j + split * stages, mask)
+                            load_w1.advance()
+                    else:
+                        cute.arch.sync_threads()  # every warp is done with W1(j)'s buffer
+                        if jj + stages < local_chunks:
+                            self.load_w1(g2s, tid, w1, w1_coords, s_w1[None, None, slot], j + split * stages, hidden,
+                                         channels)
+                        cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count uniform
+                    self.hidden_epilogue(acc_h, bias_h, act, h_dst)
+                    if cutlass.const_expr(self.tma):
+                        pipe_w2.consumer_wait(use_w2)  # W2(j) landed
+                        slot = use_w2.index
+                    else:
+                        cute.arch.cp_async_wait_group(pending)  # W2(j) landed
+                    self.fence_for_wgmma()
+                    cute.arch.sync_threads()  # and the hidden chunk is complete
+                    self.gemm(mma_y, tid, acc_y, s_h[None, None, 0], s_w2[None, None, slot], copy_a, copy_b, True)
+                    cute.arch.sync_threads()  # every warp is done with W2(j)'s buffer and the hidden chunk
+                    if cutlass.const_expr(self.tma):
+                        pipe_w2.consumer_release(use_w2)
+                        use_w2.advance()
+                        if jj + stages < local_chunks and is_loader:
+                            self.tma_load(pipe_w2, load_w2, tma_w2, t_g_w2, t_s_w2, j + split * stages, mask)
+                            load_w2.advance()
+                    else:
+                        if jj + stages < local_chunks:
+                            self.load_w2(g2s, tid, w2, w2_coords, s_w2[None, None, slot], j + split * stages, hidden,
+                                         channels)
+                        cute.arch.cp_async_commit_group()
             if cutlass.const_expr(split > 1):
                 cute.arch.cp_async_wait_group(0)  # a CTA without chunks never waited for its x tile
                 self.exchange(acc_y, recv, mbar, rank, (tile - group) // groups % 2, tid)
@@ -325,7 +383,7 @@ class PersistentTensorCore:
         """The two weight pipelines (full and empty barriers of every chunk buffer; a buffer is free again
         once every warp of every CTA of the multicast cluster released it) and each weight's TMA partition:
         chunk j of the global weight against the chunk buffers, this CTA's share of every copy."""
-        stages, multicast, chunk, cols = self.stages, self.multicast, TC_HIDDEN_CHUNK, self.channels_tile
+        stages, multicast, chunk, cols = self.stages, self.multicast, self.hidden_chunk, self.channels_tile
         barriers = smem.allocate_array(cutlass.Int64, num_elems=4 * stages, byte_alignment=8)
         cluster = cute.make_layout((1, multicast, 1, 1))
         pipes = []
@@ -398,11 +456,22 @@ class PersistentTensorCore:
             cute.arch.fence_view_async_shared()
 
     @cute.jit
+    def hidden_epilogue(self, acc_h: cute.Tensor, bias_h: cute.Tensor, act: Int32, h_dst: cute.Tensor):
+        """A GEMM1 chunk's epilogue: fp16(act(acc_h + b1)) into this thread's elements of a hidden buffer."""
+        for i in cutlass.range_constexpr(cute.size(acc_h)):
+            acc_h[i] = acc_h[i] + bias_h[i]
+
+        def store_hidden(i, v):
+            h_dst[i] = v.to(Float16)
+
+        tensorcore.apply_activation(acc_h, act, store_hidden)
+
+    @cute.jit
     def read_b1(self, bias_h: cute.Tensor, h_coords: cute.Tensor, b1: cute.Tensor, j: Int32, hidden: Int32):
         """b1 of hidden chunk j at this thread's GEMM1 accumulators (past the hidden: its last value, which
         meets zero W1 rows and W2 columns)."""
         for i in cutlass.range_constexpr(cute.size(bias_h)):
-            bias_h[i] = b1[cutlass.min(j * TC_HIDDEN_CHUNK + h_coords[i][1], hidden - 1)]
+            bias_h[i] = b1[cutlass.min(j * self.hidden_chunk + h_coords[i][1], hidden - 1)]
 
     @cute.jit
     def read_epilogue(self, epi_b2: cute.Tensor, epi_res: cute.Tensor, i: cutlass.Constexpr, coord, row0: Int32,
@@ -419,15 +488,15 @@ class PersistentTensorCore:
     @cute.jit
     def load_w1(self, g2s: cute.TiledCopy, tid: Int32, w1: cute.Tensor, coords: cute.Tensor, s_w1: cute.Tensor,
                 j: Int32, hidden: Int32, channels: Int32):
-        """Rows [64 j, 64 j + 64) of W1 (hidden units), all channels, into one chunk buffer."""
-        tiler = (TC_HIDDEN_CHUNK, self.channels_tile)
+        """Rows [c j, c j + c) (c = the hidden chunk) of W1 (hidden units), all channels, into one chunk buffer."""
+        tiler = (self.hidden_chunk, self.channels_tile)
         tensorcore.load_tile(g2s, tid, cute.local_tile(w1, tiler, (j, 0)), s_w1,
                              cute.local_tile(coords, tiler, (j, 0)), hidden, channels, self.vector)
 
     @cute.jit
     def load_w2(self, g2s: cute.TiledCopy, tid: Int32, w2: cute.Tensor, coords: cute.Tensor, s_w2: cute.Tensor,
                 j: Int32, hidden: Int32, channels: Int32):
-        """Columns [64 j, 64 j + 64) of W2 (hidden units), all channels, into one chunk buffer."""
-        tiler = (self.channels_tile, TC_HIDDEN_CHUNK)
+        """Columns [c j, c j + c) (c = the hidden chunk) of W2 (hidden units), all channels, into one chunk buffer."""
+        tiler = (self.channels_tile, self.hidden_chunk)
         tensorcore.load_tile(g2s, tid, cute.local_tile(w2, tiler, (0, j)), s_w2,
                              cute.local_tile(coords, tiler, (0, j)), channels, hidden, self.vector)

@@ -151,9 +151,10 @@ WGMMA_M = 64  # rows of one warpgroup's instruction
 
 
 def wgmma_smem_layout(shape: tuple):
-    """An fp16 tile of ``shape`` (rows, K[, stages]) K-major, tiled from the 128-byte-swizzled atom that
-    wgmma descriptors address (K a multiple of 64)."""
-    atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, Float16)
+    """An fp16 tile of ``shape`` (rows, K[, stages]) K-major, tiled from the swizzled atom that wgmma
+    descriptors address: 128-byte rows where K is a multiple of 64, else 64-byte rows (K = 32)."""
+    kind = warpgroup.SmemLayoutAtomKind.K_SW128 if shape[1] % 64 == 0 else warpgroup.SmemLayoutAtomKind.K_SW64
+    atom = warpgroup.make_smem_layout_atom(kind, Float16)
     return cute.tile_to_shape(atom, shape, tuple(range(len(shape))))
 
 
@@ -174,6 +175,15 @@ def wgmma_from_smem(mma: cute.TiledMma, tid: Int32, acc: cute.Tensor, s_a: cute.
     """acc (+)= s_a (M, K) * s_b (N, K)^T by wgmma, waited for before returning. ``accumulate=False``
     overwrites acc (the first k-block does not add). The caller fences shared memory written by the
     generic proxy (``cute.arch.fence_view_async_shared``) and synchronizes before calling."""
+    wgmma_issue(mma, tid, acc, s_a, s_b, accumulate)
+    warpgroup.wait_group(0)
+
+
+@cute.jit
+def wgmma_issue(mma: cute.TiledMma, tid: Int32, acc: cute.Tensor, s_a: cute.Tensor, s_b: cute.Tensor,
+                accumulate: cutlass.Constexpr):
+    """``wgmma_from_smem`` issued and committed as one wgmma group, not waited for: the caller waits
+    (``warpgroup.wait_group``), so that two products can run at once, or other work under one."""
     thr = mma.get_slice(tid)
     frag_a = mma.make_fragment_A(thr.partition_A(s_a))
     frag_b = mma.make_fragment_B(thr.partition_B(s_b))
@@ -182,4 +192,3 @@ def wgmma_from_smem(mma: cute.TiledMma, tid: Int32, acc: cute.Tensor, s_a: cute.
         mma.set(warpgroup.Field.ACCUMULATE, accumulate or k > 0)
         cute.gemm(mma, acc, frag_a[None, None, k], frag_b[None, None, k], acc)
     warpgroup.commit_group()
-    warpgroup.wait_group(0)
