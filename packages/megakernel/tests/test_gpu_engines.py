@@ -183,3 +183,22 @@ def test_results_do_not_depend_on_the_tiling():
         outs.append(y)
     torch.cuda.synchronize()
     assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def test_launch_floor_kernel_launches_and_writes_nothing():
+    """The report's empty kernel runs through TVM-FFI, on the stream and in a CUDA graph, and leaves y as it was."""
+    import torch
+
+    from kernellab.megakernel.engines import floor
+
+    y = torch.full((33, 32), float("nan"), dtype=torch.float32, device="cuda")
+    poison = y.view(torch.int32).clone()
+    run = floor.launcher()
+    run(y)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run(y)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isnan(y).all() and torch.equal(y.view(torch.int32), poison)
