@@ -42,12 +42,9 @@ PLANS = {  # label -> (engine, planning.forced choices); {}: the planner's own p
     "split2-wgmma": ("persistent-tc", {"split": 2, "mma": "wgmma"}),
     "wgmma-64-cp": ("persistent-tc", {"mma": "wgmma", "loads": "cp.async"}),  # the planner's loads are TMA
     "split2-wgmma-cp": ("persistent-tc", {"mma": "wgmma", "split": 2, "loads": "cp.async"}),
-    "h32": ("persistent-tc", {"mma": "wgmma", "hidden_chunk": 32}),
     "overlap": ("persistent-tc", {"mma": "wgmma", "overlap": True}),
-    "overlap-h32": ("persistent-tc", {"mma": "wgmma", "overlap": True, "hidden_chunk": 32}),
-    "split2-h32": ("persistent-tc", {"mma": "wgmma", "split": 2, "hidden_chunk": 32}),
+    "serial": ("persistent-tc", {"mma": "wgmma", "overlap": False}),  # the chunk schedule before the overlap
     "split2-overlap": ("persistent-tc", {"mma": "wgmma", "split": 2, "overlap": True}),
-    "split2-overlap-h32": ("persistent-tc", {"mma": "wgmma", "split": 2, "overlap": True, "hidden_chunk": 32}),
     "mc2": ("persistent-tc", {"mma": "wgmma", "multicast": 2}),
     "mc2-s1": ("persistent-tc", {"mma": "wgmma", "multicast": 2, "stages": 1}),
     "mc4": ("persistent-tc", {"mma": "wgmma", "multicast": 4}),

@@ -113,27 +113,23 @@ def test_persistent_tc_weight_multicast_plans(rows, channels, hidden, multicast,
 
 @settings(deadline=None, max_examples=40)
 @given(rows=st.integers(1, 3000), channels=st.integers(1, 64).map(lambda v: 8 * v),
-       hidden=st.integers(1, 150).map(lambda v: 8 * v), hidden_chunk=st.sampled_from(planning.TC_HIDDEN_CHUNKS),
-       overlap=st.booleans(), split=st.sampled_from(planning.TC_SPLITS),
+       hidden=st.integers(1, 150).map(lambda v: 8 * v), split=st.sampled_from(planning.TC_SPLITS),
        clusters=st.one_of(st.none(), st.integers(1, 3)), activation=st.sampled_from(model.ACTIVATIONS),
        seed=st.integers(0, 2**31))
-def test_persistent_tc_chunk_sizes_and_overlapped_schedule(rows, channels, hidden, hidden_chunk, overlap, split,
-                                                           clusters, activation, seed):
-    """persistent-tc's wgmma form with TMA loads, 32- or 64-unit hidden chunks, with or without the overlapped
-    chunk schedule (GEMM1 of chunk j + 1 beside GEMM2 of chunk j), split or not, several tiles per CTA where
-    ``clusters`` is small: against the reference at random shapes, odd chunk counts and partial chunks
-    included."""
+def test_persistent_tc_overlapped_chunk_schedule(rows, channels, hidden, split, clusters, activation, seed):
+    """persistent-tc's wgmma form with TMA loads and the overlapped chunk schedule (GEMM1 of chunk j + 1
+    beside GEMM2 of chunk j, two hidden buffers), split or not, several tiles per CTA where ``clusters`` is
+    small: against the reference at random shapes, a single chunk and partial chunks included."""
     device = planning.current_device()
     try:
         plan = planning.forced("persistent-tc", rows, channels, hidden, device, mma="wgmma", loads="tma",
-                               split=split, hidden_chunk=hidden_chunk, overlap=overlap,
-                               grid=None if clusters is None else split * clusters)
+                               split=split, overlap=True, grid=None if clusters is None else split * clusters)
     except ValueError as e:  # the split 64 x 512 tile has no room for the peer's half output tile; the
         # overlapped schedule needs a chunk for each CTA of a split
         assert ("does not fit" in str(e) and split == 2 and channels > 256) or (
-            "a hidden chunk for every CTA" in str(e) and split == 2 and hidden <= hidden_chunk), e
+            "a hidden chunk for every CTA" in str(e) and split == 2 and hidden <= planning.TC_HIDDEN_CHUNK), e
         return
-    assert (plan.tile.hidden_chunk, plan.tile.overlap) == (hidden_chunk, overlap)
+    assert plan.tile.overlap
     _check_plan(plan, activation, seed)
 
 
@@ -209,3 +205,22 @@ def test_results_do_not_depend_on_the_tiling():
         outs.append(y)
     torch.cuda.synchronize()
     assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def test_launch_floor_kernel_launches_and_writes_nothing():
+    """The report's empty kernel runs through TVM-FFI, on the stream and in a CUDA graph, and leaves y as it was."""
+    import torch
+
+    from kernellab.megakernel.engines import floor
+
+    y = torch.full((33, 32), float("nan"), dtype=torch.float32, device="cuda")
+    poison = y.view(torch.int32).clone()
+    run = floor.launcher()
+    run(y)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run(y)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isnan(y).all() and torch.equal(y.view(torch.int32), poison)

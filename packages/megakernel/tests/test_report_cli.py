@@ -1,6 +1,7 @@
 """The report command's CPU-side parts: arguments, the no-GPU exit, targets, the table, sealing."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -47,6 +48,38 @@ def test_targets_and_table():
     assert targets[1] == {"shape": {"rows": 5, "channels": 19, "hidden": 37}}  # a failed engine is no evidence
     table = report._table(sections)
     assert "1x7x13" in table and "5x19x37*" in table and "5.0 FAIL" in table
+
+
+def _floor_block(direct_us, graph_us):
+    """The launch_floor block the report builds from these stream samples (host samples the same)."""
+    run = SimpleNamespace(floor_error=None, floor_samples={"direct": {"stream": direct_us, "host": direct_us},
+                                                          "graph": {"stream": graph_us, "host": graph_us}})
+    return report.Run.launch_floor(run)
+
+
+def test_launch_floor_block_and_its_line_under_the_table(tmp_path, capsys):
+    sections = {"development": [{"shape": {"rows": 1, "channels": 7, "hidden": 13},
+                                 "engines": {"persistent-tc-graph": _entry(3)}}], "assessment": []}
+    floor = _floor_block([2.3, 2.1, 1.9], [0.8, 0.9, 1.2])
+    assert set(floor) == {"what", "stream_summary", "host_summary", "graph_summary", "graph_host_summary"}
+    for key in ("stream_summary", "host_summary", "graph_summary", "graph_host_summary"):
+        assert set(floor[key]) == set(_entry(1)["stream_summary"]) and floor[key]["count"] == 3  # an engine's
+    assert floor["stream_summary"]["p50_ms"] == pytest.approx(2.1e-3)
+    assert floor["graph_summary"]["max_ms"] == pytest.approx(1.2e-3)
+
+    assert report.show(str(report.seal_and_write({**sections, "launch_floor": floor}, tmp_path / "new.json")),
+                       "simple") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "1x7x13" in lines[1] and "3.0" in lines[3]  # the table (title, heading, rule, row), then the floor
+    assert lines[-1] == "launch floor (empty kernel): 2.1 us on the stream, 0.9 us in a CUDA graph"
+
+    assert report.show(str(report.seal_and_write(sections, tmp_path / "old.json")), "simple") == 0
+    out = capsys.readouterr().out
+    assert "3.0" in out and "launch floor" not in out  # a report from before the floor: the table alone
+
+    failed = {"what": report.FLOOR_WHAT, "error": "ImportError: no cutlass"}
+    assert report.floor_line({**sections, "launch_floor": failed}) == \
+        "launch floor (empty kernel): not measured: ImportError: no cutlass"
 
 
 def test_seal_and_write_uses_the_harness_hash(tmp_path):

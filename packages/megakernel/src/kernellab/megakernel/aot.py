@@ -3,7 +3,7 @@
 Works without a GPU: with ``CUTE_DSL_ARCH=sm_90a`` (set here if unset) CuTe DSL compiles against
 fake tensors. A variant fixes what is compile-time (tile shape, hidden placement, residual dtype);
 rows, channels, hidden and the activation are runtime values, so this list is every kernel the
-engines and the compiler can ever launch.
+engines and the compiler can ever launch, and the report's empty launch-floor kernel.
 """
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ import time
 def variants(representative: bool = False) -> list:
     """Every variant, or (``representative``) one of each kernel class and code path: what the CI
     test compiles in a few minutes on two cores."""
-    from .engines import conventional, conventional_tc, persistent, persistent_tc, prologue
+    from .engines import conventional, conventional_tc, floor, persistent, persistent_tc, prologue
     from .planning import (
         H200,
         TC_CHANNEL_TILES,
-        TC_HIDDEN_CHUNKS,
         TC_MAX_STAGES,
         TC_MULTICASTS,
         TC_ROW_TILES,
@@ -49,9 +48,10 @@ def variants(representative: bool = False) -> list:
             persistent_tc.Variant(WGMMA_ROW_TILES[0], TC_CHANNEL_TILES[1], stages=2, mma="wgmma", split=2,
                                   loads="tma"),
             persistent_tc.Variant(WGMMA_ROW_TILES[0], TC_CHANNEL_TILES[1], stages=2, mma="wgmma", loads="tma",
-                                  hidden_chunk=TC_HIDDEN_CHUNKS[1], overlap=True),
+                                  overlap=True),
             prologue.Variant(norm=True, stream="float16"),
             prologue.Variant(norm=False),
+            floor.Variant(),
         ]
     out = []
     for residual in ("float16", "float32"):
@@ -74,13 +74,14 @@ def variants(representative: bool = False) -> list:
                 for m in TC_MULTICASTS[1:] for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1)
                 if persistent_tc_smem_bytes(WGMMA_ROW_TILES[0], cols, stages, loads="tma") <= H200.smem_per_block]
         out += [persistent_tc.Variant(WGMMA_ROW_TILES[0], cols, residual, stages, mma="wgmma", split=split,
-                                      loads="tma", hidden_chunk=chunk, overlap=overlap)
+                                      loads="tma", overlap=overlap)
                 for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1) for split in TC_SPLITS
-                for chunk in TC_HIDDEN_CHUNKS for overlap in (False, True)
-                if persistent_tc_smem_bytes(WGMMA_ROW_TILES[0], cols, stages, split, "tma", chunk, overlap)
+                for overlap in (False, True)
+                if persistent_tc_smem_bytes(WGMMA_ROW_TILES[0], cols, stages, split, "tma", overlap)
                 <= H200.smem_per_block]
         out += [prologue.Variant(norm=True, stream=residual)]
-    out += [conventional.Variant("hidden"), conventional_tc.Variant("hidden"), prologue.Variant(norm=False)]
+    out += [conventional.Variant("hidden"), conventional_tc.Variant("hidden"), prologue.Variant(norm=False),
+            floor.Variant()]
     return out
 
 

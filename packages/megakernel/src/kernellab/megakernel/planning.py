@@ -39,10 +39,6 @@ ROW_BLOCK = 4
 
 TC_THREADS = 256
 TC_HIDDEN_CHUNK = 64
-TC_HIDDEN_CHUNKS = (64, 32)
-"""persistent-tc's hidden units per chunk. 32 (wgmma with TMA loads only: mma.sync's warp tiling is 64 columns
-wide, and cp.async's copy 64) halves the W1 / W2 chunk buffers, so a tile with room for one buffer of each at 64
-(64 x 512) gets two: the next chunk's weights load while this one's GEMMs run."""
 TC_MAX_STAGES = 4  # W1 / W2 chunk buffers each at most: 7 cp.async groups in flight behind the one awaited
 TC_CHANNEL_TILES = (64, 128, 256, 512)
 """persistent-tc keeps the fp32 output tile (tile rows x channel tile) in registers: 64 x 512 over
@@ -251,16 +247,31 @@ def tc_loads(rows_per_tile: int, mma: str) -> str:
     return "tma" if mma == "wgmma" and rows_per_tile == WGMMA_ROW_TILES[0] else "cp.async"
 
 
+TC_OVERLAP_CHANNELS = 512
+"""Channel tile at which planning takes the overlapped chunk schedule (``Tile.overlap``). On the H200
+(``reports/h200/megakernel-sweep-overlap.json``) it gained 1-2% at the 512-channel tile (16384x512x2048,
+8448x512x512, 16384x384x1536), where one buffer of each weight is all that fits; at 256 channels it tied
+or lost (up to 7% at 8192x256x1024, where two buffers fit), since the serial schedule loads the next W2
+chunk under GEMM1 and the activation, which the overlapped one runs beside GEMM2."""
+
+
+def tc_overlap(tile: Tile) -> bool:
+    """persistent-tc's chunk schedule: overlapped for the unsplit TMA tiles (no multicast) of
+    ``TC_OVERLAP_CHANNELS`` channels; a choice forced later (``forced(..., overlap=...)``) overrides it."""
+    return (tile.loads == "tma" and tile.split == 1 and tile.multicast == 1
+            and tile.channels_tile == TC_OVERLAP_CHANNELS)
+
+
 SPLIT_BARRIER_BYTES = 16  # one 8-byte mbarrier, 16-byte aligned
 TMA_BARRIER_BYTES = 32  # per stage: a full and an empty 8-byte mbarrier for W1 and for W2
 
 
 def persistent_tc_smem_bytes(tile_rows: int, channels_tile: int, stages: int = 1, split: int = 1,
-                             loads: str = "cp.async", chunk: int = TC_HIDDEN_CHUNK, overlap: bool = False) -> int:
+                             loads: str = "cp.async", overlap: bool = False) -> int:
     """x tile + ``stages`` W1 chunks + ``stages`` W2 chunks + the hidden chunk (two with ``overlap``), all
     fp16; with a hidden split also the fp32 half of the output tile the peer CTA sends, and its transaction
     barrier; with TMA loads the full and empty barriers of both weight pipelines."""
-    hidden_buffers = 2 if overlap else 1
+    chunk, hidden_buffers = TC_HIDDEN_CHUNK, 2 if overlap else 1
     size = 2 * (tile_rows * channels_tile + 2 * stages * chunk * channels_tile + hidden_buffers * tile_rows * chunk)
     if split > 1:
         size += 4 * tile_rows * channels_tile // 2 + SPLIT_BARRIER_BYTES
@@ -272,21 +283,21 @@ def persistent_tc_smem_bytes(tile_rows: int, channels_tile: int, stages: int = 1
 def tc_tile_smem_bytes(tile: Tile) -> int:
     """``persistent_tc_smem_bytes`` of a persistent-tc tile."""
     return persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages, tile.split, tile.loads,
-                                    tile.hidden_chunk, tile.overlap)
+                                    tile.overlap)
 
 
 def tc_stages(tile_rows: int, channels_tile: int, num_tiles: int, hidden: int, device: DeviceSpec,
-              split: int = 1, loads: str = "cp.async", chunk: int = TC_HIDDEN_CHUNK, overlap: bool = False) -> int:
+              split: int = 1, loads: str = "cp.async", overlap: bool = False) -> int:
     """persistent-tc's chunk buffers: as many as there are hidden chunks, up to TC_MAX_STAGES, so that
     chunks' weights load while the GEMMs of the chunks before run (with as many buffers as chunks, every
     load of a tile is issued at its start: short tiles are latency chains), where that shared memory
     still lets every CTA the grid needs be resident at once (the grid asks for ceil(tiles / SMs) CTAs
     per SM, at most what one buffer allows); else fewer, down to one."""
-    one = Tile("persistent-tc", tile_rows, channels_tile, chunk, TC_THREADS, num_tiles, split=split, loads=loads,
-               overlap=overlap)
+    one = Tile("persistent-tc", tile_rows, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, num_tiles, split=split,
+               loads=loads, overlap=overlap)
     needed = min(ceil_div(split * num_tiles, device.sm_count), tc_occupancy_limit(one))
-    for stages in range(min(TC_MAX_STAGES, ceil_div(ceil_div(hidden, chunk), split)), 1, -1):
-        size = persistent_tc_smem_bytes(tile_rows, channels_tile, stages, split, loads, chunk, overlap)
+    for stages in range(min(TC_MAX_STAGES, ceil_div(ceil_div(hidden, TC_HIDDEN_CHUNK), split)), 1, -1):
+        size = persistent_tc_smem_bytes(tile_rows, channels_tile, stages, split, loads, overlap)
         limit = tc_occupancy_limit(dataclasses.replace(one, stages=stages))
         if size <= usable_smem(device) and occupancy(TC_THREADS, size, device, limit) >= needed:
             return stages
@@ -353,9 +364,9 @@ def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: Device
             return Refusal(engine, "wgmma needs channels and hidden multiples of 8, and at most 256 channels "
                                    "with 128-row tiles")
         num_tiles, loads = ceil_div(rows, rows_per_tile), tc_loads(rows_per_tile, mma)
-        return Tile(engine, rows_per_tile, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, num_tiles,
-                    tc_stages(rows_per_tile, channels_tile, num_tiles, hidden, device, split, loads),
-                    1 if misaligned else VECTOR_ELEMENTS, mma, split, loads=loads)  # unaligned rows: element loads
+        tile = Tile(engine, rows_per_tile, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, num_tiles,
+                    vector=1 if misaligned else VECTOR_ELEMENTS, mma=mma, split=split, loads=loads)  # unaligned
+        return _with_schedule(tile, hidden, device)  # rows: element loads
     if engine == "conventional-tc":
         block_rows = CONVENTIONAL_TC_TILE[0]
         return Tile(engine, block_rows, channels, hidden, CONVENTIONAL_TC_THREADS, ceil_div(rows, block_rows),
@@ -449,15 +460,14 @@ def plan_engine(engine: str, rows: int, channels: int, hidden: int, device: Devi
 def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpec, *, tile_rows: int | None = None,
            grid: int | None = None, weights: str | None = None, stages: int | None = None,
            mma: str | None = None, split: int | None = None, multicast: int | None = None,
-           loads: str | None = None, hidden_chunk: int | None = None, overlap: bool | None = None) -> Plan:
+           loads: str | None = None, overlap: bool | None = None) -> Plan:
     """A plan with some choices forced, so that tests, the sanitizer and sweeps reach every code path at
     small shapes: several tiles per CTA (``grid``: with a hidden split, the number of clusters times the
     split), weights read from global memory (``weights``), persistent-tc's number of chunk buffers
     (``stages``), instruction (``mma``), hidden split (``split``), weight loads (``loads``), weight
-    multicast (``multicast``, which loads by TMA), hidden units per chunk (``hidden_chunk``) and chunk schedule
-    (``overlap``)."""
-    if any(v is not None for v in (mma, split, multicast, loads, hidden_chunk, overlap)) and engine != "persistent-tc":
-        raise ValueError(f"{engine} has no mma, split, loads, multicast, hidden_chunk or overlap choice")
+    multicast (``multicast``, which loads by TMA) and chunk schedule (``overlap``)."""
+    if any(v is not None for v in (mma, split, multicast, loads, overlap)) and engine != "persistent-tc":
+        raise ValueError(f"{engine} has no mma, split, loads, multicast or overlap choice")
     if (multicast or 1) > 1 and loads == "cp.async":
         raise ValueError("a weight multicast loads by TMA, not cp.async")
     plan = plan_engine(engine, rows, channels, hidden, device, tile_rows, mma)
@@ -469,8 +479,6 @@ def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpe
         plan = loads_plan(plan, loads, device)
     if multicast is not None and multicast != plan.tile.multicast:
         plan = multicast_plan(plan, multicast, device)
-    if hidden_chunk is not None and hidden_chunk != plan.tile.hidden_chunk:
-        plan = chunk_plan(plan, hidden_chunk, device)
     if overlap is not None and overlap != plan.tile.overlap:
         plan = overlap_plan(plan, overlap, device)
     if stages is not None and stages != plan.tile.stages:
@@ -506,22 +514,7 @@ def split_plan(plan: Plan, split: int, device: DeviceSpec) -> Plan:
         raise ValueError(f"split must be one of {TC_SPLITS}, got {split}")
     if tile.vector != VECTOR_ELEMENTS:
         raise ValueError(f"a hidden split needs channels and hidden multiples of {VECTOR_ELEMENTS}")
-    stages = tc_stages(tile.rows, tile.channels_tile, tile.num_tiles, plan.hidden, device, split, tile.loads,
-                       tile.hidden_chunk, tile.overlap)
-    return _replanned(plan, dataclasses.replace(tile, split=split, stages=stages), device)
-
-
-def chunk_plan(plan: Plan, chunk: int, device: DeviceSpec) -> Plan:
-    """persistent-tc's plan with ``chunk`` hidden units per chunk: chunk buffers, shared memory and grid
-    planned again. Chunks of 32 need the wgmma form with TMA weight loads (``TC_HIDDEN_CHUNKS``)."""
-    tile = plan.tile
-    if chunk not in TC_HIDDEN_CHUNKS:
-        raise ValueError(f"hidden_chunk must be one of {TC_HIDDEN_CHUNKS}, got {chunk}")
-    if chunk != TC_HIDDEN_CHUNK and (tile.mma != "wgmma" or tile.loads != "tma"):
-        raise ValueError(f"{chunk}-unit hidden chunks need the wgmma form with TMA weight loads")
-    stages = tc_stages(tile.rows, tile.channels_tile, tile.num_tiles, plan.hidden, device, tile.split, tile.loads,
-                       chunk, tile.overlap)
-    return _replanned(plan, dataclasses.replace(tile, hidden_chunk=chunk, stages=stages), device)
+    return _replanned(plan, _with_schedule(dataclasses.replace(tile, split=split), plan.hidden, device), device)
 
 
 def overlap_plan(plan: Plan, overlap: bool, device: DeviceSpec) -> Plan:
@@ -532,10 +525,10 @@ def overlap_plan(plan: Plan, overlap: bool, device: DeviceSpec) -> Plan:
     tile = plan.tile
     if overlap and (tile.mma != "wgmma" or tile.loads != "tma"):
         raise ValueError("the overlapped chunk schedule needs the wgmma form with TMA weight loads")
-    if overlap and ceil_div(plan.hidden, tile.hidden_chunk) < tile.split:
+    if overlap and ceil_div(plan.hidden, TC_HIDDEN_CHUNK) < tile.split:
         raise ValueError("the overlapped chunk schedule needs a hidden chunk for every CTA of a split")
     stages = tc_stages(tile.rows, tile.channels_tile, tile.num_tiles, plan.hidden, device, tile.split, tile.loads,
-                       tile.hidden_chunk, overlap)
+                       overlap)
     return _replanned(plan, dataclasses.replace(tile, overlap=overlap, stages=stages), device)
 
 
@@ -550,7 +543,8 @@ def loads_plan(plan: Plan, loads: str, device: DeviceSpec) -> Plan:
                          "(16-byte rows)")
     if loads == "cp.async" and plan.tile.multicast > 1:
         raise ValueError("a weight multicast loads by TMA")
-    return _replanned(plan, dataclasses.replace(plan.tile, loads=loads), device)
+    return _replanned(plan, _with_schedule(dataclasses.replace(plan.tile, loads=loads), plan.hidden, device,
+                                           plan.tile.stages), device)
 
 
 def multicast_plan(plan: Plan, multicast: int, device: DeviceSpec) -> Plan:
@@ -564,7 +558,18 @@ def multicast_plan(plan: Plan, multicast: int, device: DeviceSpec) -> Plan:
         raise ValueError("a weight multicast needs the wgmma form, no hidden split, and channels and hidden "
                          f"multiples of {VECTOR_ELEMENTS} (TMA rows are 16-byte aligned)")
     loads = "tma" if multicast > 1 else tile.loads
-    return _replanned(plan, dataclasses.replace(tile, multicast=multicast, loads=loads), device)
+    return _replanned(plan, _with_schedule(dataclasses.replace(tile, multicast=multicast, loads=loads), plan.hidden,
+                                           device, tile.stages), device)
+
+
+def _with_schedule(tile: Tile, hidden: int, device: DeviceSpec, stages: int | None = None) -> Tile:
+    """``tile`` with planning's chunk schedule (``tc_overlap``) for its other choices, and its chunk buffers
+    planned again (``stages`` None) or kept."""
+    tile = dataclasses.replace(tile, overlap=tc_overlap(tile))
+    if stages is None:
+        stages = tc_stages(tile.rows, tile.channels_tile, tile.num_tiles, hidden, device, tile.split, tile.loads,
+                           tile.overlap)
+    return dataclasses.replace(tile, stages=stages)
 
 
 def _replanned(plan: Plan, tile: Tile, device: DeviceSpec) -> Plan:

@@ -6,9 +6,11 @@ and the changed-input CUDA-graph replay), then time in ``--rounds`` rounds of ``
 engine order alternating between rounds: ``stream_summary`` from the harness's ``gpu_throughput`` (CUDA
 events around K calls queued behind a hold, so that the device time per call is measured, not the host's
 time to issue it; K is sized from the warmup to about ``--stream-us`` of work), ``host_summary`` from the
-host clock around each call plus a synchronize. Then the compiler
-block, the sanitizer results (``--sanitizers``, from ``python -m kernellab.megakernel.sanitize``),
-the targets, provenance, and a sha256 over the canonical JSON. A table of stream p50 closes the run.
+host clock around each call plus a synchronize. Each round also times the launch floor the same
+way (``launch_floor``: an empty kernel called as every engine is, directly and replayed in a CUDA
+graph), the least any engine call can take. Then the compiler block, the sanitizer results
+(``--sanitizers``, from ``python -m kernellab.megakernel.sanitize``), the targets, provenance, and a
+sha256 over the canonical JSON. A table of stream p50 and the launch floor's line close the run.
 
 A run longer than one sitting (torch.compile's max-autotune is slow to compile) can be split:
 ``--engines``/``--shapes`` select, ``--resume REPORT`` keeps what that report measured for every
@@ -23,6 +25,7 @@ import fnmatch
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import bench, engines, model
@@ -34,6 +37,10 @@ LIMITATIONS = [
     "Device-resident inputs and outputs, one input set per shape and round (small working sets stay in L2); "
     "Stream times are device time per call with calls queued back to back behind a hold (no host gaps); a "
     "user's loop of single calls also pays the host's cost per call, which host_summary shows.",
+    "launch_floor is an empty kernel (one CTA, one tensor argument) compiled and called as the engines' kernels "
+    "are: through TVM-FFI on the current stream, directly and replayed in a CUDA graph. At the small shapes an "
+    "engine's time is read against it, not against zero. It passes one tensor where a kernel engine's call passes "
+    "seven (twice for the two-launch engines), whose argument checks cost the host a little more.",
     "All rounds share one process; the assessment shapes were never used for tuning (planning does not know "
     "them), which is evidence of generalization, not proof.",
     "persistent-global keeps persistent's owners and arithmetic order but moves the hidden rows to global memory, "
@@ -43,6 +50,9 @@ LIMITATIONS = [
     "go down the fallback chain (served_by). CUDA-core engines at the large shapes are compute bound on FMA "
     "units and are not expected to compete there.",
 ]
+FLOOR_WHAT = ("An empty kernel (one CTA of 32 threads, given y, writing nothing) launched as every engine is: compiled "
+              "for TVM-FFI, called with a torch tensor on the current stream, directly (stream_summary, host_summary) "
+              "and replayed in a CUDA graph (graph_summary, graph_host_summary); the least an engine call can take.")
 TARGETS = {"best_persistent_graph_vs_torch_cublas_graph": 0.5, "best_persistent_graph_vs_torch_compile_graph": 0.8,
            "persistent_vs_torch_cublas": 0.25}
 
@@ -85,6 +95,11 @@ def _ms_summary(samples_us: list[float]) -> dict:
     return {"count": s["count"], **{f"{k}_ms": s[k] / 1e3 for k in ("p50", "p95", "min", "max", "mean")}}
 
 
+def _clock_summaries(samples: dict[str, list[float]]) -> dict:
+    """``stream_summary`` and ``host_summary`` from the samples ``Run.time_call`` gathered."""
+    return {f"{clock}_summary": _ms_summary(samples[clock]) for clock in ("stream", "host")}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernellab-megakernel-report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -122,6 +137,9 @@ class Run:
         self.results: dict[tuple, dict] = {}  # (shape tuple, engine) -> entry
         self.bound: dict[tuple, engines.Bound] = {}
         self.samples: dict[tuple, dict[str, list[float]]] = {}
+        self.floor_calls: dict[str, Callable] = {}  # "direct" and "graph": the empty kernel as a harness call
+        self.floor_samples = {how: {"stream": [], "host": []} for how in ("direct", "graph")}
+        self.floor_error: str | None = None
 
     def log(self, text: str) -> None:
         if not self.args.quiet:
@@ -166,14 +184,57 @@ class Run:
                 self.log(f"{problem.name} {name}: served_by {bound.served_by}, passed {check['passed']}, "
                          f"replay {check['replay_changed_input']}, max_abs {check['max_abs_error']}")
 
+    def bind_floor(self) -> None:
+        """The empty kernel as a harness call writing ``outputs["y"]``, and that call in a GraphCall: the
+        wrapping every kernel engine and its graph variant get. Where it cannot run, records why."""
+        import torch
+
+        try:
+            from .engines import floor
+            from .engines.graph import GraphCall
+
+            run = floor.launcher()
+        except Exception as e:  # noqa: BLE001 - the report goes on without its floor and says why
+            self.floor_error = f"{type(e).__name__}: {e}"
+            self.log(f"launch floor: ERROR {self.floor_error}")
+            return
+        outputs = {"y": torch.empty((1, 1), dtype=torch.float32, device="cuda")}
+
+        def call(inputs, outputs):
+            run(outputs["y"])
+            return outputs
+
+        graphed = GraphCall(call)
+        self.floor_calls = {"direct": lambda: call({}, outputs), "graph": lambda: graphed({}, outputs)}
+
+    def time_call(self, once: Callable[[], object], got: dict[str, list[float]]) -> None:
+        """Add one round's samples of ``once`` to ``got``: ``stream`` (gpu_throughput, K calls a sample, K sized
+        from the warmup to about --stream-us of work) and ``host`` (e2e_throughput, one call a sample)."""
+        from kernellab.harness import timing
+
+        args = self.args
+        t0 = time.perf_counter()
+        for _ in range(args.warmup):
+            once()
+        self.device.sync()
+        per_call_us = (time.perf_counter() - t0) * 1e6 / max(args.warmup, 1)  # an upper bound
+        calls = max(1, min(STREAM_CALLS_MAX, round(args.stream_us / per_call_us)))
+        got["stream"] += timing.measure("gpu_throughput", [once], self.device, samples=args.samples, iterations=calls)
+        got["host"] += timing.measure("e2e_throughput", [once], self.device, samples=args.samples, iterations=1)
+
+    def time_floor(self) -> None:
+        """One round of the launch floor, directly and in its CUDA graph, timed as the engines are."""
+        for how, once in self.floor_calls.items():
+            self.time_call(once, self.floor_samples[how])
+
     def time_rounds(self) -> None:
         import torch
 
-        from kernellab.harness import timing
         from kernellab.harness.case import seed_for
 
         args = self.args
         for r in range(args.rounds):
+            self.time_floor()
             for _, shape in self.shapes:
                 names = [n for n in self.engines if (shape, n) in self.bound]
                 if not names:
@@ -188,24 +249,22 @@ class Run:
                     def once(call=call, inputs=inputs, outputs=outputs):
                         call(inputs, outputs)
 
-                    t0 = time.perf_counter()
-                    for _ in range(args.warmup):
-                        once()
-                    self.device.sync()
-                    per_call_us = (time.perf_counter() - t0) * 1e6 / max(args.warmup, 1)  # an upper bound
-                    calls = max(1, min(STREAM_CALLS_MAX, round(args.stream_us / per_call_us)))
-                    got = self.samples.setdefault((shape, name), {"stream": [], "host": []})
-                    got["stream"] += timing.measure("gpu_throughput", [once], self.device, samples=args.samples,
-                                                    iterations=calls)
-                    got["host"] += timing.measure("e2e_throughput", [once], self.device, samples=args.samples,
-                                                  iterations=1)
+                    self.time_call(once, self.samples.setdefault((shape, name), {"stream": [], "host": []}))
                     del outputs
                 del inputs
                 torch.cuda.empty_cache()
             self.log(f"round {r + 1}/{args.rounds} done")
         for key, got in self.samples.items():
-            self.results[key]["stream_summary"] = _ms_summary(got["stream"])
-            self.results[key]["host_summary"] = _ms_summary(got["host"])
+            self.results[key].update(_clock_summaries(got))
+
+    def launch_floor(self) -> dict:
+        """The report's ``launch_floor`` block: the direct call's summaries as an engine's, the graph's
+        prefixed ``graph_``."""
+        if self.floor_error:
+            return {"what": FLOOR_WHAT, "error": self.floor_error}
+        graph = _clock_summaries(self.floor_samples["graph"])
+        return {"what": FLOOR_WHAT, **_clock_summaries(self.floor_samples["direct"]),
+                "graph_summary": graph["stream_summary"], "graph_host_summary": graph["host_summary"]}
 
 
 def _targets(sections: dict) -> list[dict]:
@@ -259,6 +318,24 @@ def _table(sections: dict, fmt: str = "simple") -> str:
             rows.append([name, *cells])
     return ("stream p50 per call, microseconds (* assessment shape)\n"
             + tabulate(rows, headers=["engine", *columns], disable_numparse=True, tablefmt=fmt))
+
+
+def floor_line(report: dict) -> str | None:
+    """The line under the table: the launch floor's stream p50, directly and in a CUDA graph; None for a
+    report from before the floor was measured."""
+    floor = report.get("launch_floor")
+    if floor is None:
+        return None
+    if "error" in floor:
+        return f"launch floor (empty kernel): not measured: {floor['error']}"
+    return (f"launch floor (empty kernel): {floor['stream_summary']['p50_ms'] * 1e3:.1f} us on the stream, "
+            f"{floor['graph_summary']['p50_ms'] * 1e3:.1f} us in a CUDA graph")
+
+
+def printout(report: dict, fmt: str = "simple") -> str:
+    """The table of stream p50 and, where the report has it, the launch floor's line under it."""
+    lines = [_table({k: report[k] for k in ("development", "assessment")}, fmt), floor_line(report)]
+    return "\n".join(line for line in lines if line is not None)
 
 
 def _provenance() -> dict:
@@ -315,6 +392,7 @@ def build_report(run: Run, previous: dict | None) -> dict:
         "samples_per_round": args.samples,
         "source_sha256": prov["source_sha256"],
         **sections,
+        "launch_floor": run.launch_floor(),
         "targets": _targets(sections),
         "limitations": LIMITATIONS,
         "sanitizers": _sanitizers(args.sanitizers, previous),
@@ -424,7 +502,7 @@ def show(path: str, fmt: str, plot: str | None = None) -> int:
         print(f"{path}: sha256 mismatch: recorded {data.get('sha256')}, content hashes to "
               f"{report_io.report_hash(data)}", file=sys.stderr)
         return 1
-    print(_table({k: data[k] for k in ("development", "assessment")}, fmt))
+    print(printout(data, fmt))
     if plot:
         print(f"plot: {draw(data, plot)}", file=sys.stderr)
     return 0
@@ -453,10 +531,11 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(args)
     start = time.perf_counter()
     run.bind_and_validate()
+    run.bind_floor()
     run.time_rounds()
     report = build_report(run, previous)
     path = seal_and_write(report, args.out)
-    print(_table({k: report[k] for k in ("development", "assessment")}))
+    print(printout(report))
     try:
         print(f"plot: {draw(report, args.plot or path.with_suffix('.png'))}")
     except ImportError:

@@ -2,8 +2,7 @@
 
 Grid: min(row tiles, SMs x CTAs per SM); CTA b owns row tiles b, b + grid, ... For one tile of
 ``tile_rows`` rows the CTA keeps the fp16 input rows in shared memory and the fp32 output tile
-(tile_rows x channels_tile) in registers, and walks the hidden dimension in chunks of 64 (or 32,
-``hidden_chunk``: planning.TC_HIDDEN_CHUNKS):
+(tile_rows x channels_tile) in registers, and walks the hidden dimension in chunks of 64:
 
     h_chunk = fp16(act(x_tile W1[chunk]^T + b1[chunk]))      (GEMM1, epilogue -> shared memory)
     y_acc  += h_chunk W2[:, chunk]^T                          (GEMM2 from shared memory)
@@ -76,7 +75,6 @@ class Variant:
     split: int = 1  # CTAs of a cluster sharing a row tile, each running 1/split of the hidden chunks
     multicast: int = 1  # CTAs of a cluster on their own row tiles, each weight chunk loaded once for all (TMA)
     loads: str = "cp.async"  # how weight chunks load: "cp.async" (every thread) or "tma" (one thread, mbarriers)
-    hidden_chunk: int = TC_HIDDEN_CHUNK  # hidden units per chunk: 64, or 32 (wgmma with TMA loads)
     overlap: bool = False  # GEMM1 of chunk j + 1 beside GEMM2 of chunk j (wgmma with TMA loads)
 
     @property
@@ -85,14 +83,13 @@ class Variant:
         wg = "_wg" if self.mma == "wgmma" else ""
         shared = "" if self.split == 1 else f"_x{self.split}"
         shared += "" if self.loads == "cp.async" else "_tma" if self.multicast == 1 else f"_mc{self.multicast}"
-        chunk = "" if self.hidden_chunk == TC_HIDDEN_CHUNK else f"_h{self.hidden_chunk}"
-        chunk += "_ov" if self.overlap else ""
+        chunk = "_ov" if self.overlap else ""
         return (f"persistent-tc_m{self.tile_rows}_c{self.channels_tile}_s{self.stages}{narrow}{wg}{shared}{chunk}"
                 f"_res-{self.residual}")
 
     @property
     def occupancy(self) -> int:
-        tile = Tile("persistent-tc", self.tile_rows, self.channels_tile, self.hidden_chunk, TC_THREADS, 1, self.stages,
+        tile = Tile("persistent-tc", self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, 1, self.stages,
                     split=self.split, multicast=self.multicast, loads=self.loads, overlap=self.overlap)
         return tc_occupancy_limit(tile)
 
@@ -110,7 +107,7 @@ def launcher(plan: Plan, activation: str, residual: str = "float16"):
     """``run(u, residual, w1, b1, w2, b2, y)``: one launch of ``plan.owners.grid`` CTAs."""
     tile = plan.tile
     fn = compiled(Variant(tile.rows, tile.channels_tile, residual, tile.stages, tile.vector, tile.mma, tile.split,
-                          tile.multicast, tile.loads, tile.hidden_chunk, tile.overlap))
+                          tile.multicast, tile.loads, tile.overlap))
     act, grid = ACTIVATION_CODES[activation], plan.owners.grid
 
     def run(u, res, w1, b1, w2, b2, y):
@@ -129,14 +126,13 @@ class PersistentTensorCore:
         self.split = variant.split
         self.multicast = variant.multicast
         self.tma = variant.loads == "tma"
-        self.hidden_chunk = variant.hidden_chunk
         self.overlap = variant.overlap
         self.occupancy = variant.occupancy
 
     @cute.jit
     def __call__(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
                  b2: cute.Tensor, y: cute.Tensor, act: Int32, grid: Int32, stream: cuda.CUstream):
-        rows, cols, chunk, stages = self.tile_rows, self.channels_tile, self.hidden_chunk, self.stages
+        rows, cols, chunk, stages = self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK, self.stages
         layout = tensorcore.wgmma_smem_layout if cutlass.const_expr(self.wgmma) else tensorcore.smem_layout
         hidden_buffers = 2 if self.overlap else 1
         layouts = (layout((rows, cols)), layout((chunk, cols, stages)), layout((cols, chunk, stages)),
@@ -170,7 +166,7 @@ class PersistentTensorCore:
                w1_layout: cute.ComposedLayout, w2_layout: cute.ComposedLayout, h_layout: cute.ComposedLayout,
                g2s: cute.TiledCopy, mma_h: cute.TiledMma, mma_y: cute.TiledMma, mma_y_last, tma_w1, g_w1, tma_w2,
                g_w2):
-        tile_rows, cols, chunk, split, multicast = (self.tile_rows, self.channels_tile, self.hidden_chunk, self.split,
+        tile_rows, cols, chunk, split, multicast = (self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK, self.split,
                                                     self.multicast)
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
@@ -383,7 +379,7 @@ class PersistentTensorCore:
         """The two weight pipelines (full and empty barriers of every chunk buffer; a buffer is free again
         once every warp of every CTA of the multicast cluster released it) and each weight's TMA partition:
         chunk j of the global weight against the chunk buffers, this CTA's share of every copy."""
-        stages, multicast, chunk, cols = self.stages, self.multicast, self.hidden_chunk, self.channels_tile
+        stages, multicast, chunk, cols = self.stages, self.multicast, TC_HIDDEN_CHUNK, self.channels_tile
         barriers = smem.allocate_array(cutlass.Int64, num_elems=4 * stages, byte_alignment=8)
         cluster = cute.make_layout((1, multicast, 1, 1))
         pipes = []
@@ -471,7 +467,7 @@ class PersistentTensorCore:
         """b1 of hidden chunk j at this thread's GEMM1 accumulators (past the hidden: its last value, which
         meets zero W1 rows and W2 columns)."""
         for i in cutlass.range_constexpr(cute.size(bias_h)):
-            bias_h[i] = b1[cutlass.min(j * self.hidden_chunk + h_coords[i][1], hidden - 1)]
+            bias_h[i] = b1[cutlass.min(j * TC_HIDDEN_CHUNK + h_coords[i][1], hidden - 1)]
 
     @cute.jit
     def read_epilogue(self, epi_b2: cute.Tensor, epi_res: cute.Tensor, i: cutlass.Constexpr, coord, row0: Int32,
@@ -488,15 +484,15 @@ class PersistentTensorCore:
     @cute.jit
     def load_w1(self, g2s: cute.TiledCopy, tid: Int32, w1: cute.Tensor, coords: cute.Tensor, s_w1: cute.Tensor,
                 j: Int32, hidden: Int32, channels: Int32):
-        """Rows [c j, c j + c) (c = the hidden chunk) of W1 (hidden units), all channels, into one chunk buffer."""
-        tiler = (self.hidden_chunk, self.channels_tile)
+        """Rows [64 j, 64 j + 64) of W1 (hidden units), all channels, into one chunk buffer."""
+        tiler = (TC_HIDDEN_CHUNK, self.channels_tile)
         tensorcore.load_tile(g2s, tid, cute.local_tile(w1, tiler, (j, 0)), s_w1,
                              cute.local_tile(coords, tiler, (j, 0)), hidden, channels, self.vector)
 
     @cute.jit
     def load_w2(self, g2s: cute.TiledCopy, tid: Int32, w2: cute.Tensor, coords: cute.Tensor, s_w2: cute.Tensor,
                 j: Int32, hidden: Int32, channels: Int32):
-        """Columns [c j, c j + c) (c = the hidden chunk) of W2 (hidden units), all channels, into one chunk buffer."""
-        tiler = (self.channels_tile, self.hidden_chunk)
+        """Columns [64 j, 64 j + 64) of W2 (hidden units), all channels, into one chunk buffer."""
+        tiler = (self.channels_tile, TC_HIDDEN_CHUNK)
         tensorcore.load_tile(g2s, tid, cute.local_tile(w2, tiler, (0, j)), s_w2,
                              cute.local_tile(coords, tiler, (0, j)), channels, hidden, self.vector)

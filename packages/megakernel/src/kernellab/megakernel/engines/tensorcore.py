@@ -151,10 +151,9 @@ WGMMA_M = 64  # rows of one warpgroup's instruction
 
 
 def wgmma_smem_layout(shape: tuple):
-    """An fp16 tile of ``shape`` (rows, K[, stages]) K-major, tiled from the swizzled atom that wgmma
-    descriptors address: 128-byte rows where K is a multiple of 64, else 64-byte rows (K = 32)."""
-    kind = warpgroup.SmemLayoutAtomKind.K_SW128 if shape[1] % 64 == 0 else warpgroup.SmemLayoutAtomKind.K_SW64
-    atom = warpgroup.make_smem_layout_atom(kind, Float16)
+    """An fp16 tile of ``shape`` (rows, K[, stages]) K-major, tiled from the 128-byte-swizzled atom that
+    wgmma descriptors address (K a multiple of 64)."""
+    atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, Float16)
     return cute.tile_to_shape(atom, shape, tuple(range(len(shape))))
 
 
