@@ -62,6 +62,10 @@ from .common import DTYPES, Symbols, compile_variant, compiled
 WARPS_M, WARPS_N = 2, 4
 ALIGN = 1024  # the swizzle pattern repeats every 8 rows of 128 bytes
 EARLY_EPILOGUE = 16  # output elements per thread up to which b2 and the residual are read at a tile's start
+FUSED_LOAD_ELEMENTS = 96
+"""Element loads (``vector=1``): a tile's x rows and its first chunks' W1 and W2 are loaded into registers
+together, then stored, so that they wait out one memory latency instead of one each; as many chunks as keep
+a thread's staged elements within this many (x tile and chunk buffers of 64 channels: two chunks)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +120,18 @@ def launcher(plan: Plan, activation: str, residual: str = "float16"):
     return run
 
 
+def fused_load_stages(variant: Variant) -> int:
+    """Chunks whose W1 and W2 element loads fly with the x tile's at a tile's start (``FUSED_LOAD_ELEMENTS``);
+    0 for 16-byte rows, whose cp.async copies are all in flight together anyway."""
+    if variant.vector == VECTOR_ELEMENTS:
+        return 0
+    x, chunk = (n * variant.channels_tile // TC_THREADS for n in (variant.tile_rows, TC_HIDDEN_CHUNK))
+    fused = 0
+    while fused < variant.stages and x + 2 * (fused + 1) * chunk <= FUSED_LOAD_ELEMENTS:
+        fused += 1
+    return fused
+
+
 class PersistentTensorCore:
     def __init__(self, variant: Variant):
         self.tile_rows = variant.tile_rows
@@ -127,6 +143,7 @@ class PersistentTensorCore:
         self.multicast = variant.multicast
         self.tma = variant.loads == "tma"
         self.overlap = variant.overlap
+        self.fused_stages = fused_load_stages(variant)
         self.occupancy = variant.occupancy
 
     @cute.jit
@@ -233,9 +250,13 @@ class PersistentTensorCore:
             tiles_end = tiles_end + cta % multicast  # tiles as its first, the others' last one past the rows
         for tile in range(group, tiles_end, groups):
             row0 = tile * tile_rows
-            tensorcore.load_tile(g2s, tid, cute.local_tile(u, (tile_rows, cols), (tile, 0)), s_x,
-                                 cute.local_tile(x_coords, (tile_rows, cols), (tile, 0)), rows, channels,
-                                 self.vector)
+            x_tile = cute.local_tile(u, (tile_rows, cols), (tile, 0))
+            x_crd = cute.local_tile(x_coords, (tile_rows, cols), (tile, 0))
+            if cutlass.const_expr(self.fused_stages > 0):  # element loads of x and the first chunks in flight
+                self.load_fused(g2s, tid, x_tile, x_crd, s_x, w1, w1_coords, s_w1, w2, w2_coords, s_w2, rows,
+                                channels, hidden)
+            else:
+                tensorcore.load_tile(g2s, tid, x_tile, s_x, x_crd, rows, channels, self.vector)
             if cutlass.const_expr(self.tma):
                 cute.arch.cp_async_commit_group()  # the x tile alone: the weights come by TMA
                 if is_loader:
@@ -247,11 +268,11 @@ class PersistentTensorCore:
                             load_w2.advance()
             else:
                 for s in cutlass.range_constexpr(stages):  # groups: x + W1(0), W2(0), W1(1), W2(1), ...
-                    if s < local_chunks:
+                    if s >= self.fused_stages and s < local_chunks:  # (the fused ones' groups stay empty)
                         self.load_w1(g2s, tid, w1, w1_coords, s_w1[None, None, s], rank + split * s, hidden,
                                      channels)
                     cute.arch.cp_async_commit_group()
-                    if s < local_chunks:
+                    if s >= self.fused_stages and s < local_chunks:
                         self.load_w2(g2s, tid, w2, w2_coords, s_w2[None, None, s], rank + split * s, hidden,
                                      channels)
                     cute.arch.cp_async_commit_group()
@@ -450,6 +471,24 @@ class PersistentTensorCore:
         the barrier that hands it over; nothing for mma.sync, which reads it by ldmatrix."""
         if cutlass.const_expr(self.wgmma):
             cute.arch.fence_view_async_shared()
+
+    @cute.jit
+    def load_fused(self, g2s: cute.TiledCopy, tid: Int32, x_tile: cute.Tensor, x_crd: cute.Tensor, s_x: cute.Tensor,
+                   w1: cute.Tensor, w1_coords: cute.Tensor, s_w1: cute.Tensor, w2: cute.Tensor, w2_coords: cute.Tensor,
+                   s_w2: cute.Tensor, rows: Int32, channels: Int32, hidden: Int32):
+        """The x tile and chunks 0 .. fused_stages - 1 of W1 and W2 (element loads; no split), every load
+        issued before the first store. A chunk past the hidden loads as zeros, into a buffer no GEMM reads."""
+        w1_tiler, w2_tiler = (TC_HIDDEN_CHUNK, self.channels_tile), (self.channels_tile, TC_HIDDEN_CHUNK)
+        staged = [tensorcore.fetch_elements(g2s, tid, x_tile, x_crd, rows, channels)]
+        for s in cutlass.range_constexpr(self.fused_stages):
+            staged.append(tensorcore.fetch_elements(g2s, tid, cute.local_tile(w1, w1_tiler, (s, 0)),
+                                                    cute.local_tile(w1_coords, w1_tiler, (s, 0)), hidden, channels))
+            staged.append(tensorcore.fetch_elements(g2s, tid, cute.local_tile(w2, w2_tiler, (0, s)),
+                                                    cute.local_tile(w2_coords, w2_tiler, (0, s)), channels, hidden))
+        tensorcore.store_elements(g2s, tid, staged[0], s_x)
+        for s in cutlass.range_constexpr(self.fused_stages):
+            tensorcore.store_elements(g2s, tid, staged[1 + 2 * s], s_w1[None, None, s])
+            tensorcore.store_elements(g2s, tid, staged[2 + 2 * s], s_w2[None, None, s])
 
     @cute.jit
     def hidden_epilogue(self, acc_h: cute.Tensor, bias_h: cute.Tensor, act: Int32, h_dst: cute.Tensor):

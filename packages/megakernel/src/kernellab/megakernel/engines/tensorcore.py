@@ -79,16 +79,36 @@ def load_tile(copy: cute.TiledCopy, tid: Int32, g_tile: cute.Tensor, s_tile: cut
                 else:
                     dst[None, m, k].fill(0.0)
     else:
-        staged = cute.make_rmem_tensor((VECTOR_ELEMENTS, steps_m, steps_k), Float16)
-        for m in cutlass.range_constexpr(steps_m):
-            for k in cutlass.range_constexpr(steps_k):
-                row, col = crd[0, m, k]
-                for e in cutlass.range_constexpr(VECTOR_ELEMENTS):
-                    staged[e, m, k] = load_element(src[None, m, k], e, row < row_limit and col + e < col_limit)
-        for m in cutlass.range_constexpr(steps_m):
-            for k in cutlass.range_constexpr(steps_k):
-                for e in cutlass.range_constexpr(VECTOR_ELEMENTS):
-                    dst[None, m, k][e] = staged[e, m, k]
+        store_elements(copy, tid, fetch_elements(copy, tid, g_tile, coords, row_limit, col_limit), s_tile)
+
+
+@cute.jit
+def fetch_elements(copy: cute.TiledCopy, tid: Int32, g_tile: cute.Tensor, coords: cute.Tensor, row_limit: Int32,
+                   col_limit: Int32) -> cute.Tensor:
+    """This thread's elements of a (rows, cols) tile, loaded element by element into registers (0 at or past
+    the limits): the first half of ``load_tile(..., vector=1)``, so that a caller can have several tiles'
+    loads in flight before it stores any (``store_elements``)."""
+    thr = copy.get_slice(tid)
+    src = thr.partition_S(g_tile)
+    crd = thr.partition_S(coords)
+    steps_m, steps_k = cute.size(src, mode=[1]), cute.size(src, mode=[2])
+    staged = cute.make_rmem_tensor((VECTOR_ELEMENTS, steps_m, steps_k), Float16)
+    for m in cutlass.range_constexpr(steps_m):
+        for k in cutlass.range_constexpr(steps_k):
+            row, col = crd[0, m, k]
+            for e in cutlass.range_constexpr(VECTOR_ELEMENTS):
+                staged[e, m, k] = load_element(src[None, m, k], e, row < row_limit and col + e < col_limit)
+    return staged
+
+
+@cute.jit
+def store_elements(copy: cute.TiledCopy, tid: Int32, staged: cute.Tensor, s_tile: cute.Tensor):
+    """``fetch_elements``' registers into this thread's elements of the shared-memory tile."""
+    dst = copy.get_slice(tid).partition_D(s_tile)
+    for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
+        for k in cutlass.range_constexpr(cute.size(dst, mode=[2])):
+            for e in cutlass.range_constexpr(VECTOR_ELEMENTS):
+                dst[None, m, k][e] = staged[e, m, k]
 
 
 @cute.jit
