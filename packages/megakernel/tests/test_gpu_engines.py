@@ -79,6 +79,28 @@ def test_persistent_tc_hidden_split_plans(rows, channels, hidden, tile_rows, mma
 
 
 @settings(deadline=None, max_examples=40)
+@given(rows=st.integers(1, 700), channels=SIZES, hidden=SIZES,
+       engine=st.sampled_from(["conventional", "persistent", "persistent-global"]),
+       tile_rows=st.sampled_from([None, 4, 8, 12, 32]), clusters=st.one_of(st.none(), st.integers(1, 5)),
+       weights=st.sampled_from([None, "smem", "global"]), activation=st.sampled_from(model.ACTIVATIONS),
+       seed=st.integers(0, 2**31))
+def test_cuda_core_engines_forced_tilings(rows, channels, hidden, engine, tile_rows, clusters, weights, activation,
+                                          seed):
+    """The CUDA-core engines at random sizes (1 to 300 columns on either side, so 1 to 32 lanes share an
+    output's K loop) with forced row tiles, grids and weight placements: against the reference."""
+    device = planning.current_device()
+    choices = {"tile_rows": tile_rows}
+    if engine != "conventional":
+        choices.update(grid=clusters, weights=weights)
+    try:
+        plan = planning.forced(engine, rows, channels, hidden, device, **choices)
+    except ValueError as e:  # the tile (and weights) do not fit in shared memory
+        assert "shared memory" in str(e) or "does not fit" in str(e), e
+        return
+    _check_plan(plan, activation, seed)
+
+
+@settings(deadline=None, max_examples=40)
 @given(rows=st.integers(1, 3000), channels=st.integers(1, 64).map(lambda v: 8 * v),
        hidden=st.integers(1, 150).map(lambda v: 8 * v), split=st.sampled_from(planning.TC_SPLITS),
        clusters=st.one_of(st.none(), st.integers(1, 3)), activation=st.sampled_from(model.ACTIVATIONS),
