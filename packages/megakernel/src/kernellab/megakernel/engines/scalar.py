@@ -23,15 +23,18 @@ from cutlass import Float16, Float32, Int32, Uint8
 from ..planning import ROW_BLOCK, SCALAR_THREADS, padded_stride
 from .common import activate, round_to_fp16
 
+LANE_MIN_K = 8
+"""The fewest k a lane of a shared K loop sums: below it the shuffles cost more than the shorter loop saves."""
+
 
 @cute.jit
 def k_lanes(n_dim: Int32, k_dim: Int32) -> Int32:
     """Threads that share one output's K loop: the largest power of two up to 32 with that many threads per
-    output of every column still within the CTA, and no more than K. It depends on the sizes alone, not on
-    the rows of a tile, so the order of every sum does not depend on the tiling."""
+    output of every column still within the CTA, each lane summing at least LANE_MIN_K k. It depends on the
+    sizes alone, not on the rows of a tile, so the order of every sum does not depend on the tiling."""
     lanes = Int32(1)
     for candidate in cutlass.range_constexpr(1, 6):
-        if (1 << candidate) * n_dim <= SCALAR_THREADS and (1 << candidate) <= k_dim:
+        if (1 << candidate) * n_dim <= SCALAR_THREADS and (1 << candidate) * LANE_MIN_K <= k_dim:
             lanes = Int32(1 << candidate)
     return lanes
 
