@@ -86,8 +86,8 @@ def test_persistent_tc_hidden_split_plans(rows, channels, hidden, tile_rows, mma
        seed=st.integers(0, 2**31))
 def test_cuda_core_engines_forced_tilings(rows, channels, hidden, engine, tile_rows, clusters, weights, activation,
                                           seed):
-    """The CUDA-core engines at random sizes (1 to 300 columns on either side, so 1 to 32 lanes share an
-    output's K loop) with forced row tiles, grids and weight placements: against the reference."""
+    """The CUDA-core engines at random sizes (odd ones included) with forced row tiles, grids (several tiles a
+    CTA) and weight placements (shared or global memory): against the reference."""
     device = planning.current_device()
     choices = {"tile_rows": tile_rows}
     if engine != "conventional":

@@ -87,8 +87,8 @@ class FusedRows:
             w1_bytes = transposed_weight_bytes(hidden_size, channels)
             w1_src = scalar.smem_weight(base, 0, hidden_size, channels)
             w2_src = scalar.smem_weight(base, w1_bytes, channels, hidden_size)
-            scalar.stage_rows(w1, Int32(0), hidden_size, w1_src, tid)
-            scalar.stage_rows(w2, Int32(0), channels, w2_src, tid)
+            scalar.stage_weight(w1, w1_src, tid)
+            scalar.stage_weight(w2, w2_src, tid)
             offset = w1_bytes + transposed_weight_bytes(channels, hidden_size)  # published by the first barrier
         x_s = scalar.smem_rows(base, offset, Float32, tile_rows, channels)
         h_s = None
