@@ -103,18 +103,23 @@ def test_cuda_core_engines_forced_tilings(rows, channels, hidden, engine, tile_r
 @settings(deadline=None, max_examples=40)
 @given(rows=st.integers(1, 3000), channels=st.integers(1, 64).map(lambda v: 8 * v),
        hidden=st.integers(1, 150).map(lambda v: 8 * v), split=st.sampled_from(planning.TC_SPLITS),
-       clusters=st.one_of(st.none(), st.integers(1, 3)), activation=st.sampled_from(model.ACTIVATIONS),
-       seed=st.integers(0, 2**31))
-def test_persistent_tc_tma_load_plans(rows, channels, hidden, split, clusters, activation, seed):
+       overlap=st.booleans(), clusters=st.one_of(st.none(), st.integers(1, 3)),
+       activation=st.sampled_from(model.ACTIVATIONS), seed=st.integers(0, 2**31))
+def test_persistent_tc_tma_load_plans(rows, channels, hidden, split, overlap, clusters, activation, seed):
     """persistent-tc's wgmma form with its weight chunks loaded by TMA (planning's choice for 64-row tiles),
-    split or not, with several tiles per CTA (or cluster) where ``clusters`` is small."""
+    split or not, with the serial or the overlapped chunk schedule (GEMM1 of chunk j + 1 beside GEMM2 of
+    chunk j, two hidden buffers), several tiles per CTA (or cluster) where ``clusters`` is small: a single
+    chunk and partial chunks included."""
     device = planning.current_device()
     try:
         plan = planning.forced("persistent-tc", rows, channels, hidden, device, mma="wgmma", loads="tma",
-                               split=split, grid=None if clusters is None else split * clusters)
-    except ValueError as e:  # the split 64 x 512 tile has no room for the peer's half output tile
-        assert "does not fit" in str(e) and split == 2 and channels > 256, e
+                               split=split, overlap=overlap, grid=None if clusters is None else split * clusters)
+    except ValueError as e:  # the split 64 x 512 tile has no room for the peer's half output tile; the
+        # overlapped schedule needs a chunk for each CTA of a split
+        assert ("does not fit" in str(e) and split == 2 and channels > 256) or (
+            "a hidden chunk for every CTA" in str(e) and split == 2 and hidden <= planning.TC_HIDDEN_CHUNK), e
         return
+    assert plan.tile.overlap == overlap
     _check_plan(plan, activation, seed)
 
 
@@ -130,28 +135,6 @@ def test_persistent_tc_weight_multicast_plans(rows, channels, hidden, multicast,
     device = planning.current_device()
     plan = planning.forced("persistent-tc", rows, channels, hidden, device, mma="wgmma", multicast=multicast,
                            grid=None if clusters is None else multicast * clusters)
-    _check_plan(plan, activation, seed)
-
-
-@settings(deadline=None, max_examples=40)
-@given(rows=st.integers(1, 3000), channels=st.integers(1, 64).map(lambda v: 8 * v),
-       hidden=st.integers(1, 150).map(lambda v: 8 * v), split=st.sampled_from(planning.TC_SPLITS),
-       clusters=st.one_of(st.none(), st.integers(1, 3)), activation=st.sampled_from(model.ACTIVATIONS),
-       seed=st.integers(0, 2**31))
-def test_persistent_tc_overlapped_chunk_schedule(rows, channels, hidden, split, clusters, activation, seed):
-    """persistent-tc's wgmma form with TMA loads and the overlapped chunk schedule (GEMM1 of chunk j + 1
-    beside GEMM2 of chunk j, two hidden buffers), split or not, several tiles per CTA where ``clusters`` is
-    small: against the reference at random shapes, a single chunk and partial chunks included."""
-    device = planning.current_device()
-    try:
-        plan = planning.forced("persistent-tc", rows, channels, hidden, device, mma="wgmma", loads="tma",
-                               split=split, overlap=True, grid=None if clusters is None else split * clusters)
-    except ValueError as e:  # the split 64 x 512 tile has no room for the peer's half output tile; the
-        # overlapped schedule needs a chunk for each CTA of a split
-        assert ("does not fit" in str(e) and split == 2 and channels > 256) or (
-            "a hidden chunk for every CTA" in str(e) and split == 2 and hidden <= planning.TC_HIDDEN_CHUNK), e
-        return
-    assert plan.tile.overlap
     _check_plan(plan, activation, seed)
 
 
