@@ -87,8 +87,8 @@ class Variant:
         wg = "_wg" if self.mma == "wgmma" else ""
         shared = "" if self.split == 1 else f"_x{self.split}"
         shared += "" if self.loads == "cp.async" else "_tma" if self.multicast == 1 else f"_mc{self.multicast}"
-        chunk = "_ov" if self.overlap else ""
-        return (f"persistent-tc_m{self.tile_rows}_c{self.channels_tile}_s{self.stages}{narrow}{wg}{shared}{chunk}"
+        schedule = "_ov" if self.overlap else ""
+        return (f"persistent-tc_m{self.tile_rows}_c{self.channels_tile}_s{self.stages}{narrow}{wg}{shared}{schedule}"
                 f"_res-{self.residual}")
 
     @property
