@@ -97,6 +97,18 @@ class Variant:
                     split=self.split, multicast=self.multicast, loads=self.loads, overlap=self.overlap)
         return tc_occupancy_limit(tile)
 
+    @property
+    def fused_stages(self) -> int:
+        """Chunks whose W1 and W2 element loads fly with the x tile's at a tile's start (``FUSED_LOAD_ELEMENTS``);
+        0 for 16-byte rows, whose cp.async copies are all in flight together anyway."""
+        if self.vector == VECTOR_ELEMENTS:
+            return 0
+        x, chunk = (n * self.channels_tile // TC_THREADS for n in (self.tile_rows, TC_HIDDEN_CHUNK))
+        fused = 0
+        while fused < self.stages and x + 2 * (fused + 1) * chunk <= FUSED_LOAD_ELEMENTS:
+            fused += 1
+        return fused
+
     def compile(self, arch: str | None = None):
         s = Symbols(divisibility=self.vector)
         f16, f32 = Float16, Float32
@@ -120,18 +132,6 @@ def launcher(plan: Plan, activation: str, residual: str = "float16"):
     return run
 
 
-def fused_load_stages(variant: Variant) -> int:
-    """Chunks whose W1 and W2 element loads fly with the x tile's at a tile's start (``FUSED_LOAD_ELEMENTS``);
-    0 for 16-byte rows, whose cp.async copies are all in flight together anyway."""
-    if variant.vector == VECTOR_ELEMENTS:
-        return 0
-    x, chunk = (n * variant.channels_tile // TC_THREADS for n in (variant.tile_rows, TC_HIDDEN_CHUNK))
-    fused = 0
-    while fused < variant.stages and x + 2 * (fused + 1) * chunk <= FUSED_LOAD_ELEMENTS:
-        fused += 1
-    return fused
-
-
 class PersistentTensorCore:
     def __init__(self, variant: Variant):
         self.tile_rows = variant.tile_rows
@@ -143,7 +143,7 @@ class PersistentTensorCore:
         self.multicast = variant.multicast
         self.tma = variant.loads == "tma"
         self.overlap = variant.overlap
-        self.fused_stages = fused_load_stages(variant)
+        self.fused_stages = variant.fused_stages
         self.occupancy = variant.occupancy
 
     @cute.jit
@@ -295,7 +295,7 @@ class PersistentTensorCore:
                 if stages < local_chunks and is_loader:
                     self.tma_load(pipe_w1, load_w1, tma_w1, t_g_w1, t_s_w1, rank + split * stages, mask)
                     load_w1.advance()
-                self.hidden_epilogue(acc_h, bias_h, act, thr_h.partition_C(s_h[None, None, 0]))
+                self.hidden_epilogue(acc_h, bias_h, act, h_dst)
                 for jj in range(local_chunks - 1):
                     j = rank + split * jj
                     self.read_b1(bias_h, h_coords, b1, j + split, hidden)
