@@ -34,8 +34,11 @@ FALLBACK_CHAINS = {
 
 SCALAR_THREADS = 256
 ROW_BLOCK = 4
-"""Scalar kernels: a thread computes ROW_BLOCK rows of one output column over the whole K loop
+"""Scalar kernels: a thread (or a group of lanes) computes ROW_BLOCK rows of one output column
 (``engines/scalar.py``); tiles are multiples of it."""
+SCALAR_OCCUPANCY = 2
+"""CTAs per SM the scalar kernels compile for (``min_blocks_per_mp``: at most 128 registers a thread, room
+for a thread's 4 x 8 partial sums and the loads of a K step in flight)."""
 
 TC_THREADS = 256
 TC_HIDDEN_CHUNK = 64
@@ -433,7 +436,8 @@ def tc_occupancy_limit(tile: Tile) -> int:
 def plan_owners(tile: Tile, smem: SharedMemory, device: DeviceSpec) -> Owners:
     """Step 3: the grid. Persistent engines launch min(row tiles, resident CTAs) and CTA b owns
     tiles b, b + grid, ...; the conventional engines launch one CTA per tile."""
-    limit = tc_occupancy_limit(tile) if tile.engine == "persistent-tc" else None
+    scalar = tile.engine in ("conventional", "persistent", "persistent-global")
+    limit = tc_occupancy_limit(tile) if tile.engine == "persistent-tc" else SCALAR_OCCUPANCY if scalar else None
     resident = occupancy(tile.threads, smem.bytes, device, limit)
     if tile.engine.startswith("persistent") and tile.multicast > 1:  # whole clusters, each on its own tiles
         m = tile.multicast

@@ -16,7 +16,7 @@ import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32
 
 from ..model import ACTIVATION_CODES
-from ..planning import SCALAR_THREADS, Plan, ceil_div
+from ..planning import SCALAR_OCCUPANCY, SCALAR_THREADS, Plan, ceil_div
 from . import scalar
 from .common import DTYPES, HiddenWorkspace, Symbols, compile_variant, compiled
 
@@ -64,7 +64,8 @@ class HiddenStage:
     def __call__(self, u: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, hidden: cute.Tensor, act: Int32,
                  tile_rows: Int32, stream: cuda.CUstream):
         self.kernel(u, w1, b1, hidden, act, tile_rows).launch(
-            grid=[ceil_div(u.shape[0], tile_rows), 1, 1], block=[SCALAR_THREADS, 1, 1], stream=stream)
+            grid=[ceil_div(u.shape[0], tile_rows), 1, 1], block=[SCALAR_THREADS, 1, 1],
+            min_blocks_per_mp=SCALAR_OCCUPANCY, preferred_smem_carveout=0, stream=stream)
 
     @cute.kernel
     def kernel(self, u: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, hidden: cute.Tensor, act: Int32,
@@ -82,7 +83,8 @@ class OutputStage:
     def __call__(self, hidden: cute.Tensor, residual: cute.Tensor, w2: cute.Tensor, b2: cute.Tensor, y: cute.Tensor,
                  tile_rows: Int32, stream: cuda.CUstream):
         self.kernel(hidden, residual, w2, b2, y, tile_rows).launch(
-            grid=[ceil_div(hidden.shape[0], tile_rows), 1, 1], block=[SCALAR_THREADS, 1, 1], stream=stream)
+            grid=[ceil_div(hidden.shape[0], tile_rows), 1, 1], block=[SCALAR_THREADS, 1, 1],
+            min_blocks_per_mp=SCALAR_OCCUPANCY, preferred_smem_carveout=0, stream=stream)
 
     @cute.kernel
     def kernel(self, hidden: cute.Tensor, residual: cute.Tensor, w2: cute.Tensor, b2: cute.Tensor, y: cute.Tensor,

@@ -22,7 +22,7 @@ import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32
 
 from ..model import ACTIVATION_CODES
-from ..planning import SCALAR_THREADS, Plan, ceil_div, transposed_weight_bytes
+from ..planning import SCALAR_OCCUPANCY, SCALAR_THREADS, Plan, ceil_div, transposed_weight_bytes
 from . import scalar
 from .common import DTYPES, HiddenWorkspace, Symbols, compile_variant, compiled
 
@@ -87,8 +87,8 @@ class FusedRows:
             w1_bytes = transposed_weight_bytes(hidden_size, channels)
             w1_src = scalar.smem_weight(base, 0, hidden_size, channels)
             w2_src = scalar.smem_weight(base, w1_bytes, channels, hidden_size)
-            scalar.stage_weight(w1, w1_src, tid)
-            scalar.stage_weight(w2, w2_src, tid)
+            scalar.stage_rows(w1, Int32(0), hidden_size, w1_src, tid)
+            scalar.stage_rows(w2, Int32(0), channels, w2_src, tid)
             offset = w1_bytes + transposed_weight_bytes(channels, hidden_size)  # published by the first barrier
         x_s = scalar.smem_rows(base, offset, Float32, tile_rows, channels)
         h_s = None
@@ -120,7 +120,8 @@ class OnChipRows(FusedRows):
                  b2: cute.Tensor, y: cute.Tensor, act: Int32, tile_rows: Int32, grid: Int32, smem_bytes: Int32,
                  stream: cuda.CUstream):
         self.kernel(u, residual, w1, b1, w2, b2, y, None, act, tile_rows).launch(
-            grid=[grid, 1, 1], block=[SCALAR_THREADS, 1, 1], smem=smem_bytes, stream=stream)
+            grid=[grid, 1, 1], block=[SCALAR_THREADS, 1, 1], smem=smem_bytes,
+            min_blocks_per_mp=SCALAR_OCCUPANCY, preferred_smem_carveout=100, stream=stream)
 
 
 class GlobalRows(FusedRows):
@@ -129,4 +130,5 @@ class GlobalRows(FusedRows):
                  b2: cute.Tensor, y: cute.Tensor, hidden: cute.Tensor, act: Int32, tile_rows: Int32, grid: Int32,
                  smem_bytes: Int32, stream: cuda.CUstream):
         self.kernel(u, residual, w1, b1, w2, b2, y, hidden, act, tile_rows).launch(
-            grid=[grid, 1, 1], block=[SCALAR_THREADS, 1, 1], smem=smem_bytes, stream=stream)
+            grid=[grid, 1, 1], block=[SCALAR_THREADS, 1, 1], smem=smem_bytes,
+            min_blocks_per_mp=SCALAR_OCCUPANCY, preferred_smem_carveout=100, stream=stream)

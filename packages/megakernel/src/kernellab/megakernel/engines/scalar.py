@@ -2,15 +2,21 @@
 
 Both GEMMs of a block are the same row-wise product, ``out[r, n] = sum_k a[r, k] w[n, k] + b[n]``,
 followed by a different epilogue (activation and fp16 rounding after the first, the residual after
-the second). ``linear_rows`` computes it for any sizes: a thread owns ROW_BLOCK rows of one output
-column and runs the whole K loop itself (no cross-thread reduction), neighbouring threads take
-neighbouring columns. So reads of ``a`` are broadcasts, writes of the output are contiguous, and
-the sum runs in one fixed order: every engine built on it is deterministic and a row's result does
-not depend on how the rows are tiled.
+the second). ``linear_rows`` computes it for any sizes. Each output's K loop is summed as
+K_CLASSES interleaved partial sums (class c holds k = c, c + K_CLASSES, ... in increasing k) that a
+fixed tree then adds: classes c and c ^ 1 first, then c ^ 2, then c ^ 4. Who computes the classes
+depends on how many outputs the CTA has to fill its threads with: one thread all of them (a thread
+owns ROW_BLOCK rows of one output column, 4 x K_CLASSES independent chains), or a group of 2, 4 or
+8 neighbouring lanes, each lane its share of the classes, the tree's first levels then running as
+butterfly shuffles across the group. Floating-point addition is commutative, so every split gives
+the same bits: the order of every sum depends on K alone, which keeps every engine built on it
+deterministic and a row's result independent of how the rows are tiled.
 
 Weights staged in shared memory are stored transposed (K-major rows of N, padded to a stride S with
 S = 2 mod 4 halves) so that the threads of a warp read consecutive halves at each k, and the staging
 copy (coalesced global reads along K) writes with an odd word stride: both free of bank conflicts.
+Staging walks its elements without a division per element and has STAGE_BATCH loads of a thread in
+flight before it stores any, so that a CTA pays the memory latency once per batch, not per element.
 """
 
 from __future__ import annotations
@@ -22,51 +28,132 @@ from cutlass import Float16, Float32, Int32, Uint8
 from ..planning import ROW_BLOCK, SCALAR_THREADS, padded_stride
 from .common import activate, round_to_fp16
 
+K_CLASSES = 8
+"""Interleaved partial sums of every K loop (a power of two): also the most lanes that share an output."""
+LEVELS = K_CLASSES.bit_length() - 1
+STAGE_BATCH = 32
+"""Elements a thread loads into registers before it stores any, when staging into shared memory."""
+
+
+@cute.jit
+def group_lanes(outputs: Int32) -> Int32:
+    """Lanes that share one output: the most (up to K_CLASSES) with every output's group still within
+    the CTA in one pass, so that a CTA with few outputs to compute keeps its threads busy."""
+    lanes = Int32(1)
+    for level in cutlass.range_constexpr(1, LEVELS + 1):
+        if outputs * (1 << level) <= SCALAR_THREADS:
+            lanes = Int32(1 << level)
+    return lanes
+
 
 @cute.jit
 def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, weight: cute.Tensor,
                 bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, tid: Int32):
     """For r < rows_valid and n < n_dim: ``epilogue(r, n, sum_k a[a_row0 + r, k] weight[n, k] + bias[n])``.
 
-    Rows past ``rows_valid`` in a thread's block read the last valid row (always in bounds) and
-    are never handed to the epilogue."""
-    row_blocks = (rows_valid + ROW_BLOCK - 1) // ROW_BLOCK
-    for item in range(tid, row_blocks * n_dim, SCALAR_THREADS):
-        block = item // n_dim
-        n = item - block * n_dim
-        r0 = block * ROW_BLOCK
-        rows = [a_row0 + cutlass.min(r0 + rr, rows_valid - 1) for rr in range(ROW_BLOCK)]
-        acc = cute.make_rmem_tensor((ROW_BLOCK,), Float32)
-        acc.fill(0.0)
-        for k in cutlass.range(k_dim, unroll=4):
+    Output item i is row block i // n_dim of column i % n_dim. Rows past ``rows_valid`` in a block read
+    the last valid row (always in bounds) and are never handed to the epilogue."""
+    outputs = (rows_valid + ROW_BLOCK - 1) // ROW_BLOCK * n_dim
+    lanes = group_lanes(outputs)
+    acc = cute.make_rmem_tensor((ROW_BLOCK,), Float32)
+    if lanes == 1:
+        for item in range(tid, outputs, SCALAR_THREADS):
+            _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc)
+            _store_item(rows_valid, bias, n_dim, epilogue, item, acc)
+    else:  # one pass: every output's group fits in the CTA
+        item = cutlass.min(tid // lanes, outputs - 1)
+        for level in cutlass.range_constexpr(1, LEVELS + 1):
+            if lanes == (1 << level):
+                _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, tid % (1 << level), 1 << level, acc)
+        if tid % lanes == 0 and tid // lanes < outputs:
+            _store_item(rows_valid, bias, n_dim, epilogue, item, acc)
+
+
+@cute.jit
+def _store_item(rows_valid: Int32, bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, item: Int32,
+                acc: cute.Tensor):
+    block = item // n_dim
+    n = item - block * n_dim
+    b = bias[n]
+    for rr in cutlass.range_constexpr(ROW_BLOCK):
+        if block * ROW_BLOCK + rr < rows_valid:
+            epilogue(block * ROW_BLOCK + rr, n, acc[rr] + b)
+
+
+@cute.jit
+def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, weight: cute.Tensor, n_dim: Int32,
+              item: Int32, lane: Int32, lanes: cutlass.Constexpr, out: cute.Tensor):
+    """out[rr] = sum_k a[row rr of the item's block, k] weight[n, k], lane ``lane`` of ``lanes`` summing the
+    classes c = lane + j * lanes, and the fixed tree adding them (its levels below ``lanes`` by shuffles,
+    which every lane of the group must reach). Every lane ends with the same sums."""
+    per_lane = K_CLASSES // lanes
+    block = item // n_dim
+    n = item - block * n_dim
+    rows = [a_row0 + cutlass.min(block * ROW_BLOCK + rr, rows_valid - 1) for rr in range(ROW_BLOCK)]
+    acc = cute.make_rmem_tensor((per_lane, ROW_BLOCK), Float32)
+    acc.fill(0.0)
+    k_full = k_dim - k_dim % K_CLASSES  # below it every class is present: no bounds checks
+    for k0 in cutlass.range(lane, k_full, K_CLASSES, unroll=1):
+        for j in cutlass.range_constexpr(per_lane):
+            w = weight[n, k0 + j * lanes].to(Float32)
+            for rr in cutlass.range_constexpr(ROW_BLOCK):
+                acc[j, rr] = acc[j, rr] + a[rows[rr], k0 + j * lanes].to(Float32) * w
+    for j in cutlass.range_constexpr(per_lane):
+        k = k_full + lane + j * lanes
+        if k < k_dim:
             w = weight[n, k].to(Float32)
             for rr in cutlass.range_constexpr(ROW_BLOCK):
-                acc[rr] = acc[rr] + a[rows[rr], k].to(Float32) * w
-        b = bias[n]
-        for rr in cutlass.range_constexpr(ROW_BLOCK):
-            if r0 + rr < rows_valid:
-                epilogue(r0 + rr, n, acc[rr] + b)
+                acc[j, rr] = acc[j, rr] + a[rows[rr], k].to(Float32) * w
+    for level in cutlass.range_constexpr(LEVELS):  # the fixed tree: partners c ^ 1, then c ^ 2, then c ^ 4
+        if cutlass.const_expr((1 << level) < lanes):
+            for j in cutlass.range_constexpr(per_lane):
+                for rr in cutlass.range_constexpr(ROW_BLOCK):
+                    acc[j, rr] = acc[j, rr] + cute.arch.shuffle_sync_bfly(acc[j, rr], offset=1 << level)
+        else:
+            step = (1 << level) // lanes
+            for j in cutlass.range_constexpr(per_lane):
+                if cutlass.const_expr((j & step) == 0):
+                    for rr in cutlass.range_constexpr(ROW_BLOCK):
+                        acc[j, rr] = acc[j, rr] + acc[j + step, rr]
+    for rr in cutlass.range_constexpr(ROW_BLOCK):
+        out[rr] = acc[0, rr]
 
 
 @cute.jit
 def stage_rows(src: cute.Tensor, row0: Int32, rows_valid: Int32, dst: cute.Tensor, tid: Int32):
-    """dst[r, c] = fp32(src[row0 + r, c]) for the tile's valid rows (fp16 -> fp32 is exact)."""
+    """dst[r, c] = src[row0 + r, c], converted to dst's type, for r < rows_valid and every column: a tile's
+    input rows (fp16 -> fp32 is exact), or a whole (N, K) weight (row0 0, rows_valid N) into its transposed
+    view. The rows are contiguous in global memory, so thread t loads their flat elements t, t + T, ...
+    (coalesced; STAGE_BATCH of them, each at a fixed offset from the first), then stores them, walking the
+    destination's (r, c) by T without a division."""
     cols = src.shape[1]
-    for i in range(tid, rows_valid * cols, SCALAR_THREADS):
-        r = i // cols
-        c = i - r * cols
-        dst[r, c] = src[row0 + r, c].to(Float32)
+    total = rows_valid * cols
+    flat = cute.make_tensor(src.iterator + row0 * cols, cute.make_layout(total))
+    step_r = SCALAR_THREADS // cols
+    step_c = SCALAR_THREADS - step_r * cols
+    r = tid // cols
+    c = tid - r * cols
+    for f0 in range(tid, total, SCALAR_THREADS * STAGE_BATCH):
+        staged = cute.make_rmem_tensor((STAGE_BATCH,), src.element_type)
+        for u in cutlass.range_constexpr(STAGE_BATCH):
+            staged[u] = src.element_type(0.0)
+            if f0 + u * SCALAR_THREADS < total:
+                staged[u] = flat[f0 + u * SCALAR_THREADS]
+        for u in cutlass.range_constexpr(STAGE_BATCH):
+            if f0 + u * SCALAR_THREADS < total:
+                dst[r, c] = staged[u].to(dst.element_type)
+            r, c = _advance(r, c, step_r, step_c, cols)
 
 
 @cute.jit
-def stage_weight(src: cute.Tensor, dst: cute.Tensor, tid: Int32):
-    """A whole (N, K) weight from global memory (read along K, coalesced) into its transposed
-    shared-memory view ``dst`` (same logical (N, K) indexing)."""
-    k_dim = src.shape[1]
-    for i in range(tid, cute.size(src), SCALAR_THREADS):
-        n = i // k_dim
-        k = i - n * k_dim
-        dst[n, k] = src[n, k]
+def _advance(r: Int32, c: Int32, step_r: Int32, step_c: Int32, cols: Int32):
+    """(r, c) moved on by step_r * cols + step_c row-major elements (step_c < cols)."""
+    c = c + step_c
+    r = r + step_r
+    if c >= cols:
+        c = c - cols
+        r = r + 1
+    return r, c
 
 
 def dynamic_smem():
