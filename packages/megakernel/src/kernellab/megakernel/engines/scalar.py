@@ -15,15 +15,15 @@ deterministic and a row's result independent of how the rows are tiled.
 Weights staged in shared memory are stored transposed (K-major rows of N, padded to a stride S with
 S = 2 mod 4 halves) so that the threads of a warp read consecutive halves at each k, and the staging
 copy (coalesced global reads along K) writes with an odd word stride: both free of bank conflicts.
-Staging walks its elements without a division per element and has STAGE_BATCH loads of a thread in
-flight before it stores any, so that a CTA pays the memory latency once per batch, not per element.
+Staging has STAGE_BATCH loads of a thread in flight before it stores any, so that a CTA pays the memory
+latency once per batch, not per element, and finds each element's place without a division.
 """
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float16, Float32, Int32, Uint8
+from cutlass import Float16, Float32, Int32, Int64, Uint8
 
 from ..planning import ROW_BLOCK, SCALAR_THREADS, padded_stride
 from .common import activate, round_to_fp16
@@ -124,15 +124,12 @@ def stage_rows(src: cute.Tensor, row0: Int32, rows_valid: Int32, dst: cute.Tenso
     """dst[r, c] = src[row0 + r, c], converted to dst's type, for r < rows_valid and every column: a tile's
     input rows (fp16 -> fp32 is exact), or a whole (N, K) weight (row0 0, rows_valid N) into its transposed
     view. The rows are contiguous in global memory, so thread t loads their flat elements t, t + T, ...
-    (coalesced; STAGE_BATCH of them, each at a fixed offset from the first), then stores them, walking the
-    destination's (r, c) by T without a division."""
+    (coalesced; STAGE_BATCH of them, each at a fixed offset from the first), then stores them, each
+    element's (r, c) found on its own by ``div_rows`` (no chain of dependent steps between them)."""
     cols = src.shape[1]
     total = rows_valid * cols
     flat = cute.make_tensor(src.iterator + row0 * cols, cute.make_layout(total))
-    step_r = SCALAR_THREADS // cols
-    step_c = SCALAR_THREADS - step_r * cols
-    r = tid // cols
-    c = tid - r * cols
+    magic = row_magic(cols)
     for f0 in range(tid, total, SCALAR_THREADS * STAGE_BATCH):
         staged = cute.make_rmem_tensor((STAGE_BATCH,), src.element_type)
         for u in cutlass.range_constexpr(STAGE_BATCH):
@@ -140,20 +137,27 @@ def stage_rows(src: cute.Tensor, row0: Int32, rows_valid: Int32, dst: cute.Tenso
             if f0 + u * SCALAR_THREADS < total:
                 staged[u] = flat[f0 + u * SCALAR_THREADS]
         for u in cutlass.range_constexpr(STAGE_BATCH):
-            if f0 + u * SCALAR_THREADS < total:
-                dst[r, c] = staged[u].to(dst.element_type)
-            r, c = _advance(r, c, step_r, step_c, cols)
+            f = f0 + u * SCALAR_THREADS
+            if f < total:
+                r = div_rows(f, magic)
+                dst[r, f - r * cols] = staged[u].to(dst.element_type)
+
+
+MAGIC_SHIFT = 40
 
 
 @cute.jit
-def _advance(r: Int32, c: Int32, step_r: Int32, step_c: Int32, cols: Int32):
-    """(r, c) moved on by step_r * cols + step_c row-major elements (step_c < cols)."""
-    c = c + step_c
-    r = r + step_r
-    if c >= cols:
-        c = c - cols
-        r = r + 1
-    return r, c
+def row_magic(cols: Int32) -> Int64:
+    """floor(2^40 / cols) + 1: with it ``div_rows`` divides by cols exactly for every flat index below 2^17
+    (shared memory holds fewer elements) and cols below 2^23."""
+    return (Int64(1) << MAGIC_SHIFT) // Int64(cols) + Int64(1)
+
+
+@cute.jit
+def div_rows(f: Int32, magic: Int64) -> Int32:
+    """f // cols by one 64-bit multiply and shift (``row_magic``): f / cols + f * e / 2^40 with 0 < e <= 1 stays
+    below the next integer while f * e / 2^40 < 1 / cols."""
+    return Int32((Int64(f) * magic) >> MAGIC_SHIFT)
 
 
 def dynamic_smem():
