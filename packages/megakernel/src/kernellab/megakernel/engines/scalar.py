@@ -31,7 +31,7 @@ from .common import activate, round_to_fp16
 K_CLASSES = 8
 """Interleaved partial sums of every K loop (a power of two): also the most lanes that share an output."""
 LEVELS = K_CLASSES.bit_length() - 1
-STAGE_BATCH = 32
+STAGE_BATCH = 8
 """Elements a thread loads into registers before it stores any, when staging into shared memory."""
 
 
