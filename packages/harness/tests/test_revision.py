@@ -64,3 +64,20 @@ def test_a_zip_with_escaping_paths_is_refused(tmp_path):
         zf.writestr("../escape.txt", "x")
     with pytest.raises(RevisionError, match="unsafe path"):
         materialize(str(z), tmp_path, tmp_path / "out")
+
+
+def test_a_worker_keeps_the_callers_pythonpath_after_its_tree(tmp_path):
+    """Dependencies reachable only through PYTHONPATH (CuTe DSL on an offline GPU host) stay importable in
+    the worker, behind the tree's own package sources."""
+    import os
+
+    from kernellab.harness.revision import worker_pythonpath
+
+    for name in ("harness", "kernels"):
+        (tmp_path / "packages" / name / "src").mkdir(parents=True)
+    inherited = os.pathsep.join(["/opt/site", "/opt/site/dsl"])
+    parts = worker_pythonpath(tmp_path, inherited).split(os.pathsep)
+    assert parts == [str(tmp_path / "packages" / "harness" / "src"), str(tmp_path / "packages" / "kernels" / "src"),
+                     "/opt/site", "/opt/site/dsl"]
+    assert worker_pythonpath(tmp_path, None).split(os.pathsep) == parts[:2]
+    assert worker_pythonpath(tmp_path, "").split(os.pathsep) == parts[:2]

@@ -76,6 +76,12 @@ def source_paths(root: str | os.PathLike) -> list[str]:
     return [str(p) for p in sorted(Path(root).glob("packages/*/src")) if p.is_dir()]
 
 
+def worker_pythonpath(root: str | os.PathLike, inherited: str | None) -> str:
+    """The tree's package sources first (so its kernellab wins), then whatever PYTHONPATH the caller had:
+    dependencies installed there (CuTe DSL on a host without an index) must stay importable."""
+    return os.pathsep.join([*source_paths(root), *([inherited] if inherited else [])])
+
+
 class Worker:
     """A subprocess that imports only the code of one tree and answers JSON requests line by line."""
 
@@ -83,7 +89,7 @@ class Worker:
         self.root = Path(root).resolve()
         self.label = label
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(source_paths(self.root))
+        env["PYTHONPATH"] = worker_pythonpath(self.root, os.environ.get("PYTHONPATH"))
         env["KERNELLAB_SOURCE_ROOT"] = str(self.root)
         env["KERNELLAB_WORKER_LABEL"] = label
         env["PYTHONDONTWRITEBYTECODE"] = "1"
