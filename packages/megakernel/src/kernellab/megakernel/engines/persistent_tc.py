@@ -425,7 +425,9 @@ class PersistentTensorCore:
     @cute.jit
     def tma_load(self, pipe, state, tma, t_g: cute.Tensor, t_s: cute.Tensor, j: Int32, mask):
         """Once every CTA of the cluster freed ``state``'s buffer: this CTA's share of weight chunk j into it,
-        in every CTA of the mask (the caller advances ``state``)."""
+        in every CTA of the mask. The caller advances ``state`` (and releases and advances its consumer state)
+        in its own loop body: CuTe DSL carries a pipeline state through a dynamic loop or branch only where
+        that body advances it, and an advance inside a helper fails IR verification (tried)."""
         pipe.producer_acquire(state)
         cute.copy(tma, t_g[(None, j)], t_s[(None, state.index)], tma_bar_ptr=pipe.producer_get_barrier(state),
                   mcast_mask=mask)
