@@ -101,16 +101,16 @@ class FusedRows:
             cute.arch.sync_threads()
             if cutlass.const_expr(self.variant.hidden_on_chip):
                 scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size,
-                                   scalar.hidden_to_smem(h_s, act), tid)
+                                   scalar.HiddenToSmem(h_s, act), tid)
                 cute.arch.sync_threads()
                 scalar.linear_rows(h_s, Int32(0), valid, hidden_size, w2_src, b2, channels,
-                                   scalar.output_with_residual(y, residual, row0), tid)
+                                   scalar.OutputWithResidual(y, residual, row0), tid)
             else:
                 scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size,
-                                   scalar.hidden_to_global(hidden, row0, act), tid)
+                                   scalar.HiddenToGlobal(hidden, row0, act), tid)
                 cute.arch.sync_threads()  # also makes the CTA's global hidden writes visible to the CTA
                 scalar.linear_rows(hidden, row0, valid, hidden_size, w2_src, b2, channels,
-                                   scalar.output_with_residual(y, residual, row0), tid)
+                                   scalar.OutputWithResidual(y, residual, row0), tid)
             cute.arch.sync_threads()  # the next tile overwrites x_s (and h_s)
 
 
