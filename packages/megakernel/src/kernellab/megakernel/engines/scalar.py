@@ -120,27 +120,43 @@ def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, we
 
 
 @cute.jit
-def stage_rows(src: cute.Tensor, row0: Int32, rows_valid: Int32, dst: cute.Tensor, tid: Int32):
-    """dst[r, c] = src[row0 + r, c], converted to dst's type, for r < rows_valid and every column: a tile's
-    input rows (fp16 -> fp32 is exact), or a whole (N, K) weight (row0 0, rows_valid N) into its transposed
-    view. The rows are contiguous in global memory, so thread t loads their flat elements t, t + T, ...
-    (coalesced; STAGE_BATCH of them, each at a fixed offset from the first), then stores them, each
-    element's (r, c) found on its own by ``div_rows`` (no chain of dependent steps between them)."""
-    cols = src.shape[1]
-    total = rows_valid * cols
-    flat = cute.make_tensor(src.iterator + row0 * cols, cute.make_layout(total))
-    magic = row_magic(cols)
-    for f0 in range(tid, total, SCALAR_THREADS * STAGE_BATCH):
-        staged = cute.make_rmem_tensor((STAGE_BATCH,), src.element_type)
-        for u in cutlass.range_constexpr(STAGE_BATCH):
-            staged[u] = src.element_type(0.0)
-            if f0 + u * SCALAR_THREADS < total:
-                staged[u] = flat[f0 + u * SCALAR_THREADS]
+def stage(copies: cutlass.Constexpr, tid: Int32):
+    """For each (src, row0, rows_valid, dst) of ``copies``: dst[r, c] = src[row0 + r, c], converted to dst's type,
+    for r < rows_valid and every column: a tile's input rows (fp16 -> fp32 is exact), or a whole (N, K) weight
+    (row0 0, rows_valid N) into its transposed view. The sources' rows are contiguous, and the copies share one
+    flat index space (each source's elements after the previous source's), which thread t walks as t, t + T, ...
+    (coalesced): STAGE_BATCH loads of it, from whichever sources they fall in, go out before any store, so a CTA
+    staging its weights and its first tile of small sizes waits out one memory latency, not one a source.
+    Each element's (r, c) comes from ``div_rows`` on its own (no chain of dependent steps between them)."""
+    starts = [Int32(0)]
+    flats = []
+    magics = []
+    for i in cutlass.range_constexpr(len(copies)):
+        src, row0, rows_valid, _ = copies[i]
+        cols = src.shape[1]
+        flats.append(cute.make_tensor(src.iterator + row0 * cols, cute.make_layout(rows_valid * cols)))
+        magics.append(row_magic(cols))
+        starts.append(starts[i] + rows_valid * cols)
+    element = copies[0][0].element_type
+    for f0 in range(tid, starts[len(copies)], SCALAR_THREADS * STAGE_BATCH):
+        staged = cute.make_rmem_tensor((STAGE_BATCH,), element)
         for u in cutlass.range_constexpr(STAGE_BATCH):
             f = f0 + u * SCALAR_THREADS
-            if f < total:
-                r = div_rows(f, magic)
-                dst[r, f - r * cols] = staged[u].to(dst.element_type)
+            staged[u] = element(0.0)
+            for i in cutlass.range_constexpr(len(copies)):
+                if f >= starts[i]:
+                    if f < starts[i + 1]:
+                        staged[u] = flats[i][f - starts[i]]
+        for u in cutlass.range_constexpr(STAGE_BATCH):
+            f = f0 + u * SCALAR_THREADS
+            for i in cutlass.range_constexpr(len(copies)):
+                if f >= starts[i]:
+                    if f < starts[i + 1]:
+                        src, _, _, dst = copies[i]
+                        cols = src.shape[1]
+                        g = f - starts[i]
+                        r = div_rows(g, magics[i])
+                        dst[r, g - r * cols] = staged[u].to(dst.element_type)
 
 
 MAGIC_SHIFT = 40
