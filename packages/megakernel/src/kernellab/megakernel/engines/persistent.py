@@ -4,7 +4,7 @@ The grid is min(row tiles, resident CTAs) and CTA b owns tiles b, b + grid, ... 
 robin). For each tile the CTA stages the fp16 input rows in shared memory as fp32, computes the
 hidden rows, and then the output rows, all with ``scalar.linear_rows``. Where the planner found the
 weights fit beside the tile (and a CTA reuses them), W1 and W2 are copied into shared memory once
-per CTA, in one batch of loads with the rows of its first tile, and serve all its tiles.
+per CTA and serve all its tiles.
 
 ``persistent-global`` is the same kernel with the hidden rows in a global workspace instead of
 shared memory: same owners, same arithmetic in the same order, so the pair isolates the cost of
@@ -87,6 +87,8 @@ class FusedRows:
             w1_bytes = transposed_weight_bytes(hidden_size, channels)
             w1_src = scalar.smem_weight(base, 0, hidden_size, channels)
             w2_src = scalar.smem_weight(base, w1_bytes, channels, hidden_size)
+            scalar.stage_rows(w1, Int32(0), hidden_size, w1_src, tid)
+            scalar.stage_rows(w2, Int32(0), channels, w2_src, tid)
             offset = w1_bytes + transposed_weight_bytes(channels, hidden_size)  # published by the first barrier
         x_s = scalar.smem_rows(base, offset, Float32, tile_rows, channels)
         h_s = None
@@ -95,28 +97,20 @@ class FusedRows:
         for tile in range(cta, ceil_div(rows, tile_rows), grid):
             row0 = tile * tile_rows
             valid = cutlass.min(tile_rows, rows - row0)
-            rows_copy = (u, row0, valid, x_s)
-            if cutlass.const_expr(self.variant.weights_in_smem):
-                if tile == cta:  # the CTA's first tile: its weights and its rows in one batch of loads
-                    scalar.stage([(w1, Int32(0), hidden_size, w1_src), (w2, Int32(0), channels, w2_src), rows_copy],
-                                 tid)
-                else:
-                    scalar.stage([rows_copy], tid)
-            else:
-                scalar.stage([rows_copy], tid)
+            scalar.stage_rows(u, row0, valid, x_s, tid)
             cute.arch.sync_threads()
             if cutlass.const_expr(self.variant.hidden_on_chip):
                 scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size,
-                                   scalar.HiddenToSmem(h_s, act), tid)
+                                   scalar.hidden_to_smem(h_s, act), tid)
                 cute.arch.sync_threads()
                 scalar.linear_rows(h_s, Int32(0), valid, hidden_size, w2_src, b2, channels,
-                                   scalar.OutputWithResidual(y, residual, row0), tid)
+                                   scalar.output_with_residual(y, residual, row0), tid)
             else:
                 scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size,
-                                   scalar.HiddenToGlobal(hidden, row0, act), tid)
+                                   scalar.hidden_to_global(hidden, row0, act), tid)
                 cute.arch.sync_threads()  # also makes the CTA's global hidden writes visible to the CTA
                 scalar.linear_rows(hidden, row0, valid, hidden_size, w2_src, b2, channels,
-                                   scalar.OutputWithResidual(y, residual, row0), tid)
+                                   scalar.output_with_residual(y, residual, row0), tid)
             cute.arch.sync_threads()  # the next tile overwrites x_s (and h_s)
 
 

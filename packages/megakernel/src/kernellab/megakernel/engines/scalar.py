@@ -49,63 +49,46 @@ def group_lanes(outputs: Int32) -> Int32:
 @cute.jit
 def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, weight: cute.Tensor,
                 bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, tid: Int32):
-    """For r < rows_valid and n < n_dim: ``epilogue(r, n, sum_k a[a_row0 + r, k] weight[n, k] + bias[n], pre)``,
-    where ``pre = epilogue.prefetch(r, n)`` was loaded before the sum, so that its latency hides behind it.
+    """For r < rows_valid and n < n_dim: ``epilogue(r, n, sum_k a[a_row0 + r, k] weight[n, k] + bias[n])``.
 
     Output item i is row block i // n_dim of column i % n_dim. Rows past ``rows_valid`` in a block read
     the last valid row (always in bounds) and are never handed to the epilogue."""
     outputs = (rows_valid + ROW_BLOCK - 1) // ROW_BLOCK * n_dim
     lanes = group_lanes(outputs)
     acc = cute.make_rmem_tensor((ROW_BLOCK,), Float32)
-    pre = cute.make_rmem_tensor((ROW_BLOCK,), Float32)
     if lanes == 1:
         for item in range(tid, outputs, SCALAR_THREADS):
-            block = item // n_dim
-            n = item - block * n_dim
-            b = _prefetch_item(rows_valid, bias, epilogue, block, n, pre)
-            _sum_item(a, a_row0, rows_valid, k_dim, weight, block, n, Int32(0), 1, acc)
-            _store_item(rows_valid, epilogue, block, n, b, acc, pre)
+            _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc)
+            _store_item(rows_valid, bias, n_dim, epilogue, item, acc)
     else:  # one pass: every output's group fits in the CTA
         item = cutlass.min(tid // lanes, outputs - 1)
-        block = item // n_dim
-        n = item - block * n_dim
-        b = _prefetch_item(rows_valid, bias, epilogue, block, n, pre)
         for level in cutlass.range_constexpr(1, LEVELS + 1):
             if lanes == (1 << level):
-                _sum_item(a, a_row0, rows_valid, k_dim, weight, block, n, tid % (1 << level), 1 << level, acc)
+                _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, tid % (1 << level), 1 << level, acc)
         if tid % lanes == 0 and tid // lanes < outputs:
-            _store_item(rows_valid, epilogue, block, n, b, acc, pre)
+            _store_item(rows_valid, bias, n_dim, epilogue, item, acc)
 
 
 @cute.jit
-def _prefetch_item(rows_valid: Int32, bias: cute.Tensor, epilogue: cutlass.Constexpr, block: Int32, n: Int32,
-                   pre: cute.Tensor) -> Float32:
-    """The item's bias, and into ``pre`` what the epilogue reads per row (past rows_valid: the last valid row)."""
+def _store_item(rows_valid: Int32, bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, item: Int32,
+                acc: cute.Tensor):
+    block = item // n_dim
+    n = item - block * n_dim
+    b = bias[n]
     for rr in cutlass.range_constexpr(ROW_BLOCK):
-        pre[rr] = epilogue.prefetch(cutlass.min(block * ROW_BLOCK + rr, rows_valid - 1), n)
-    return bias[n]
-
-
-@cute.jit
-def _store_item(rows_valid: Int32, epilogue: cutlass.Constexpr, block: Int32, n: Int32, b: Float32,
-                acc: cute.Tensor, pre: cute.Tensor):
-    """The epilogue of the block's valid rows, written once: a rolled loop that shifts the next row's values into
-    slot 0 (static register indices), so the activation's code is fetched once, not ROW_BLOCK times."""
-    for rr in cutlass.range(ROW_BLOCK, unroll=1):
         if block * ROW_BLOCK + rr < rows_valid:
-            epilogue(block * ROW_BLOCK + rr, n, acc[0] + b, pre[0])
-        for j in cutlass.range_constexpr(ROW_BLOCK - 1):
-            acc[j] = acc[j + 1]
-            pre[j] = pre[j + 1]
+            epilogue(block * ROW_BLOCK + rr, n, acc[rr] + b)
 
 
 @cute.jit
-def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, weight: cute.Tensor, block: Int32,
-              n: Int32, lane: Int32, lanes: cutlass.Constexpr, out: cute.Tensor):
+def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, weight: cute.Tensor, n_dim: Int32,
+              item: Int32, lane: Int32, lanes: cutlass.Constexpr, out: cute.Tensor):
     """out[rr] = sum_k a[row rr of the item's block, k] weight[n, k], lane ``lane`` of ``lanes`` summing the
     classes c = lane + j * lanes, and the fixed tree adding them (its levels below ``lanes`` by shuffles,
     which every lane of the group must reach). Every lane ends with the same sums."""
     per_lane = K_CLASSES // lanes
+    block = item // n_dim
+    n = item - block * n_dim
     rows = [a_row0 + cutlass.min(block * ROW_BLOCK + rr, rows_valid - 1) for rr in range(ROW_BLOCK)]
     acc = cute.make_rmem_tensor((per_lane, ROW_BLOCK), Float32)
     acc.fill(0.0)
@@ -137,43 +120,27 @@ def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, we
 
 
 @cute.jit
-def stage(copies: cutlass.Constexpr, tid: Int32):
-    """For each (src, row0, rows_valid, dst) of ``copies``: dst[r, c] = src[row0 + r, c], converted to dst's type,
-    for r < rows_valid and every column: a tile's input rows (fp16 -> fp32 is exact), or a whole (N, K) weight
-    (row0 0, rows_valid N) into its transposed view. The sources' rows are contiguous, and the copies share one
-    flat index space (each source's elements after the previous source's), which thread t walks as t, t + T, ...
-    (coalesced): STAGE_BATCH loads of it, from whichever sources they fall in, go out before any store, so a CTA
-    staging its weights and its first tile of small sizes waits out one memory latency, not one a source.
-    Each element's (r, c) comes from ``div_rows`` on its own (no chain of dependent steps between them)."""
-    starts = [Int32(0)]
-    flats = []
-    magics = []
-    for i in cutlass.range_constexpr(len(copies)):
-        src, row0, rows_valid, _ = copies[i]
-        cols = src.shape[1]
-        flats.append(cute.make_tensor(src.iterator + row0 * cols, cute.make_layout(rows_valid * cols)))
-        magics.append(row_magic(cols))
-        starts.append(starts[i] + rows_valid * cols)
-    element = copies[0][0].element_type
-    for f0 in range(tid, starts[len(copies)], SCALAR_THREADS * STAGE_BATCH):
-        staged = cute.make_rmem_tensor((STAGE_BATCH,), element)
+def stage_rows(src: cute.Tensor, row0: Int32, rows_valid: Int32, dst: cute.Tensor, tid: Int32):
+    """dst[r, c] = src[row0 + r, c], converted to dst's type, for r < rows_valid and every column: a tile's
+    input rows (fp16 -> fp32 is exact), or a whole (N, K) weight (row0 0, rows_valid N) into its transposed
+    view. The rows are contiguous in global memory, so thread t loads their flat elements t, t + T, ...
+    (coalesced; STAGE_BATCH of them, each at a fixed offset from the first), then stores them, each
+    element's (r, c) found on its own by ``div_rows`` (no chain of dependent steps between them)."""
+    cols = src.shape[1]
+    total = rows_valid * cols
+    flat = cute.make_tensor(src.iterator + row0 * cols, cute.make_layout(total))
+    magic = row_magic(cols)
+    for f0 in range(tid, total, SCALAR_THREADS * STAGE_BATCH):
+        staged = cute.make_rmem_tensor((STAGE_BATCH,), src.element_type)
+        for u in cutlass.range_constexpr(STAGE_BATCH):
+            staged[u] = src.element_type(0.0)
+            if f0 + u * SCALAR_THREADS < total:
+                staged[u] = flat[f0 + u * SCALAR_THREADS]
         for u in cutlass.range_constexpr(STAGE_BATCH):
             f = f0 + u * SCALAR_THREADS
-            staged[u] = element(0.0)
-            for i in cutlass.range_constexpr(len(copies)):
-                if f >= starts[i]:
-                    if f < starts[i + 1]:
-                        staged[u] = flats[i][f - starts[i]]
-        for u in cutlass.range_constexpr(STAGE_BATCH):
-            f = f0 + u * SCALAR_THREADS
-            for i in cutlass.range_constexpr(len(copies)):
-                if f >= starts[i]:
-                    if f < starts[i + 1]:
-                        src, _, _, dst = copies[i]
-                        cols = src.shape[1]
-                        g = f - starts[i]
-                        r = div_rows(g, magics[i])
-                        dst[r, g - r * cols] = staged[u].to(dst.element_type)
+            if f < total:
+                r = div_rows(f, magic)
+                dst[r, f - r * cols] = staged[u].to(dst.element_type)
 
 
 MAGIC_SHIFT = 40
@@ -209,40 +176,28 @@ def smem_weight(base, byte_offset, n, k) -> cute.Tensor:
                             cute.make_layout((n, k), stride=(1, padded_stride(n))))
 
 
-class HiddenToSmem:
+def hidden_to_smem(h_s: cute.Tensor, act: Int32):
     """First-GEMM epilogue with the hidden on chip: fp32 holding the fp16-rounded value."""
 
-    def __init__(self, h_s: cute.Tensor, act: Int32):
-        self.h_s, self.act = h_s, act
+    def store(r, n, v):
+        h_s[r, n] = round_to_fp16(activate(v, act))
 
-    def prefetch(self, r, n):
-        return Float32(0.0)
-
-    def __call__(self, r, n, v, pre):
-        self.h_s[r, n] = round_to_fp16(activate(v, self.act))
+    return store
 
 
-class HiddenToGlobal:
+def hidden_to_global(hidden: cute.Tensor, row0: Int32, act: Int32):
     """First-GEMM epilogue with the hidden in global memory (fp16)."""
 
-    def __init__(self, hidden: cute.Tensor, row0: Int32, act: Int32):
-        self.hidden, self.row0, self.act = hidden, row0, act
+    def store(r, n, v):
+        hidden[row0 + r, n] = activate(v, act).to(Float16)
 
-    def prefetch(self, r, n):
-        return Float32(0.0)
-
-    def __call__(self, r, n, v, pre):
-        self.hidden[self.row0 + r, n] = activate(v, self.act).to(Float16)
+    return store
 
 
-class OutputWithResidual:
-    """Second-GEMM epilogue: y = (h W2^T + b2) + residual, in fp32 (the residual loaded before the sum)."""
+def output_with_residual(y: cute.Tensor, residual: cute.Tensor, row0: Int32):
+    """Second-GEMM epilogue: y = (h W2^T + b2) + residual, in fp32."""
 
-    def __init__(self, y: cute.Tensor, residual: cute.Tensor, row0: Int32):
-        self.y, self.residual, self.row0 = y, residual, row0
+    def store(r, n, v):
+        y[row0 + r, n] = v + residual[row0 + r, n].to(Float32)
 
-    def prefetch(self, r, n):
-        return self.residual[self.row0 + r, n].to(Float32)
-
-    def __call__(self, r, n, v, pre):
-        self.y[self.row0 + r, n] = v + pre
+    return store
