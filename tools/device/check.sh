@@ -4,6 +4,10 @@
 #                                                e.g. -- -k "forced or wgmma" to run a subset
 #   bash tools/device/check.sh sanitize PKG...   compute-sanitizer over every kernel of the packages ($OUT/sanitize-PKG.json)
 #   bash tools/device/check.sh bench ARGS...     kernellab-bench ARGS --out $OUT (report, table, plot)
+#   bash tools/device/check.sh report SANITIZE_JSON [ARGS...]
+#                                                the megakernel engine report as committed (3 rounds x 50 samples:
+#                                                the defaults, 5 x 200, ran past 10 minutes with torch.compile's
+#                                                autotuning on a fresh host) -> $OUT/megakernel.json
 set -u
 out=${OUT:?OUT must name the folder whose files come back}
 step=$1; shift
@@ -28,5 +32,12 @@ case "$step" in
   bench)
     kernellab-bench "$@" --out "$out" 2>"$out/bench.log"; code=$?
     grep -E "VALIDATION|ERROR|error" "$out/bench.log" | head -20; echo "bench exit $code" ;;
+  report)
+    san=$1; shift
+    work=$(mktemp -d)
+    timeout 560 python3 -m kernellab.megakernel.report --rounds 3 --samples 50 --sanitizers "$san" \
+      --out "$work/megakernel.json" "$@" > "$out/report.log" 2>&1; code=$?
+    cp "$work/megakernel.json" "$out/" 2>/dev/null
+    echo "report exit $code"; grep -E "^round|^wrote" "$out/report.log"; tail -16 "$out/report.log" | cut -c1-250 ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac
