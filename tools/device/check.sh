@@ -33,7 +33,7 @@ case "$step" in
     kernellab-bench "$@" --out "$out" 2>"$out/bench.log"; code=$?
     grep -E "VALIDATION|ERROR|error" "$out/bench.log" | head -20; echo "bench exit $code" ;;
   report)
-    san=$1; shift
+    san=${1:?report needs SANITIZE_JSON: the sanitize run whose results go into the report}; shift
     work=$(mktemp -d)
     timeout 560 python3 -m kernellab.megakernel.report --rounds 3 --samples 50 --sanitizers "$san" \
       --out "$work/megakernel.json" "$@" > "$out/report.log" 2>&1; code=$?
