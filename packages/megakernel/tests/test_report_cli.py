@@ -122,3 +122,73 @@ def test_relative_times_and_the_picture(tmp_path):
     data = {**sections, "targets": report._targets(sections), "device": "test"}
     path = report.draw(data, tmp_path / "r.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _partial_run(tmp_path, monkeypatch, rounds_done):
+    """A report as a checkpoint writes it: one shape validated, ``rounds_done`` rounds timed."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "test device")
+    args = report.parser().parse_args(["--rounds", "3", "--sanitizers", str(tmp_path / "absent.json")])
+    floor = {"stream": [1.5] * rounds_done, "host": [2.0] * rounds_done}
+    run = SimpleNamespace(args=args, shapes=[("development", (1, 7, 13))],
+                          results={((1, 7, 13), "persistent"): _entry(4) if rounds_done else
+                                   {"passed": True, "replay_changed_input": True}},
+                          launch_floor=lambda: report.Run.launch_floor(SimpleNamespace(
+                              floor_error=None, floor_samples={"direct": floor, "graph": floor})))
+    progress = {"shapes": 11, "shapes_validated": 1, "rounds": 3, "rounds_done": rounds_done}
+    return report.build_report(run, None, partial=progress)
+
+
+def test_a_checkpoint_is_marked_partial_and_shown_so(tmp_path, monkeypatch, capsys):
+    validated = _partial_run(tmp_path, monkeypatch, rounds_done=0)
+    assert validated["partial"] == {"shapes": 11, "shapes_validated": 1, "rounds": 3, "rounds_done": 0}
+    assert "compiler" not in validated  # the compiler checks run once, at the end
+    assert validated["launch_floor"]["error"] == "not timed yet (the report is partial)"
+    path = report.seal_and_write(validated, tmp_path / "partial.json")
+    assert report.show(str(path), "simple") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == ("PARTIAL report (the run stopped before its end): 1 of 11 shapes validated, "
+                        "0 of 3 rounds timed")
+    assert lines[-1] == "launch floor (empty kernel): not measured: not timed yet (the report is partial)"
+
+    timed = _partial_run(tmp_path, monkeypatch, rounds_done=1)
+    assert timed["development"][0]["engines"]["persistent"]["stream_summary"]["p50_ms"] == 0.004
+    assert timed["launch_floor"]["stream_summary"]["p50_ms"] == pytest.approx(1.5e-3)
+    assert report.partial_line(timed).endswith("1 of 3 rounds timed")
+    assert report.partial_line({"development": []}) is None
+
+
+def test_resume_is_checked_before_any_gpu_work(tmp_path, monkeypatch, capsys):
+    partial = report.seal_and_write(_partial_run(tmp_path, monkeypatch, rounds_done=1), tmp_path / "p.json")
+    complete = report.seal_and_write({"rounds": 3, "samples_per_round": 50}, tmp_path / "c.json")
+    cases = [(["--resume", str(tmp_path / "none.json")], "cannot read a report there"),
+             (["--resume", str(partial), "--rounds", "3"], "is a partial report (PARTIAL report"),
+             (["--resume", str(complete), "--out", str(complete), "--rounds", "3", "--samples", "50"],
+              "checkpoints would overwrite it"),
+             (["--resume", str(complete), "--out", str(tmp_path / "new.json")], "rounds=3, samples=50")]
+    for argv, message in cases:
+        assert report.main(argv) == 2, argv
+        assert message in capsys.readouterr().err, argv
+
+
+@pytest.mark.gpu
+def test_a_run_cut_short_leaves_its_partial_report(tmp_path, monkeypatch):
+    """The second round dies: the report holds the validation and the first round, marked partial."""
+    rounds = []
+
+    def floor_then_stop(run):
+        rounds.append(1)
+        if len(rounds) == 2:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(report.Run, "time_floor", floor_then_stop)
+    out = tmp_path / "cut.json"
+    with pytest.raises(KeyboardInterrupt):
+        report.main(["--engines", "persistent,torch-cublas", "--shapes", "1x7x13,5x19x37", "--rounds", "3",
+                     "--samples", "3", "--warmup", "2", "--out", str(out), "--quiet"])
+    data = json.loads(out.read_text())
+    assert data["sha256"] == report_io.report_hash(data)
+    assert data["partial"] == {"shapes": 2, "shapes_validated": 2, "rounds": 3, "rounds_done": 1}
+    for item in data["development"] + data["assessment"]:
+        for name, entry in item["engines"].items():
+            assert entry["passed"] and entry["replay_changed_input"], (item["shape"], name)
+            assert entry["stream_summary"]["count"] == 3  # one round of three samples

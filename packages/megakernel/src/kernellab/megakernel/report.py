@@ -14,7 +14,9 @@ sha256 over the canonical JSON. A table of stream p50 and the launch floor's lin
 
 A run longer than one sitting (torch.compile's max-autotune is slow to compile) can be split:
 ``--engines``/``--shapes`` select, ``--resume REPORT`` keeps what that report measured for every
-(shape, engine) this run does not measure again.
+(shape, engine) this run does not measure again. Nothing measured is lost to a run cut short: the
+report is written after each shape's validation and after each round, marked ``partial`` (what was
+done and what was not) until the last write.
 """
 
 from __future__ import annotations
@@ -145,10 +147,11 @@ class Run:
         if not self.args.quiet:
             print(text, file=sys.stderr, flush=True)
 
-    def bind_and_validate(self) -> None:
+    def bind_and_validate(self, after_shape: Callable[[int], None] = lambda done: None) -> None:
+        """Bind and validate every (shape, engine); ``after_shape(shapes done)`` after each shape."""
         from . import validation
 
-        for _, shape in self.shapes:
+        for done, (_, shape) in enumerate(self.shapes, 1):
             problem = bench.ResidualMLP(shape, activation=self.args.activation)
             for name in self.engines:
                 key = (shape, name)
@@ -183,6 +186,7 @@ class Run:
                 self.bound[key] = bound
                 self.log(f"{problem.name} {name}: served_by {bound.served_by}, passed {check['passed']}, "
                          f"replay {check['replay_changed_input']}, max_abs {check['max_abs_error']}")
+            after_shape(done)
 
     def bind_floor(self) -> None:
         """The empty kernel as a harness call writing ``outputs["y"]``, and that call in a GraphCall: the
@@ -227,7 +231,9 @@ class Run:
         for how, once in self.floor_calls.items():
             self.time_call(once, self.floor_samples[how])
 
-    def time_rounds(self) -> None:
+    def time_rounds(self, after_round: Callable[[int], None] = lambda done: None) -> None:
+        """Time every bound engine in --rounds rounds, engine order alternating; each (shape, engine)'s
+        summaries cover the rounds done when ``after_round(rounds done)`` is called."""
         import torch
 
         from kernellab.harness.case import seed_for
@@ -253,15 +259,18 @@ class Run:
                     del outputs
                 del inputs
                 torch.cuda.empty_cache()
+            for key, got in self.samples.items():
+                self.results[key].update(_clock_summaries(got))
             self.log(f"round {r + 1}/{args.rounds} done")
-        for key, got in self.samples.items():
-            self.results[key].update(_clock_summaries(got))
+            after_round(r + 1)
 
     def launch_floor(self) -> dict:
         """The report's ``launch_floor`` block: the direct call's summaries as an engine's, the graph's
         prefixed ``graph_``."""
         if self.floor_error:
             return {"what": FLOOR_WHAT, "error": self.floor_error}
+        if not self.floor_samples["direct"]["stream"]:
+            return {"what": FLOOR_WHAT, "error": "not timed yet (the report is partial)"}
         graph = _clock_summaries(self.floor_samples["graph"])
         return {"what": FLOOR_WHAT, **_clock_summaries(self.floor_samples["direct"]),
                 "graph_summary": graph["stream_summary"], "graph_host_summary": graph["host_summary"]}
@@ -332,9 +341,20 @@ def floor_line(report: dict) -> str | None:
             f"{floor['graph_summary']['p50_ms'] * 1e3:.1f} us in a CUDA graph")
 
 
+def partial_line(report: dict) -> str | None:
+    """The line over the table of a report written before its run ended; None for a complete one."""
+    partial = report.get("partial")
+    if partial is None:
+        return None
+    return (f"PARTIAL report (the run stopped before its end): {partial['shapes_validated']} of "
+            f"{partial['shapes']} shapes validated, {partial['rounds_done']} of {partial['rounds']} rounds timed")
+
+
 def printout(report: dict, fmt: str = "simple") -> str:
-    """The table of stream p50 and, where the report has it, the launch floor's line under it."""
-    lines = [_table({k: report[k] for k in ("development", "assessment")}, fmt), floor_line(report)]
+    """The table of stream p50 and, where the report has it, the launch floor's line under it (and a
+    partial report's line over it)."""
+    lines = [partial_line(report), _table({k: report[k] for k in ("development", "assessment")}, fmt),
+             floor_line(report)]
     return "\n".join(line for line in lines if line is not None)
 
 
@@ -372,7 +392,9 @@ def merge_sections(results: dict, kinds: dict, previous: dict | None) -> dict[st
     return sections
 
 
-def build_report(run: Run, previous: dict | None) -> dict:
+def build_report(run: Run, previous: dict | None, partial: dict | None = None) -> dict:
+    """The report of what ``run`` measured so far over ``previous``'s (``--resume``). ``partial`` (what is
+    done and what is not) marks a checkpoint written before the end: it skips the compiler checks."""
     import torch
 
     from . import compiler_checks
@@ -400,7 +422,9 @@ def build_report(run: Run, previous: dict | None) -> dict:
                                 "changed-input graph replay verified for every engine.",
         "source_commit": prov["source_commit"],
     }
-    if args.no_compiler:
+    if partial:
+        report["partial"] = partial
+    if args.no_compiler or partial:
         if previous and "compiler" in previous:
             report["compiler"] = previous["compiler"]
     else:
@@ -512,6 +536,28 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.show:
         return show(args.show, args.format, args.plot)
+    if args.rounds < 1 or args.samples < 1 or args.warmup < 0:
+        print("--rounds and --samples must be >= 1, --warmup >= 0", file=sys.stderr)
+        return 2
+    previous = None
+    if args.resume:
+        try:
+            previous = json.loads(Path(args.resume).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            print(f"--resume {args.resume}: cannot read a report there: {e}", file=sys.stderr)
+            return 2
+        if Path(args.resume).resolve() == Path(args.out).resolve():
+            print(f"--out {args.out} is the --resume report: checkpoints would overwrite it; write elsewhere",
+                  file=sys.stderr)
+            return 2
+        if "partial" in previous:
+            print(f"--resume {args.resume} is a partial report ({partial_line(previous)}); measure what it lacks "
+                  "with --engines/--shapes and resume from a complete report", file=sys.stderr)
+            return 2
+        if (previous.get("rounds"), previous.get("samples_per_round")) != (args.rounds, args.samples):
+            print(f"--resume {args.resume} was measured with rounds={previous.get('rounds')}, "
+                  f"samples={previous.get('samples_per_round')}; use the same here", file=sys.stderr)
+            return 2
     try:
         import torch
     except ImportError:
@@ -520,19 +566,17 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("kernellab-megakernel-report: no CUDA device; this report measures GPU engines", file=sys.stderr)
         return 2
-    if args.rounds < 1 or args.samples < 1 or args.warmup < 0:
-        print("--rounds and --samples must be >= 1, --warmup >= 0", file=sys.stderr)
-        return 2
-    previous = json.loads(Path(args.resume).read_text()) if args.resume else None
-    if previous and (previous.get("rounds"), previous.get("samples_per_round")) != (args.rounds, args.samples):
-        print(f"--resume {args.resume} was measured with rounds={previous.get('rounds')}, "
-              f"samples={previous.get('samples_per_round')}; use the same here", file=sys.stderr)
-        return 2
     run = Run(args)
     start = time.perf_counter()
-    run.bind_and_validate()
+    progress = {"shapes": len(run.shapes), "shapes_validated": 0, "rounds": args.rounds, "rounds_done": 0}
+
+    def checkpoint(**done):
+        progress.update(done)
+        seal_and_write(build_report(run, previous, partial=dict(progress)), args.out)
+
+    run.bind_and_validate(after_shape=lambda n: checkpoint(shapes_validated=n))
     run.bind_floor()
-    run.time_rounds()
+    run.time_rounds(after_round=lambda n: checkpoint(rounds_done=n))
     report = build_report(run, previous)
     path = seal_and_write(report, args.out)
     print(printout(report))
