@@ -75,7 +75,7 @@ class HiddenStage:
         row0 = cta * tile_rows
         valid = cutlass.min(tile_rows, u.shape[0] - row0)
         scalar.linear_rows(u, row0, valid, u.shape[1], w1, b1, w1.shape[0],
-                           scalar.hidden_to_global(hidden, row0, act), tid)
+                           scalar.HiddenToGlobal(hidden, row0, act), tid)
 
 
 class OutputStage:
@@ -94,4 +94,4 @@ class OutputStage:
         row0 = cta * tile_rows
         valid = cutlass.min(tile_rows, hidden.shape[0] - row0)
         scalar.linear_rows(hidden, row0, valid, hidden.shape[1], w2, b2, w2.shape[0],
-                           scalar.output_with_residual(y, residual, row0), tid)
+                           scalar.OutputWithResidual(y, residual, row0), tid)

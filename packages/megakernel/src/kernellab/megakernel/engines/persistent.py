@@ -97,20 +97,22 @@ class FusedRows:
         for tile in range(cta, ceil_div(rows, tile_rows), grid):
             row0 = tile * tile_rows
             valid = cutlass.min(tile_rows, rows - row0)
+            if cutlass.const_expr(self.variant.hidden_on_chip):
+                first = scalar.HiddenToSmem(h_s, act)
+            else:
+                first = scalar.HiddenToGlobal(hidden, row0, act)
+            second = scalar.OutputWithResidual(y, residual, row0)
+            # both GEMMs' bias and residual reads fly with the input rows' staging
+            early1 = scalar.read_early(valid, b1, hidden_size, first, tid)
+            early2 = scalar.read_early(valid, b2, channels, second, tid)
             scalar.stage_rows(u, row0, valid, x_s, tid)
             cute.arch.sync_threads()
+            scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size, first, tid, early1)
+            cute.arch.sync_threads()  # also makes the CTA's global hidden writes visible to the CTA
             if cutlass.const_expr(self.variant.hidden_on_chip):
-                scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size,
-                                   scalar.hidden_to_smem(h_s, act), tid)
-                cute.arch.sync_threads()
-                scalar.linear_rows(h_s, Int32(0), valid, hidden_size, w2_src, b2, channels,
-                                   scalar.output_with_residual(y, residual, row0), tid)
+                scalar.linear_rows(h_s, Int32(0), valid, hidden_size, w2_src, b2, channels, second, tid, early2)
             else:
-                scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size,
-                                   scalar.hidden_to_global(hidden, row0, act), tid)
-                cute.arch.sync_threads()  # also makes the CTA's global hidden writes visible to the CTA
-                scalar.linear_rows(hidden, row0, valid, hidden_size, w2_src, b2, channels,
-                                   scalar.output_with_residual(y, residual, row0), tid)
+                scalar.linear_rows(hidden, row0, valid, hidden_size, w2_src, b2, channels, second, tid, early2)
             cute.arch.sync_threads()  # the next tile overwrites x_s (and h_s)
 
 

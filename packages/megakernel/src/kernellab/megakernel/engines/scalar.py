@@ -48,36 +48,68 @@ def group_lanes(outputs: Int32) -> Int32:
 
 @cute.jit
 def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, weight: cute.Tensor,
-                bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, tid: Int32):
-    """For r < rows_valid and n < n_dim: ``epilogue(r, n, sum_k a[a_row0 + r, k] weight[n, k] + bias[n])``.
+                bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, tid: Int32, early=None):
+    """For r < rows_valid and n < n_dim: ``epilogue.store(r, n, sum_k a[a_row0 + r, k] weight[n, k] + bias[n],
+    epilogue.read(r, n))``.
 
     Output item i is row block i // n_dim of column i % n_dim. Rows past ``rows_valid`` in a block read
-    the last valid row (always in bounds) and are never handed to the epilogue."""
+    the last valid row (always in bounds) and are never handed to the epilogue. An item's bias and
+    epilogue reads are issued before its sum, so that their latency hides under it; ``early`` holds them
+    when the caller read them sooner still (``read_early``), used where every thread has one item."""
     outputs = (rows_valid + ROW_BLOCK - 1) // ROW_BLOCK * n_dim
     lanes = group_lanes(outputs)
     acc = cute.make_rmem_tensor((ROW_BLOCK,), Float32)
-    if lanes == 1:
-        for item in range(tid, outputs, SCALAR_THREADS):
-            _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc)
-            _store_item(rows_valid, bias, n_dim, epilogue, item, acc)
-    else:  # one pass: every output's group fits in the CTA
+    if outputs * lanes <= SCALAR_THREADS:  # one pass: every thread (group of lanes) has one item
         item = cutlass.min(tid // lanes, outputs - 1)
-        for level in cutlass.range_constexpr(1, LEVELS + 1):
+        if cutlass.const_expr(early is None):
+            b, pre = _read_item(rows_valid, bias, n_dim, epilogue, item)
+        else:
+            b, pre = early
+        for level in cutlass.range_constexpr(LEVELS + 1):
             if lanes == (1 << level):
                 _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, tid % (1 << level), 1 << level, acc)
         if tid % lanes == 0 and tid // lanes < outputs:
-            _store_item(rows_valid, bias, n_dim, epilogue, item, acc)
+            _store_item(rows_valid, n_dim, epilogue, item, acc, b, pre)
+    else:  # one lane an item, several items a thread
+        for item in range(tid, outputs, SCALAR_THREADS):
+            b, pre = _read_item(rows_valid, bias, n_dim, epilogue, item)
+            _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc)
+            _store_item(rows_valid, n_dim, epilogue, item, acc, b, pre)
 
 
 @cute.jit
-def _store_item(rows_valid: Int32, bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, item: Int32,
-                acc: cute.Tensor):
+def read_early(rows_valid: Int32, bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, tid: Int32):
+    """The bias and epilogue reads of this thread's item in ``linear_rows`` (where every thread has one),
+    issued before the stages that come first (the input rows' staging, the first GEMM) so that their
+    latency hides under those."""
+    outputs = (rows_valid + ROW_BLOCK - 1) // ROW_BLOCK * n_dim
+    return _read_item(rows_valid, bias, n_dim, epilogue, cutlass.min(tid // group_lanes(outputs), outputs - 1))
+
+
+@cute.jit
+def _read_item(rows_valid: Int32, bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, item: Int32):
     block = item // n_dim
     n = item - block * n_dim
-    b = bias[n]
+    pre = None
+    if cutlass.const_expr(epilogue.reads):
+        pre = cute.make_rmem_tensor((ROW_BLOCK,), Float32)
+        for rr in cutlass.range_constexpr(ROW_BLOCK):
+            pre[rr] = epilogue.read(cutlass.min(block * ROW_BLOCK + rr, rows_valid - 1), n)
+    return bias[n], pre
+
+
+@cute.jit
+def _store_item(rows_valid: Int32, n_dim: Int32, epilogue: cutlass.Constexpr, item: Int32, acc: cute.Tensor,
+                b: Float32, pre):
+    block = item // n_dim
+    n = item - block * n_dim
+    store = epilogue.store  # a function, not the object: nothing the dynamic `if` below carries
     for rr in cutlass.range_constexpr(ROW_BLOCK):
         if block * ROW_BLOCK + rr < rows_valid:
-            epilogue(block * ROW_BLOCK + rr, n, acc[rr] + b)
+            if cutlass.const_expr(epilogue.reads):
+                store(block * ROW_BLOCK + rr, n, acc[rr] + b, pre[rr])
+            else:
+                store(block * ROW_BLOCK + rr, n, acc[rr] + b, None)
 
 
 @cute.jit
@@ -176,28 +208,40 @@ def smem_weight(base, byte_offset, n, k) -> cute.Tensor:
                             cute.make_layout((n, k), stride=(1, padded_stride(n))))
 
 
-def hidden_to_smem(h_s: cute.Tensor, act: Int32):
+class HiddenToSmem:
     """First-GEMM epilogue with the hidden on chip: fp32 holding the fp16-rounded value."""
 
-    def store(r, n, v):
-        h_s[r, n] = round_to_fp16(activate(v, act))
+    reads = False
 
-    return store
+    def __init__(self, h_s: cute.Tensor, act: Int32):
+        self.h_s, self.act = h_s, act
+
+    def store(self, r, n, v, pre):
+        self.h_s[r, n] = round_to_fp16(activate(v, self.act))
 
 
-def hidden_to_global(hidden: cute.Tensor, row0: Int32, act: Int32):
+class HiddenToGlobal:
     """First-GEMM epilogue with the hidden in global memory (fp16)."""
 
-    def store(r, n, v):
-        hidden[row0 + r, n] = activate(v, act).to(Float16)
+    reads = False
 
-    return store
+    def __init__(self, hidden: cute.Tensor, row0: Int32, act: Int32):
+        self.hidden, self.row0, self.act = hidden, row0, act
+
+    def store(self, r, n, v, pre):
+        self.hidden[self.row0 + r, n] = activate(v, self.act).to(Float16)
 
 
-def output_with_residual(y: cute.Tensor, residual: cute.Tensor, row0: Int32):
-    """Second-GEMM epilogue: y = (h W2^T + b2) + residual, in fp32."""
+class OutputWithResidual:
+    """Second-GEMM epilogue: y = (h W2^T + b2) + residual, in fp32; the residual is its read."""
 
-    def store(r, n, v):
-        y[row0 + r, n] = v + residual[row0 + r, n].to(Float32)
+    reads = True
 
-    return store
+    def __init__(self, y: cute.Tensor, residual: cute.Tensor, row0: Int32):
+        self.y, self.residual, self.row0 = y, residual, row0
+
+    def read(self, r, n):
+        return self.residual[self.row0 + r, n].to(Float32)
+
+    def store(self, r, n, v, pre):
+        self.y[self.row0 + r, n] = v + pre
