@@ -53,9 +53,9 @@ def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, 
     epilogue.read(r, n))``.
 
     Output item i is row block i // n_dim of column i % n_dim. Rows past ``rows_valid`` in a block read
-    the last valid row (always in bounds) and are never handed to the epilogue. An item's bias and
-    epilogue reads are issued before its sum, so that their latency hides under it; ``early`` holds them
-    when the caller read them sooner still (``read_early``), used where every thread has one item."""
+    the last valid row (always in bounds) and are never handed to the epilogue. Where every thread has one
+    item, its bias and epilogue reads are issued before its sum, so that their latency hides under it, or
+    come in ``early`` where the caller read them sooner still (``read_early``)."""
     outputs = (rows_valid + ROW_BLOCK - 1) // ROW_BLOCK * n_dim
     lanes = group_lanes(outputs)
     acc = cute.make_rmem_tensor((ROW_BLOCK,), Float32)
@@ -65,15 +65,18 @@ def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, 
             b, pre = _read_item(rows_valid, bias, n_dim, epilogue, item)
         else:
             b, pre = early
-        for level in cutlass.range_constexpr(LEVELS + 1):
+        if lanes == 1:
+            if tid < outputs:  # no shuffles at one lane: the threads past the outputs skip the sum
+                _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc)
+        for level in cutlass.range_constexpr(1, LEVELS + 1):
             if lanes == (1 << level):
                 _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, tid % (1 << level), 1 << level, acc)
         if tid % lanes == 0 and tid // lanes < outputs:
             _store_item(rows_valid, n_dim, epilogue, item, acc, b, pre)
-    else:  # one lane an item, several items a thread
+    else:  # one lane an item, several items a thread: long sums, whose registers the reads wait beside
         for item in range(tid, outputs, SCALAR_THREADS):
-            b, pre = _read_item(rows_valid, bias, n_dim, epilogue, item)
             _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc)
+            b, pre = _read_item(rows_valid, bias, n_dim, epilogue, item)
             _store_item(rows_valid, n_dim, epilogue, item, acc, b, pre)
 
 
