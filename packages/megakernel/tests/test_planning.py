@@ -46,9 +46,26 @@ def test_shared_memory_arithmetic():
     assert planning.scalar_row_bytes("persistent-global", 7, 13) == 4 * 7
     assert planning.padded_stride(13) == 14 and planning.padded_stride(64) == 66 and planning.padded_stride(2) == 2
     assert planning.scalar_weight_bytes(7, 13) == planning.round_up(2 * 7 * 14, 16) + planning.round_up(2 * 13 * 10, 16)
-    plan = planning.choose("persistent", 1, 7, 13, H200).plan
-    assert plan.smem.weights == "smem"
+    plan = planning.choose("persistent", 100_000, 7, 13, H200).plan  # many rows a CTA: weights staged once
+    assert plan.tile.rows > planning.ROW_BLOCK and plan.smem.weights == "smem"
     assert plan.smem.bytes == planning.scalar_weight_bytes(7, 13) + plan.tile.rows * 4 * 20
+
+
+def test_scalar_weights_are_staged_where_a_cta_reuses_them_or_they_are_many():
+    """A persistent CTA that reads each weight once (one tile of one row block) reads few weights from
+    global memory; it stages them in shared memory where it has more rows or they are many
+    (``planning.SCALAR_GLOBAL_WEIGHTS_MAX``)."""
+    for engine in ("persistent", "persistent-global"):
+        one = planning.choose(engine, 1, 7, 13, H200).plan
+        assert (one.smem.weights, one.owners.tiles_per_cta) == ("global", 1)
+        assert one.smem.bytes == one.tile.rows * planning.scalar_row_bytes(engine, 7, 13)
+        largest = planning.choose(engine, 129, 64, planning.SCALAR_GLOBAL_WEIGHTS_MAX // 128, H200).plan
+        assert largest.smem.weights == "global"
+        over = planning.choose(engine, 129, 64, planning.SCALAR_GLOBAL_WEIGHTS_MAX // 128 + 1, H200).plan
+        assert over.smem.weights == "smem" and over.owners.tiles_per_cta == 1
+        for rows in (4 * H200.sm_count + 1, 40_000):  # 8-row tiles; 304-row tiles
+            reused = planning.choose(engine, rows, 7, 13, H200).plan
+            assert reused.tile.rows > planning.ROW_BLOCK and reused.smem.weights == "smem"
 
 
 @given(st.integers(1, 10_000))

@@ -40,6 +40,14 @@ SCALAR_OCCUPANCY = 2
 """CTAs per SM the scalar kernels compile for (``min_blocks_per_mp``: at most 128 registers a thread, room
 for a thread's 4 x 8 partial sums and the loads of a K step in flight)."""
 
+SCALAR_GLOBAL_WEIGHTS_MAX = 14 * 1024
+"""Weight elements (W1 and W2) up to which a persistent CTA that reads each weight once (one tile of one row
+block: up to 4 x SMs rows) reads them from global memory (through L1) instead of staging them in shared
+memory first: staging costs a barrier and memory round trips that only reuse would amortize, and reading
+from L1 costs more per element than from shared memory. H200 sweep of both placements at such shapes
+(``reports/h200/megakernel-sweep-weights.json``): global memory faster up to 201x61x109 (13.3K elements),
+slower from 257x64x128 (16.4K) on."""
+
 TC_THREADS = 256
 TC_HIDDEN_CHUNK = 64
 TC_MAX_STAGES = 4  # W1 / W2 chunk buffers each at most: 7 cp.async groups in flight behind the one awaited
@@ -407,7 +415,8 @@ def plan_shared_memory(tile: Tile, channels: int, hidden: int, device: DeviceSpe
         size = tile.rows * scalar_row_bytes(engine, channels, hidden)
         hidden_at = "smem" if engine == "persistent" else "global"
         with_weights = size + scalar_weight_bytes(channels, hidden)
-        if with_weights <= capacity:
+        once = tile.rows == ROW_BLOCK and tile.num_tiles <= device.sm_count  # a CTA reads each weight once
+        if with_weights <= capacity and not (once and 2 * channels * hidden <= SCALAR_GLOBAL_WEIGHTS_MAX):
             placement = SharedMemory(with_weights, weights="smem", hidden=hidden_at)
         else:
             placement = SharedMemory(size, weights="global", hidden=hidden_at)

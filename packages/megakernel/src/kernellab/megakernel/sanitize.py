@@ -35,12 +35,12 @@ def cases():
     choices reach the multi-tile loop and both weight placements of the persistent kernel."""
     return [
         ("conventional", "conventional", ODD, {}),
-        ("persistent, weights in smem", "persistent", ODD, {}),
+        ("persistent, weights in smem", "persistent", ODD, {"weights": "smem"}),
         ("persistent, global weights, 3 tiles per CTA", "persistent", (67, 19, 37), {"tile_rows": 8, "grid": 3,
                                                                                        "weights": "global"}),
         ("persistent-global, weights in smem, 3 tiles per CTA", "persistent-global", (67, 19, 37),
          {"tile_rows": 8, "grid": 3}),
-        ("persistent-global, global weights", "persistent-global", ODD, {"weights": "global"}),
+        ("persistent-global, global weights", "persistent-global", ODD, {}),
         ("persistent, eight lanes an output (one row, 7 channels)", "persistent", (1, 7, 13), {}),
         ("persistent, one thread an output (32-row tiles), 3 tiles per CTA", "persistent", (67, 19, 37),
          {"tile_rows": 32, "grid": 1}),

@@ -2,9 +2,11 @@
 
 The grid is min(row tiles, resident CTAs) and CTA b owns tiles b, b + grid, ... (static round
 robin). For each tile the CTA stages the fp16 input rows in shared memory as fp32, computes the
-hidden rows, and then the output rows, all with ``scalar.linear_rows``. Where the planner found the
-weights fit beside the tile (and a CTA reuses them), W1 and W2 are copied into shared memory once
-per CTA and serve all its tiles.
+hidden rows, and then the output rows, all with ``scalar.linear_rows``. Where the weights fit beside
+the tile and a CTA reads them more than once (more than one row block) or they are many
+(``planning.SCALAR_GLOBAL_WEIGHTS_MAX``), W1 and W2 are copied into shared memory once per CTA and
+serve all its tiles; otherwise they are read from global memory. Each tile's bias and residual reads
+are issued before its input rows are staged.
 
 ``persistent-global`` is the same kernel with the hidden rows in a global workspace instead of
 shared memory: same owners, same arithmetic in the same order, so the pair isolates the cost of
