@@ -24,7 +24,7 @@ def test_the_full_list_covers_every_engine_and_is_unique():
     # wgmma with TMA loads: 2 residual dtypes x (split or not) x (the overlapped chunk schedule or not) x the
     # channel tiles and 1-4 chunk buffers that fit = 84 (42 of them the overlapped schedule's); and the report's
     # empty launch-floor kernel
-    assert len(set(names)) == len(names) == 342
+    assert len(set(names)) == len(names) == 346
     for prefix in ("persistent_", "persistent-global_", "conventional-hidden", "conventional-output",
                    "conventional-tc-hidden", "conventional-tc-output", "persistent-tc_m32_c64_s1",
                    "persistent-tc_m64_c256_s2", "persistent-tc_m32_c64_s4", "persistent-tc_m32_c64_s1_v1",

@@ -56,16 +56,18 @@ def test_scalar_weights_are_staged_where_a_cta_reuses_them_or_they_are_many():
     global memory; it stages them in shared memory where it has more rows or they are many
     (``planning.SCALAR_GLOBAL_WEIGHTS_MAX``)."""
     for engine in ("persistent", "persistent-global"):
-        one = planning.choose(engine, 1, 7, 13, H200).plan
-        assert (one.smem.weights, one.owners.tiles_per_cta) == ("global", 1)
-        assert one.smem.bytes == one.tile.rows * planning.scalar_row_bytes(engine, 7, 13)
+        one = planning.choose(engine, 1, 7, 13, H200).plan  # nothing staged: only the hidden on chip
+        assert (one.smem.weights, one.smem.rows, one.owners.tiles_per_cta) == ("global", "global", 1)
+        assert one.smem.bytes == one.tile.rows * (planning.scalar_row_bytes(engine, 7, 13) - 4 * 7)
+        staged_rows = planning.forced(engine, 1, 7, 13, H200, weights="smem")
+        assert (staged_rows.smem.weights, staged_rows.smem.rows) == ("smem", "smem")
         largest = planning.choose(engine, 129, 64, planning.SCALAR_GLOBAL_WEIGHTS_MAX // 128, H200).plan
         assert largest.smem.weights == "global"
         over = planning.choose(engine, 129, 64, planning.SCALAR_GLOBAL_WEIGHTS_MAX // 128 + 1, H200).plan
-        assert over.smem.weights == "smem" and over.owners.tiles_per_cta == 1
+        assert (over.smem.weights, over.smem.rows, over.owners.tiles_per_cta) == ("smem", "smem", 1)
         for rows in (4 * H200.sm_count + 1, 40_000):  # 8-row tiles; 304-row tiles
             reused = planning.choose(engine, rows, 7, 13, H200).plan
-            assert reused.tile.rows > planning.ROW_BLOCK and reused.smem.weights == "smem"
+            assert reused.tile.rows > planning.ROW_BLOCK and (reused.smem.weights, reused.smem.rows) == ("smem", "smem")
 
 
 @given(st.integers(1, 10_000))

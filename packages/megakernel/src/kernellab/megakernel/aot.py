@@ -33,6 +33,7 @@ def variants(representative: bool = False) -> list:
         return [
             persistent.Variant(hidden_on_chip=True, weights_in_smem=True),
             persistent.Variant(hidden_on_chip=False, weights_in_smem=False, residual="float32"),
+            persistent.Variant(hidden_on_chip=True, weights_in_smem=False, rows_in_smem=False),
             conventional.Variant("hidden"),
             conventional.Variant("output"),
             conventional_tc.Variant("hidden"),
@@ -57,6 +58,7 @@ def variants(representative: bool = False) -> list:
     for residual in ("float16", "float32"):
         out += [persistent.Variant(on_chip, in_smem, residual) for on_chip in (True, False)
                 for in_smem in (True, False)]
+        out += [persistent.Variant(on_chip, False, residual, rows_in_smem=False) for on_chip in (True, False)]
         out += [conventional.Variant("output", residual), conventional_tc.Variant("output", residual)]
         out += [persistent_tc.Variant(rows, cols, residual, stages, vector)
                 for rows in TC_ROW_TILES for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1)

@@ -42,11 +42,11 @@ for a thread's 4 x 8 partial sums and the loads of a K step in flight)."""
 
 SCALAR_GLOBAL_WEIGHTS_MAX = 14 * 1024
 """Weight elements (W1 and W2) up to which a persistent CTA that reads each weight once (one tile of one row
-block: up to 4 x SMs rows) reads them from global memory (through L1) instead of staging them in shared
-memory first: staging costs a barrier and memory round trips that only reuse would amortize, and reading
-from L1 costs more per element than from shared memory. H200 sweep of both placements at such shapes
-(``reports/h200/megakernel-sweep-weights.json``): global memory faster up to 201x61x109 (13.3K elements),
-slower from 257x64x128 (16.4K) on."""
+block: up to 4 x SMs rows) reads them, and its input rows, from global memory (through L1) instead of
+staging them in shared memory first: staging costs a barrier and memory round trips that only reuse would
+amortize, and reading from L1 costs more per element than from shared memory. H200 sweep of both weight
+placements at such shapes (``reports/h200/megakernel-sweep-weights.json``): global memory faster up to
+201x61x109 (13.3K elements), slower from 257x64x128 (16.4K) on."""
 
 TC_THREADS = 256
 TC_HIDDEN_CHUNK = 64
@@ -160,6 +160,7 @@ class SharedMemory:
     bytes: int  # dynamic shared memory per CTA
     weights: str  # "smem" (loaded once per CTA), "streamed" (chunks per tile), "global" (read from L2)
     hidden: str  # where the hidden tile lives: "registers+smem", "smem" or "global"
+    rows: str = "smem"  # where persistent's tile of input rows is read: "smem" (staged as fp32) or "global"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +186,7 @@ class Plan:
         """Flat JSON-friendly view (reports, the compiler's IR dump)."""
         tile = {f"tile_{k}": v for k, v in dataclasses.asdict(self.tile).items() if k != "engine"}
         return {"engine": self.engine, **tile, "smem_bytes": self.smem.bytes, "weights": self.smem.weights,
-                "hidden_at": self.smem.hidden, **dataclasses.asdict(self.owners)}
+                "hidden_at": self.smem.hidden, "rows_at": self.smem.rows, **dataclasses.asdict(self.owners)}
 
 
 def ceil_div(a, b):
@@ -416,7 +417,10 @@ def plan_shared_memory(tile: Tile, channels: int, hidden: int, device: DeviceSpe
         hidden_at = "smem" if engine == "persistent" else "global"
         with_weights = size + scalar_weight_bytes(channels, hidden)
         once = tile.rows == ROW_BLOCK and tile.num_tiles <= device.sm_count  # a CTA reads each weight once
-        if with_weights <= capacity and not (once and 2 * channels * hidden <= SCALAR_GLOBAL_WEIGHTS_MAX):
+        if once and 2 * channels * hidden <= SCALAR_GLOBAL_WEIGHTS_MAX:  # and each input row: nothing staged
+            placement = SharedMemory(size - tile.rows * 4 * channels, weights="global", hidden=hidden_at,
+                                     rows="global")
+        elif with_weights <= capacity:
             placement = SharedMemory(with_weights, weights="smem", hidden=hidden_at)
         else:
             placement = SharedMemory(size, weights="global", hidden=hidden_at)
@@ -507,7 +511,8 @@ def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpe
         size += scalar_weight_bytes(channels, hidden) if weights == "smem" else 0
         if size > usable_smem(device):
             raise ValueError(f"weights={weights!r} needs {size} bytes of shared memory")
-        plan = dataclasses.replace(plan, smem=dataclasses.replace(plan.smem, bytes=size, weights=weights))
+        plan = dataclasses.replace(plan, smem=dataclasses.replace(plan.smem, bytes=size, weights=weights,
+                                                                  rows="smem"))  # the rows staged
     if grid is not None:
         cluster = plan.tile.split * plan.tile.multicast
         if grid % cluster:

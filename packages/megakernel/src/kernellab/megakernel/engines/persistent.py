@@ -5,8 +5,8 @@ robin). For each tile the CTA stages the fp16 input rows in shared memory as fp3
 hidden rows, and then the output rows, all with ``scalar.linear_rows``. Where the weights fit beside
 the tile and a CTA reads them more than once (more than one row block) or they are many
 (``planning.SCALAR_GLOBAL_WEIGHTS_MAX``), W1 and W2 are copied into shared memory once per CTA and
-serve all its tiles; otherwise they are read from global memory. Each tile's bias and residual reads
-are issued before its input rows are staged.
+serve all its tiles; otherwise the weights, and the input rows, are read from global memory (no staging
+round trip and barrier before the first GEMM). Each tile's bias and residual reads are issued first.
 
 ``persistent-global`` is the same kernel with the hidden rows in a global workspace instead of
 shared memory: same owners, same arithmetic in the same order, so the pair isolates the cost of
@@ -34,12 +34,14 @@ class Variant:
     hidden_on_chip: bool
     weights_in_smem: bool
     residual: str = "float16"  # dtype of the residual stream (float32 for the later blocks of a stack)
+    rows_in_smem: bool = True  # False: a tile's input rows are read from global memory, not staged
 
     @property
     def name(self) -> str:
         where = "persistent" if self.hidden_on_chip else "persistent-global"
         weights = "smem-weights" if self.weights_in_smem else "global-weights"
-        return f"{where}_{weights}_res-{self.residual}"
+        rows = "" if self.rows_in_smem else "_global-rows"
+        return f"{where}_{weights}{rows}_res-{self.residual}"
 
     def compile(self, arch: str | None = None):
         s = Symbols()
@@ -57,7 +59,8 @@ class Variant:
 def launcher(plan: Plan, activation: str, residual: str = "float16"):
     """``run(u, residual, w1, b1, w2, b2, y)`` for a persistent or persistent-global plan."""
     on_chip = plan.engine == "persistent"
-    fn = compiled(Variant(hidden_on_chip=on_chip, weights_in_smem=plan.smem.weights == "smem", residual=residual))
+    fn = compiled(Variant(hidden_on_chip=on_chip, weights_in_smem=plan.smem.weights == "smem", residual=residual,
+                          rows_in_smem=plan.smem.rows == "smem"))
     act, tile_rows, grid, smem = ACTIVATION_CODES[activation], plan.tile.rows, plan.owners.grid, plan.smem.bytes
     if on_chip:
         def run(u, res, w1, b1, w2, b2, y):
@@ -92,10 +95,13 @@ class FusedRows:
             scalar.stage_rows(w1, Int32(0), hidden_size, w1_src, tid)
             scalar.stage_rows(w2, Int32(0), channels, w2_src, tid)
             offset = w1_bytes + transposed_weight_bytes(channels, hidden_size)  # published by the first barrier
-        x_s = scalar.smem_rows(base, offset, Float32, tile_rows, channels)
+        x_s = None
+        if cutlass.const_expr(self.variant.rows_in_smem):
+            x_s = scalar.smem_rows(base, offset, Float32, tile_rows, channels)
+            offset = offset + tile_rows * channels * 4
         h_s = None
         if cutlass.const_expr(self.variant.hidden_on_chip):
-            h_s = scalar.smem_rows(base, offset + tile_rows * channels * 4, Float32, tile_rows, hidden_size)
+            h_s = scalar.smem_rows(base, offset, Float32, tile_rows, hidden_size)
         for tile in range(cta, ceil_div(rows, tile_rows), grid):
             row0 = tile * tile_rows
             valid = cutlass.min(tile_rows, rows - row0)
@@ -107,9 +113,12 @@ class FusedRows:
             # both GEMMs' bias and residual reads fly with the input rows' staging
             early1 = scalar.read_early(valid, b1, hidden_size, first, tid)
             early2 = scalar.read_early(valid, b2, channels, second, tid)
-            scalar.stage_rows(u, row0, valid, x_s, tid)
-            cute.arch.sync_threads()
-            scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size, first, tid, early1)
+            if cutlass.const_expr(self.variant.rows_in_smem):
+                scalar.stage_rows(u, row0, valid, x_s, tid)
+                cute.arch.sync_threads()
+                scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size, first, tid, early1)
+            else:
+                scalar.linear_rows(u, row0, valid, channels, w1_src, b1, hidden_size, first, tid, early1)
             cute.arch.sync_threads()  # also makes the CTA's global hidden writes visible to the CTA
             if cutlass.const_expr(self.variant.hidden_on_chip):
                 scalar.linear_rows(h_s, Int32(0), valid, hidden_size, w2_src, b2, channels, second, tid, early2)
