@@ -8,6 +8,13 @@
 #                                                the megakernel engine report as committed (3 rounds x 50 samples:
 #                                                the defaults, 5 x 200, ran past 10 minutes with torch.compile's
 #                                                autotuning on a fresh host) -> $OUT/megakernel.json
+#   bash tools/device/check.sh ab VARIANT_DIR [REPORT_ARGS...]
+#                                                A/B of the tree (base) against the files under VARIANT_DIR (at their
+#                                                repo paths; its commit in VARIANT_DIR.commit): restricted megakernel
+#                                                reports run base, change, change, base (2 rounds x 20 samples; the
+#                                                CUDA-core engines and torch-cublas at the nine smaller shapes unless
+#                                                REPORT_ARGS say otherwise), then kernellab.megakernel.compare;
+#                                                the tree's files are put back at the end -> $OUT/ab-*.json
 set -u
 out=${OUT:?OUT must name the folder whose files come back}
 step=$1; shift
@@ -39,5 +46,25 @@ case "$step" in
       --out "$work/megakernel.json" "$@" > "$out/report.log" 2>&1; code=$?
     cp "$work/megakernel.json" "$out/" 2>/dev/null
     echo "report exit $code"; grep -E "^round|^wrote" "$out/report.log"; tail -16 "$out/report.log" | cut -c1-250 ;;
+  ab)
+    var=${1:?ab needs VARIANT_DIR: the changed files at their repo paths}; shift
+    [ -f "$var.commit" ] || { echo "ab: $var.commit (the change's commit) is missing" >&2; exit 2; }
+    [ $# -gt 0 ] || set -- --engines conventional,persistent,persistent-global,torch-cublas \
+      --shapes 1x7x13,33x32x64,129x31x47,257x64x128,1024x128x256,assessment
+    base=$(mktemp -d); files=$(cd "$var" && find . -type f)
+    for f in $files; do mkdir -p "$base/$(dirname "$f")"; [ -f "$f" ] && cp "$f" "$base/$f"; done
+    put_back() { for f in $files; do if [ -f "$base/$f" ]; then cp "$base/$f" "$f"; else rm -f "$f"; fi; done; }
+    trap put_back EXIT
+    commit_a=${KERNELLAB_GIT_COMMIT:?ab needs KERNELLAB_GIT_COMMIT, the commit of the tree}; commit_b=$(cat "$var.commit")
+    n=0; runs=()
+    for side in a b b a; do
+      n=$((n + 1)); put_back; [ $side = b ] && cp -r "$var/." ./
+      if [ $side = a ]; then c=$commit_a; else c=$commit_b; fi
+      KERNELLAB_GIT_COMMIT=$c timeout 200 python3 -m kernellab.megakernel.report --rounds 2 --samples 20 --no-compiler \
+        --quiet --out "$out/ab-$n-${c:0:7}.json" "$@" > "/tmp/ab-$n.log" 2>&1
+      echo "run $n (${c:0:7}): exit $?"; tail -1 "/tmp/ab-$n.log" | cut -c1-200; runs+=("$out/ab-$n-${c:0:7}.json")
+    done
+    rm -f "$out"/ab-*.png
+    python3 -m kernellab.megakernel.compare "${runs[@]}" --json "$out/ab-summary.json" ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac
