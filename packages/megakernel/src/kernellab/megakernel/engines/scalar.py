@@ -12,6 +12,11 @@ butterfly shuffles across the group. Floating-point addition is commutative, so 
 the same bits: the order of every sum depends on K alone, which keeps every engine built on it
 deterministic and a row's result independent of how the rows are tiled.
 
+An epilogue is an object with ``store(r, n, v, pre)`` and, where it reads an input besides the sum (the
+residual: ``reads`` True), ``read(r, n)``. Where every thread has one item, ``linear_rows`` issues the
+item's bias and reads before its sum, or takes them from ``read_early``, which the persistent kernels
+call at a tile's start, so that their memory latency hides under the work that comes first.
+
 Weights staged in shared memory are stored transposed (K-major rows of N, padded to a stride S with
 S = 2 mod 4 halves) so that the threads of a warp read consecutive halves at each k, and the staging
 copy (coalesced global reads along K) writes with an odd word stride: both free of bank conflicts.
