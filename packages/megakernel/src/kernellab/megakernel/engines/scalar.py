@@ -61,11 +61,11 @@ def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, 
     the last valid row (always in bounds) and are never handed to the epilogue. Where every thread has one
     item, its bias and epilogue reads are issued before its sum, so that their latency hides under it, or
     come in ``early`` where the caller read them sooner still (``read_early``)."""
-    outputs = (rows_valid + ROW_BLOCK - 1) // ROW_BLOCK * n_dim
+    outputs = _outputs(rows_valid, n_dim)
     lanes = group_lanes(outputs)
     acc = cute.make_rmem_tensor((ROW_BLOCK,), Float32)
     if outputs * lanes <= SCALAR_THREADS:  # one pass: every thread (group of lanes) has one item
-        item = cutlass.min(tid // lanes, outputs - 1)
+        item = _one_pass_item(outputs, lanes, tid)
         if cutlass.const_expr(early is None):
             b, pre = _read_item(rows_valid, bias, n_dim, epilogue, item)
         else:
@@ -90,8 +90,21 @@ def read_early(rows_valid: Int32, bias: cute.Tensor, n_dim: Int32, epilogue: cut
     """The bias and epilogue reads of this thread's item in ``linear_rows`` (where every thread has one),
     issued before the stages that come first (the input rows' staging, the first GEMM) so that their
     latency hides under those."""
-    outputs = (rows_valid + ROW_BLOCK - 1) // ROW_BLOCK * n_dim
-    return _read_item(rows_valid, bias, n_dim, epilogue, cutlass.min(tid // group_lanes(outputs), outputs - 1))
+    outputs = _outputs(rows_valid, n_dim)
+    return _read_item(rows_valid, bias, n_dim, epilogue, _one_pass_item(outputs, group_lanes(outputs), tid))
+
+
+@cute.jit
+def _outputs(rows_valid: Int32, n_dim: Int32) -> Int32:
+    """Items of a ``linear_rows`` call: row blocks times columns."""
+    return (rows_valid + ROW_BLOCK - 1) // ROW_BLOCK * n_dim
+
+
+@cute.jit
+def _one_pass_item(outputs: Int32, lanes: Int32, tid: Int32) -> Int32:
+    """The item of thread ``tid`` where every group of ``lanes`` has one (groups past the outputs repeat the
+    last item: their lanes still take part in the group's shuffles)."""
+    return cutlass.min(tid // lanes, outputs - 1)
 
 
 @cute.jit
