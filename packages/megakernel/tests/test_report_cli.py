@@ -161,7 +161,10 @@ def test_a_checkpoint_is_marked_partial_and_shown_so(tmp_path, monkeypatch, caps
 def test_resume_is_checked_before_any_gpu_work(tmp_path, monkeypatch, capsys):
     partial = report.seal_and_write(_partial_run(tmp_path, monkeypatch, rounds_done=1), tmp_path / "p.json")
     complete = report.seal_and_write({"rounds": 3, "samples_per_round": 50}, tmp_path / "c.json")
+    tampered = tmp_path / "tampered.json"
+    tampered.write_text(complete.read_text().replace('"rounds": 3', '"rounds": 4'))
     cases = [(["--resume", str(tmp_path / "none.json")], "cannot read a report there"),
+             (["--resume", str(tampered)], "sha256 mismatch"),
              (["--resume", str(partial), "--rounds", "3"], "is a partial report (PARTIAL report"),
              (["--resume", str(complete), "--out", str(complete), "--rounds", "3", "--samples", "50"],
               "checkpoints would overwrite it"),

@@ -19,25 +19,18 @@ import math
 import sys
 from pathlib import Path
 
-from . import engines
-
-
-def _shape_name(shape: dict) -> str:
-    return "x".join(str(shape[k]) for k in ("rows", "channels", "hidden"))
+from . import engines, report
 
 
 def load(paths: list[str]) -> list[dict]:
-    """The reports, each checked against its sha256; SystemExit naming the file otherwise."""
-    from kernellab.harness import report as report_io
-
+    """The reports, each checked against its sha256 (``report.read_sealed``) and complete; SystemExit naming
+    the file otherwise."""
     out = []
     for path in paths:
         try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise SystemExit(f"{path}: cannot read a report: {e}") from None
-        if data.get("sha256") != report_io.report_hash(data):
-            raise SystemExit(f"{path}: sha256 mismatch: the report was changed after it was written")
+            data = report.read_sealed(path)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
         if "partial" in data:
             raise SystemExit(f"{path}: a partial report (its run stopped before the end)")
         out.append(data)
@@ -55,7 +48,7 @@ def compare(reports: list[dict], control: str | None = "torch-cublas") -> dict:
     for r in reports:
         for section in ("development", "assessment"):
             for item in r.get(section, []):
-                shape = _shape_name(item["shape"])
+                shape = report.shape_label(item["shape"])
                 if shape not in shapes:
                     shapes.append(shape)
                 for name, entry in item["engines"].items():

@@ -300,15 +300,19 @@ def _targets(sections: dict) -> list[dict]:
     return out
 
 
+def shape_label(shape: dict) -> str:
+    """RxCxH of a report's ``shape`` entry."""
+    return "x".join(str(shape[k]) for k in ("rows", "channels", "hidden"))
+
+
 def _table(sections: dict, fmt: str = "simple") -> str:
     from tabulate import tabulate
 
     shapes, columns = [], []
     for section in ("development", "assessment"):
         for item in sections.get(section, []):
-            s = item["shape"]
             shapes.append(item)
-            columns.append(f"{s['rows']}x{s['channels']}x{s['hidden']}" + ("*" if section == "assessment" else ""))
+            columns.append(shape_label(item["shape"]) + ("*" if section == "assessment" else ""))
     rows = []
     for name in engines.ENGINES:
         cells, seen = [], False
@@ -482,7 +486,7 @@ def draw(report: dict, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = ["x".join(str(i["shape"][k]) for k in ("rows", "channels", "hidden")) + ("*" if s == "assessment" else "")
+    labels = [shape_label(i["shape"]) + ("*" if s == "assessment" else "")
               for s in ("development", "assessment") for i in report.get(s, [])]
     ys = list(range(len(labels)))
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 0.42 * len(labels) + 2.2), sharey=True)
@@ -516,15 +520,27 @@ def draw(report: dict, path: str | Path) -> Path:
     return path
 
 
+def read_sealed(path: str | Path) -> dict:
+    """A written report, its sha256 checked against its content; ValueError naming the file otherwise."""
+    from kernellab.harness import report as report_io
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read a report there: {e}") from None
+    if data.get("sha256") != report_io.report_hash(data):
+        raise ValueError(f"{path}: sha256 mismatch: recorded {data.get('sha256')}, content hashes to "
+                         f"{report_io.report_hash(data)} (changed after it was written)")
+    return data
+
+
 def show(path: str, fmt: str, plot: str | None = None) -> int:
     """Print a written report's table (and draw its picture to ``plot``) after checking that its
     sha256 still matches its content."""
-    from kernellab.harness import report as report_io
-
-    data = json.loads(Path(path).read_text())
-    if data.get("sha256") != report_io.report_hash(data):
-        print(f"{path}: sha256 mismatch: recorded {data.get('sha256')}, content hashes to "
-              f"{report_io.report_hash(data)}", file=sys.stderr)
+    try:
+        data = read_sealed(path)
+    except ValueError as e:
+        print(e, file=sys.stderr)
         return 1
     print(printout(data, fmt))
     if plot:
@@ -542,9 +558,9 @@ def main(argv: list[str] | None = None) -> int:
     previous = None
     if args.resume:
         try:
-            previous = json.loads(Path(args.resume).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            print(f"--resume {args.resume}: cannot read a report there: {e}", file=sys.stderr)
+            previous = read_sealed(args.resume)
+        except ValueError as e:
+            print(f"--resume {e}", file=sys.stderr)
             return 2
         if Path(args.resume).resolve() == Path(args.out).resolve():
             print(f"--out {args.out} is the --resume report: checkpoints would overwrite it; write elsewhere",
