@@ -8,8 +8,11 @@ The plans are ``megakernel_sweep.PLANS``' labels plus ``torch-cublas``. Each lab
 process under ``ncu --profile-from-start off``: the child validates its plan, makes one untimed call (the
 compile), then profiles one call between ``cudaProfilerStart`` and ``cudaProfilerStop``, so only that call's
 kernels are measured. Clocks are left to the GPU (``--clock-control none``, as the timing harness runs).
-Writes $OUT/NAME.json (default megakernel_profile) with the harness's provenance and every metric ncu
-printed, and prints a short table last.
+Besides the sections, every warp-stall metric (``STALLS``, a regular expression over ncu's metric names:
+the average warps stalled per issued instruction, by reason), so that the table can name the reasons a
+kernel waits on most (instruction fetch, a barrier, a memory load). Writes $OUT/NAME.json (default
+megakernel_profile) with the harness's provenance and every metric ncu printed, and prints a short table
+last.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import sys
 
 SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis", "Occupancy", "LaunchStats",
             "WarpStateStats", "SchedulerStats")
+STALLS = r"regex:smsp__average_warps?_.*issue_stalled_.*"
+STALL_PREFIXES = ("smsp__average_warps_issue_stalled_", "smsp__average_warp_latency_issue_stalled_")
 SHOWN = {  # table column -> the (section, metric) ncu prints in its details page
     "us": ("GPU Speed Of Light Throughput", "Duration"),
     "sm %": ("GPU Speed Of Light Throughput", "Compute (SM) Throughput"),
@@ -71,6 +76,19 @@ def summary(launch: dict) -> dict:
     return out
 
 
+def top_stalls(launch: dict, count: int = 3) -> str:
+    """The ``count`` stall reasons with the most warps stalled per issued instruction, as reason=value."""
+    found = {}
+    for section in launch["metrics"].values():
+        for name, (value, unit) in section.items():
+            if name.startswith(STALL_PREFIXES[0]) and name.endswith("_per_issue_active.ratio"):
+                number = _number(value, unit)
+                if number is not None:
+                    found[name[len(STALL_PREFIXES[0]):-len("_per_issue_active.ratio")]] = number
+    best = sorted(found.items(), key=lambda kv: -kv[1])[:count]
+    return " ".join(f"{reason}={value:.1f}" for reason, value in best)
+
+
 def child(shape: tuple, label: str) -> None:
     import torch
     from megakernel_sweep import labelled_call
@@ -95,11 +113,13 @@ def child(shape: tuple, label: str) -> None:
 
 def profile(shape: tuple, label: str) -> dict:
     """One label's ncu run: its plan, its kernels' metrics, or the error ncu or the child printed."""
-    command = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "details",
-               *[arg for s in SECTIONS for arg in ("--section", s)],
-               sys.executable, os.path.abspath(__file__), "--child", "--shape", "x".join(map(str, shape)),
+    ncu = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "details",
+           *[arg for s in SECTIONS for arg in ("--section", s)]]
+    program = [sys.executable, os.path.abspath(__file__), "--child", "--shape", "x".join(map(str, shape)),
                "--plans", label]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([*ncu, "--metrics", STALLS, *program], capture_output=True, text=True, timeout=300)
+    if done.returncode:  # an ncu that knows none of the stall metrics: the sections alone
+        done = subprocess.run([*ncu, *program], capture_output=True, text=True, timeout=300)
     plan = next((json.loads(line[5:]) for line in done.stdout.splitlines() if line.startswith("PLAN ")), None)
     launches = parse_details(done.stdout)
     record = {"plan": plan, "launches": launches, "returncode": done.returncode}
@@ -138,15 +158,15 @@ def main() -> None:
         result = profile(shape, label)
         record["plans"][label] = result
         for launch in result["launches"]:
-            rows.append((label, launch["kernel"][:40], summary(launch)))
+            rows.append((label, launch["kernel"][:40], summary(launch), top_stalls(launch)))
         if "error" in result:
             print(f"{label}: ncu exit {result['returncode']}: {result['error'][-300:]}", flush=True)
         with open(os.path.join(os.environ.get("OUT", "."), f"{args.name}.json"), "w") as f:
             json.dump(record, f, indent=1)
-    print(f"{'plan':14s} {'kernel':40s} " + " ".join(f"{c:>9s}" for c in SHOWN))
-    for label, kernel, numbers in rows:
+    print(f"{'plan':14s} {'kernel':40s} " + " ".join(f"{c:>9s}" for c in SHOWN) + "  top stalls")
+    for label, kernel, numbers, stalls in rows:
         cells = " ".join(f"{'-' if v is None else format(v, '.1f'):>9s}" for v in numbers.values())
-        print(f"{label:14s} {kernel:40s} {cells}")
+        print(f"{label:14s} {kernel:40s} {cells}  {stalls}")
 
 
 if __name__ == "__main__":
