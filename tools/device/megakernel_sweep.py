@@ -48,10 +48,9 @@ PLANS = {  # label -> (engine, planning.forced choices); {}: the planner's own p
     "mc2": ("persistent-tc", {"mma": "wgmma", "multicast": 2}),
     "mc2-s1": ("persistent-tc", {"mma": "wgmma", "multicast": 2, "stages": 1}),
     "mc4": ("persistent-tc", {"mma": "wgmma", "multicast": 4}),
-    "persistent": ("persistent", {}),  # its weights staged in shared memory, wherever they fit
-    # or read from global memory, which skips the staging round trip and barrier where a CTA reads each
-    # weight once
-    "persistent-global-weights": ("persistent", {"weights": "global"}),
+    "persistent": ("persistent", {}),  # the planner's weights placement, against both forced:
+    "persistent-smem-weights": ("persistent", {"weights": "smem"}),  # staged in shared memory, or
+    "persistent-global-weights": ("persistent", {"weights": "global"}),  # read from global memory
 }
 ALWAYS = ("planned", "persistent")
 """Labels swept whatever ``--plans`` says: the plans that serve the shape today."""

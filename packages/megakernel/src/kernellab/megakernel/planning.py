@@ -40,7 +40,7 @@ SCALAR_OCCUPANCY = 2
 """CTAs per SM the scalar kernels compile for (``min_blocks_per_mp``: at most 128 registers a thread, room
 for a thread's 4 x 8 partial sums and the loads of a K step in flight)."""
 
-SCALAR_GLOBAL_WEIGHTS_MAX = 14 * 1024
+SCALAR_GLOBAL_WEIGHTS_MAX = 0
 """Weight elements (W1 and W2) up to which a persistent CTA that reads each weight once (one tile of one row
 block: up to 4 x SMs rows) reads them from global memory (through L1) instead of staging them in shared
 memory first: staging costs a barrier and memory round trips that only reuse would amortize, and reading

@@ -89,9 +89,7 @@ class FusedRows:
             w1_bytes = transposed_weight_bytes(hidden_size, channels)
             w1_src = scalar.smem_weight(base, 0, hidden_size, channels)
             w2_src = scalar.smem_weight(base, w1_bytes, channels, hidden_size)
-            scalar.stage_rows(w1, Int32(0), hidden_size, w1_src, tid)
-            scalar.stage_rows(w2, Int32(0), channels, w2_src, tid)
-            offset = w1_bytes + transposed_weight_bytes(channels, hidden_size)  # published by the first barrier
+            offset = w1_bytes + transposed_weight_bytes(channels, hidden_size)
         x_s = scalar.smem_rows(base, offset, Float32, tile_rows, channels)
         h_s = None
         if cutlass.const_expr(self.variant.hidden_on_chip):
@@ -107,7 +105,15 @@ class FusedRows:
             # both GEMMs' bias and residual reads fly with the input rows' staging
             early1 = scalar.read_early(valid, b1, hidden_size, first, tid)
             early2 = scalar.read_early(valid, b2, channels, second, tid)
-            scalar.stage_rows(u, row0, valid, x_s, tid)
+            rows_copy = (u, row0, valid, x_s)
+            if cutlass.const_expr(self.variant.weights_in_smem):
+                if tile == cta:  # the CTA's first tile: the weights' loads fly with its input rows'
+                    scalar.stage_rows(((w1, Int32(0), hidden_size, w1_src), (w2, Int32(0), channels, w2_src),
+                                       rows_copy), tid)
+                else:
+                    scalar.stage_rows((rows_copy,), tid)
+            else:
+                scalar.stage_rows((rows_copy,), tid)
             cute.arch.sync_threads()
             scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size, first, tid, early1)
             cute.arch.sync_threads()  # also makes the CTA's global hidden writes visible to the CTA

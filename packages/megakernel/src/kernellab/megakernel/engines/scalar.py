@@ -173,27 +173,37 @@ def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, we
 
 
 @cute.jit
-def stage_rows(src: cute.Tensor, row0: Int32, rows_valid: Int32, dst: cute.Tensor, tid: Int32):
-    """dst[r, c] = src[row0 + r, c], converted to dst's type, for r < rows_valid and every column: a tile's
-    input rows (fp16 -> fp32 is exact), or a whole (N, K) weight (row0 0, rows_valid N) into its transposed
-    view. The rows are contiguous in global memory, so thread t loads their flat elements t, t + T, ...
-    (coalesced; STAGE_BATCH of them, each at a fixed offset from the first), then stores them, each
-    element's (r, c) found on its own by ``div_rows`` (no chain of dependent steps between them)."""
-    cols = src.shape[1]
-    total = rows_valid * cols
-    flat = cute.make_tensor(src.iterator + row0 * cols, cute.make_layout(total))
-    magic = row_magic(cols)
-    for f0 in range(tid, total, SCALAR_THREADS * STAGE_BATCH):
-        staged = cute.make_rmem_tensor((STAGE_BATCH,), src.element_type)
-        for u in cutlass.range_constexpr(STAGE_BATCH):
-            staged[u] = src.element_type(0.0)
-            if f0 + u * SCALAR_THREADS < total:
-                staged[u] = flat[f0 + u * SCALAR_THREADS]
-        for u in cutlass.range_constexpr(STAGE_BATCH):
-            f = f0 + u * SCALAR_THREADS
-            if f < total:
-                r = div_rows(f, magic)
-                dst[r, f - r * cols] = staged[u].to(dst.element_type)
+def stage_rows(copies, tid: Int32):
+    """For each copy ``(src, row0, rows_valid, dst)`` of the tuple: dst[r, c] = src[row0 + r, c], converted to
+    dst's type, for r < rows_valid and every column: a tile's input rows (fp16 -> fp32 is exact), or a whole
+    (N, K) weight (row0 0, rows_valid N) into its transposed view. The rows are contiguous in global memory,
+    so thread t loads their flat elements t, t + T, ... (coalesced; STAGE_BATCH of them, each at a fixed
+    offset from the first), then stores them, each element's (r, c) found on its own by ``div_rows`` (no
+    chain of dependent steps between them). The copies go batch by batch together, every copy's loads of a
+    batch issued before any store, so that staging W1, W2 and the input rows waits out as many memory round
+    trips as the largest of them needs, not the sum."""
+    flats, totals, widths, magics = [], [], [], []
+    for i in cutlass.range_constexpr(len(copies)):
+        src, row0, rows_valid, _ = copies[i]
+        widths.append(src.shape[1])
+        totals.append(rows_valid * widths[i])
+        flats.append(cute.make_tensor(src.iterator + row0 * widths[i], cute.make_layout(totals[i])))
+        magics.append(row_magic(widths[i]))
+    longest = totals[0]
+    for i in cutlass.range_constexpr(1, len(copies)):
+        longest = cutlass.max(longest, totals[i])
+    for f0 in range(tid, longest, SCALAR_THREADS * STAGE_BATCH):
+        staged = [cute.make_rmem_tensor((STAGE_BATCH,), c[0].element_type) for c in copies]
+        for i in cutlass.range_constexpr(len(copies)):
+            for u in cutlass.range_constexpr(STAGE_BATCH):
+                staged[i][u] = copies[i][0].element_type(0.0)
+                if f0 + u * SCALAR_THREADS < totals[i]:
+                    staged[i][u] = flats[i][f0 + u * SCALAR_THREADS]
+        for i in cutlass.range_constexpr(len(copies)):
+            for u in cutlass.range_constexpr(STAGE_BATCH):
+                if f0 + u * SCALAR_THREADS < totals[i]:
+                    r = div_rows(f0 + u * SCALAR_THREADS, magics[i])
+                    copies[i][3][r, f0 + u * SCALAR_THREADS - r * widths[i]] = staged[i][u].to(copies[i][3].element_type)
 
 
 MAGIC_SHIFT = 40
