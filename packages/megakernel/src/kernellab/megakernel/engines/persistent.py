@@ -105,8 +105,13 @@ class FusedRows:
                 first = scalar.HiddenToGlobal(hidden, row0, act)
             second = scalar.OutputWithResidual(y, residual, row0)
             # both GEMMs' bias and residual reads fly with the input rows' staging
-            early1 = scalar.read_early(valid, b1, hidden_size, first, tid)
-            early2 = scalar.read_early(valid, b2, channels, second, tid)
+            early1, early2 = None, None
+            if cutlass.const_expr(self.variant.weights_in_smem):
+                early1 = scalar.read_early(valid, b1, hidden_size, first, tid)
+                early2 = scalar.read_early(valid, b2, channels, second, tid)
+            else:  # and the weights of each thread's item where they are few
+                early1 = scalar.read_early(valid, b1, hidden_size, first, tid, w1, channels)
+                early2 = scalar.read_early(valid, b2, channels, second, tid, w2, hidden_size)
             scalar.stage_rows(u, row0, valid, x_s, tid)
             cute.arch.sync_threads()
             scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size, first, tid, early1)

@@ -38,6 +38,11 @@ K_CLASSES = 8
 LEVELS = K_CLASSES.bit_length() - 1
 STAGE_BATCH = 8
 """Elements a thread loads into registers before it stores any, when staging into shared memory."""
+PREFETCH = 16
+"""Weight elements of its item a thread reads into registers at a tile's start (``read_early``), where the
+weights come from global memory: an item whose K has no more of them for the thread sums from registers
+alone, so that its weight reads wait under the input rows' staging instead of one memory round trip per
+K step."""
 
 
 @cute.jit
@@ -66,16 +71,18 @@ def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, 
     acc = cute.make_rmem_tensor((ROW_BLOCK,), Float32)
     if outputs * lanes <= SCALAR_THREADS:  # one pass: every thread (group of lanes) has one item
         item = _one_pass_item(outputs, lanes, tid)
+        weights = None
         if cutlass.const_expr(early is None):
             b, pre = _read_item(rows_valid, bias, n_dim, epilogue, item)
         else:
-            b, pre = early
+            b, pre, weights = early
         if lanes == 1:
             if tid < outputs:  # no shuffles at one lane: the threads past the outputs skip the sum
-                _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc)
+                _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc, weights)
         for level in cutlass.range_constexpr(1, LEVELS + 1):
             if lanes == (1 << level):
-                _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, tid % (1 << level), 1 << level, acc)
+                _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, tid % (1 << level), 1 << level, acc,
+                          weights)
         if tid % lanes == 0 and tid // lanes < outputs:
             _store_item(rows_valid, n_dim, epilogue, item, acc, b, pre)
     else:  # one lane an item, several items a thread: long sums, whose registers the reads wait beside
@@ -86,12 +93,28 @@ def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, 
 
 
 @cute.jit
-def read_early(rows_valid: Int32, bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, tid: Int32):
+def read_early(rows_valid: Int32, bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, tid: Int32,
+               weight=None, k_dim=None):
     """The bias and epilogue reads of this thread's item in ``linear_rows`` (where every thread has one),
-    issued before the stages that come first (the input rows' staging, the first GEMM) so that their
-    latency hides under those."""
+    and with a ``weight`` in global memory (K ``k_dim``) the item's weights where they are at most PREFETCH
+    for this thread, issued before the stages that come first (the input rows' staging, the first GEMM) so
+    that their latency hides under those."""
     outputs = _outputs(rows_valid, n_dim)
-    return _read_item(rows_valid, bias, n_dim, epilogue, _one_pass_item(outputs, group_lanes(outputs), tid))
+    lanes = group_lanes(outputs)
+    item = _one_pass_item(outputs, lanes, tid)
+    b, pre = _read_item(rows_valid, bias, n_dim, epilogue, item)
+    weights = None
+    if cutlass.const_expr(weight is not None):
+        weights = cute.make_rmem_tensor((PREFETCH,), weight.element_type)
+        n = item - item // n_dim * n_dim
+        for level in cutlass.range_constexpr(LEVELS + 1):
+            per_lane = K_CLASSES >> level
+            if lanes == (1 << level):
+                if k_dim <= PREFETCH // per_lane * K_CLASSES:  # what _sum_item takes from registers
+                    for i in cutlass.range_constexpr(PREFETCH):  # step i // per_lane, class i % per_lane
+                        k = i // per_lane * K_CLASSES + tid % (1 << level) + i % per_lane * (1 << level)
+                        weights[i] = weight[n, cutlass.min(k, k_dim - 1)]  # past K: read, never used
+    return b, pre, weights
 
 
 @cute.jit
@@ -135,28 +158,32 @@ def _store_item(rows_valid: Int32, n_dim: Int32, epilogue: cutlass.Constexpr, it
 
 @cute.jit
 def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, weight: cute.Tensor, n_dim: Int32,
-              item: Int32, lane: Int32, lanes: cutlass.Constexpr, out: cute.Tensor):
+              item: Int32, lane: Int32, lanes: cutlass.Constexpr, out: cute.Tensor, weights=None):
     """out[rr] = sum_k a[row rr of the item's block, k] weight[n, k], lane ``lane`` of ``lanes`` summing the
     classes c = lane + j * lanes, and the fixed tree adding them (its levels below ``lanes`` by shuffles,
-    which every lane of the group must reach). Every lane ends with the same sums."""
+    which every lane of the group must reach). Every lane ends with the same sums. ``weights``: this lane's
+    weights read early (``read_early``), used where they are all of them; each class still adds its k in
+    increasing order, so the sums have the same bits either way."""
     per_lane = K_CLASSES // lanes
     block = item // n_dim
     n = item - block * n_dim
     rows = [a_row0 + cutlass.min(block * ROW_BLOCK + rr, rows_valid - 1) for rr in range(ROW_BLOCK)]
     acc = cute.make_rmem_tensor((per_lane, ROW_BLOCK), Float32)
     acc.fill(0.0)
-    k_full = k_dim - k_dim % K_CLASSES  # below it every class is present: no bounds checks
-    for k0 in cutlass.range(lane, k_full, K_CLASSES, unroll=1):
-        for j in cutlass.range_constexpr(per_lane):
-            w = weight[n, k0 + j * lanes].to(Float32)
-            for rr in cutlass.range_constexpr(ROW_BLOCK):
-                acc[j, rr] = acc[j, rr] + a[rows[rr], k0 + j * lanes].to(Float32) * w
-    for j in cutlass.range_constexpr(per_lane):
-        k = k_full + lane + j * lanes
-        if k < k_dim:
-            w = weight[n, k].to(Float32)
-            for rr in cutlass.range_constexpr(ROW_BLOCK):
-                acc[j, rr] = acc[j, rr] + a[rows[rr], k].to(Float32) * w
+    steps = PREFETCH // per_lane
+    if cutlass.const_expr(weights is not None):
+        if k_dim <= steps * K_CLASSES:
+            for i in cutlass.range_constexpr(steps):
+                for j in cutlass.range_constexpr(per_lane):
+                    k = i * K_CLASSES + lane + j * lanes
+                    if k < k_dim:
+                        w = weights[i * per_lane + j].to(Float32)
+                        for rr in cutlass.range_constexpr(ROW_BLOCK):
+                            acc[j, rr] = acc[j, rr] + a[rows[rr], k].to(Float32) * w
+        else:
+            _sum_classes(a, rows, k_dim, weight, n, lane, lanes, acc)
+    else:
+        _sum_classes(a, rows, k_dim, weight, n, lane, lanes, acc)
     for level in cutlass.range_constexpr(LEVELS):  # the fixed tree: partners c ^ 1, then c ^ 2, then c ^ 4
         if cutlass.const_expr((1 << level) < lanes):
             for j in cutlass.range_constexpr(per_lane):
@@ -170,6 +197,25 @@ def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, we
                         acc[j, rr] = acc[j, rr] + acc[j + step, rr]
     for rr in cutlass.range_constexpr(ROW_BLOCK):
         out[rr] = acc[0, rr]
+
+
+@cute.jit
+def _sum_classes(a: cute.Tensor, rows, k_dim: Int32, weight: cute.Tensor, n: Int32, lane: Int32,
+                 lanes: cutlass.Constexpr, acc: cute.Tensor):
+    """acc[j, rr] += a[rows[rr], k] weight[n, k] over the k of class lane + j * lanes, in increasing k."""
+    per_lane = K_CLASSES // lanes
+    k_full = k_dim - k_dim % K_CLASSES  # below it every class is present: no bounds checks
+    for k0 in cutlass.range(lane, k_full, K_CLASSES, unroll=1):
+        for j in cutlass.range_constexpr(per_lane):
+            w = weight[n, k0 + j * lanes].to(Float32)
+            for rr in cutlass.range_constexpr(ROW_BLOCK):
+                acc[j, rr] = acc[j, rr] + a[rows[rr], k0 + j * lanes].to(Float32) * w
+    for j in cutlass.range_constexpr(per_lane):
+        k = k_full + lane + j * lanes
+        if k < k_dim:
+            w = weight[n, k].to(Float32)
+            for rr in cutlass.range_constexpr(ROW_BLOCK):
+                acc[j, rr] = acc[j, rr] + a[rows[rr], k].to(Float32) * w
 
 
 @cute.jit
