@@ -38,7 +38,7 @@ K_CLASSES = 8
 LEVELS = K_CLASSES.bit_length() - 1
 STAGE_BATCH = 8
 """Elements a thread loads into registers before it stores any, when staging into shared memory."""
-PREFETCH = 16
+PREFETCH = 4
 """Weight elements of its item a thread reads into registers at a tile's start (``read_early``), where the
 weights come from global memory: an item whose K has no more of them for the thread sums from registers
 alone, so that its weight reads wait under the input rows' staging instead of one memory round trip per
