@@ -13,6 +13,7 @@ import os
 import warnings
 from pathlib import Path
 
+import cutlass
 import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32
 from cutlass.base_dsl.ast_helpers import DSLOptimizationWarning
@@ -42,9 +43,17 @@ def silu(v):
 
 @cute.jit
 def activate(v: Float32, code: Int32) -> Float32:
-    """One value through the activation chosen at run time (a warp-uniform branch)."""
+    """One value through the activation chosen at run time (a warp-uniform branch), or at compile time
+    (``code`` a Python int: that activation's code alone)."""
     out = v
-    if code == RELU:
+    if cutlass.const_expr(isinstance(code, int)):
+        if cutlass.const_expr(code == RELU):
+            out = relu(v)
+        elif cutlass.const_expr(code == GELU):
+            out = gelu(v)
+        else:
+            out = silu(v)
+    elif code == RELU:
         out = relu(v)
     elif code == GELU:
         out = gelu(v)

@@ -34,12 +34,13 @@ class Variant:
     hidden_on_chip: bool
     weights_in_smem: bool
     residual: str = "float16"  # dtype of the residual stream (float32 for the later blocks of a stack)
+    activation: str = "gelu"  # compiled in: a tiny call's time grows with the code its threads fetch
 
     @property
     def name(self) -> str:
         where = "persistent" if self.hidden_on_chip else "persistent-global"
         weights = "smem-weights" if self.weights_in_smem else "global-weights"
-        return f"{where}_{weights}_res-{self.residual}"
+        return f"{where}_{weights}_res-{self.residual}_{self.activation}"
 
     def compile(self, arch: str | None = None):
         s = Symbols()
@@ -57,7 +58,8 @@ class Variant:
 def launcher(plan: Plan, activation: str, residual: str = "float16"):
     """``run(u, residual, w1, b1, w2, b2, y)`` for a persistent or persistent-global plan."""
     on_chip = plan.engine == "persistent"
-    fn = compiled(Variant(hidden_on_chip=on_chip, weights_in_smem=plan.smem.weights == "smem", residual=residual))
+    fn = compiled(Variant(hidden_on_chip=on_chip, weights_in_smem=plan.smem.weights == "smem", residual=residual,
+                          activation=activation))
     act, tile_rows, grid, smem = ACTIVATION_CODES[activation], plan.tile.rows, plan.owners.grid, plan.smem.bytes
     if on_chip:
         def run(u, res, w1, b1, w2, b2, y):
@@ -99,10 +101,11 @@ class FusedRows:
         for tile in range(cta, ceil_div(rows, tile_rows), grid):
             row0 = tile * tile_rows
             valid = cutlass.min(tile_rows, rows - row0)
+            code = ACTIVATION_CODES[self.variant.activation]  # the runtime `act` is the same code
             if cutlass.const_expr(self.variant.hidden_on_chip):
-                first = scalar.HiddenToSmem(h_s, act)
+                first = scalar.HiddenToSmem(h_s, code)
             else:
-                first = scalar.HiddenToGlobal(hidden, row0, act)
+                first = scalar.HiddenToGlobal(hidden, row0, code)
             second = scalar.OutputWithResidual(y, residual, row0)
             # both GEMMs' bias and residual reads fly with the input rows' staging
             early1 = scalar.read_early(valid, b1, hidden_size, first, tid)
