@@ -201,6 +201,7 @@ class PersistentTensorCore:
         thr_h, thr_y = mma_h.get_slice(tid), mma_y.get_slice(tid)
         acc_h = cute.make_rmem_tensor(thr_h.partition_shape_C((tile_rows, chunk)), Float32)
         bias_h = cute.make_rmem_tensor(thr_h.partition_shape_C((tile_rows, chunk)), Float32)
+        bias_next = cute.make_rmem_tensor(thr_h.partition_shape_C((tile_rows, chunk)), Float32)
         acc_y = cute.make_rmem_tensor(thr_y.partition_shape_C((tile_rows, cols)), Float32)
         h_coords = thr_h.partition_C(cute.make_identity_tensor((tile_rows, chunk)))
         y_coords = thr_y.partition_C(cute.make_identity_tensor((tile_rows, cols)))
@@ -296,9 +297,10 @@ class PersistentTensorCore:
                     self.tma_load(pipe_w1, load_w1, tma_w1, t_g_w1, t_s_w1, rank + split * stages, mask)
                     load_w1.advance()
                 self.hidden_epilogue(acc_h, bias_h, act, h_dst)
+                self.read_b1(bias_h, h_coords, b1, rank + split, hidden)  # chunk 1's
                 for jj in range(local_chunks - 1):
                     j = rank + split * jj
-                    self.read_b1(bias_h, h_coords, b1, j + split, hidden)
+                    self.read_b1(bias_next, h_coords, b1, j + 2 * split, hidden)  # a whole step ahead of its use
                     pipe_w1.consumer_wait(use_w1)  # W1(j + 1) landed
                     pipe_w2.consumer_wait(use_w2)  # W2(j) landed
                     self.fence_for_wgmma()
@@ -313,6 +315,8 @@ class PersistentTensorCore:
                         self.tma_load(pipe_w1, load_w1, tma_w1, t_g_w1, t_s_w1, j + split * (stages + 1), mask)
                         load_w1.advance()
                     self.hidden_epilogue(acc_h, bias_h, act, thr_h.partition_C(s_h[None, None, (jj + 1) % 2]))
+                    for i in cutlass.range_constexpr(cute.size(bias_h)):
+                        bias_h[i] = bias_next[i]
                     warpgroup.wait_group(0)  # GEMM2(j) is done
                     pipe_w2.consumer_release(use_w2)
                     use_w2.advance()
