@@ -3,6 +3,7 @@ time of one call goes (SM and memory throughput, tensor-pipe use, occupancy, war
 next kernel change aims at the bound that holds and not at a guess.
 
     python3 tools/device/megakernel_profile.py --shape 1x7x13 [--plans 'planned,torch-cublas'] [--name NAME]
+    python3 tools/device/megakernel_profile.py --show PROFILE.json...   (anywhere: a short table of written ones)
 
 The plans are ``megakernel_sweep.PLANS``' labels plus ``torch-cublas``. Each label runs in its own child
 process under ``ncu --profile-from-start off``: the child validates its plan, makes one untimed call (the
@@ -128,7 +129,28 @@ def profile(shape: tuple, label: str) -> dict:
     return record
 
 
+SHOWN_BRIEF = ("us", "l2 %", "regs", "cyc/issue")
+
+
+def show(paths: list[str]) -> None:
+    """One line per kernel launch of written profiles: shape, plan, a few of the table's numbers, top stalls."""
+    print(f"{'shape':16s} {'plan':12s} " + " ".join(f"{c:>9s}" for c in SHOWN_BRIEF) + "  top stalls")
+    for path in paths:
+        with open(path) as f:
+            record = json.load(f)
+        shape = "x".join(map(str, record["shape"]))
+        for label, result in record["plans"].items():
+            for launch in result["launches"]:
+                numbers = summary(launch)
+                cells = " ".join(f"{'-' if numbers[c] is None else format(numbers[c], '.1f'):>9s}"
+                                 for c in SHOWN_BRIEF)
+                print(f"{shape:16s} {label:12s} {cells}  {top_stalls(launch)}")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--show"]:
+        show(sys.argv[2:])
+        return
     from megakernel_sweep import PLANS  # this script's folder is on sys.path
 
     ap = argparse.ArgumentParser()

@@ -39,6 +39,21 @@ def test_ratios_geomeans_and_the_control():
     assert "0.849" in text and "control: torch-cublas" in text  # sqrt(0.72)
 
 
+def test_base_named_by_a_commit_prefix(tmp_path, capsys):
+    """Runs made change, base, base, change: --base names the base, and the ratios are the same as above."""
+    change_first = [ABBA[1], ABBA[0], ABBA[3], ABBA[2]]
+    assert compare.compare(change_first)["base"] == "b" * 40  # without it: the first report's commit
+    result = compare.compare(change_first, base="aaaa")
+    assert (result["base"], result["change"]) == ("a" * 40, "b" * 40)
+    assert result["engines"]["persistent"]["ratios"] == pytest.approx({"1x7x13": 0.8, "5x19x37": 0.9})
+    paths = [str(report.seal_and_write(r, tmp_path / f"{i}.json")) for i, r in enumerate(change_first)]
+    assert compare.main([*paths, "--base", "a"]) == 0
+    assert "of bbbbbbb over aaaaaaa" in capsys.readouterr().out
+    for wrong in ("c", ""):
+        assert compare.main([*paths, "--base", wrong]) == 2
+        assert "names neither or both" in capsys.readouterr().err
+
+
 def test_a_failed_engine_is_left_out_and_fails_the_command(tmp_path, capsys):
     reports = [*ABBA[:2], _report("b" * 40, {"persistent": (3.4, 7.4), "torch-cublas": (21.0, 20.0)},
                                   failed=("persistent",)), ABBA[3]]

@@ -1,10 +1,12 @@
 """A/B of two code versions from engine reports measured in one sitting: ``python -m kernellab.megakernel.compare``.
 
-    python -m kernellab.megakernel.compare A1.json B1.json B2.json A2.json [--control torch-cublas] [--json OUT]
+    python -m kernellab.megakernel.compare A1.json B1.json B2.json A2.json [--base COMMIT] [--control torch-cublas]
+                                           [--json OUT]
 
 The reports (restricted ones: ``report --engines ... --shapes ... --no-compiler``) are run base, change,
 change, base, so that a drift of the machine over the sitting falls on both sides alike; they are grouped by
-the commit each records, the first report's commit being the base. Per engine and shape: the change's stream
+the commit each records, the first report's commit being the base unless ``--base`` names the other
+(a commit or its prefix: for runs made change, base, base, change). Per engine and shape: the change's stream
 p50 over the base's (each side's mean over its reports); per engine: the geometric mean over the shapes, the
 least and the most. An engine whose code neither version changes (``--control``, torch-cublas by default)
 shows what the comparison resolves: its ratio is drift and noise alone. Each report's sha256 is checked;
@@ -37,12 +39,18 @@ def load(paths: list[str]) -> list[dict]:
     return out
 
 
-def compare(reports: list[dict], control: str | None = "torch-cublas") -> dict:
+def compare(reports: list[dict], control: str | None = "torch-cublas", base: str | None = None) -> dict:
     """{"base", "change": commits, "engines": {name: {"ratios": {shape: change / base}, "geomean", "min",
-    "max"}}, "failed": [...], "control"}: see the module docstring."""
+    "max"}}, "failed": [...], "control"}: see the module docstring. ``base``: the base commit or a prefix of
+    it (default: the first report's)."""
     commits = list(dict.fromkeys(r.get("source_commit") for r in reports))
     if len(commits) != 2:
         raise ValueError(f"an A/B needs reports of exactly two commits; these record {commits}")
+    if base is not None:
+        named = [c for c in commits if c and c.startswith(base)]
+        if len(named) != 1 or not base:
+            raise ValueError(f"--base {base!r} names neither or both of the reports' commits {commits}")
+        commits = [named[0], *(c for c in commits if c != named[0])]
     p50s: dict[tuple[str, str, str], list[float]] = {}  # (commit, engine, shape) -> p50 in us
     failed, shapes = set(), []
     for r in reports:
@@ -97,10 +105,11 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("reports", nargs="+", help="engine reports of two commits, in the order they were run")
     p.add_argument("--control", default="torch-cublas", help="an engine neither version changes ('' for none)")
+    p.add_argument("--base", help="the base's commit or a prefix of it (default: the first report's commit)")
     p.add_argument("--json", help="also write the comparison here")
     args = p.parse_args(argv)
     try:
-        result = compare(load(args.reports), args.control or None)
+        result = compare(load(args.reports), args.control or None, args.base)
     except ValueError as e:
         print(f"compare: {e}", file=sys.stderr)
         return 2
