@@ -30,7 +30,7 @@ import sys
 SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis", "Occupancy", "LaunchStats",
             "WarpStateStats", "SchedulerStats")
 STALLS = r"regex:smsp__average_warps?_.*issue_stalled_.*"
-STALL_PREFIXES = ("smsp__average_warps_issue_stalled_", "smsp__average_warp_latency_issue_stalled_")
+STALL_PER_ISSUE = ("smsp__average_warps_issue_stalled_", "_per_issue_active.ratio")  # name = prefix + reason + suffix
 SHOWN = {  # table column -> the (section, metric) ncu prints in its details page
     "us": ("GPU Speed Of Light Throughput", "Duration"),
     "sm %": ("GPU Speed Of Light Throughput", "Compute (SM) Throughput"),
@@ -82,10 +82,11 @@ def top_stalls(launch: dict, count: int = 3) -> str:
     found = {}
     for section in launch["metrics"].values():
         for name, (value, unit) in section.items():
-            if name.startswith(STALL_PREFIXES[0]) and name.endswith("_per_issue_active.ratio"):
+            prefix, suffix = STALL_PER_ISSUE
+            if name.startswith(prefix) and name.endswith(suffix):
                 number = _number(value, unit)
                 if number is not None:
-                    found[name[len(STALL_PREFIXES[0]):-len("_per_issue_active.ratio")]] = number
+                    found[name[len(prefix):-len(suffix)]] = number
     best = sorted(found.items(), key=lambda kv: -kv[1])[:count]
     return " ".join(f"{reason}={value:.1f}" for reason, value in best)
 
@@ -148,18 +149,21 @@ def show(paths: list[str]) -> None:
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--show"]:
-        show(sys.argv[2:])
-        return
-    from megakernel_sweep import PLANS  # this script's folder is on sys.path
-
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", required=True, help="RxCxH")
+    ap.add_argument("--show", nargs="+", metavar="PROFILE", help="print written profiles' table and stop")
+    ap.add_argument("--shape", help="RxCxH (required unless --show)")
     ap.add_argument("--plans", default="planned,torch-cublas",
-                    help=f"comma-separated shell patterns over {[*PLANS, 'torch-cublas']}")
+                    help="comma-separated shell patterns over megakernel_sweep.PLANS' labels and torch-cublas")
     ap.add_argument("--name", default="megakernel_profile", help="the JSON's name under $OUT")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.show:
+        show(args.show)
+        return
+    if not args.shape:
+        ap.error("--shape is required (or --show PROFILE...)")
+    from megakernel_sweep import PLANS  # this script's folder is on sys.path
+
     shape = tuple(int(v) for v in args.shape.split("x"))
     if len(shape) != 3 or min(shape) < 1:
         sys.exit(f"--shape must be RxCxH with every size >= 1, got {args.shape!r}")
