@@ -77,6 +77,14 @@ def test_launch_floor_block_and_its_line_under_the_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "3.0" in out and "launch floor" not in out  # a report from before the floor: the table alone
 
+    other = tmp_path / "floor-probes.json"  # JSON of another tool (sealed or not) is named as such, not as tampered
+    for body in ({"shape": [1, 7, 13], "p50_us": {}}, [1, 2]):
+        other.write_text(json.dumps(body))
+        assert report.show(str(other), "simple") == 1
+        assert "not an engine report" in capsys.readouterr().err
+    assert report.show(str(report.seal_and_write({"shape": [1, 7, 13]}, other)), "simple") == 1
+    assert "not an engine report" in capsys.readouterr().err
+
     failed = {"what": report.FLOOR_WHAT, "error": "ImportError: no cutlass"}
     assert report.floor_line({**sections, "launch_floor": failed}) == \
         "launch floor (empty kernel): not measured: ImportError: no cutlass"
@@ -160,7 +168,7 @@ def test_a_checkpoint_is_marked_partial_and_shown_so(tmp_path, monkeypatch, caps
 
 def test_resume_is_checked_before_any_gpu_work(tmp_path, monkeypatch, capsys):
     partial = report.seal_and_write(_partial_run(tmp_path, monkeypatch, rounds_done=1), tmp_path / "p.json")
-    complete = report.seal_and_write({"rounds": 3, "samples_per_round": 50}, tmp_path / "c.json")
+    complete = report.seal_and_write({"rounds": 3, "samples_per_round": 50, "development": []}, tmp_path / "c.json")
     tampered = tmp_path / "tampered.json"
     tampered.write_text(complete.read_text().replace('"rounds": 3', '"rounds": 4'))
     cases = [(["--resume", str(tmp_path / "none.json")], "cannot read a report there"),

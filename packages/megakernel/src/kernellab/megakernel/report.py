@@ -528,6 +528,9 @@ def read_sealed(path: str | Path) -> dict:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: cannot read a report there: {e}") from None
+    if not isinstance(data, dict) or "sha256" not in data or not {"development", "assessment"} & data.keys():
+        raise ValueError(f"{path}: not an engine report of kernellab.megakernel.report (no sha256 seal, or no "
+                         "development or assessment shapes)")
     if data.get("sha256") != report_io.report_hash(data):
         raise ValueError(f"{path}: sha256 mismatch: recorded {data.get('sha256')}, content hashes to "
                          f"{report_io.report_hash(data)} (changed after it was written)")
