@@ -68,6 +68,11 @@ def _number(value: str, unit: str) -> float | None:
     return number * scale if scale else number
 
 
+def cells(numbers: dict, columns) -> str:
+    """The table's cells of ``columns`` ('-' where ncu printed no such metric)."""
+    return " ".join(f"{'-' if numbers[c] is None else format(numbers[c], '.1f'):>9s}" for c in columns)
+
+
 def summary(launch: dict) -> dict:
     """The table's numbers of one kernel launch (None where ncu printed no such metric)."""
     out = {}
@@ -79,10 +84,10 @@ def summary(launch: dict) -> dict:
 
 def top_stalls(launch: dict, count: int = 3) -> str:
     """The ``count`` stall reasons with the most warps stalled per issued instruction, as reason=value."""
+    prefix, suffix = STALL_PER_ISSUE
     found = {}
     for section in launch["metrics"].values():
         for name, (value, unit) in section.items():
-            prefix, suffix = STALL_PER_ISSUE
             if name.startswith(prefix) and name.endswith(suffix):
                 number = _number(value, unit)
                 if number is not None:
@@ -142,10 +147,7 @@ def show(paths: list[str]) -> None:
         shape = "x".join(map(str, record["shape"]))
         for label, result in record["plans"].items():
             for launch in result["launches"]:
-                numbers = summary(launch)
-                cells = " ".join(f"{'-' if numbers[c] is None else format(numbers[c], '.1f'):>9s}"
-                                 for c in SHOWN_BRIEF)
-                print(f"{shape:16s} {label:12s} {cells}  {top_stalls(launch)}")
+                print(f"{shape:16s} {label:12s} {cells(summary(launch), SHOWN_BRIEF)}  {top_stalls(launch)}")
 
 
 def main() -> None:
@@ -191,8 +193,7 @@ def main() -> None:
             json.dump(record, f, indent=1)
     print(f"{'plan':14s} {'kernel':40s} " + " ".join(f"{c:>9s}" for c in SHOWN) + "  top stalls")
     for label, kernel, numbers, stalls in rows:
-        cells = " ".join(f"{'-' if v is None else format(v, '.1f'):>9s}" for v in numbers.values())
-        print(f"{label:14s} {kernel:40s} {cells}  {stalls}")
+        print(f"{label:14s} {kernel:40s} {cells(numbers, SHOWN)}  {stalls}")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def compare(reports: list[dict], control: str | None = "torch-cublas", base: str
         raise ValueError(f"an A/B needs reports of exactly two commits; these record {commits}")
     if base is not None:
         named = [c for c in commits if c and c.startswith(base)]
-        if len(named) != 1 or not base:
+        if len(named) != 1:  # an empty prefix names both
             raise ValueError(f"--base {base!r} names neither or both of the reports' commits {commits}")
         commits = [named[0], *(c for c in commits if c != named[0])]
     p50s: dict[tuple[str, str, str], list[float]] = {}  # (commit, engine, shape) -> p50 in us

@@ -531,8 +531,8 @@ def read_sealed(path: str | Path) -> dict:
     if not isinstance(data, dict) or "sha256" not in data or not {"development", "assessment"} & data.keys():
         raise ValueError(f"{path}: not an engine report of kernellab.megakernel.report (no sha256 seal, or no "
                          "development or assessment shapes)")
-    if data.get("sha256") != report_io.report_hash(data):
-        raise ValueError(f"{path}: sha256 mismatch: recorded {data.get('sha256')}, content hashes to "
+    if data["sha256"] != report_io.report_hash(data):
+        raise ValueError(f"{path}: sha256 mismatch: recorded {data['sha256']}, content hashes to "
                          f"{report_io.report_hash(data)} (changed after it was written)")
     return data
 
