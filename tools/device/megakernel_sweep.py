@@ -48,6 +48,12 @@ PLANS = {  # label -> (engine, planning.forced choices); {}: the planner's own p
     "mc2": ("persistent-tc", {"mma": "wgmma", "multicast": 2}),
     "mc2-s1": ("persistent-tc", {"mma": "wgmma", "multicast": 2, "stages": 1}),
     "mc4": ("persistent-tc", {"mma": "wgmma", "multicast": 4}),
+    # the planned tile on fewer CTAs: if a CTA's chunk period (p50 / (tiles per CTA x chunks)) shortens, the
+    # CTAs were sharing a bound (L2); if it stays, each CTA's own chain of loads and products sets it
+    "grid66": ("persistent-tc", {"grid": 66}),
+    "grid32": ("persistent-tc", {"grid": 32}),
+    "grid16": ("persistent-tc", {"grid": 16}),
+    "mc2-grid66": ("persistent-tc", {"mma": "wgmma", "multicast": 2, "grid": 66}),
     "persistent": ("persistent", {}),  # the planner's weights placement, against both forced:
     "persistent-smem-weights": ("persistent", {"weights": "smem"}),  # staged in shared memory, or
     "persistent-global-weights": ("persistent", {"weights": "global"}),  # read from global memory
@@ -89,6 +95,31 @@ def plan_calls(shape, patterns, activation, device):
     return problem, out, skipped
 
 
+def chunk_periods(shape, p50, calls):
+    """{label: us per hidden chunk of one CTA's tiles} for the persistent-tc plans: p50 over the chunks its
+    busiest CTA runs one after another (tiles per CTA x its share of the hidden chunks)."""
+    out = {}
+    for label, (plan, _) in calls.items():
+        if plan.get("engine") == "persistent-tc":
+            chunks = planning.ceil_div(planning.ceil_div(shape[2], plan["tile_hidden_chunk"]), plan["tile_split"])
+            out[label] = p50[label] / (plan["tiles_per_cta"] * chunks)
+    return out
+
+
+def l2_copy_bandwidth(device, megabytes=(4, 8, 16)):
+    """{MB: TB/s} of torch's device copy between two buffers of that size that stay in the L2 (bytes read plus
+    written), graph throughput: the ceiling that weight chunks streamed from the L2 by every SM share."""
+    torch = device.torch
+    out = {}
+    for mb in megabytes:
+        a = torch.randn(mb * 2**18, device="cuda")
+        b = torch.empty_like(a)
+        us = statistics.median(timing.measure("graph_throughput", [functools.partial(b.copy_, a)], device, samples=10,
+                                              iterations=50))
+        out[mb] = 2 * a.numel() * 4 / us / 1e6
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", help="comma-separated RxCxH (default: the report's larger development shapes)")
@@ -96,6 +127,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--samples", type=int, default=10)
     ap.add_argument("--name", default="megakernel_sweep", help="the JSON's name under $OUT")
+    ap.add_argument("--l2", action="store_true", help="also record torch's copy bandwidth within the L2")
     args = ap.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     device = timing.Device("cuda")
@@ -103,6 +135,9 @@ def main() -> None:
     spec = planning.current_device()
     record = {"provenance": provenance.of_check("cuda", __file__, ["megakernel"]),
               "rounds": args.rounds, "samples_per_round": args.samples, "timing": "graph_throughput", "shapes": []}
+    if args.l2:
+        record["l2_copy_tb_per_s"] = l2_copy_bandwidth(device)
+        print("L2 copy TB/s " + "  ".join(f"{mb} MB {v:.2f}" for mb, v in record["l2_copy_tb_per_s"].items()))
     for shape in shapes:
         problem, calls, skipped = plan_calls(shape, args.plans.split(","), bench.DEFAULT_ACTIVATION, spec)
         inputs = problem.make_inputs(1)
@@ -116,9 +151,12 @@ def main() -> None:
                                                  iterations=20)
         p50 = {label: statistics.median(v) for label, v in samples.items()}
         record["shapes"].append({"shape": shape, "p50_us": p50, "skipped": skipped,
-                                 "plans": {label: calls[label][0] for label in calls}})
+                                 "plans": {label: calls[label][0] for label in calls},
+                                 "chunk_period_us": chunk_periods(shape, p50, calls)})
         ranked = sorted(p50, key=p50.get)
         print(f"{'x'.join(map(str, shape)):16s} " + "  ".join(f"{k} {p50[k]:.1f}" for k in ranked), flush=True)
+        print(" " * 17 + "us per chunk: " + "  ".join(f"{k} {v:.2f}" for k, v in
+                                                     record["shapes"][-1]["chunk_period_us"].items()), flush=True)
         with open(os.path.join(os.environ.get("OUT", "."), f"{args.name}.json"), "w") as f:
             json.dump(record, f, indent=1)
 
