@@ -173,7 +173,4 @@ class OutputGemm(TiledGemm):
         coords = thr_mma.partition_C(cute.make_identity_tensor((BLOCK_M, BLOCK_N)))
         rows, channels = y.shape
         row0, col0 = block_m * BLOCK_M, block_n * BLOCK_N
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            r, c = coords[i]
-            if row0 + r < rows and col0 + c < channels:
-                y[row0 + r, col0 + c] = acc[i] + b2[col0 + c] + residual[row0 + r, col0 + c].to(Float32)
+        tensorcore.store_output(acc, coords, row0, col0, rows, channels, b2, residual, y)

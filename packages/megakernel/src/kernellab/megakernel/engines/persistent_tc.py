@@ -278,7 +278,9 @@ class PersistentTensorCore:
                     cute.arch.cp_async_commit_group()
             if cutlass.const_expr(early):
                 for i in cutlass.range_constexpr(cute.size(acc_y)):
-                    self.read_epilogue(epi_b2, epi_res, i, y_coords[i], row0, rows, channels, b2, residual)
+                    r, c = y_coords[i]
+                    tensorcore.read_output_terms(epi_b2, epi_res, i, row0 + r < rows and c < channels, c, row0 + r,
+                                                 b2, residual)
             acc_y.fill(0.0)
             if cutlass.const_expr(self.overlap):
                 # chunk 0's GEMM1 and activation; then GEMM1(j + 1) beside GEMM2(j), the activation of j + 1
@@ -300,10 +302,11 @@ class PersistentTensorCore:
                     j = rank + split * jj
                     self.read_b1(bias_h, h_coords, b1, j + split, hidden)
                     pipe_w1.consumer_wait(use_w1)  # W1(j + 1) landed
-                    pipe_w2.consumer_wait(use_w2)  # W2(j) landed
                     self.fence_for_wgmma()
                     cute.arch.sync_threads()  # hidden chunk j is complete, every GEMM2(j - 1) done with the other
                     tensorcore.wgmma_issue(mma_h, tid, acc_h, s_x, s_w1[None, None, use_w1.index], False)
+                    # W2(j), whose load began as GEMM2(j - 1) ended, is waited for only now, under GEMM1(j + 1)
+                    pipe_w2.consumer_wait(use_w2)
                     tensorcore.wgmma_issue(mma_y, tid, acc_y, s_h[None, None, jj % 2], s_w2[None, None, use_w2.index],
                                            True)
                     warpgroup.wait_group(1)  # GEMM1(j + 1) is done, GEMM2(j) runs on
@@ -379,17 +382,18 @@ class PersistentTensorCore:
             if cutlass.const_expr(split > 1):
                 cute.arch.cp_async_wait_group(0)  # a CTA without chunks never waited for its x tile
                 self.exchange(acc_y, recv, mbar, rank, (tile - group) // groups % 2, tid)
-            for i in cutlass.range_constexpr(cute.size(acc_y)):
-                r, c = y_coords[i]
-                if cutlass.const_expr(split > 1):  # element i is finished by the CTA of rank i % 2
-                    if i % 2 == rank and row0 + r < rows and c < channels:
-                        y[row0 + r, c] = (acc_y[i] + recv[i // 2, tid]) + b2[c] + residual[row0 + r, c].to(Float32)
-                elif cutlass.const_expr(early):
+            if cutlass.const_expr(early):
+                for i in cutlass.range_constexpr(cute.size(acc_y)):
+                    r, c = y_coords[i]
                     if row0 + r < rows and c < channels:
                         y[row0 + r, c] = acc_y[i] + epi_b2[i] + epi_res[i]
-                else:
-                    if row0 + r < rows and c < channels:
-                        y[row0 + r, c] = acc_y[i] + b2[c] + residual[row0 + r, c].to(Float32)
+            elif cutlass.const_expr(split > 1):  # element i is finished by the CTA of rank i % 2
+                for i in cutlass.range_constexpr(cute.size(acc_y)):
+                    if i % 2 == rank:
+                        acc_y[i] = acc_y[i] + recv[i // 2, tid]
+                tensorcore.store_output(acc_y, y_coords, row0, 0, rows, channels, b2, residual, y, 2, rank)
+            else:
+                tensorcore.store_output(acc_y, y_coords, row0, 0, rows, channels, b2, residual, y)
         if cutlass.const_expr(split * multicast > 1):  # no CTA leaves while a peer may still write into it
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
@@ -509,18 +513,6 @@ class PersistentTensorCore:
         meets zero W1 rows and W2 columns)."""
         for i in cutlass.range_constexpr(cute.size(bias_h)):
             bias_h[i] = b1[cutlass.min(j * TC_HIDDEN_CHUNK + h_coords[i][1], hidden - 1)]
-
-    @cute.jit
-    def read_epilogue(self, epi_b2: cute.Tensor, epi_res: cute.Tensor, i: cutlass.Constexpr, coord, row0: Int32,
-                      rows: Int32, channels: Int32, b2: cute.Tensor, residual: cute.Tensor):
-        """b2 and the residual (as fp32) of output element i of this thread, 0 outside the tensors."""
-        r, c = coord
-        bias, res = Float32(0.0), Float32(0.0)
-        if row0 + r < rows and c < channels:
-            bias = b2[c]
-            res = residual[row0 + r, c].to(Float32)
-        epi_b2[i] = bias
-        epi_res[i] = res
 
     @cute.jit
     def load_w1(self, g2s: cute.TiledCopy, tid: Int32, w1: cute.Tensor, coords: cute.Tensor, s_w1: cute.Tensor,
