@@ -166,7 +166,7 @@ long sum those errors add like a random walk (sqrt(n), not n). Sequential fp32 s
 a kernel uses, stay under 0.4 of this bound (``tests/test_model_reference.py`` checks under 0.5)."""
 ACTIVATION_UNIT = 2.0 ** -20
 """Error bound of the fp32 GELU and SiLU, relative to |v| + |act(v)|: the kernels compute both as v sigmoid(z)
-with the hardware's exp2 and reciprocal approximations (``engines.common.sigmoid``: within a quarter of this),
+with the hardware's exp2 and reciprocal approximations (``engines.common.sigmoid``: within half of this),
 and torch's fp32 forms a few ulp of tanh and exp and the cancellation in 1 + tanh for large negative v. ReLU
 is exact."""
 

@@ -35,9 +35,10 @@ LOG2_E = math.log2(math.e)
 
 def sigmoid(z):
     """1 / (1 + e^-z) by the hardware's ex2.approx and rcp.approx: a few instructions instead of libdevice's
-    exp and IEEE division. Each errs by about 2^-22 (ex2 also by the rounding of its argument, under 2^-21 while
-    |z| < 20, beyond which the result is 0 or 1 to fp32 anyway), and an error d in e^-z moves the sigmoid by
-    sigmoid (1 - sigmoid) d <= d / 4: what ``model.ACTIVATION_UNIT`` allows with room to spare."""
+    exp and IEEE division. e^-z errs by a relative d under 2^-20 while |z| < 20 (ex2's own 2^-22 and the
+    rounding of its argument), which moves the sigmoid by sigmoid (1 - sigmoid) d <= d / 4 (beyond |z| = 20
+    that factor is under e^-20); the reciprocal adds 2^-23 of the sigmoid. So v sigmoid(z) errs by under
+    2^-21 |v|: half of what ``model.ACTIVATION_UNIT`` allows."""
     return cute.arch.rcp_approx(Float32(1.0) + cute.math.exp2(z * Float32(-LOG2_E), fastmath=True))
 
 
