@@ -101,7 +101,7 @@ def chunk_periods(shape, p50, calls):
     out = {}
     for label, (plan, _) in calls.items():
         if plan.get("engine") == "persistent-tc":
-            chunks = planning.ceil_div(planning.ceil_div(shape[2], plan["tile_hidden_chunk"]), plan["tile_split"])
+            chunks = planning.tc_chunks_per_cta(shape[2], plan["tile_split"])
             out[label] = p50[label] / (plan["tiles_per_cta"] * chunks)
     return out
 

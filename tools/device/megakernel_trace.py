@@ -4,11 +4,12 @@
 
 Builds a traced copy of ``engines/persistent_tc.py`` beside it (``_traced_persistent_tc.py``, removed at the end):
 the kernel takes one more tensor, and thread 0 of every CTA writes ``clock()`` into it after each step of its
-first tile (``STEPS``: after a wait, a barrier, a GEMM, the activation) and at the tile's start and end. Each
-``SHAPE[:choice=value...]`` runs the planned kernel (``planning.forced`` choices) three times to warm up and
-ten times timed, then takes the last run's stamps. Printed and written to ``$OUT/megakernel-trace.json`` with
-the harness's provenance: per step the median clocks over CTAs and chunks, per tile the median clocks from
-its start to its first GEMM, through its chunks, and through the output epilogue. A stamp costs a few
+first tile (``OVERLAPPED`` and ``SERIAL``, one per chunk schedule: after a wait, a barrier, a GEMM, the
+activation) and at the tile's start and end. Each ``SHAPE[:choice=value...]`` runs the planned kernel
+(``planning.forced`` choices) on the benchmark's inputs and default activation, three times to warm up and ten
+times timed, then takes the last run's stamps. Printed and written to ``$OUT/megakernel-trace.json`` with the
+harness's provenance: per step the median clocks over CTAs and chunks, per tile the median clocks from its
+start to its first GEMM, through its chunks, and through the output epilogue. A stamp costs a few
 instructions; the clocks are the SM's, so a step's share of a chunk is what to read, not its microseconds.
 
 Anchors are lines of the kernel's source: a change there that moves one makes this tool stop with the anchor's
@@ -115,8 +116,9 @@ def main() -> None:
     import torch
 
     from kernellab.harness import provenance
-    from kernellab.megakernel import planning
+    from kernellab.megakernel import bench, planning
     from kernellab.megakernel.engines import persistent_tc
+    from kernellab.megakernel.model import ACTIVATION_CODES
 
     traced_path = Path(persistent_tc.__file__).with_name("_traced_persistent_tc.py")
     traced_path.write_text(traced_source(Path(persistent_tc.__file__).read_text()))
@@ -131,26 +133,23 @@ def main() -> None:
             t = plan.tile
             fn = traced.Variant(t.rows, t.channels_tile, "float16", t.stages, t.vector, t.mma, t.split, t.multicast,
                                 t.loads, t.overlap).compile()
-            gen = torch.Generator(device="cuda").manual_seed(0)
-
-            def rand(*size, dtype=torch.float16, gen=gen):
-                return (0.1 * torch.randn(*size, device="cuda", generator=gen)).to(dtype)
-
-            tensors = (rand(rows, channels), rand(rows, channels), rand(hidden, channels),
-                       rand(hidden, dtype=torch.float32), rand(channels, hidden), rand(channels, dtype=torch.float32),
-                       torch.empty(rows, channels, device="cuda"))
+            problem = bench.ResidualMLP((rows, channels, hidden), activation=bench.DEFAULT_ACTIVATION)
+            x = problem.make_inputs(1)
+            # as engines.plan_call calls a plan: x is both the GEMM operand and the residual
+            tensors = (x["x"], x["x"], x["w1"], x["b1"], x["w2"], x["b2"], problem.make_outputs(x)["y"])
+            act = ACTIVATION_CODES[bench.DEFAULT_ACTIVATION]
             grid = plan.owners.grid
             stamps = torch.zeros(grid, TRACE_SLOTS, dtype=torch.int32, device="cuda")
             for _ in range(3):
-                fn(*tensors, 1, grid, stamps)
+                fn(*tensors, act, grid, stamps)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(10):
-                fn(*tensors, 1, grid, stamps)
+                fn(*tensors, act, grid, stamps)
             end.record()
             end.synchronize()
             rows_of = stamps.cpu().tolist()
-            chunks = planning.ceil_div(planning.ceil_div(hidden, t.hidden_chunk), t.split) - int(t.overlap)
+            chunks = planning.tc_chunks_per_cta(hidden, t.split) - int(t.overlap)
             steps = OVERLAPPED if t.overlap else SERIAL
             spans = [("to the first GEMM", 0, 1), ("chunks", 1, 2)] if t.overlap else [("chunks", 0, 2)]
             spans += [("output epilogue", 2, 3), ("tile", 0, 3)]

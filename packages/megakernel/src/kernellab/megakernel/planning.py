@@ -214,12 +214,17 @@ def channel_tile(channels: int) -> int | None:
     return None
 
 
+def tc_chunks_per_cta(hidden: int, split: int = 1) -> int:
+    """The most hidden chunks one persistent-tc CTA runs per tile (a hidden split's CTA r runs r, r + split, ...)."""
+    return ceil_div(ceil_div(hidden, TC_HIDDEN_CHUNK), split)
+
+
 def tc_cost(rows_per_tile: int, num_tiles: int, hidden: int, split: int, device: DeviceSpec) -> int:
     """The work of a persistent-tc layout on its busiest SM: its share of the CTAs (ceil(CTAs / SMs), every
     tile's CTAs spread evenly) times each CTA's hidden chunks times the rows of MMA work and weight traffic
     one chunk of a tile costs (``TC_WEIGHT_ROWS``)."""
-    chunks = ceil_div(ceil_div(hidden, TC_HIDDEN_CHUNK), split)
-    return ceil_div(num_tiles * split, device.sm_count) * chunks * (rows_per_tile + TC_WEIGHT_ROWS)
+    ctas_per_sm = ceil_div(num_tiles * split, device.sm_count)
+    return ctas_per_sm * tc_chunks_per_cta(hidden, split) * (rows_per_tile + TC_WEIGHT_ROWS)
 
 
 def tc_layout(rows: int, channels_tile: int, hidden: int, may_split: bool, device: DeviceSpec) -> tuple[int, int]:
@@ -307,7 +312,7 @@ def tc_stages(tile_rows: int, channels_tile: int, num_tiles: int, hidden: int, d
     one = Tile("persistent-tc", tile_rows, channels_tile, TC_HIDDEN_CHUNK, TC_THREADS, num_tiles, split=split,
                loads=loads, overlap=overlap)
     needed = min(ceil_div(split * num_tiles, device.sm_count), tc_occupancy_limit(one))
-    for stages in range(min(TC_MAX_STAGES, ceil_div(ceil_div(hidden, TC_HIDDEN_CHUNK), split)), 1, -1):
+    for stages in range(min(TC_MAX_STAGES, tc_chunks_per_cta(hidden, split)), 1, -1):
         size = persistent_tc_smem_bytes(tile_rows, channels_tile, stages, split, loads, overlap)
         limit = tc_occupancy_limit(dataclasses.replace(one, stages=stages))
         if size <= usable_smem(device) and occupancy(TC_THREADS, size, device, limit) >= needed:
