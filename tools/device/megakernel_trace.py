@@ -128,7 +128,8 @@ def main() -> None:
         for case in args.cases:
             shape, *choices = case.split(":")
             rows, channels, hidden = (int(v) for v in shape.split("x"))
-            forced = {k: int(v) if v.isdigit() else v for k, v in (c.split("=") for c in choices)}
+            forced = {k: int(v) if v.isdigit() else {"True": True, "False": False}.get(v, v)
+                      for k, v in (c.split("=") for c in choices)}
             plan = planning.forced("persistent-tc", rows, channels, hidden, planning.current_device(), **forced)
             t = plan.tile
             fn = traced.Variant(t.rows, t.channels_tile, "float16", t.stages, t.vector, t.mma, t.split, t.multicast,
