@@ -173,4 +173,4 @@ class OutputGemm(TiledGemm):
         coords = thr_mma.partition_C(cute.make_identity_tensor((BLOCK_M, BLOCK_N)))
         rows, channels = y.shape
         row0, col0 = block_m * BLOCK_M, block_n * BLOCK_N
-        tensorcore.store_output(acc, coords, row0, col0, rows, channels, b2, residual, y)
+        tensorcore.store_output(acc, coords, row0, col0, rows, channels, b2, residual, y, 2)  # 16-byte rows

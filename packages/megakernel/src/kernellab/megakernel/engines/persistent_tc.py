@@ -23,9 +23,10 @@ W2 columns of zeros: whatever the activation makes of their bias, they add exact
 
 Hidden split (``split=2``, where ``planning.tc_layout`` takes it): a cluster of two CTAs owns each row tile, CTA r
 runs hidden chunks r, r + 2, ..., so each streams half the weights. Both CTAs' threads hold the same output
-coordinates; at a tile's end each sends the elements the peer finishes (element i goes to CTA i % 2) into
-the peer's shared memory with asynchronous DSMEM stores counted by a transaction barrier, after a cluster
-barrier that frees the receive buffer, and finishes its own half.
+coordinates; at a tile's end each sends the elements the peer finishes (pairs of neighbouring columns alternate
+between the CTAs: ``tensorcore.split_owner``) into the peer's shared memory with asynchronous DSMEM stores
+counted by a transaction barrier, after a cluster barrier that frees the receive buffer (arrived at at the
+tile's start, waited for here), and finishes its own half.
 
 TMA loads (``loads="tma"``, the planner's choice for 64-row wgmma tiles: planning.tc_loads): one thread
 of warp 0 issues each weight chunk by TMA into its buffer, and two mbarrier pipelines (W1, W2) track the
@@ -147,6 +148,7 @@ class PersistentTensorCore:
         self.overlap = variant.overlap
         self.fused_stages = variant.fused_stages
         self.occupancy = variant.occupancy
+        self.output_width = 2 if variant.vector == VECTOR_ELEMENTS else 1  # y pairs (tensorcore.store_output)
 
     @cute.jit
     def __call__(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
@@ -214,7 +216,7 @@ class PersistentTensorCore:
             mbar = smem.allocate_array(cutlass.Int64, num_elems=1, byte_alignment=8)
             if tid == 0:
                 cute.arch.mbarrier_init(mbar, 1)
-            cute.arch.mbarrier_init_fence()  # made visible to the peer by the first exchange's cluster barrier
+            cute.arch.mbarrier_init_fence()  # made visible to the peer by the first tile's cluster barrier
 
         # TMA loads: W1 and W2 chunks come through two pipelines of `stages` buffers; with a multicast every
         # CTA of the cluster loads its share of each chunk into all of them (mask), and a buffer is reloaded
@@ -252,6 +254,8 @@ class PersistentTensorCore:
             tiles_end = tiles_end + cta % multicast  # tiles as its first, the others' last one past the rows
         for tile in range(group, tiles_end, groups):
             row0 = tile * tile_rows
+            if cutlass.const_expr(split > 1):  # done with the last tile's recv; the exchange waits for the peer's
+                cute.arch.cluster_arrive()
             x_tile = cute.local_tile(u, (tile_rows, cols), (tile, 0))
             x_crd = cute.local_tile(x_coords, (tile_rows, cols), (tile, 0))
             if cutlass.const_expr(self.fused_stages > 0):  # element loads of x and the first chunks in flight
@@ -282,7 +286,7 @@ class PersistentTensorCore:
                 for i in cutlass.range_constexpr(cute.size(acc_y)):
                     r, c = y_coords[i]
                     tensorcore.read_output_terms(epi_b2, epi_res, i, row0 + r < rows and c < channels, c, row0 + r,
-                                                 b2, residual)
+                                                 b2, residual, 1)
             acc_y.fill(0.0)
             if cutlass.const_expr(self.overlap):
                 # chunk 0's GEMM1 and activation; then GEMM1(j + 1) beside GEMM2(j), the activation of j + 1
@@ -389,13 +393,14 @@ class PersistentTensorCore:
                     r, c = y_coords[i]
                     if row0 + r < rows and c < channels:
                         y[row0 + r, c] = acc_y[i] + epi_b2[i] + epi_res[i]
-            elif cutlass.const_expr(split > 1):  # element i is finished by the CTA of rank i % 2
+            elif cutlass.const_expr(split > 1):  # element i is finished by the CTA of rank split_owner(i)
                 for i in cutlass.range_constexpr(cute.size(acc_y)):
-                    if i % 2 == rank:
-                        acc_y[i] = acc_y[i] + recv[i // 2, tid]
-                tensorcore.store_output(acc_y, y_coords, row0, 0, rows, channels, b2, residual, y, 2, rank)
+                    if tensorcore.split_owner(i, split) == rank:
+                        acc_y[i] = acc_y[i] + recv[tensorcore.split_slot(i), tid]
+                tensorcore.store_output(acc_y, y_coords, row0, 0, rows, channels, b2, residual, y, self.output_width,
+                                        split, rank)
             else:
-                tensorcore.store_output(acc_y, y_coords, row0, 0, rows, channels, b2, residual, y)
+                tensorcore.store_output(acc_y, y_coords, row0, 0, rows, channels, b2, residual, y, self.output_width)
         if cutlass.const_expr(split * multicast > 1):  # no CTA leaves while a peer may still write into it
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
@@ -442,16 +447,16 @@ class PersistentTensorCore:
     @cute.jit
     def exchange(self, acc_y: cute.Tensor, recv: cute.Tensor, mbar, rank: Int32, phase: Int32, tid: Int32):
         """Sum a cluster's two partial output tiles: the same thread of both CTAs holds the same output
-        coordinates, so each sends the elements the peer finishes (i % 2 == peer) into the peer's
-        ``recv[i // 2, tid]`` by asynchronous DSMEM stores, counted by the peer's transaction barrier."""
+        coordinates, so each sends the elements the peer finishes (``tensorcore.split_owner``) into the peer's
+        ``recv[split_slot(i), tid]`` by asynchronous DSMEM stores, counted by the peer's transaction barrier."""
         half = cute.size(acc_y) // 2
-        cute.arch.cluster_arrive()  # both CTAs are done with the last tile's recv (and the barrier exists)
-        cute.arch.cluster_wait()
+        cute.arch.cluster_wait()  # both CTAs are done with the last tile's recv (and the barrier exists): the
+        # arrive went out at the tile's start, so the barrier's round trip is over by now
         if tid == 0:
             cute.arch.mbarrier_arrive_and_expect_tx(mbar, half * TC_THREADS * 4)
         for i in cutlass.range_constexpr(cute.size(acc_y)):
-            if i % 2 != rank:
-                ptr = recv.iterator + cute.crd2idx((i // 2, tid), recv.layout)
+            if tensorcore.split_owner(i, self.split) != rank:
+                ptr = recv.iterator + cute.crd2idx((tensorcore.split_slot(i), tid), recv.layout)
                 cute.arch.store_async_dsmem(ptr, acc_y[i].bitcast(Int32), mbar, 1 - rank)
         cute.arch.mbarrier_wait(mbar, phase)
 
@@ -500,14 +505,19 @@ class PersistentTensorCore:
 
     @cute.jit
     def hidden_epilogue(self, acc_h: cute.Tensor, bias_h: cute.Tensor, act: Int32, h_dst: cute.Tensor):
-        """A GEMM1 chunk's epilogue: fp16(act(acc_h + b1)) into this thread's elements of a hidden buffer."""
+        """A GEMM1 chunk's epilogue: fp16(act(acc_h + b1)) into this thread's elements of a hidden buffer. The
+        fp16 values go as one vector (neighbouring columns: packed conversions and 4-byte stores, half the
+        instructions of one element at a time)."""
         for i in cutlass.range_constexpr(cute.size(acc_h)):
             acc_h[i] = acc_h[i] + bias_h[i]
 
-        def store_hidden(i, v):
-            h_dst[i] = v.to(Float16)
+        def keep(i, v):
+            acc_h[i] = v
 
-        tensorcore.apply_activation(acc_h, act, store_hidden)
+        tensorcore.apply_activation(acc_h, act, keep)
+        h = cute.make_rmem_tensor(acc_h.layout, Float16)
+        h.store(acc_h.load().to(Float16))
+        cute.autovec_copy(h, h_dst)
 
     @cute.jit
     def read_b1(self, bias_h: cute.Tensor, h_coords: cute.Tensor, b1: cute.Tensor, j: Int32, hidden: Int32):

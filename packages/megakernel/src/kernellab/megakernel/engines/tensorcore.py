@@ -158,36 +158,69 @@ it at 56,000 clocks of a 230,000-clock 64 x 512 tile (16384 x 512 x 2048)."""
 
 @cute.jit
 def read_output_terms(bias: cute.Tensor, res: cute.Tensor, k: cutlass.Constexpr, inside, col: Int32, row: Int32,
-                      b2: cute.Tensor, residual: cute.Tensor):
-    """bias[k] = b2[col] and res[k] = residual[row, col] as fp32 where ``inside``, else 0 (nothing is read)."""
-    b, r = Float32(0.0), Float32(0.0)
+                      b2: cute.Tensor, residual: cute.Tensor, width: cutlass.Constexpr):
+    """bias[k + e] = b2[col + e] and res[k + e] = residual[row, col + e] as fp32 for e < ``width`` where ``inside``,
+    else 0 (nothing is read); with width 2 the residual pair is one load (``pair``)."""
+    for e in cutlass.range_constexpr(width):
+        bias[k + e] = Float32(0.0)
+        res[k + e] = Float32(0.0)
     if inside:
-        b = b2[col]
-        r = residual[row, col].to(Float32)
-    bias[k] = b
-    res[k] = r
+        if cutlass.const_expr(width == 1):
+            bias[k] = b2[col]
+            res[k] = residual[row, col].to(Float32)
+        else:
+            got = cute.make_rmem_tensor((2,), residual.element_type)
+            cute.autovec_copy(pair(residual, row, col), got)
+            for e in cutlass.range_constexpr(2):
+                bias[k + e] = b2[col + e]
+                res[k + e] = got[e].to(Float32)
+
+
+def pair(t: cute.Tensor, row: Int32, col: Int32) -> cute.Tensor:
+    """t[row, col : col + 2] for an even ``col`` as a tensor whose offset the compiler sees is a multiple of 2
+    (row strides of 16-byte rows are multiples of 8), so that a copy of it is one vector access."""
+    return cute.local_tile(t, (1, 2), (row, col // 2))[0, None]
 
 
 @cute.jit
 def store_output(acc: cute.Tensor, coords: cute.Tensor, row0: Int32, col0: Int32, rows: Int32, cols: Int32,
-                 b2: cute.Tensor, residual: cute.Tensor, y: cute.Tensor, stride: cutlass.Constexpr = 1,
-                 first: Int32 = 0):
+                 b2: cute.Tensor, residual: cute.Tensor, y: cute.Tensor, width: cutlass.Constexpr = 1,
+                 split: cutlass.Constexpr = 1, rank: Int32 = 0):
     """y[row0 + r, col0 + c] = acc[i] + b2[col0 + c] + residual[row0 + r, col0 + c] for this thread's elements i
     ((r, c) = coords[i]) inside (rows, cols), ``OUTPUT_BATCH`` at a time: a batch's loads first, then its stores.
-    With ``stride`` 2 only the elements i with i % 2 == ``first`` (a hidden split's CTA finishes every other one)."""
+    ``width`` 2 (16-byte rows: cols a multiple of 8) takes elements 2p and 2p + 1, neighbouring columns in every
+    MMA fragment, together: one residual load and one 8-byte y store. With ``split`` 2 only the pairs p with
+    p % 2 == ``rank`` (a hidden split's CTA finishes every other pair: ``split_owner``)."""
     count = cute.size(acc)
     batch = min(OUTPUT_BATCH, count)
     bias = cute.make_rmem_tensor((batch,), Float32)
     res = cute.make_rmem_tensor((batch,), Float32)
     for b0 in cutlass.range_constexpr(0, count, batch):
-        for k in cutlass.range_constexpr(min(batch, count - b0)):
+        for k in cutlass.range_constexpr(0, min(batch, count - b0), width):
             r, c = coords[b0 + k]
-            read_output_terms(bias, res, k, row0 + r < rows and col0 + c < cols and (b0 + k) % stride == first,
-                              col0 + c, row0 + r, b2, residual)
-        for k in cutlass.range_constexpr(min(batch, count - b0)):
+            read_output_terms(bias, res, k, row0 + r < rows and col0 + c < cols and split_owner(b0 + k, split) == rank,
+                              col0 + c, row0 + r, b2, residual, width)
+        for k in cutlass.range_constexpr(0, min(batch, count - b0), width):
             r, c = coords[b0 + k]
-            if row0 + r < rows and col0 + c < cols and (b0 + k) % stride == first:
-                y[row0 + r, col0 + c] = acc[b0 + k] + bias[k] + res[k]
+            if row0 + r < rows and col0 + c < cols and split_owner(b0 + k, split) == rank:
+                if cutlass.const_expr(width == 1):
+                    y[row0 + r, col0 + c] = acc[b0 + k] + bias[k] + res[k]
+                else:
+                    out = cute.make_rmem_tensor((2,), Float32)
+                    for e in cutlass.range_constexpr(2):
+                        out[e] = acc[b0 + k + e] + bias[k + e] + res[k + e]
+                    cute.autovec_copy(out, pair(y, row0 + r, col0 + c))
+
+
+def split_owner(i: int, split: int) -> int:
+    """The CTA of a hidden split that finishes output element i of a fragment: pairs of neighbouring columns
+    (elements 2p, 2p + 1) alternate between the two, so that each CTA's stores stay 8-byte vectors."""
+    return i // 2 % split
+
+
+def split_slot(i: int) -> int:
+    """Where output element i of a fragment lies among the elements one CTA of a split finishes (or sends)."""
+    return i // 4 * 2 + i % 2
 
 
 @cute.jit
