@@ -176,18 +176,14 @@ def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, we
 def sum_with_weight_row(a: cute.Tensor, rows: list, k_dim: Int32, w: cute.Tensor, out: cute.Tensor):
     """out[rr] = sum_{k < k_dim} a[rows[rr], k] w[k] for one output column whose weight row ``w`` a thread holds in
     registers (unrolled to its static length), in ``_sum_item``'s order at one lane: class k % K_CLASSES in
-    increasing k, then the fixed tree, so that the bits equal those of every other weight placement. Steps past
-    k_dim read an element inside and keep the sum by a select, not a branch: a branch per step kept each step's
-    shared-memory reads behind the last step's (an H200 sweep: 1.3-1.7x the time of global weights)."""
+    increasing k, then the fixed tree, so that the bits equal those of every other weight placement."""
     acc = cute.make_rmem_tensor((K_CLASSES, ROW_BLOCK), Float32)
     acc.fill(0.0)
     for k in cutlass.range_constexpr(cute.size(w)):
-        inside = k < k_dim
-        col = cutlass.min(k, k_dim - 1)
-        wk = w[k].to(Float32)
-        for rr in cutlass.range_constexpr(ROW_BLOCK):
-            step = acc[k % K_CLASSES, rr] + a[rows[rr], col].to(Float32) * wk
-            acc[k % K_CLASSES, rr] = Float32(cutlass.select_(inside, step, acc[k % K_CLASSES, rr]))
+        if k < k_dim:
+            wk = w[k].to(Float32)
+            for rr in cutlass.range_constexpr(ROW_BLOCK):
+                acc[k % K_CLASSES, rr] = acc[k % K_CLASSES, rr] + a[rows[rr], k].to(Float32) * wk
     for level in cutlass.range_constexpr(LEVELS):
         step = 1 << level
         for j in cutlass.range_constexpr(K_CLASSES):
