@@ -56,8 +56,7 @@ PLANS = {  # label -> (engine, planning.forced choices); {}: the planner's own p
     "mc2-grid66": ("persistent-tc", {"mma": "wgmma", "multicast": 2, "grid": 66}),
     "persistent": ("persistent", {}),  # the planner's weights placement, against both forced:
     "persistent-smem-weights": ("persistent", {"weights": "smem"}),  # staged in shared memory, or
-    "persistent-global-weights": ("persistent", {"weights": "global"}),  # read from global memory, or
-    "persistent-register-weights": ("persistent", {"weights": "registers"}),  # a thread's rows in registers
+    "persistent-global-weights": ("persistent", {"weights": "global"}),  # read from global memory
 }
 ALWAYS = ("planned", "persistent")
 """Labels swept whatever ``--plans`` says: the plans that serve the shape today."""

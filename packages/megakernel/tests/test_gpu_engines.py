@@ -194,32 +194,6 @@ def test_graph_engine_replays_changed_inputs_and_new_buffers():
     assert len(bound.call.graphs) == 2
 
 
-@settings(deadline=None, max_examples=30)
-@given(rows=st.integers(1, 700), channels=st.integers(1, planning.REGISTER_WEIGHT_CAPS[-1][0]),
-       hidden=st.integers(1, planning.REGISTER_WEIGHT_CAPS[-1][1]), clusters=st.one_of(st.none(), st.integers(1, 5)),
-       activation=st.sampled_from(model.ACTIVATIONS), seed=st.integers(0, 2**31))
-def test_register_weights_match_the_other_placements_bit_for_bit(rows, channels, hidden, clusters, activation, seed):
-    """persistent with each thread's weight rows in registers, several tiles a CTA where ``clusters`` is small:
-    against the reference, and with the same bits as the weights read from global memory (the same sums)."""
-    import torch
-
-    device = planning.current_device()
-    problem = bench.ResidualMLP((rows, channels, hidden), activation=activation)
-    inputs = problem.make_inputs(seed)
-    outs = []
-    for weights in ("registers", "global"):
-        plan = planning.forced("persistent", rows, channels, hidden, device, tile_rows=planning.ROW_BLOCK,
-                               grid=clusters, weights=weights)
-        if weights == "registers":
-            _check_plan(plan, activation, seed)
-        y = problem.make_outputs(inputs)["y"]
-        engines.launcher("persistent", plan, activation)(inputs["x"], inputs["x"], inputs["w1"], inputs["b1"],
-                                                         inputs["w2"], inputs["b2"], y)
-        outs.append(y)
-    torch.cuda.synchronize()
-    assert torch.equal(outs[0], outs[1])
-
-
 def test_results_do_not_depend_on_the_tiling():
     """Scalar engines sum in one fixed order per row: any tile size gives identical bits."""
     import torch

@@ -56,9 +56,9 @@ def test_scalar_weights_are_staged_where_a_cta_reuses_them_or_they_are_many():
     global memory; it stages them in shared memory where it has more rows or they are many
     (``planning.SCALAR_GLOBAL_WEIGHTS_MAX``)."""
     for engine in ("persistent", "persistent-global"):
-        one = planning.choose(engine, 1, 19, 41, H200).plan  # beyond every register-weights bound
+        one = planning.choose(engine, 1, 7, 13, H200).plan
         assert (one.smem.weights, one.owners.tiles_per_cta) == ("global", 1)
-        assert one.smem.bytes == one.tile.rows * planning.scalar_row_bytes(engine, 19, 41)
+        assert one.smem.bytes == one.tile.rows * planning.scalar_row_bytes(engine, 7, 13)
         largest = planning.choose(engine, 129, 64, planning.SCALAR_GLOBAL_WEIGHTS_MAX // 128, H200).plan
         assert largest.smem.weights == "global"
         over = planning.choose(engine, 129, 64, planning.SCALAR_GLOBAL_WEIGHTS_MAX // 128 + 1, H200).plan
@@ -66,32 +66,6 @@ def test_scalar_weights_are_staged_where_a_cta_reuses_them_or_they_are_many():
         for rows in (4 * H200.sm_count + 1, 40_000):  # 8-row tiles; 304-row tiles
             reused = planning.choose(engine, rows, 7, 13, H200).plan
             assert reused.tile.rows > planning.ROW_BLOCK and reused.smem.weights == "smem"
-
-
-@given(st.integers(1, 4 * H200.sm_count), st.integers(1, 64), st.integers(1, 64))
-def test_register_weights_serve_one_row_block_tiles_within_a_bound(rows, channels, hidden):
-    """persistent holds a thread's weight rows in registers where a tile is one row block and the sizes are
-    within a bound (the smallest that holds them compiles); persistent-global never does."""
-    plan = planning.choose("persistent", rows, channels, hidden, H200).plan
-    caps = planning.register_caps(channels, hidden)
-    assert (plan.smem.weights == "registers") == (caps is not None)
-    if caps is not None:
-        assert plan.tile.rows == planning.ROW_BLOCK and channels <= caps[0] and hidden <= caps[1]
-        assert plan.smem.bytes == planning.ROW_BLOCK * planning.scalar_row_bytes("persistent", channels, hidden)
-        assert all(not (channels <= c and hidden <= h) for c, h in planning.REGISTER_WEIGHT_CAPS
-                   if c * h < caps[0] * caps[1])
-    assert planning.choose("persistent-global", rows, channels, hidden, H200).plan.smem.weights != "registers"
-
-
-def test_register_weights_are_refused_where_they_cannot_serve():
-    with pytest.raises(ValueError, match="registers"):
-        planning.forced("persistent", 67, 19, 37, H200, tile_rows=8, weights="registers")  # two row blocks a tile
-    with pytest.raises(ValueError, match="registers"):
-        planning.forced("persistent", 5, 19, 41, H200, weights="registers")  # hidden beyond every bound
-    with pytest.raises(ValueError, match="registers"):
-        planning.forced("persistent-global", 5, 7, 13, H200, weights="registers")
-    many = planning.forced("persistent", 67, 19, 37, H200, grid=3)  # several tiles a CTA keep the rows
-    assert many.smem.weights == "registers" and many.owners.tiles_per_cta == 6
 
 
 @given(st.integers(1, 10_000))

@@ -20,7 +20,6 @@ def variants(representative: bool = False) -> list:
     from .engines import conventional, conventional_tc, floor, persistent, persistent_tc, prologue
     from .planning import (
         H200,
-        REGISTER_WEIGHT_CAPS,
         TC_CHANNEL_TILES,
         TC_MAX_STAGES,
         TC_MULTICASTS,
@@ -32,9 +31,8 @@ def variants(representative: bool = False) -> list:
 
     if representative:
         return [
-            persistent.Variant(hidden_on_chip=True, weights="smem"),
-            persistent.Variant(hidden_on_chip=False, weights="global", residual="float32"),
-            persistent.Variant(hidden_on_chip=True, weights="registers", register_caps=REGISTER_WEIGHT_CAPS[0]),
+            persistent.Variant(hidden_on_chip=True, weights_in_smem=True),
+            persistent.Variant(hidden_on_chip=False, weights_in_smem=False, residual="float32"),
             conventional.Variant("hidden"),
             conventional.Variant("output"),
             conventional_tc.Variant("hidden"),
@@ -57,9 +55,8 @@ def variants(representative: bool = False) -> list:
         ]
     out = []
     for residual in ("float16", "float32"):
-        out += [persistent.Variant(on_chip, weights, residual) for on_chip in (True, False)
-                for weights in ("smem", "global")]
-        out += [persistent.Variant(True, "registers", residual, caps) for caps in REGISTER_WEIGHT_CAPS]
+        out += [persistent.Variant(on_chip, in_smem, residual) for on_chip in (True, False)
+                for in_smem in (True, False)]
         out += [conventional.Variant("output", residual), conventional_tc.Variant("output", residual)]
         out += [persistent_tc.Variant(rows, cols, residual, stages, vector)
                 for rows in TC_ROW_TILES for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1)

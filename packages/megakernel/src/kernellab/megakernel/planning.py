@@ -48,13 +48,6 @@ from L1 costs more per element than from shared memory. H200 sweep of both place
 (``reports/h200/megakernel-sweep-weights.json``): global memory faster up to 201x61x109 (13.3K elements),
 slower from 257x64x128 (16.4K) on."""
 
-REGISTER_WEIGHT_CAPS = ((16, 32), (32, 40))
-"""(channels, hidden) bounds of ``persistent``'s register-weights kernels: where the tile is one row block, thread t
-holds row t of W1 (channels values) and of W2 (hidden values) in registers for all the CTA's tiles, loaded in
-the same round trip as the first tile's rows, so the products wait on no memory at all. Each bound is one
-compiled variant (its loops are unrolled to it); the smallest that holds the shape serves it. Both keep the
-kernel within its 128 registers without spilling (ptxas -v, sm_90a: 32 x 48 spills 8 bytes)."""
-
 TC_THREADS = 256
 TC_HIDDEN_CHUNK = 64
 TC_MAX_STAGES = 4  # W1 / W2 chunk buffers each at most: 7 cp.async groups in flight behind the one awaited
@@ -165,8 +158,7 @@ class Tile:
 @dataclasses.dataclass(frozen=True)
 class SharedMemory:
     bytes: int  # dynamic shared memory per CTA
-    weights: str  # "smem" (loaded once per CTA), "registers" (a thread's rows, once per CTA), "streamed" (chunks
-    # per tile), "global" (read from L2)
+    weights: str  # "smem" (loaded once per CTA), "streamed" (chunks per tile), "global" (read from L2)
     hidden: str  # where the hidden tile lives: "registers+smem", "smem" or "global"
 
 
@@ -345,11 +337,6 @@ def transposed_weight_bytes(n, k):
     return round_up(2 * k * padded_stride(n), 16)
 
 
-def register_caps(channels: int, hidden: int) -> tuple[int, int] | None:
-    """The smallest ``REGISTER_WEIGHT_CAPS`` bound that holds (channels, hidden), or None."""
-    return next(((c, h) for c, h in REGISTER_WEIGHT_CAPS if channels <= c and hidden <= h), None)
-
-
 def scalar_weight_bytes(channels: int, hidden: int) -> int:
     """W1 (hidden x channels) and W2 (channels x hidden) in shared memory (biases go through L1)."""
     return transposed_weight_bytes(hidden, channels) + transposed_weight_bytes(channels, hidden)
@@ -434,9 +421,7 @@ def plan_shared_memory(tile: Tile, channels: int, hidden: int, device: DeviceSpe
         hidden_at = "smem" if engine == "persistent" else "global"
         with_weights = size + scalar_weight_bytes(channels, hidden)
         once = tile.rows == ROW_BLOCK and tile.num_tiles <= device.sm_count  # a CTA reads each weight once
-        if engine == "persistent" and tile.rows == ROW_BLOCK and register_caps(channels, hidden):
-            placement = SharedMemory(size, weights="registers", hidden=hidden_at)
-        elif with_weights <= capacity and not (once and 2 * channels * hidden <= SCALAR_GLOBAL_WEIGHTS_MAX):
+        if with_weights <= capacity and not (once and 2 * channels * hidden <= SCALAR_GLOBAL_WEIGHTS_MAX):
             placement = SharedMemory(with_weights, weights="smem", hidden=hidden_at)
         else:
             placement = SharedMemory(size, weights="global", hidden=hidden_at)
@@ -521,12 +506,8 @@ def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpe
         plan = dataclasses.replace(plan, tile=dataclasses.replace(plan.tile, stages=stages),
                                    smem=dataclasses.replace(plan.smem, bytes=size))
     if weights is not None and weights != plan.smem.weights:
-        if engine not in ("persistent", "persistent-global") or weights not in ("smem", "global", "registers"):
+        if engine not in ("persistent", "persistent-global") or weights not in ("smem", "global"):
             raise ValueError(f"{engine} has no weights={weights!r} variant")
-        if weights == "registers" and (engine != "persistent" or plan.tile.rows != ROW_BLOCK
-                                       or not register_caps(channels, hidden)):
-            raise ValueError(f"weights='registers' needs persistent with {ROW_BLOCK}-row tiles and (channels, hidden) "
-                             f"within one of {REGISTER_WEIGHT_CAPS}")
         size = plan.tile.rows * scalar_row_bytes(engine, channels, hidden)
         size += scalar_weight_bytes(channels, hidden) if weights == "smem" else 0
         if size > usable_smem(device):

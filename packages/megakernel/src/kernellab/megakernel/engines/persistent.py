@@ -8,12 +8,6 @@ the tile and a CTA reads them more than once (more than one row block) or they a
 serve all its tiles; otherwise they are read from global memory. Each tile's bias and residual reads
 are issued before its input rows are staged.
 
-Register weights (``RegisterWeightRows``, where the tile is one row block and the sizes are within a
-``planning.REGISTER_WEIGHT_CAPS`` bound): thread t holds hidden unit t's W1 row and channel t's W2 row in
-registers for all the CTA's tiles. Their loads, the biases and the first tile's rows and residual go out
-together, so a small call waits out one memory latency where the other placements wait three (rows, then
-W1, then W2, each behind a barrier); the sums keep ``linear_rows``' order, so the bits are the same.
-
 ``persistent-global`` is the same kernel with the hidden rows in a global workspace instead of
 shared memory: same owners, same arithmetic in the same order, so the pair isolates the cost of
 keeping the hidden tile on chip. A CTA reads back only hidden rows it wrote itself, after a CTA
@@ -30,15 +24,7 @@ import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32
 
 from ..model import ACTIVATION_CODES
-from ..planning import (
-    ROW_BLOCK,
-    SCALAR_OCCUPANCY,
-    SCALAR_THREADS,
-    Plan,
-    ceil_div,
-    register_caps,
-    transposed_weight_bytes,
-)
+from ..planning import SCALAR_OCCUPANCY, SCALAR_THREADS, Plan, ceil_div, transposed_weight_bytes
 from . import scalar
 from .common import DTYPES, HiddenWorkspace, Symbols, compile_variant, compiled
 
@@ -46,15 +32,14 @@ from .common import DTYPES, HiddenWorkspace, Symbols, compile_variant, compiled
 @dataclasses.dataclass(frozen=True)
 class Variant:
     hidden_on_chip: bool
-    weights: str  # "smem", "global" or (on chip only) "registers"
+    weights_in_smem: bool
     residual: str = "float16"  # dtype of the residual stream (float32 for the later blocks of a stack)
-    register_caps: tuple[int, int] = (0, 0)  # weights="registers": the (channels, hidden) bound it is unrolled to
 
     @property
     def name(self) -> str:
         where = "persistent" if self.hidden_on_chip else "persistent-global"
-        caps = f"-c{self.register_caps[0]}h{self.register_caps[1]}" if self.weights == "registers" else ""
-        return f"{where}_{self.weights}-weights{caps}_res-{self.residual}"
+        weights = "smem-weights" if self.weights_in_smem else "global-weights"
+        return f"{where}_{weights}_res-{self.residual}"
 
     def compile(self, arch: str | None = None):
         s = Symbols()
@@ -65,18 +50,14 @@ class Variant:
         if not self.hidden_on_chip:
             args.append(s.matrix(f16, s.rows, s.hidden))
         args += [Int32(0), Int32(4), Int32(1), Int32(0)]  # activation, tile rows, grid, shared memory bytes
-        if self.weights == "registers":
-            kernel = RegisterWeightRows(self)
-        else:
-            kernel = OnChipRows(self) if self.hidden_on_chip else GlobalRows(self)
+        kernel = OnChipRows(self) if self.hidden_on_chip else GlobalRows(self)
         return compile_variant(self.name, kernel, tuple(args), arch)
 
 
 def launcher(plan: Plan, activation: str, residual: str = "float16"):
     """``run(u, residual, w1, b1, w2, b2, y)`` for a persistent or persistent-global plan."""
     on_chip = plan.engine == "persistent"
-    caps = register_caps(plan.channels, plan.hidden) if plan.smem.weights == "registers" else (0, 0)
-    fn = compiled(Variant(on_chip, plan.smem.weights, residual, caps))
+    fn = compiled(Variant(hidden_on_chip=on_chip, weights_in_smem=plan.smem.weights == "smem", residual=residual))
     act, tile_rows, grid, smem = ACTIVATION_CODES[activation], plan.tile.rows, plan.owners.grid, plan.smem.bytes
     if on_chip:
         def run(u, res, w1, b1, w2, b2, y):
@@ -104,7 +85,7 @@ class FusedRows:
         base = scalar.dynamic_smem()
         offset = 0
         w1_src, w2_src = w1, w2
-        if cutlass.const_expr(self.variant.weights == "smem"):
+        if cutlass.const_expr(self.variant.weights_in_smem):
             w1_bytes = transposed_weight_bytes(hidden_size, channels)
             w1_src = scalar.smem_weight(base, 0, hidden_size, channels)
             w2_src = scalar.smem_weight(base, w1_bytes, channels, hidden_size)
@@ -155,50 +136,3 @@ class GlobalRows(FusedRows):
         self.kernel(u, residual, w1, b1, w2, b2, y, hidden, act, tile_rows).launch(
             grid=[grid, 1, 1], block=[SCALAR_THREADS, 1, 1], smem=smem_bytes,
             min_blocks_per_mp=SCALAR_OCCUPANCY, preferred_smem_carveout=100, stream=stream)
-
-
-class RegisterWeightRows(OnChipRows):
-    """``persistent`` with each thread's W1 and W2 rows in registers (one row block a tile)."""
-
-    @cute.kernel
-    def kernel(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
-               b2: cute.Tensor, y: cute.Tensor, hidden: None, act: Int32, tile_rows: Int32):
-        tid, _, _ = cute.arch.thread_idx()
-        cta, _, _ = cute.arch.block_idx()
-        grid, _, _ = cute.arch.grid_dim()
-        rows, channels = u.shape
-        hidden_size = w1.shape[0]
-        max_channels, max_hidden = self.variant.register_caps
-        unit, col = cutlass.min(tid, hidden_size - 1), cutlass.min(tid, channels - 1)  # this thread's columns
-        w1_row = cute.make_rmem_tensor((max_channels,), Float16)
-        w2_row = cute.make_rmem_tensor((max_hidden,), Float16)
-        scalar.load_weight_row(w1, unit, channels, w1_row)
-        scalar.load_weight_row(w2, col, hidden_size, w2_row)
-        bias1, bias2 = b1[unit], b2[col]
-        base = scalar.dynamic_smem()
-        x_s = scalar.smem_rows(base, 0, Float32, ROW_BLOCK, channels)
-        h_s = scalar.smem_rows(base, ROW_BLOCK * channels * 4, Float32, ROW_BLOCK, hidden_size)
-        acc = cute.make_rmem_tensor((ROW_BLOCK,), Float32)
-        pre = cute.make_rmem_tensor((ROW_BLOCK,), Float32)
-        for tile in range(cta, ceil_div(rows, ROW_BLOCK), grid):
-            row0 = tile * ROW_BLOCK
-            valid = cutlass.min(ROW_BLOCK, rows - row0)
-            output = scalar.OutputWithResidual(y, residual, row0)
-            store_hidden, store_output = scalar.HiddenToSmem(h_s, act).store, output.store  # functions: nothing
-            block = [cutlass.min(rr, valid - 1) for rr in range(ROW_BLOCK)]  # the dynamic `if`s below carry
-            for rr in cutlass.range_constexpr(ROW_BLOCK):  # (rows past the valid: the last one)
-                pre[rr] = output.read(block[rr], col)
-            scalar.stage_rows(u, row0, valid, x_s, tid)
-            cute.arch.sync_threads()
-            if tid < hidden_size:
-                scalar.sum_with_weight_row(x_s, block, channels, w1_row, acc)
-                for rr in cutlass.range_constexpr(ROW_BLOCK):
-                    if rr < valid:
-                        store_hidden(rr, unit, acc[rr] + bias1, None)
-            cute.arch.sync_threads()
-            if tid < channels:
-                scalar.sum_with_weight_row(h_s, block, hidden_size, w2_row, acc)
-                for rr in cutlass.range_constexpr(ROW_BLOCK):
-                    if rr < valid:
-                        store_output(rr, col, acc[rr] + bias2, pre[rr])
-            cute.arch.sync_threads()  # the next tile overwrites x_s and h_s

@@ -173,37 +173,6 @@ def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, we
 
 
 @cute.jit
-def sum_with_weight_row(a: cute.Tensor, rows: list, k_dim: Int32, w: cute.Tensor, out: cute.Tensor):
-    """out[rr] = sum_{k < k_dim} a[rows[rr], k] w[k] for one output column whose weight row ``w`` a thread holds in
-    registers (unrolled to its static length), in ``_sum_item``'s order at one lane: class k % K_CLASSES in
-    increasing k, then the fixed tree, so that the bits equal those of every other weight placement."""
-    acc = cute.make_rmem_tensor((K_CLASSES, ROW_BLOCK), Float32)
-    acc.fill(0.0)
-    for k in cutlass.range_constexpr(cute.size(w)):
-        if k < k_dim:
-            wk = w[k].to(Float32)
-            for rr in cutlass.range_constexpr(ROW_BLOCK):
-                acc[k % K_CLASSES, rr] = acc[k % K_CLASSES, rr] + a[rows[rr], k].to(Float32) * wk
-    for level in cutlass.range_constexpr(LEVELS):
-        step = 1 << level
-        for j in cutlass.range_constexpr(K_CLASSES):
-            if cutlass.const_expr((j & step) == 0):
-                for rr in cutlass.range_constexpr(ROW_BLOCK):
-                    acc[j, rr] = acc[j, rr] + acc[j + step, rr]
-    for rr in cutlass.range_constexpr(ROW_BLOCK):
-        out[rr] = acc[0, rr]
-
-
-@cute.jit
-def load_weight_row(weight: cute.Tensor, n: Int32, k_dim: Int32, w: cute.Tensor):
-    """w[k] = weight[n, k] for k < k_dim (0 past it): a thread's weight row into registers."""
-    for k in cutlass.range_constexpr(cute.size(w)):
-        w[k] = Float16(0.0)
-        if k < k_dim:
-            w[k] = weight[n, k]
-
-
-@cute.jit
 def stage_rows(src: cute.Tensor, row0: Int32, rows_valid: Int32, dst: cute.Tensor, tid: Int32):
     """dst[r, c] = src[row0 + r, c], converted to dst's type, for r < rows_valid and every column: a tile's
     input rows (fp16 -> fp32 is exact), or a whole (N, K) weight (row0 0, rows_valid N) into its transposed
