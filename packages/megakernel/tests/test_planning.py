@@ -352,3 +352,18 @@ def test_overlapped_plans_fit_and_keep_their_choices(rows, channels, hidden, spl
     assert tile.stages == 1 or tile.stages <= min(planning.TC_MAX_STAGES,
                                                   planning.ceil_div(planning.ceil_div(hidden, 64), split))
     assert plan.owners.grid >= 1 and plan.owners.grid % tile.split == 0
+
+
+@pytest.mark.parametrize("count", [4, 8, 16, 32, 64, 128])
+def test_split_exchange_pairs_each_element_with_one_slot(count):
+    """A hidden split's exchange (persistent_tc): each CTA finishes whole pairs of neighbouring columns (so its
+    y stores stay 8-byte vectors), the two CTAs finish disjoint halves of a fragment, and the elements a CTA
+    finishes, like those it sends, fill its peer-sized buffer's slots 0 .. count / 2 - 1 once each."""
+    from kernellab.megakernel.engines.tensorcore import split_owner, split_slot
+
+    assert all(split_owner(i, 1) == 0 for i in range(count))
+    for rank in (0, 1):
+        finished = [i for i in range(count) if split_owner(i, 2) == rank]
+        sent = [i for i in range(count) if split_owner(i, 2) != rank]
+        assert all(split_owner(2 * p, 2) == split_owner(2 * p + 1, 2) for p in range(count // 2))
+        assert sorted(map(split_slot, finished)) == sorted(map(split_slot, sent)) == list(range(count // 2))
