@@ -45,6 +45,8 @@ PLANS = {  # label -> (engine, planning.forced choices); {}: the planner's own p
     "overlap": ("persistent-tc", {"mma": "wgmma", "overlap": True}),
     "serial": ("persistent-tc", {"mma": "wgmma", "overlap": False}),  # the chunk schedule before the overlap
     "split2-overlap": ("persistent-tc", {"mma": "wgmma", "split": 2, "overlap": True}),
+    "registers": ("persistent-tc", {"registers": True}),  # one-warp CTAs, weights and hidden in registers
+    "shared": ("persistent-tc", {"registers": False}),  # the shared-memory form's plan
     "mc2": ("persistent-tc", {"mma": "wgmma", "multicast": 2}),
     "mc2-s1": ("persistent-tc", {"mma": "wgmma", "multicast": 2, "stages": 1}),
     "mc4": ("persistent-tc", {"mma": "wgmma", "multicast": 4}),

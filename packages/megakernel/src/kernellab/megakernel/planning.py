@@ -82,6 +82,16 @@ WGMMA_ROW_TILES = (64, 128)
 rows (64 each; an instruction is at most 256 columns wide, so up to 256 channels). Planning takes the
 64-row form where ``tc_mma`` says; the 128-row one only through ``forced``."""
 
+REGISTER_FORM_ROWS = 16  # rows of one m16n8k16 MMA: a register-form CTA's row tile
+REGISTER_FORM_THREADS = 32  # one warp per CTA
+REGISTER_FORM_PAD = 16  # channels and hidden padded to the MMA's K
+REGISTER_FORM_MAX = (64, 128, 2048)
+"""persistent-tc's register form (``engines/persistent_tc_registers.py``): channels and hidden, padded to 16, of
+at most 64 and 128 and at most 2048 elements per weight, so that a one-warp CTA holds W1 and W2 as MMA fragments
+(2 x 2048 / 32 fp16: 64 registers a thread) beside the accumulators, biases and x fragments, and the hidden
+never leaves registers."""
+REGISTER_FORM_OCCUPANCY = 8  # CTAs per SM: up to 255 registers x 32 threads each in an SM's 64K
+
 CONVENTIONAL_TC_TILE = (128, 64, 32)  # (rows, columns, K) per CTA
 CONVENTIONAL_TC_THREADS = 128
 CONVENTIONAL_TC_STAGES = 3
@@ -153,13 +163,14 @@ class Tile:
     multicast: int = 1  # persistent-tc: CTAs of a cluster, on their own row tiles, sharing weight loads (TMA)
     loads: str = "cp.async"  # persistent-tc's weight chunks: "cp.async" (every thread) or "tma" (one, mbarriers)
     overlap: bool = False  # persistent-tc: GEMM1 of chunk j + 1 runs beside GEMM2 of chunk j (two hidden buffers)
+    registers: bool = False  # persistent-tc's register form: one-warp CTAs, weights and hidden in registers
 
 
 @dataclasses.dataclass(frozen=True)
 class SharedMemory:
     bytes: int  # dynamic shared memory per CTA
-    weights: str  # "smem" (loaded once per CTA), "streamed" (chunks per tile), "global" (read from L2)
-    hidden: str  # where the hidden tile lives: "registers+smem", "smem" or "global"
+    weights: str  # "smem" or "registers" (loaded once per CTA), "streamed" (chunks per tile), "global" (from L2)
+    hidden: str  # where the hidden tile lives: "registers", "registers+smem", "smem" or "global"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,6 +255,11 @@ def tc_layout(rows: int, channels_tile: int, hidden: int, may_split: bool, devic
             candidates.append((cost, -rows_per_tile, split))
     _, neg_rows, split = min(candidates)
     return -neg_rows, split
+
+
+def tc_registers(rows: int, channels: int, hidden: int) -> bool:
+    """persistent-tc's register form where it fits (``register_form_fits``)."""
+    return register_form_fits(channels, hidden)
 
 
 def tc_mma(rows_per_tile: int, channels_tile: int, misaligned: bool) -> str:
@@ -349,15 +365,34 @@ def tensor_core_alignment(channels: int, hidden: int) -> str | None:
     return None
 
 
+def register_form_fits(channels: int, hidden: int) -> bool:
+    """Whether persistent-tc's register form holds these weights (``REGISTER_FORM_MAX``)."""
+    c, h = round_up(channels, REGISTER_FORM_PAD), round_up(hidden, REGISTER_FORM_PAD)
+    return c <= REGISTER_FORM_MAX[0] and h <= REGISTER_FORM_MAX[1] and c * h <= REGISTER_FORM_MAX[2]
+
+
 def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpec,
-              tile_rows: int | None = None, mma: str | None = None) -> Tile | Refusal:
+              tile_rows: int | None = None, mma: str | None = None, registers: bool | None = None) -> Tile | Refusal:
     """Step 1: the tile an engine would use for this shape. ``tile_rows`` forces the rows per tile
     (the compiler's override); it must be a multiple of the engine's row granularity. ``mma`` forces
-    persistent-tc's instruction (None: ``tc_mma``'s choice)."""
+    persistent-tc's instruction (None: ``tc_mma``'s choice), ``registers`` its register form (None: planning's
+    choice, ``tc_registers``)."""
     _check_engine(engine)
+    if engine == "persistent-tc" and registers is None:
+        registers = tile_rows is None and mma is None and tc_registers(rows, channels, hidden)
+    if registers and (tile_rows not in (None, REGISTER_FORM_ROWS) or mma not in (None, "mma.sync")):
+        return Refusal(engine, f"the register form has {REGISTER_FORM_ROWS}-row tiles and mma.sync")
     misaligned = tensor_core_alignment(channels, hidden)
     if engine == "conventional-tc" and misaligned:
         return Refusal(engine, misaligned)
+    if engine == "persistent-tc" and registers:
+        if not register_form_fits(channels, hidden):
+            return Refusal(engine, f"the register form holds channels and hidden, padded to {REGISTER_FORM_PAD}, of "
+                                   f"at most {REGISTER_FORM_MAX[0]} and {REGISTER_FORM_MAX[1]} and at most "
+                                   f"{REGISTER_FORM_MAX[2]} elements per weight; got {channels} x {hidden}")
+        return Tile(engine, REGISTER_FORM_ROWS, round_up(channels, REGISTER_FORM_PAD), round_up(hidden, REGISTER_FORM_PAD),
+                    REGISTER_FORM_THREADS, ceil_div(rows, REGISTER_FORM_ROWS), vector=1 if misaligned else VECTOR_ELEMENTS,
+                    registers=True)
     if engine == "persistent-tc":
         channels_tile = channel_tile(channels)
         if channels_tile is None:
@@ -407,7 +442,9 @@ def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: Device
 def plan_shared_memory(tile: Tile, channels: int, hidden: int, device: DeviceSpec) -> SharedMemory | Refusal:
     """Step 2: shared memory per CTA and where the weights and the hidden tile live."""
     engine, capacity = tile.engine, usable_smem(device)
-    if engine == "persistent-tc":
+    if engine == "persistent-tc" and tile.registers:
+        placement = SharedMemory(0, weights="registers", hidden="registers")
+    elif engine == "persistent-tc":
         size = tc_tile_smem_bytes(tile)
         placement = SharedMemory(size, weights="streamed", hidden="registers+smem")
     elif engine == "conventional-tc":
@@ -452,6 +489,8 @@ def plan_owners(tile: Tile, smem: SharedMemory, device: DeviceSpec) -> Owners:
     tiles b, b + grid, ...; the conventional engines launch one CTA per tile."""
     scalar = tile.engine in ("conventional", "persistent", "persistent-global")
     limit = tc_occupancy_limit(tile) if tile.engine == "persistent-tc" else SCALAR_OCCUPANCY if scalar else None
+    if tile.registers:
+        limit = REGISTER_FORM_OCCUPANCY
     resident = occupancy(tile.threads, smem.bytes, device, limit)
     if tile.engine.startswith("persistent") and tile.multicast > 1:  # whole clusters, each on its own tiles
         m = tile.multicast
@@ -464,9 +503,9 @@ def plan_owners(tile: Tile, smem: SharedMemory, device: DeviceSpec) -> Owners:
 
 
 def plan_engine(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpec,
-                tile_rows: int | None = None, mma: str | None = None) -> Plan | Refusal:
+                tile_rows: int | None = None, mma: str | None = None, registers: bool | None = None) -> Plan | Refusal:
     """All three steps for one engine."""
-    tile = plan_tile(engine, rows, channels, hidden, device, tile_rows, mma)
+    tile = plan_tile(engine, rows, channels, hidden, device, tile_rows, mma, registers)
     if isinstance(tile, Refusal):
         return tile
     smem = plan_shared_memory(tile, channels, hidden, device)
@@ -478,17 +517,23 @@ def plan_engine(engine: str, rows: int, channels: int, hidden: int, device: Devi
 def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpec, *, tile_rows: int | None = None,
            grid: int | None = None, weights: str | None = None, stages: int | None = None,
            mma: str | None = None, split: int | None = None, multicast: int | None = None,
-           loads: str | None = None, overlap: bool | None = None) -> Plan:
+           loads: str | None = None, overlap: bool | None = None, registers: bool | None = None) -> Plan:
     """A plan with some choices forced, so that tests, the sanitizer and sweeps reach every code path at
     small shapes: several tiles per CTA (``grid``: with a hidden split, the number of clusters times the
     split), weights read from global memory (``weights``), persistent-tc's number of chunk buffers
     (``stages``), instruction (``mma``), hidden split (``split``), weight loads (``loads``), weight
-    multicast (``multicast``, which loads by TMA) and chunk schedule (``overlap``)."""
-    if any(v is not None for v in (mma, split, multicast, loads, overlap)) and engine != "persistent-tc":
-        raise ValueError(f"{engine} has no mma, split, loads, multicast or overlap choice")
+    multicast (``multicast``, which loads by TMA), chunk schedule (``overlap``) and register form (``registers``;
+    none of the other persistent-tc choices applies to it)."""
+    if any(v is not None for v in (mma, split, multicast, loads, overlap, registers)) and engine != "persistent-tc":
+        raise ValueError(f"{engine} has no mma, split, loads, multicast, overlap or registers choice")
+    if registers and any(v is not None for v in (split, multicast, loads, overlap, stages)):
+        raise ValueError("the register form has no split, multicast, loads, overlap or stages choice")
     if (multicast or 1) > 1 and loads == "cp.async":
         raise ValueError("a weight multicast loads by TMA, not cp.async")
-    plan = plan_engine(engine, rows, channels, hidden, device, tile_rows, mma)
+    if engine == "persistent-tc" and registers is None and any(
+            v is not None for v in (split, multicast, loads, overlap, stages)):
+        registers = False  # a choice of the shared-memory form
+    plan = plan_engine(engine, rows, channels, hidden, device, tile_rows, mma, registers)
     if isinstance(plan, Refusal):
         raise ValueError(plan.reason)
     if split is not None and split != plan.tile.split:

@@ -122,8 +122,13 @@ class Variant:
 
 
 def launcher(plan: Plan, activation: str, residual: str = "float16"):
-    """``run(u, residual, w1, b1, w2, b2, y)``: one launch of ``plan.owners.grid`` CTAs."""
+    """``run(u, residual, w1, b1, w2, b2, y)``: one launch of ``plan.owners.grid`` CTAs (of the register form's
+    module where the plan takes it)."""
     tile = plan.tile
+    if tile.registers:
+        from . import persistent_tc_registers
+
+        return persistent_tc_registers.launcher(plan, activation, residual)
     fn = compiled(Variant(tile.rows, tile.channels_tile, residual, tile.stages, tile.vector, tile.mma, tile.split,
                           tile.multicast, tile.loads, tile.overlap))
     act, grid = ACTIVATION_CODES[activation], plan.owners.grid
