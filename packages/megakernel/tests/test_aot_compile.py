@@ -22,13 +22,15 @@ def test_the_full_list_covers_every_engine_and_is_unique():
     # tile, 1-4 chunk buffers that fit in shared memory) = 92; wgmma: 2 residual dtypes x 21 = 42; hidden split
     # over a 2-CTA cluster: 2 residual dtypes x (21 mma.sync + 10 wgmma tiles that fit with the peer's half) = 62;
     # wgmma with TMA loads: 2 residual dtypes x (split or not) x (the overlapped chunk schedule or not) x the
-    # channel tiles and 1-4 chunk buffers that fit = 84 (42 of them the overlapped schedule's); and the report's
-    # empty launch-floor kernel
-    assert len(set(names)) == len(names) == 342
+    # channel tiles and 1-4 chunk buffers that fit = 84 (42 of them the overlapped schedule's); the register form:
+    # 2 residual dtypes x 2 load widths x 16 padded (channels, hidden) = 64; and the report's empty launch-floor
+    # kernel
+    assert len(set(names)) == len(names) == 406
     for prefix in ("persistent_", "persistent-global_", "conventional-hidden", "conventional-output",
                    "conventional-tc-hidden", "conventional-tc-output", "persistent-tc_m32_c64_s1",
                    "persistent-tc_m64_c256_s2", "persistent-tc_m32_c64_s4", "persistent-tc_m32_c64_s1_v1",
                    "persistent-tc_m64_c128_s2_wg", "persistent-tc_m128_c256_s1_wg", "persistent-tc_m64_c256_s2_x2",
                    "persistent-tc_m64_c256_s1_wg_x2", "persistent-tc_m64_c512_s1_wg_tma_ov",
-                   "persistent-tc_m64_c256_s2_wg_x2_tma_ov", "prologue-rmsnorm", "prologue-cast", "launch-floor"):
+                   "persistent-tc_m64_c256_s2_wg_x2_tma_ov", "persistent-tc_regs_c16_h128_res",
+                   "persistent-tc_regs_c64_h32_v1", "prologue-rmsnorm", "prologue-cast", "launch-floor"):
         assert any(n.startswith(prefix) for n in names), prefix

@@ -2,7 +2,7 @@
 activations, forced plans that reach every kernel code path, and the changed-input graph replay."""
 
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from kernellab.harness import validate
@@ -150,6 +150,19 @@ def test_persistent_tc_wgmma_plans(rows, channels, hidden, tile_rows, activation
     if isinstance(plan, planning.Refusal):  # 128-row tiles past 256 channels
         assert tile_rows == 128 and channels > 256
         return
+    _check_plan(plan, activation, seed)
+
+
+@settings(deadline=None, max_examples=40)
+@given(rows=st.integers(1, 3000), channels=st.integers(1, 64), hidden=st.integers(1, 128),
+       clusters=st.one_of(st.none(), st.integers(1, 4)), activation=st.sampled_from(model.ACTIVATIONS),
+       seed=st.integers(0, 2**31))
+def test_persistent_tc_register_form_plans(rows, channels, hidden, clusters, activation, seed):
+    """persistent-tc's register form forced at random sizes within its bounds, 16-byte rows or not (element
+    loads), with several tiles per CTA where ``clusters`` is small."""
+    assume(planning.register_form_fits(channels, hidden))
+    plan = planning.forced("persistent-tc", rows, channels, hidden, planning.current_device(), registers=True,
+                           grid=clusters)
     _check_plan(plan, activation, seed)
 
 

@@ -81,7 +81,7 @@ def test_padded_stride_is_minimal_and_odd_in_words(n):
     (1024, 128, 1024, 32, 2, 4, 64, 1),  # 32 tiles: split in two, 8 chunks each, room for the most stages
     (33, 32, 1024, 32, 2, 4, 4, 2),
     (513, 96, 192, 32, 1, 3, 17, 2),  # three chunks (a split needs two per CTA): three stages, every load of
-    (1, 7, 13, 32, 1, 1, 1, 2),  # one chunk                                     a tile issued at its start
+    (1, 7, 61, 32, 1, 1, 1, 2),  # one chunk                                     a tile issued at its start
 ])
 def test_persistent_tc_tiles_and_grid(rows, channels, hidden, tile, split, stages, grid, occupancy):
     plan = planning.choose("persistent-tc", rows, channels, hidden, H200).plan
@@ -153,6 +153,9 @@ def test_aligned_persistent_tc_plans_split_consistently(rows, channels, hidden):
     plan is whole clusters that fit, each CTA with two hidden chunks at least."""
     plan = planning.plan_engine("persistent-tc", rows, channels, hidden, H200)
     tile = plan.tile
+    if tile.registers:  # the register form where it fits (test_register_form_plans)
+        assert planning.register_form_fits(channels, hidden)
+        return
     assert (tile.rows, tile.split) == planning.tc_layout(rows, tile.channels_tile, hidden, True, H200)
     assert tile.loads == ("tma" if tile.mma == "wgmma" else "cp.async")
     assert plan.smem.bytes == planning.persistent_tc_smem_bytes(tile.rows, tile.channels_tile, tile.stages,
@@ -226,7 +229,7 @@ def test_forced_hidden_split_plans():
         planning.forced("persistent-tc", 100, 63, 111, H200, split=2)
     with pytest.raises(ValueError, match="split must be one of"):
         planning.forced("persistent-tc", 100, 64, 128, H200, split=3)
-    with pytest.raises(ValueError, match="no mma, split, loads, multicast or overlap choice"):
+    with pytest.raises(ValueError, match="no mma, split, loads, multicast, overlap or registers choice"):
         planning.forced("persistent", 100, 64, 128, H200, split=2)
     unsplit = planning.forced("persistent-tc", 4096, 256, 1024, H200, split=1)  # the planner splits this one
     assert (unsplit.tile.split, unsplit.owners.grid) == (1, 64)
@@ -267,7 +270,7 @@ def test_forced_weight_multicast_plans():
         planning.forced("persistent-tc", 4096, 256, 1024, H200, mma="wgmma", split=2, multicast=2)
     with pytest.raises(ValueError, match="multicast must be one of"):
         planning.forced("persistent-tc", 4096, 256, 1024, H200, mma="wgmma", multicast=8)
-    with pytest.raises(ValueError, match="no mma, split, loads, multicast or overlap choice"):
+    with pytest.raises(ValueError, match="no mma, split, loads, multicast, overlap or registers choice"):
         planning.forced("persistent", 100, 64, 128, H200, multicast=2)
     assert planning.plan_engine("persistent-tc", 16384, 512, 2048, H200).tile.multicast == 1  # until measured
 
@@ -309,7 +312,7 @@ def test_forced_wgmma_plans_and_their_limits():
         planning.forced("persistent-tc", 100, 63, 111, H200, mma="wgmma")
     with pytest.raises(ValueError, match="one of"):
         planning.forced("persistent-tc", 100, 64, 128, H200, mma="wgmma", tile_rows=32)
-    with pytest.raises(ValueError, match="no mma, split, loads, multicast or overlap choice"):
+    with pytest.raises(ValueError, match="no mma, split, loads, multicast, overlap or registers choice"):
         planning.forced("persistent", 100, 64, 128, H200, mma="wgmma")
     with pytest.raises(ValueError, match="unknown mma"):
         planning.forced("persistent-tc", 100, 64, 128, H200, mma="tcgen05")
@@ -331,7 +334,7 @@ def test_overlapped_schedule_plans():
         planning.forced("persistent-tc", 16384, 512, 2048, H200, loads="cp.async", overlap=True)
     with pytest.raises(ValueError, match="a hidden chunk for every CTA"):
         planning.forced("persistent-tc", 100, 64, 64, H200, mma="wgmma", split=2, overlap=True)
-    with pytest.raises(ValueError, match="no mma, split, loads, multicast or overlap choice"):
+    with pytest.raises(ValueError, match="no mma, split, loads, multicast, overlap or registers choice"):
         planning.forced("conventional", 100, 64, 128, H200, overlap=True)
 
 
@@ -367,3 +370,51 @@ def test_split_exchange_pairs_each_element_with_one_slot(count):
         sent = [i for i in range(count) if split_owner(i, 2) != rank]
         assert all(split_owner(2 * p, 2) == split_owner(2 * p + 1, 2) for p in range(count // 2))
         assert sorted(map(split_slot, finished)) == sorted(map(split_slot, sent)) == list(range(count // 2))
+
+
+@pytest.mark.parametrize("padded", [16, 32, 48, 64, 80, 128])
+def test_register_slots_name_each_index_once_in_per_thread_runs(padded):
+    """The register form's memory order: every (n-tile, slot) of a padded dimension names its own index below
+    it, and the slots thread t holds of a group (slot 2t + e of each of its n-tiles, which is also k-slot
+    2t + e0 + 8 e1 of its k-blocks) are its run, in the order the kernel fills its fragments from the run."""
+    indices = [planning.register_slot(j, s, padded) for j in range(padded // 8) for s in range(8)]
+    assert sorted(indices) == list(range(padded))
+    for first, blocks in planning.register_groups(padded):
+        for t in range(4):
+            start = planning.register_run_start(first, blocks, t)
+            for i in range(4 * blocks):  # run element i: e0 = i % 2, e1 (n-tile of the pair) = i // 2 % 2, block i // 4
+                n_tile = 2 * (first + i // 4) + i // 2 % 2
+                assert planning.register_slot(n_tile, 2 * t + i % 2, padded) == start + i
+    assert planning.register_groups(80) == [(0, 2), (2, 2), (4, 1)]
+
+
+def test_register_form_plans():
+    one = planning.choose("persistent-tc", 1, 7, 13, H200).plan
+    tile = one.tile
+    assert tile.registers and (tile.rows, tile.channels_tile, tile.hidden_chunk, tile.threads, tile.vector) == (
+        16, 16, 16, 32, 1)
+    assert (one.smem.bytes, one.smem.weights, one.smem.hidden) == (0, "registers", "registers")
+    assert (one.owners.grid, one.owners.occupancy) == (1, planning.REGISTER_FORM_OCCUPANCY)
+    aligned = planning.choose("persistent-tc", 33, 32, 64, H200).plan
+    assert aligned.tile.registers and (aligned.tile.vector, aligned.tile.num_tiles, aligned.owners.grid) == (8, 3, 3)
+    many = planning.choose("persistent-tc", 40_000, 32, 64, H200).plan
+    assert many.owners.grid == H200.sm_count * planning.REGISTER_FORM_OCCUPANCY and many.owners.tiles_per_cta == 3
+    assert planning.choose("persistent-tc", 3, 16, 128, H200).plan.tile.registers  # 16 x 128: 2048 elements
+    for shape in [(3, 16, 129), (3, 48, 48), (3, 72, 16), (49, 48, 96), (129, 31, 47)]:
+        # past a bound (hidden 144, 2304 elements, channels 80, both), and unaligned past REGISTER_FORM_UNALIGNED
+        assert not planning.choose("persistent-tc", *shape, H200).plan.tile.registers
+    forced = planning.forced("persistent-tc", 129, 31, 47, H200, registers=True)
+    assert forced.tile.registers and (forced.tile.channels_tile, forced.tile.hidden_chunk) == (32, 48)
+    assert planning.forced("persistent-tc", 100, 13, 7, H200, registers=True, grid=3).owners.tiles_per_cta == 3
+    shared = planning.forced("persistent-tc", 1, 7, 13, H200, registers=False)
+    assert not shared.tile.registers and (shared.tile.rows, shared.tile.threads) == (32, planning.TC_THREADS)
+    assert not planning.forced("persistent-tc", 1, 7, 13, H200, stages=1).tile.registers  # a shared-form choice
+    assert not planning.plan_engine("persistent-tc", 1, 7, 13, H200, tile_rows=32).tile.registers
+    refused = planning.plan_tile("persistent-tc", 1, 8, 8, H200, mma="wgmma", registers=True)
+    assert isinstance(refused, planning.Refusal) and "16-row tiles and mma.sync" in refused.reason
+    with pytest.raises(ValueError, match="the register form holds"):
+        planning.forced("persistent-tc", 49, 48, 96, H200, registers=True)
+    with pytest.raises(ValueError, match="no split, multicast, loads, overlap or stages choice"):
+        planning.forced("persistent-tc", 33, 32, 64, H200, registers=True, split=2)
+    with pytest.raises(ValueError, match="no mma, split, loads, multicast, overlap or registers choice"):
+        planning.forced("persistent", 33, 32, 64, H200, registers=True)

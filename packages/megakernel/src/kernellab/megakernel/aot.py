@@ -17,7 +17,15 @@ import time
 def variants(representative: bool = False) -> list:
     """Every variant, or (``representative``) one of each kernel class and code path: what the CI
     test compiles in a few minutes on two cores."""
-    from .engines import conventional, conventional_tc, floor, persistent, persistent_tc, prologue
+    from .engines import (
+        conventional,
+        conventional_tc,
+        floor,
+        persistent,
+        persistent_tc,
+        persistent_tc_registers,
+        prologue,
+    )
     from .planning import (
         H200,
         TC_CHANNEL_TILES,
@@ -27,6 +35,7 @@ def variants(representative: bool = False) -> list:
         TC_SPLITS,
         WGMMA_ROW_TILES,
         persistent_tc_smem_bytes,
+        register_form_fits,
     )
 
     if representative:
@@ -49,6 +58,8 @@ def variants(representative: bool = False) -> list:
                                   loads="tma"),
             persistent_tc.Variant(WGMMA_ROW_TILES[0], TC_CHANNEL_TILES[1], stages=2, mma="wgmma", loads="tma",
                                   overlap=True),
+            persistent_tc_registers.Variant(16, 16, vector=1),
+            persistent_tc_registers.Variant(48, 32, "float32"),
             prologue.Variant(norm=True, stream="float16"),
             prologue.Variant(norm=False),
             floor.Variant(),
@@ -79,6 +90,9 @@ def variants(representative: bool = False) -> list:
                 for overlap in (False, True)
                 if persistent_tc_smem_bytes(WGMMA_ROW_TILES[0], cols, stages, split, "tma", overlap)
                 <= H200.smem_per_block]
+        out += [persistent_tc_registers.Variant(cols, hid, residual, vector)
+                for cols in range(16, 65, 16) for hid in range(16, 129, 16) for vector in (8, 1)
+                if register_form_fits(cols, hid)]
         out += [prologue.Variant(norm=True, stream=residual)]
     out += [conventional.Variant("hidden"), conventional_tc.Variant("hidden"), prologue.Variant(norm=False),
             floor.Variant()]

@@ -257,9 +257,44 @@ def tc_layout(rows: int, channels_tile: int, hidden: int, may_split: bool, devic
     return -neg_rows, split
 
 
+def register_groups(padded: int) -> list[tuple[int, int]]:
+    """The register form's groups of a dimension padded to 16, as (first 16-block, blocks): pairs of blocks, the
+    last block alone where their number is odd (device code shares this function, as the next two)."""
+    blocks = padded // 16
+    return [(b, min(2, blocks - b)) for b in range(0, blocks, 2)]
+
+
+def register_run_start(first_block: int, blocks: int, t):
+    """The first memory index of the run of ``4 * blocks`` neighbouring indices that thread t (lane % 4) holds of
+    the group starting at ``first_block``."""
+    return 16 * first_block + 4 * blocks * t
+
+
+def register_slot(n_tile: int, s, padded: int):
+    """The memory index behind slot s (0..7) of n-tile ``n_tile`` of the register form's N order (the K order too:
+    slot 2t + e of k-block b is register_slot(2b + e // 8, 2t + e % 8)): element s % 2 + 2 (n_tile % 2) +
+    4 (block % 2) of the run of thread s // 2 of the block's group."""
+    block = n_tile // 2
+    first = block - block % 2
+    blocks = min(2, padded // 16 - first)
+    return register_run_start(first, blocks, s // 2) + s % 2 + 2 * (n_tile % 2) + 4 * (block % 2)
+
+
+REGISTER_FORM_UNALIGNED = 256
+"""Padded elements per weight up to which planning takes the register form for rows that are not 16-byte aligned,
+whose fragments load element by element. On the H200 (``reports/h200/megakernel-sweep-registers.json``, CUDA-graph
+throughput) the form took 0.42-0.90x the shared-memory form's time at every swept shape with 16-byte rows and
+0.79-0.82x with 16 x 16 padded weights; with 32 x 48 (129x31x47: about 150 element loads a thread) it took 1.6x
+(``megakernel-sweep-registers-unaligned.json``)."""
+
+
 def tc_registers(rows: int, channels: int, hidden: int) -> bool:
-    """persistent-tc's register form where it fits (``register_form_fits``)."""
-    return register_form_fits(channels, hidden)
+    """persistent-tc's register form where it fits (``register_form_fits``), with 16-byte rows or small weights
+    (``REGISTER_FORM_UNALIGNED``)."""
+    if not register_form_fits(channels, hidden):
+        return False
+    padded = round_up(channels, REGISTER_FORM_PAD) * round_up(hidden, REGISTER_FORM_PAD)
+    return tensor_core_alignment(channels, hidden) is None or padded <= REGISTER_FORM_UNALIGNED
 
 
 def tc_mma(rows_per_tile: int, channels_tile: int, misaligned: bool) -> str:
@@ -390,9 +425,9 @@ def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: Device
             return Refusal(engine, f"the register form holds channels and hidden, padded to {REGISTER_FORM_PAD}, of "
                                    f"at most {REGISTER_FORM_MAX[0]} and {REGISTER_FORM_MAX[1]} and at most "
                                    f"{REGISTER_FORM_MAX[2]} elements per weight; got {channels} x {hidden}")
-        return Tile(engine, REGISTER_FORM_ROWS, round_up(channels, REGISTER_FORM_PAD), round_up(hidden, REGISTER_FORM_PAD),
-                    REGISTER_FORM_THREADS, ceil_div(rows, REGISTER_FORM_ROWS), vector=1 if misaligned else VECTOR_ELEMENTS,
-                    registers=True)
+        padded = (round_up(channels, REGISTER_FORM_PAD), round_up(hidden, REGISTER_FORM_PAD))
+        return Tile(engine, REGISTER_FORM_ROWS, *padded, REGISTER_FORM_THREADS, ceil_div(rows, REGISTER_FORM_ROWS),
+                    vector=1 if misaligned else VECTOR_ELEMENTS, registers=True)
     if engine == "persistent-tc":
         channels_tile = channel_tile(channels)
         if channels_tile is None:

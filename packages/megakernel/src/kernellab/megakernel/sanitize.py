@@ -78,6 +78,12 @@ def cases():
          "persistent-tc", (200, 64, 200), {"mma": "wgmma", "loads": "tma", "split": 2, "overlap": True, "grid": 2}),
         ("persistent-tc wgmma, overlapped schedule, a single chunk", "persistent-tc", (70, 40, 40),
          {"mma": "wgmma", "loads": "tma", "split": 1, "overlap": True}),
+        ("persistent-tc register form, element loads, 3 tiles per CTA", "persistent-tc", (40, 7, 13),
+         {"registers": True, "grid": 1}),
+        ("persistent-tc register form, element loads, a last 16-block alone, partial tile", "persistent-tc",
+         (21, 37, 29), {"registers": True}),
+        ("persistent-tc register form, 16-byte runs, a last 16-block alone, 2 tiles per CTA", "persistent-tc",
+         (35, 40, 24), {"registers": True, "grid": 2}),
     ]
 
 

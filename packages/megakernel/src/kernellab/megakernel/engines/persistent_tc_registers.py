@@ -1,9 +1,8 @@
 """``persistent-tc``'s register form: one warp per CTA, the weights and the hidden never in shared memory.
 
-For blocks whose weights fit a warp's registers as MMA operand fragments (``planning.REGISTER_FORM``), a
+For blocks whose weights fit a warp's registers as MMA operand fragments (``planning.REGISTER_FORM_MAX``), a
 CTA is one warp that loads W1 and W2 straight from global memory into its ``mma.sync`` B fragments once,
-then owns row tiles of 16 rows (tile b, b + grid, ...). Per tile, with every load of it issued before any is
-needed (one memory latency):
+then owns row tiles of 16 rows (tile b, b + grid, ...). Per tile, its x and residual loads issued together:
 
     acc_h = x_tile W1^T                     (GEMM1: A fragments of x loaded from global memory)
     h     = fp16(act(acc_h + b1))           (the accumulators *are* GEMM2's A fragments, see below)
@@ -16,14 +15,15 @@ hidden goes from one GEMM to the next by an fp16 conversion in place, with no sh
 
 Memory order: a product's K order (and GEMM1's N order, which is GEMM2's K order, and GEMM2's N order) is free
 so long as both operands and the biases follow it. Each dimension is taken in groups of 32 (two blocks of 16; a
-last block of 16 alone), and the slot order within a group is chosen so that the 8 (4) slots one thread holds of
-it are 8 (4) neighbouring memory columns (``run_start``, ``slot_index``): every fragment of x, W1, W2, the
-residual and y is loaded or stored in 16-byte runs per row, a quarter of the accesses of the MMA's own order.
+last block of 16 alone), and the slot order within a group is chosen so that the 8 (4) slots one thread holds
+of it are 8 (4) neighbouring memory indices (``planning.register_run_start``, ``planning.register_slot``):
+x, W1, W2, the residual and y move in runs of 8 neighbouring columns per row, 16 bytes of fp16, where the
+MMA's own order would take 4-byte pairs.
 
-Padding: channels and hidden are padded to multiples of 16 (the MMA's K); every load outside the tensors is
-predicated off and reads as 0, so padded hidden units have zero W1 rows, zero bias and zero W2 columns and add
-exactly 0 to y. Rows of 16-byte alignment (channels and hidden multiples of 8) load and store neighbouring
-columns in pairs (``vector=8``), others element by element.
+Padding: channels and hidden are padded to multiples of 16 (the MMA's K); what lies outside the tensors reads
+as 0, so padded hidden units have zero W1 rows, zero bias and zero W2 columns and add exactly 0 to y. Rows of
+16-byte alignment (channels and hidden multiples of 8) move each run as one vector access (``vector=8``),
+others element by element (``load_run``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,15 @@ from cutlass import Float16, Float32, Int32
 from cutlass.cute.nvgpu import warp
 
 from ..model import ACTIVATION_CODES
-from ..planning import REGISTER_FORM_ROWS, REGISTER_FORM_THREADS, VECTOR_ELEMENTS, Plan
+from ..planning import (
+    REGISTER_FORM_ROWS,
+    REGISTER_FORM_THREADS,
+    VECTOR_ELEMENTS,
+    Plan,
+    register_groups,
+    register_run_start,
+    register_slot,
+)
 from . import tensorcore
 from .common import DTYPES, Symbols, compile_variant, compiled
 
@@ -85,27 +93,6 @@ def zero_outside(value, inside):
     return out
 
 
-def groups(padded: int) -> list[tuple[int, int]]:
-    """(first block, blocks) of each group of a dimension padded to 16: pairs of 16-blocks, the last one alone."""
-    blocks = padded // 16
-    return [(b, min(2, blocks - b)) for b in range(0, blocks, 2)]
-
-
-def run_start(first_block: int, blocks: int, t):
-    """The first memory column of the run that thread t (lane % 4) holds of a group: ``4 * blocks`` columns."""
-    return 16 * first_block + 4 * blocks * t
-
-
-def slot_index(n_tile: int, s, padded: int):
-    """The memory index behind slot s (0..7) of n-tile ``n_tile`` of a product's N order (or of the K order, where
-    slot 2t + e of k-block b is slot_index(2b + e // 8, 2t + e % 8)): the run of thread s // 2 of its group,
-    element s % 2 + 2 (n_tile % 2) + 4 (block % 2)."""
-    block = n_tile // 2
-    first = block - block % 2
-    blocks = min(2, padded // 16 - first)
-    return run_start(first, blocks, s // 2) + s % 2 + 2 * (n_tile % 2) + 4 * (block % 2)
-
-
 class PersistentTensorCoreRegisters:
     def __init__(self, variant: Variant):
         self.channels_tile = variant.channels_tile
@@ -115,7 +102,8 @@ class PersistentTensorCoreRegisters:
     @cute.jit
     def __call__(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
                  b2: cute.Tensor, y: cute.Tensor, act: Int32, grid: Int32, stream: cuda.CUstream):
-        mma = cute.make_tiled_mma(warp.MmaF16BF16Op(Float16, Float32, tensorcore.MMA_SHAPE), cute.make_layout((1, 1, 1)))
+        op = warp.MmaF16BF16Op(Float16, Float32, tensorcore.MMA_SHAPE)
+        mma = cute.make_tiled_mma(op, cute.make_layout((1, 1, 1)))  # one warp
         self.kernel(u, residual, w1, b1, w2, b2, y, act, mma).launch(
             grid=[grid, 1, 1], block=[REGISTER_FORM_THREADS, 1, 1], stream=stream)
 
@@ -153,22 +141,27 @@ class PersistentTensorCoreRegisters:
             acc_h.fill(0.0)
             for k in cutlass.range_constexpr(cols // 16):
                 cute.gemm(mma, acc_h, f_x[None, None, k], f_w1[None, None, k], acc_h)
-            for i in cutlass.range_constexpr(cute.size(acc_h)):
-                acc_h[i] = acc_h[i] + bias_h[i]
-
-            def keep(i, v):
-                acc_h[i] = v
-
-            tensorcore.apply_activation(acc_h, act, keep)
             f_h = cute.make_rmem_tensor(thr.partition_shape_A((tile_rows, hid)), Float16)
-            for i in cutlass.range_constexpr(cute.size(acc_h)):  # same (row, column) at the same index
-                f_h[i] = acc_h[i].to(Float16)
+            self.hidden_epilogue(acc_h, bias_h, act, f_h)
 
             acc_y = cute.make_rmem_tensor(bias_y.shape, Float32)
             acc_y.fill(0.0)
             for k in cutlass.range_constexpr(hid // 16):
                 cute.gemm(mma, acc_y, f_h[None, None, k], f_w2[None, None, k], acc_y)
             self.store_y(acc_y, bias_y, res, y, row0 + g, t, rows, channels)
+
+    @cute.jit
+    def hidden_epilogue(self, acc_h: cute.Tensor, bias_h: cute.Tensor, act: Int32, f_h: cute.Tensor):
+        """f_h = fp16(act(acc_h + b1)): GEMM1's accumulators become GEMM2's A fragments, element for element."""
+        for i in cutlass.range_constexpr(cute.size(acc_h)):
+            acc_h[i] = acc_h[i] + bias_h[i]
+
+        def keep(i, v):
+            acc_h[i] = v
+
+        tensorcore.apply_activation(acc_h, act, keep)
+        for i in cutlass.range_constexpr(cute.size(acc_h)):
+            f_h[i] = acc_h[i].to(Float16)
 
     @cute.jit
     def load_run(self, src: cute.Tensor, row: Int32, col: Int32, n: cutlass.Constexpr, rows: Int32, limit: Int32):
@@ -196,20 +189,20 @@ class PersistentTensorCoreRegisters:
         """x's A fragments ((e0, row half, e1), 1, k-block) of rows ``row`` and ``row + 8``, in the run order."""
         for half in cutlass.range_constexpr(2):
             r = row + 8 * half
-            for first, blocks in groups(self.channels_tile):
-                run = self.load_run(src, r, run_start(first, blocks, t), 4 * blocks, rows, limit)
+            for first, blocks in register_groups(self.channels_tile):
+                run = self.load_run(src, r, register_run_start(first, blocks, t), 4 * blocks, rows, limit)
                 for i in cutlass.range_constexpr(4 * blocks):
                     frag[i % 2 + 2 * half + 4 * (i // 2 % 2), 0, first + i // 4] = run[i]
 
     @cute.jit
     def load_b_fragment(self, frag: cute.Tensor, src: cute.Tensor, g: Int32, t: Int32, n_padded: cutlass.Constexpr,
                         k_padded: cutlass.Constexpr, n_limit: Int32, k_limit: Int32):
-        """A weight's B fragments ((e0, e1), n-tile, k-block): slot g of n-tile j is row slot_index(j, g) of ``src``,
+        """A weight's B fragments ((e0, e1), n-tile, k-block): slot g of n-tile j is row register_slot(j, g) of ``src``,
         its K slots in the run order."""
         for j in cutlass.range_constexpr(n_padded // 8):
-            row = slot_index(j, g, n_padded)
-            for first, blocks in groups(k_padded):
-                run = self.load_run(src, row, run_start(first, blocks, t), 4 * blocks, n_limit, k_limit)
+            row = register_slot(j, g, n_padded)
+            for first, blocks in register_groups(k_padded):
+                run = self.load_run(src, row, register_run_start(first, blocks, t), 4 * blocks, n_limit, k_limit)
                 for i in cutlass.range_constexpr(4 * blocks):
                     frag[i % 4, j, first + i // 4] = run[i]
 
@@ -217,8 +210,8 @@ class PersistentTensorCoreRegisters:
     def load_bias(self, frag: cute.Tensor, bias: cute.Tensor, t: Int32, padded: cutlass.Constexpr, limit: Int32):
         """A bias at the accumulators ((e0, row half), 1, n-tile) of a product whose N order is the run order."""
         as_row = cute.make_tensor(bias.iterator, cute.make_layout((1, limit)))
-        for first, blocks in groups(padded):
-            run = self.load_run(as_row, 0, run_start(first, blocks, t), 4 * blocks, 1, limit)
+        for first, blocks in register_groups(padded):
+            run = self.load_run(as_row, 0, register_run_start(first, blocks, t), 4 * blocks, 1, limit)
             for i in cutlass.range_constexpr(4 * blocks):
                 for half in cutlass.range_constexpr(2):
                     frag[i % 2 + 2 * half, 0, 2 * first + i // 2] = run[i]
@@ -229,8 +222,8 @@ class PersistentTensorCoreRegisters:
         """The residual at GEMM2's accumulators, in fp32."""
         for half in cutlass.range_constexpr(2):
             r = row + 8 * half
-            for first, blocks in groups(self.channels_tile):
-                run = self.load_run(residual, r, run_start(first, blocks, t), 4 * blocks, rows, limit)
+            for first, blocks in register_groups(self.channels_tile):
+                run = self.load_run(residual, r, register_run_start(first, blocks, t), 4 * blocks, rows, limit)
                 for i in cutlass.range_constexpr(4 * blocks):
                     res[i % 2 + 2 * half, 0, 2 * first + i // 2] = run[i].to(Float32)
 
@@ -240,8 +233,8 @@ class PersistentTensorCoreRegisters:
         """y = acc + b2 + residual from GEMM2's accumulators, a run per row and group."""
         for half in cutlass.range_constexpr(2):
             r = row + 8 * half
-            for first, blocks in groups(self.channels_tile):
-                start, n = run_start(first, blocks, t), 4 * blocks
+            for first, blocks in register_groups(self.channels_tile):
+                start, n = register_run_start(first, blocks, t), 4 * blocks
                 out = cute.make_rmem_tensor((n,), Float32)
                 for i in cutlass.range_constexpr(n):
                     k = (i % 2 + 2 * half, 0, 2 * first + i // 2)
