@@ -400,6 +400,8 @@ def test_register_form_plans():
     many = planning.choose("persistent-tc", 40_000, 32, 64, H200).plan
     assert many.owners.grid == H200.sm_count * planning.REGISTER_FORM_OCCUPANCY and many.owners.tiles_per_cta == 3
     assert planning.choose("persistent-tc", 3, 16, 128, H200).plan.tile.registers  # 16 x 128: 2048 elements
+    assert planning.choose("persistent-tc", 20, 13, 20, H200).plan.tile.registers  # unaligned 16 x 32: 512
+    assert not planning.choose("persistent-tc", 20, 13, 40, H200).plan.tile.registers  # unaligned 16 x 48
     for shape in [(3, 16, 129), (3, 48, 48), (3, 72, 16), (49, 48, 96), (129, 31, 47)]:
         # past a bound (hidden 144, 2304 elements, channels 80, both), and unaligned past REGISTER_FORM_UNALIGNED
         assert not planning.choose("persistent-tc", *shape, H200).plan.tile.registers

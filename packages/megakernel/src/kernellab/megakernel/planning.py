@@ -280,12 +280,13 @@ def register_slot(n_tile: int, s, padded: int):
     return register_run_start(first, blocks, s // 2) + s % 2 + 2 * (n_tile % 2) + 4 * (block % 2)
 
 
-REGISTER_FORM_UNALIGNED = 256
+REGISTER_FORM_UNALIGNED = 512
 """Padded elements per weight up to which planning takes the register form for rows that are not 16-byte aligned,
-whose fragments load element by element. On the H200 (``reports/h200/megakernel-sweep-registers.json``, CUDA-graph
-throughput) the form took 0.42-0.90x the shared-memory form's time at every swept shape with 16-byte rows and
-0.79-0.82x with 16 x 16 padded weights; with 32 x 48 (129x31x47: about 150 element loads a thread) it took 1.6x
-(``megakernel-sweep-registers-unaligned.json``)."""
+whose fragments load element by element. On the H200 (CUDA-graph throughput against the shared-memory form,
+``reports/h200/megakernel-sweep-tc-registers.json`` and ``megakernel-sweep-tc-registers-unaligned.json``) the
+form took 0.42-0.90x the time at every swept shape with 16-byte rows; with unaligned rows 0.81-0.83x at 16 x 16
+padded weights and 0.93-0.96x at 16 x 32, but 1.26x at 64 x 32 and 1.64x at 32 x 48 (about 150 element loads a
+thread)."""
 
 
 def tc_registers(rows: int, channels: int, hidden: int) -> bool:
