@@ -3,14 +3,15 @@
     python3 tools/device/megakernel_trace.py 16384x512x2048 4096x256x1024 16384x512x2048:grid=16 ...
 
 Builds a traced copy of ``engines/persistent_tc.py`` beside it (``_traced_persistent_tc.py``, removed at the end):
-the kernel takes one more tensor, and thread 0 of every CTA writes ``clock()`` into it after each step of its
-first tile (``OVERLAPPED`` and ``SERIAL``, one per chunk schedule: after a wait, a barrier, a GEMM, the
-activation) and at the tile's start and end. Each ``SHAPE[:choice=value...]`` runs the planned kernel
-(``planning.forced`` choices) on the benchmark's inputs and default activation, three times to warm up and ten
-times timed, then takes the last run's stamps. Printed and written to ``$OUT/megakernel-trace.json`` with the
-harness's provenance: per step the median clocks over CTAs and chunks, per tile the median clocks from its
-start to its first GEMM, through its chunks, and through the output epilogue. A stamp costs a few
-instructions; the clocks are the SM's, so a step's share of a chunk is what to read, not its microseconds.
+the kernel takes one more tensor, and thread 0 of every CTA writes ``clock()`` into it after each step of its first
+tile (``OVERLAPPED`` and ``SERIAL``, one per chunk schedule: after a wait, a barrier, a GEMM, the activation) and at
+the tile's start and end. Each ``SHAPE[:choice=value...]`` runs the planned kernel of the shared-memory form
+(``planning.forced`` choices, ``registers=False``: the register form is another module) on the benchmark's inputs
+and default activation, three times to warm up and ten times timed, then takes the last run's stamps. Printed and
+written to ``$OUT/megakernel-trace.json`` with the harness's provenance: per step the median clocks over CTAs and
+chunks, per tile the median clocks from its start to its first GEMM, through its chunks, and through the output
+epilogue. A stamp costs a few instructions; the clocks are the SM's, so a step's share of a chunk is what to read,
+not its microseconds.
 
 Anchors are lines of the kernel's source: a change there that moves one makes this tool stop with the anchor's
 text, to be updated with the kernel.
@@ -130,6 +131,7 @@ def main() -> None:
             rows, channels, hidden = (int(v) for v in shape.split("x"))
             forced = {k: int(v) if v.isdigit() else {"True": True, "False": False}.get(v, v)
                       for k, v in (c.split("=") for c in choices)}
+            forced["registers"] = False  # the shared-memory form's kernel is the one rewritten with stamps
             plan = planning.forced("persistent-tc", rows, channels, hidden, planning.current_device(), **forced)
             t = plan.tile
             fn = traced.Variant(t.rows, t.channels_tile, "float16", t.stages, t.vector, t.mma, t.split, t.multicast,
