@@ -8,8 +8,10 @@ last probe is about the least a kernel that reads all its inputs and has one bar
 
     python3 tools/device/megakernel_floor.py [--shape 1x7x13] [--engines persistent,persistent-tc,torch-cublas]
                                              [--rounds 3] [--samples 30] [--name megakernel_floor]
+    python3 tools/device/megakernel_floor.py --show reports/h200/megakernel-floor-1x7x13-40ca6cc.json ...
 
-Writes $OUT/NAME.json (with the harness's provenance) and prints a table of stream p50, direct and in a graph.
+Writes $OUT/NAME.json (with the harness's provenance) and prints a table of stream p50, direct and in a graph;
+``--show`` prints that table of written JSON files.
 """
 
 from __future__ import annotations
@@ -127,14 +129,28 @@ def probe_call(probe: Probe):
     return call
 
 
+def table(record: dict) -> str:
+    """The table of a run's stream p50: direct, and replayed in a CUDA graph."""
+    lines = [f"stream p50, us, at {'x'.join(map(str, record['shape']))}: direct, in a CUDA graph"]
+    for label, r in record["p50_us"].items():
+        lines.append(f"{label:24s} {r['direct']['stream']:7.2f} {r['graph']['stream']:7.2f}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--show", nargs="+", metavar="JSON", help="print the tables of written runs, then exit")
     ap.add_argument("--shape", default="1x7x13", help="RxCxH of the inputs and of the engines timed beside")
     ap.add_argument("--engines", default="persistent,persistent-tc,torch-cublas")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--samples", type=int, default=30)
     ap.add_argument("--name", default="megakernel_floor", help="the JSON's name under $OUT")
     args = ap.parse_args()
+    if args.show:
+        for path in args.show:
+            with open(path) as f:
+                print(table(json.load(f)))
+        return
     shape = tuple(int(v) for v in args.shape.split("x"))
     run = report.Run(report.parser().parse_args(["--samples", str(args.samples), "--shapes", args.shape]))
     run.device.warm_up(2.0)
@@ -165,9 +181,7 @@ def main() -> None:
               "probes": [dataclasses.asdict(p) for p in PROBES], "p50_us": rows}
     with open(os.path.join(os.environ.get("OUT", "."), f"{args.name}.json"), "w") as f:
         json.dump(record, f, indent=1)
-    print(f"stream p50, us, at {args.shape}: direct, in a CUDA graph")
-    for label, r in rows.items():
-        print(f"{label:24s} {r['direct']['stream']:7.2f} {r['graph']['stream']:7.2f}")
+    print(table(record))
 
 
 if __name__ == "__main__":
