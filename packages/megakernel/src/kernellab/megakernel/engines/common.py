@@ -96,6 +96,17 @@ class Symbols:
         return cute.runtime.make_fake_tensor(dtype, (n,), stride=(1,), assumed_align=dtype.width // 8)
 
 
+def block_signature(divisibility: int, residual: str) -> tuple:
+    """Fake arguments of a kernel called ``(u, residual, w1, b1, w2, b2, y, activation, grid)`` (both forms of
+    persistent-tc): the block's tensors, channels and hidden divisible by ``divisibility``."""
+    s = Symbols(divisibility=divisibility)
+    f16, f32 = Float16, Float32
+    return (s.matrix(f16, s.rows, s.channels), s.matrix(DTYPES[residual], s.rows, s.channels),
+            s.matrix(f16, s.hidden, s.channels), s.vector(f32, s.hidden),
+            s.matrix(f16, s.channels, s.hidden), s.vector(f32, s.channels), s.matrix(f32, s.rows, s.channels),
+            Int32(0), Int32(1))
+
+
 def fake_stream():
     """Compile against TVM-FFI's environment stream: each call launches on torch's current stream."""
     return cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)

@@ -59,7 +59,7 @@ from cutlass.memory import SmemAllocator
 from ..model import ACTIVATION_CODES
 from ..planning import TC_HIDDEN_CHUNK, TC_THREADS, VECTOR_ELEMENTS, Plan, Tile, ceil_div, tc_occupancy_limit
 from . import tensorcore
-from .common import DTYPES, Symbols, compile_variant, compiled
+from .common import block_signature, compile_variant, compiled
 
 WARPS_M, WARPS_N = 2, 4
 ALIGN = 1024  # the swizzle pattern repeats every 8 rows of 128 bytes
@@ -112,13 +112,8 @@ class Variant:
         return fused
 
     def compile(self, arch: str | None = None):
-        s = Symbols(divisibility=self.vector)
-        f16, f32 = Float16, Float32
-        args = (s.matrix(f16, s.rows, s.channels), s.matrix(DTYPES[self.residual], s.rows, s.channels),
-                s.matrix(f16, s.hidden, s.channels), s.vector(f32, s.hidden),
-                s.matrix(f16, s.channels, s.hidden), s.vector(f32, s.channels), s.matrix(f32, s.rows, s.channels),
-                Int32(0), Int32(1))  # activation, grid
-        return compile_variant(self.name, PersistentTensorCore(self), args, arch)
+        kernel = PersistentTensorCore(self)
+        return compile_variant(self.name, kernel, block_signature(self.vector, self.residual), arch)
 
 
 def launcher(plan: Plan, activation: str, residual: str = "float16"):

@@ -47,7 +47,7 @@ from ..planning import (
     register_slot,
 )
 from . import tensorcore
-from .common import DTYPES, Symbols, compile_variant, compiled
+from .common import block_signature, compile_variant, compiled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,13 +63,8 @@ class Variant:
         return f"persistent-tc_regs_c{self.channels_tile}_h{self.hidden_tile}{narrow}_res-{self.residual}"
 
     def compile(self, arch: str | None = None):
-        s = Symbols(divisibility=self.vector)
-        f16, f32 = Float16, Float32
-        args = (s.matrix(f16, s.rows, s.channels), s.matrix(DTYPES[self.residual], s.rows, s.channels),
-                s.matrix(f16, s.hidden, s.channels), s.vector(f32, s.hidden),
-                s.matrix(f16, s.channels, s.hidden), s.vector(f32, s.channels), s.matrix(f32, s.rows, s.channels),
-                Int32(0), Int32(1))  # activation, grid
-        return compile_variant(self.name, PersistentTensorCoreRegisters(self), args, arch)
+        kernel = PersistentTensorCoreRegisters(self)
+        return compile_variant(self.name, kernel, block_signature(self.vector, self.residual), arch)
 
 
 def launcher(plan: Plan, activation: str, residual: str = "float16"):
