@@ -153,7 +153,7 @@ class Tile:
     engine: str
     rows: int  # rows per tile (what one CTA owns at a time)
     channels_tile: int  # channels padded to the kernel's tile (tensor cores) or the channels
-    hidden_chunk: int  # hidden units per chunk through shared memory (tensor cores) or the hidden
+    hidden_chunk: int  # hidden units per chunk through shared memory (tensor cores; the register form: all, padded)
     threads: int
     num_tiles: int
     stages: int = 1  # persistent-tc: W1 / W2 chunk buffers each (a chunk's loads overlap 2 * stages - 1 steps)
@@ -289,7 +289,7 @@ padded weights and 0.93-0.96x at 16 x 32, but 1.26x at 64 x 32 and 1.64x at 32 x
 thread)."""
 
 
-def tc_registers(rows: int, channels: int, hidden: int) -> bool:
+def tc_registers(channels: int, hidden: int) -> bool:
     """persistent-tc's register form where it fits (``register_form_fits``), with 16-byte rows or small weights
     (``REGISTER_FORM_UNALIGNED``)."""
     if not register_form_fits(channels, hidden):
@@ -415,7 +415,7 @@ def plan_tile(engine: str, rows: int, channels: int, hidden: int, device: Device
     choice, ``tc_registers``)."""
     _check_engine(engine)
     if engine == "persistent-tc" and registers is None:
-        registers = tile_rows is None and mma is None and tc_registers(rows, channels, hidden)
+        registers = tile_rows is None and mma is None and tc_registers(channels, hidden)
     if registers and (tile_rows not in (None, REGISTER_FORM_ROWS) or mma not in (None, "mma.sync")):
         return Refusal(engine, f"the register form has {REGISTER_FORM_ROWS}-row tiles and mma.sync")
     misaligned = tensor_core_alignment(channels, hidden)

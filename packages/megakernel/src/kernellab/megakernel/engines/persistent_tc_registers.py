@@ -55,7 +55,7 @@ class Variant:
     channels_tile: int  # channels padded to a multiple of 16
     hidden_tile: int  # hidden padded to a multiple of 16
     residual: str = "float16"
-    vector: int = VECTOR_ELEMENTS  # 8: 16-byte rows, pairs of columns per access; 1: element by element
+    vector: int = VECTOR_ELEMENTS  # 8: 16-byte rows, one access per run of columns; 1: element by element
 
     @property
     def name(self) -> str:
