@@ -166,7 +166,7 @@ class PersistentTensorCoreRegisters:
         branch that is the same for every lane but at the tensor's last rows and columns. Other rows: n element
         loads that read inside the tensor whatever the lane (an outside one reads row 0 or column 0 instead, and
         its value is replaced by 0): element loads under a branch that differs between lanes made the warp wait
-        for them where it rejoined (a 16 x 32 x 48 block of such loads ran 1.7x the time of these)."""
+        for them where it rejoined (a first form, measured slower than this one at 32 x 48 padded weights)."""
         run = cute.make_rmem_tensor((n,), src.element_type)
         if cutlass.const_expr(self.aligned):
             run.fill(0.0)
