@@ -68,8 +68,9 @@ def _stamp_after(source: str, anchor: str, slot: str) -> str:
 
 def traced_source(source: str) -> str:
     """persistent_tc.py with the trace tensor and the stamps."""
-    s = _replace_once(source, "Int32(0), Int32(1))  # activation, grid",
-                      f"Int32(0), Int32(1), s.matrix(Int32, cute.sym_int(), {TRACE_SLOTS}))")
+    s = _replace_once(source, "block_signature(self.vector, self.residual), arch)",
+                      "block_signature(self.vector, self.residual) + (cute.runtime.make_fake_tensor("
+                      f"Int32, (cute.sym_int(), {TRACE_SLOTS}), stride=({TRACE_SLOTS}, 1)),), arch)")
     s = _replace_once(s, "act: Int32, grid: Int32, stream: cuda.CUstream):",
                       "act: Int32, grid: Int32, trace: cute.Tensor, stream: cuda.CUstream):")
     s = _replace_once(s, "self.kernel(u, residual, w1, b1, w2, b2, y, act, *layouts,",
