@@ -3,6 +3,8 @@ class and code path (the report's empty launch-floor kernel too), so a CuTe DSL 
 ``nox -s build`` compiles all of them."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi is not installed")
@@ -34,3 +36,23 @@ def test_the_full_list_covers_every_engine_and_is_unique():
                    "persistent-tc_m64_c256_s2_wg_x2_tma_ov", "persistent-tc_regs_c16_h128_res",
                    "persistent-tc_regs_c64_h32_v1", "prologue-rmsnorm", "prologue-cast", "launch-floor"):
         assert any(n.startswith(prefix) for n in names), prefix
+
+
+AOT_NAMES = {v.name for v in aot.variants()}
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.integers(1, 40_000), channels=st.integers(1, 512), hidden=st.integers(1, 4096),
+       aligned=st.booleans(), residual=st.sampled_from(["float16", "float32"]))
+def test_every_planned_persistent_tc_variant_is_in_the_ahead_of_time_list(rows, channels, hidden, aligned,
+                                                                            residual):
+    """What the planner picks for persistent-tc (either form, any shape it serves) is among the variants that
+    ``compile_all`` compiles, so the sm_90a build covers every kernel a plan can run."""
+    from kernellab.megakernel import planning
+    from kernellab.megakernel.engines import persistent_tc
+
+    if aligned:
+        channels, hidden = -(-channels // 8) * 8, -(-hidden // 8) * 8
+    plan = planning.choose("persistent-tc", rows, channels, hidden, planning.H200).plan
+    assert plan.engine == "persistent-tc"
+    assert persistent_tc.variant(plan, residual).name in AOT_NAMES

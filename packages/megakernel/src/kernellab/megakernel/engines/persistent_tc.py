@@ -58,7 +58,7 @@ from cutlass.memory import SmemAllocator
 
 from ..model import ACTIVATION_CODES
 from ..planning import TC_HIDDEN_CHUNK, TC_THREADS, VECTOR_ELEMENTS, Plan, Tile, ceil_div, tc_occupancy_limit
-from . import tensorcore
+from . import persistent_tc_registers, tensorcore
 from .common import block_signature, compile_variant, compiled
 
 WARPS_M, WARPS_N = 2, 4
@@ -116,16 +116,19 @@ class Variant:
         return compile_variant(self.name, kernel, block_signature(self.vector, self.residual), arch)
 
 
-def launcher(plan: Plan, activation: str, residual: str = "float16"):
-    """``run(u, residual, w1, b1, w2, b2, y)``: one launch of ``plan.owners.grid`` CTAs (of the register form's
-    module where the plan takes it)."""
+def variant(plan: Plan, residual: str = "float16"):
+    """The compiled variant a persistent-tc plan runs: the shared-memory form's, or the register form's
+    (``engines/persistent_tc_registers.py``). Both take ``(u, residual, w1, b1, w2, b2, y, activation, grid)``."""
     tile = plan.tile
     if tile.registers:
-        from . import persistent_tc_registers
+        return persistent_tc_registers.Variant(tile.channels_tile, tile.hidden_chunk, residual, tile.vector)
+    return Variant(tile.rows, tile.channels_tile, residual, tile.stages, tile.vector, tile.mma, tile.split,
+                   tile.multicast, tile.loads, tile.overlap)
 
-        return persistent_tc_registers.launcher(plan, activation, residual)
-    fn = compiled(Variant(tile.rows, tile.channels_tile, residual, tile.stages, tile.vector, tile.mma, tile.split,
-                          tile.multicast, tile.loads, tile.overlap))
+
+def launcher(plan: Plan, activation: str, residual: str = "float16"):
+    """``run(u, residual, w1, b1, w2, b2, y)``: one launch of ``plan.owners.grid`` CTAs."""
+    fn = compiled(variant(plan, residual))
     act, grid = ACTIVATION_CODES[activation], plan.owners.grid
 
     def run(u, res, w1, b1, w2, b2, y):

@@ -36,18 +36,16 @@ import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32
 from cutlass.cute.nvgpu import warp
 
-from ..model import ACTIVATION_CODES
 from ..planning import (
     REGISTER_FORM_ROWS,
     REGISTER_FORM_THREADS,
     VECTOR_ELEMENTS,
-    Plan,
     register_groups,
     register_run_start,
     register_slot,
 )
 from . import tensorcore
-from .common import block_signature, compile_variant, compiled
+from .common import block_signature, compile_variant
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,18 +63,6 @@ class Variant:
     def compile(self, arch: str | None = None):
         kernel = PersistentTensorCoreRegisters(self)
         return compile_variant(self.name, kernel, block_signature(self.vector, self.residual), arch)
-
-
-def launcher(plan: Plan, activation: str, residual: str = "float16"):
-    """``run(u, residual, w1, b1, w2, b2, y)``: one launch of ``plan.owners.grid`` one-warp CTAs."""
-    tile = plan.tile
-    fn = compiled(Variant(tile.channels_tile, tile.hidden_chunk, residual, tile.vector))
-    act, grid = ACTIVATION_CODES[activation], plan.owners.grid
-
-    def run(u, res, w1, b1, w2, b2, y):
-        fn(u, res, w1, b1, w2, b2, y, act, grid)
-
-    return run
 
 
 @cute.jit
