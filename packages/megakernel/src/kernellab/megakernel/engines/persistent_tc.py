@@ -510,13 +510,7 @@ class PersistentTensorCore:
         """A GEMM1 chunk's epilogue: fp16(act(acc_h + b1)) into this thread's elements of a hidden buffer. The
         fp16 values go as one vector (neighbouring columns: packed conversions and 4-byte stores, half the
         instructions of one element at a time)."""
-        for i in cutlass.range_constexpr(cute.size(acc_h)):
-            acc_h[i] = acc_h[i] + bias_h[i]
-
-        def keep(i, v):
-            acc_h[i] = v
-
-        tensorcore.apply_activation(acc_h, act, keep)
+        tensorcore.activate_in_place(acc_h, bias_h, act)
         h = cute.make_rmem_tensor(acc_h.layout, Float16)
         h.store(acc_h.load().to(Float16))
         cute.autovec_copy(h, h_dst)

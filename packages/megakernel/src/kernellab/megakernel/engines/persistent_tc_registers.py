@@ -134,13 +134,7 @@ class PersistentTensorCoreRegisters:
     @cute.jit
     def hidden_epilogue(self, acc_h: cute.Tensor, bias_h: cute.Tensor, act: Int32, f_h: cute.Tensor):
         """f_h = fp16(act(acc_h + b1)): GEMM1's accumulators become GEMM2's A fragments, element for element."""
-        for i in cutlass.range_constexpr(cute.size(acc_h)):
-            acc_h[i] = acc_h[i] + bias_h[i]
-
-        def keep(i, v):
-            acc_h[i] = v
-
-        tensorcore.apply_activation(acc_h, act, keep)
+        tensorcore.activate_in_place(acc_h, bias_h, act)
         for i in cutlass.range_constexpr(cute.size(acc_h)):
             f_h[i] = acc_h[i].to(Float16)
 

@@ -224,6 +224,18 @@ def split_slot(i: int) -> int:
 
 
 @cute.jit
+def activate_in_place(acc: cute.Tensor, bias: cute.Tensor, act: Int32):
+    """acc[i] = act(acc[i] + bias[i]): the fp32 part of a GEMM1 epilogue, kept in the accumulators."""
+    for i in cutlass.range_constexpr(cute.size(acc)):
+        acc[i] = acc[i] + bias[i]
+
+    def keep(i, v):
+        acc[i] = v
+
+    apply_activation(acc, act, keep)
+
+
+@cute.jit
 def apply_activation(values: cute.Tensor, act: Int32, store: cutlass.Constexpr):
     """``store(i, act(values[i]))`` for every element, with the activation chosen once outside the
     (unrolled) element loop rather than per element."""
