@@ -52,7 +52,7 @@ def test_every_planned_persistent_tc_variant_is_in_the_ahead_of_time_list(rows, 
     from kernellab.megakernel.engines import persistent_tc
 
     if aligned:
-        channels, hidden = -(-channels // 8) * 8, -(-hidden // 8) * 8
+        channels, hidden = (planning.round_up(n, planning.VECTOR_ELEMENTS) for n in (channels, hidden))
     plan = planning.choose("persistent-tc", rows, channels, hidden, planning.H200).plan
     assert plan.engine == "persistent-tc"
     assert persistent_tc.variant(plan, residual).name in AOT_NAMES

@@ -562,13 +562,13 @@ def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpe
     none of the other persistent-tc choices applies to it)."""
     if any(v is not None for v in (mma, split, multicast, loads, overlap, registers)) and engine != "persistent-tc":
         raise ValueError(f"{engine} has no mma, split, loads, multicast, overlap or registers choice")
-    if registers and any(v is not None for v in (split, multicast, loads, overlap, stages)):
+    shared_form_choice = any(v is not None for v in (split, multicast, loads, overlap, stages))
+    if registers and shared_form_choice:
         raise ValueError("the register form has no split, multicast, loads, overlap or stages choice")
     if (multicast or 1) > 1 and loads == "cp.async":
         raise ValueError("a weight multicast loads by TMA, not cp.async")
-    if engine == "persistent-tc" and registers is None and any(
-            v is not None for v in (split, multicast, loads, overlap, stages)):
-        registers = False  # a choice of the shared-memory form
+    if engine == "persistent-tc" and registers is None and shared_form_choice:
+        registers = False
     plan = plan_engine(engine, rows, channels, hidden, device, tile_rows, mma, registers)
     if isinstance(plan, Refusal):
         raise ValueError(plan.reason)
