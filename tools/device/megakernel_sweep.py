@@ -98,11 +98,12 @@ def plan_calls(shape, patterns, activation, device):
 
 
 def chunk_periods(shape, p50, calls):
-    """{label: us per hidden chunk of one CTA's tiles} for the persistent-tc plans: p50 over the chunks its
-    busiest CTA runs one after another (tiles per CTA x its share of the hidden chunks)."""
+    """{label: us per hidden chunk of one CTA's tiles} for the persistent-tc plans of the shared-memory form (the
+    register form has no chunks): p50 over the chunks its busiest CTA runs one after another (tiles per CTA x its
+    share of the hidden chunks)."""
     out = {}
     for label, (plan, _) in calls.items():
-        if plan.get("engine") == "persistent-tc":
+        if plan.get("engine") == "persistent-tc" and not plan.get("tile_registers"):
             chunks = planning.tc_chunks_per_cta(shape[2], plan["tile_split"])
             out[label] = p50[label] / (plan["tiles_per_cta"] * chunks)
     return out

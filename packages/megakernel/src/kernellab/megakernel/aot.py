@@ -28,6 +28,8 @@ def variants(representative: bool = False) -> list:
     )
     from .planning import (
         H200,
+        REGISTER_FORM_MAX,
+        REGISTER_FORM_PAD,
         TC_CHANNEL_TILES,
         TC_MAX_STAGES,
         TC_MULTICASTS,
@@ -91,7 +93,8 @@ def variants(representative: bool = False) -> list:
                 if persistent_tc_smem_bytes(WGMMA_ROW_TILES[0], cols, stages, split, "tma", overlap)
                 <= H200.smem_per_block]
         out += [persistent_tc_registers.Variant(cols, hid, residual, vector)
-                for cols in range(16, 65, 16) for hid in range(16, 129, 16) for vector in (8, 1)
+                for cols in range(REGISTER_FORM_PAD, REGISTER_FORM_MAX[0] + 1, REGISTER_FORM_PAD)
+                for hid in range(REGISTER_FORM_PAD, REGISTER_FORM_MAX[1] + 1, REGISTER_FORM_PAD) for vector in (8, 1)
                 if register_form_fits(cols, hid)]
         out += [prologue.Variant(norm=True, stream=residual)]
     out += [conventional.Variant("hidden"), conventional_tc.Variant("hidden"), prologue.Variant(norm=False),
