@@ -1,6 +1,7 @@
 """Plan sweep of the persistent engines on the GPU host: persistent-tc's plan against forced alternatives
 (the wgmma form with 64- and 128-row tiles, other chunk-buffer counts, other row tiles), and the CUDA-core
-`persistent` engine's plan against its weights staged in shared memory or read from global memory, beside
+`persistent` engine's plan against its weights staged in shared memory, read from global memory or held in
+registers, beside
 torch-cublas, in alternating rounds. It is how planning's rules for these engines are chosen.
 
     python3 tools/device/megakernel_sweep.py [--shapes 4096x256x1024,16384x512x2048] [--plans 'wgmma*']
@@ -58,7 +59,8 @@ PLANS = {  # label -> (engine, planning.forced choices); {}: the planner's own p
     "mc2-grid66": ("persistent-tc", {"mma": "wgmma", "multicast": 2, "grid": 66}),
     "persistent": ("persistent", {}),  # the planner's weights placement, against both forced:
     "persistent-smem-weights": ("persistent", {"weights": "smem"}),  # staged in shared memory, or
-    "persistent-global-weights": ("persistent", {"weights": "global"}),  # read from global memory
+    "persistent-global-weights": ("persistent", {"weights": "global"}),  # read from global memory, or
+    "persistent-register-weights": ("persistent", {"weights": "registers"}),  # each lane's share in registers
 }
 ALWAYS = ("planned", "persistent")
 """Labels swept whatever ``--plans`` says: the plans that serve the shape today."""

@@ -25,9 +25,9 @@ def test_the_full_list_covers_every_engine_and_is_unique():
     # over a 2-CTA cluster: 2 residual dtypes x (21 mma.sync + 10 wgmma tiles that fit with the peer's half) = 62;
     # wgmma with TMA loads: 2 residual dtypes x (split or not) x (the overlapped chunk schedule or not) x the
     # channel tiles and 1-4 chunk buffers that fit = 84 (42 of them the overlapped schedule's); the register form:
-    # 2 residual dtypes x 2 load widths x 16 padded (channels, hidden) = 64; and the report's empty launch-floor
-    # kernel
-    assert len(set(names)) == len(names) == 406
+    # 2 residual dtypes x 2 load widths x 16 padded (channels, hidden) = 64; the persistent CUDA-core kernels:
+    # 2 residual dtypes x 2 hidden placements x 3 weight placements = 12; and the report's empty launch-floor kernel
+    assert len(set(names)) == len(names) == 410
     for prefix in ("persistent_", "persistent-global_", "conventional-hidden", "conventional-output",
                    "conventional-tc-hidden", "conventional-tc-output", "persistent-tc_m32_c64_s1",
                    "persistent-tc_m64_c256_s2", "persistent-tc_m32_c64_s4", "persistent-tc_m32_c64_s1_v1",

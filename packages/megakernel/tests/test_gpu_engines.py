@@ -82,20 +82,20 @@ def test_persistent_tc_hidden_split_plans(rows, channels, hidden, tile_rows, mma
 @given(rows=st.integers(1, 700), channels=SIZES, hidden=SIZES,
        engine=st.sampled_from(["conventional", "persistent", "persistent-global"]),
        tile_rows=st.sampled_from([None, 4, 8, 12, 32]), clusters=st.one_of(st.none(), st.integers(1, 5)),
-       weights=st.sampled_from([None, "smem", "global"]), activation=st.sampled_from(model.ACTIVATIONS),
+       weights=st.sampled_from([None, *planning.SCALAR_WEIGHTS]), activation=st.sampled_from(model.ACTIVATIONS),
        seed=st.integers(0, 2**31))
 def test_cuda_core_engines_forced_tilings(rows, channels, hidden, engine, tile_rows, clusters, weights, activation,
                                           seed):
     """The CUDA-core engines at random sizes (odd ones included) with forced row tiles, grids (several tiles a
-    CTA) and weight placements (shared or global memory): against the reference."""
+    CTA) and weight placements (shared or global memory, registers): against the reference."""
     device = planning.current_device()
     choices = {"tile_rows": tile_rows}
     if engine != "conventional":
         choices.update(grid=clusters, weights=weights)
     try:
         plan = planning.forced(engine, rows, channels, hidden, device, **choices)
-    except ValueError as e:  # the tile (and weights) do not fit in shared memory
-        assert "shared memory" in str(e) or "does not fit" in str(e), e
+    except ValueError as e:  # the tile (and weights) do not fit in shared memory, or the weights in registers
+        assert any(why in str(e) for why in ("shared memory", "does not fit", "weights='registers' needs")), e
         return
     _check_plan(plan, activation, seed)
 
@@ -208,15 +208,16 @@ def test_graph_engine_replays_changed_inputs_and_new_buffers():
 
 
 def test_results_do_not_depend_on_the_tiling():
-    """Scalar engines sum in one fixed order per row: any tile size gives identical bits."""
+    """Scalar engines sum in one fixed order per row: any tile size and weight placement gives identical bits."""
     import torch
 
     shape = (70, 31, 47)
     problem = bench.ResidualMLP(shape)
     inputs = problem.make_inputs(5)
     outs = []
-    for tile_rows, grid in ((4, None), (8, 3), (32, 1)):
-        plan = planning.forced("persistent", *shape, planning.current_device(), tile_rows=tile_rows, grid=grid)
+    for tile_rows, grid, weights in ((4, None, "registers"), (4, 5, "global"), (8, 3, None), (32, 1, None)):
+        plan = planning.forced("persistent", *shape, planning.current_device(), tile_rows=tile_rows, grid=grid,
+                               weights=weights)
         y = problem.make_outputs(inputs)["y"]
         engines.launcher("persistent", plan, "gelu")(inputs["x"], inputs["x"], inputs["w1"], inputs["b1"],
                                                      inputs["w2"], inputs["b2"], y)

@@ -51,21 +51,47 @@ def test_shared_memory_arithmetic():
     assert plan.smem.bytes == planning.scalar_weight_bytes(7, 13) + plan.tile.rows * 4 * 20
 
 
-def test_scalar_weights_are_staged_where_a_cta_reuses_them_or_they_are_many():
-    """A persistent CTA that reads each weight once (one tile of one row block) reads few weights from
+def test_scalar_weights_are_held_in_registers_or_staged_where_a_cta_reuses_them_or_they_are_many():
+    """A persistent CTA of one row block a tile holds its lanes' weights in registers where they fit
+    (``planning.register_weights_fit``). Else, reading each weight once (one tile), it reads few weights from
     global memory; it stages them in shared memory where it has more rows or they are many
     (``planning.SCALAR_GLOBAL_WEIGHTS_MAX``)."""
     for engine in ("persistent", "persistent-global"):
         one = planning.choose(engine, 1, 7, 13, H200).plan
-        assert (one.smem.weights, one.owners.tiles_per_cta) == ("global", 1)
+        assert (one.smem.weights, one.owners.tiles_per_cta, one.owners.occupancy) == ("registers", 1, 1)
         assert one.smem.bytes == one.tile.rows * planning.scalar_row_bytes(engine, 7, 13)
-        largest = planning.choose(engine, 129, 64, planning.SCALAR_GLOBAL_WEIGHTS_MAX // 128, H200).plan
-        assert largest.smem.weights == "global"
-        over = planning.choose(engine, 129, 64, planning.SCALAR_GLOBAL_WEIGHTS_MAX // 128 + 1, H200).plan
+        held = planning.choose(engine, 4 * H200.sm_count, 64, 128, H200).plan  # 32 elements of each weight a lane
+        assert (held.tile.rows, held.smem.weights, held.owners.grid) == (planning.ROW_BLOCK, "registers", H200.sm_count)
+        assert planning.choose(engine, 33, 40, 129, H200).plan.smem.weights == "global"  # 40 of W1 a lane
+        largest = planning.choose(engine, 129, 16, planning.SCALAR_GLOBAL_WEIGHTS_MAX // 32, H200).plan
+        assert largest.smem.weights == "global"  # 448 outputs: beyond one pass
+        over = planning.choose(engine, 129, 16, planning.SCALAR_GLOBAL_WEIGHTS_MAX // 32 + 1, H200).plan
         assert over.smem.weights == "smem" and over.owners.tiles_per_cta == 1
         for rows in (4 * H200.sm_count + 1, 40_000):  # 8-row tiles; 304-row tiles
             reused = planning.choose(engine, rows, 7, 13, H200).plan
             assert reused.tile.rows > planning.ROW_BLOCK and reused.smem.weights == "smem"
+
+
+@given(st.integers(1, 300), st.integers(1, 300))
+def test_register_weights_count_each_lanes_share(k_dim, n_dim):
+    """A lane's share at one row block: its classes (K_CLASSES / lanes) of every K step; lanes as the device's
+    ``group_lanes`` picks them (the most, up to K_CLASSES, with every output's group within the CTA)."""
+    lanes = planning.scalar_group_lanes(n_dim)
+    assert lanes in (1, 2, 4, 8)
+    assert n_dim * lanes <= planning.SCALAR_THREADS or lanes == 1
+    assert lanes == planning.SCALAR_K_CLASSES or n_dim * lanes * 2 > planning.SCALAR_THREADS
+    per_lane = planning.SCALAR_K_CLASSES // lanes
+    assert planning.scalar_lane_weights(k_dim, n_dim) == -(-k_dim // planning.SCALAR_K_CLASSES) * per_lane
+    fits = planning.register_weights_fit(k_dim, n_dim)
+    assert fits == (max(k_dim, n_dim) <= planning.SCALAR_THREADS
+                    and planning.scalar_lane_weights(k_dim, n_dim) <= planning.SCALAR_WEIGHT_REGISTERS
+                    and planning.scalar_lane_weights(n_dim, k_dim) <= planning.SCALAR_WEIGHT_REGISTERS)
+    if fits:
+        plan = planning.forced("persistent", 9, k_dim, n_dim, H200, tile_rows=planning.ROW_BLOCK, weights="registers")
+        assert plan.owners.occupancy == planning.SCALAR_REGISTER_WEIGHTS_OCCUPANCY
+    else:
+        with pytest.raises(ValueError, match="weights='registers' needs"):
+            planning.forced("persistent", 9, k_dim, n_dim, H200, tile_rows=planning.ROW_BLOCK, weights="registers")
 
 
 @given(st.integers(1, 10_000))

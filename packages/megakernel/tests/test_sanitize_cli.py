@@ -19,7 +19,7 @@ def test_cases_reach_every_kernel_variant():
              for _, engine, shape, choices in sanitize.cases()]
     seen = {(p.engine, p.smem.weights, p.owners.tiles_per_cta > 1) for p in plans}
     for engine in ("persistent", "persistent-global"):
-        assert {(engine, "smem"), (engine, "global")} <= {(e, w) for e, w, _ in seen}
+        assert {(engine, weights) for weights in planning.SCALAR_WEIGHTS} <= {(e, w) for e, w, _ in seen}
         assert any(e == engine and multi for e, _, multi in seen)
     assert {p.engine for p in plans} == set(planning.KERNEL_ENGINES)
     assert any(p.engine == "persistent-tc" and p.tile.rows == 64 and p.hidden % 64 for p in plans)

@@ -30,6 +30,7 @@ def variants(representative: bool = False) -> list:
         H200,
         REGISTER_FORM_MAX,
         REGISTER_FORM_PAD,
+        SCALAR_WEIGHTS,
         TC_CHANNEL_TILES,
         TC_MAX_STAGES,
         TC_MULTICASTS,
@@ -42,8 +43,9 @@ def variants(representative: bool = False) -> list:
 
     if representative:
         return [
-            persistent.Variant(hidden_on_chip=True, weights_in_smem=True),
-            persistent.Variant(hidden_on_chip=False, weights_in_smem=False, residual="float32"),
+            persistent.Variant(hidden_on_chip=True, weights="smem"),
+            persistent.Variant(hidden_on_chip=False, weights="global", residual="float32"),
+            persistent.Variant(hidden_on_chip=True, weights="registers"),
             conventional.Variant("hidden"),
             conventional.Variant("output"),
             conventional_tc.Variant("hidden"),
@@ -68,8 +70,8 @@ def variants(representative: bool = False) -> list:
         ]
     out = []
     for residual in ("float16", "float32"):
-        out += [persistent.Variant(on_chip, in_smem, residual) for on_chip in (True, False)
-                for in_smem in (True, False)]
+        out += [persistent.Variant(on_chip, weights, residual) for on_chip in (True, False)
+                for weights in SCALAR_WEIGHTS]
         out += [conventional.Variant("output", residual), conventional_tc.Variant("output", residual)]
         out += [persistent_tc.Variant(rows, cols, residual, stages, vector)
                 for rows in TC_ROW_TILES for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1)

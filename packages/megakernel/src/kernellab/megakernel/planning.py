@@ -40,6 +40,18 @@ SCALAR_OCCUPANCY = 2
 """CTAs per SM the scalar kernels compile for (``min_blocks_per_mp``: at most 128 registers a thread, room
 for a thread's 4 x 8 partial sums and the loads of a K step in flight)."""
 
+SCALAR_REGISTER_WEIGHTS_OCCUPANCY = 1
+"""CTAs per SM of the persistent kernels that hold their weights in registers (up to 255 registers a thread):
+they run at most one 4-row tile per SM's worth of rows (``register_weights_fit``), so one CTA an SM is all
+their grid can use."""
+SCALAR_WEIGHTS = ("smem", "global", "registers")
+"""Where the persistent CUDA-core kernels read their weights from (``SharedMemory.weights``)."""
+SCALAR_K_CLASSES = 8
+"""Interleaved partial sums of a scalar K loop, and the most lanes that share an output (``engines/scalar.py``)."""
+SCALAR_WEIGHT_REGISTERS = 32
+"""Weight elements of one GEMM a lane of the persistent CUDA-core kernels holds in registers at most
+(``register_weights_fit``)."""
+
 SCALAR_GLOBAL_WEIGHTS_MAX = 14 * 1024
 """Weight elements (W1 and W2) up to which a persistent CTA that reads each weight once (one tile of one row
 block: up to 4 x SMs rows) reads them from global memory (through L1) instead of staging them in shared
@@ -394,6 +406,32 @@ def scalar_weight_bytes(channels: int, hidden: int) -> int:
     return transposed_weight_bytes(hidden, channels) + transposed_weight_bytes(channels, hidden)
 
 
+def scalar_occupancy(weights: str) -> int:
+    """CTAs per SM a persistent CUDA-core kernel compiles for (``min_blocks_per_mp``), by weight placement."""
+    return SCALAR_REGISTER_WEIGHTS_OCCUPANCY if weights == "registers" else SCALAR_OCCUPANCY
+
+
+def scalar_group_lanes(outputs: int) -> int:
+    """Lanes that share one output in ``scalar.linear_rows`` (device code: ``scalar.group_lanes``)."""
+    lanes = 1
+    while lanes < SCALAR_K_CLASSES and outputs * lanes * 2 <= SCALAR_THREADS:
+        lanes *= 2
+    return lanes
+
+
+def scalar_lane_weights(k_dim: int, n_dim: int) -> int:
+    """Weight elements one lane reads in a ``linear_rows`` call of one row block: its classes of every K step."""
+    return ceil_div(k_dim, SCALAR_K_CLASSES) * (SCALAR_K_CLASSES // scalar_group_lanes(n_dim))
+
+
+def register_weights_fit(channels: int, hidden: int) -> bool:
+    """Whether a lane's share of W1 and of W2, at one row block a tile, fits SCALAR_WEIGHT_REGISTERS each (and
+    every output of both GEMMs has its own lanes: at most SCALAR_THREADS outputs)."""
+    return (max(channels, hidden) <= SCALAR_THREADS
+            and scalar_lane_weights(channels, hidden) <= SCALAR_WEIGHT_REGISTERS
+            and scalar_lane_weights(hidden, channels) <= SCALAR_WEIGHT_REGISTERS)
+
+
 def tensor_core_alignment(channels: int, hidden: int) -> str | None:
     if channels % VECTOR_ELEMENTS or hidden % VECTOR_ELEMENTS:
         return (f"conventional-tc needs channels and hidden to be multiples of {VECTOR_ELEMENTS} (16-byte rows "
@@ -494,7 +532,9 @@ def plan_shared_memory(tile: Tile, channels: int, hidden: int, device: DeviceSpe
         hidden_at = "smem" if engine == "persistent" else "global"
         with_weights = size + scalar_weight_bytes(channels, hidden)
         once = tile.rows == ROW_BLOCK and tile.num_tiles <= device.sm_count  # a CTA reads each weight once
-        if with_weights <= capacity and not (once and 2 * channels * hidden <= SCALAR_GLOBAL_WEIGHTS_MAX):
+        if tile.rows == ROW_BLOCK and register_weights_fit(channels, hidden):
+            placement = SharedMemory(size, weights="registers", hidden=hidden_at)
+        elif with_weights <= capacity and not (once and 2 * channels * hidden <= SCALAR_GLOBAL_WEIGHTS_MAX):
             placement = SharedMemory(with_weights, weights="smem", hidden=hidden_at)
         else:
             placement = SharedMemory(size, weights="global", hidden=hidden_at)
@@ -525,6 +565,8 @@ def plan_owners(tile: Tile, smem: SharedMemory, device: DeviceSpec) -> Owners:
     tiles b, b + grid, ...; the conventional engines launch one CTA per tile."""
     scalar = tile.engine in ("conventional", "persistent", "persistent-global")
     limit = tc_occupancy_limit(tile) if tile.engine == "persistent-tc" else SCALAR_OCCUPANCY if scalar else None
+    if tile.engine in ("persistent", "persistent-global"):
+        limit = scalar_occupancy(smem.weights)
     if tile.registers:
         limit = REGISTER_FORM_OCCUPANCY
     resident = occupancy(tile.threads, smem.bytes, device, limit)
@@ -587,13 +629,19 @@ def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpe
         plan = dataclasses.replace(plan, tile=dataclasses.replace(plan.tile, stages=stages),
                                    smem=dataclasses.replace(plan.smem, bytes=size))
     if weights is not None and weights != plan.smem.weights:
-        if engine not in ("persistent", "persistent-global") or weights not in ("smem", "global"):
+        if engine not in ("persistent", "persistent-global") or weights not in SCALAR_WEIGHTS:
             raise ValueError(f"{engine} has no weights={weights!r} variant")
+        if weights == "registers" and not (plan.tile.rows == ROW_BLOCK and register_weights_fit(channels, hidden)):
+            raise ValueError(f"weights='registers' needs {ROW_BLOCK}-row tiles and at most "
+                             f"{SCALAR_WEIGHT_REGISTERS} elements of each weight a lane "
+                             f"(planning.register_weights_fit); got {plan.tile.rows}-row tiles at "
+                             f"{channels} x {hidden}")
         size = plan.tile.rows * scalar_row_bytes(engine, channels, hidden)
         size += scalar_weight_bytes(channels, hidden) if weights == "smem" else 0
         if size > usable_smem(device):
             raise ValueError(f"weights={weights!r} needs {size} bytes of shared memory")
-        plan = dataclasses.replace(plan, smem=dataclasses.replace(plan.smem, bytes=size, weights=weights))
+        smem = dataclasses.replace(plan.smem, bytes=size, weights=weights)
+        plan = dataclasses.replace(plan, smem=smem, owners=plan_owners(plan.tile, smem, device))
     if grid is not None:
         cluster = plan.tile.split * plan.tile.multicast
         if grid % cluster:

@@ -32,7 +32,7 @@ ALIGNED, ODD = (33, 32, 72), (5, 19, 37)
 
 def cases():
     """(label, engine, shape, forced plan choices): every kernel variant at a small shape; forced
-    choices reach the multi-tile loop and both weight placements of the persistent kernel."""
+    choices reach the multi-tile loop and the three weight placements of the persistent kernels."""
     return [
         ("conventional", "conventional", ODD, {}),
         ("persistent, weights in smem", "persistent", ODD, {"weights": "smem"}),
@@ -40,8 +40,12 @@ def cases():
                                                                                        "weights": "global"}),
         ("persistent-global, weights in smem, 3 tiles per CTA", "persistent-global", (67, 19, 37),
          {"tile_rows": 8, "grid": 3}),
-        ("persistent-global, global weights", "persistent-global", ODD, {}),
-        ("persistent, eight lanes an output (one row, 7 channels)", "persistent", (1, 7, 13), {}),
+        ("persistent-global, global weights", "persistent-global", ODD, {"weights": "global"}),
+        ("persistent, weights in registers, eight lanes an output (one row, 7 channels)", "persistent", (1, 7, 13),
+         {}),
+        ("persistent, weights in registers, 6 tiles per CTA, partial last tile", "persistent", (67, 19, 37),
+         {"tile_rows": 4, "grid": 3, "weights": "registers"}),
+        ("persistent-global, weights in registers, 28-32 elements a lane", "persistent-global", (193, 63, 111), {}),
         ("persistent, one thread an output (32-row tiles), 3 tiles per CTA", "persistent", (67, 19, 37),
          {"tile_rows": 32, "grid": 1}),
         ("conventional-tc", "conventional-tc", ALIGNED, {}),

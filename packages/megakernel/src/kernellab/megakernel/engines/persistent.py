@@ -5,8 +5,10 @@ robin). For each tile the CTA stages the fp16 input rows in shared memory as fp3
 hidden rows, and then the output rows, all with ``scalar.linear_rows``. Where the weights fit beside
 the tile and a CTA reads them more than once (more than one row block) or they are many
 (``planning.SCALAR_GLOBAL_WEIGHTS_MAX``), W1 and W2 are copied into shared memory once per CTA and
-serve all its tiles; otherwise they are read from global memory. Each tile's bias and residual reads
-are issued before its input rows are staged.
+serve all its tiles; where each lane's share of both weights fits in registers and a tile is one row block
+(``planning.register_weights_fit``), the CTA loads that share into registers once, before its first tile, all
+loads in flight together with the first tile's input rows, and both sums run from registers; otherwise they are
+read from global memory. Each tile's bias and residual reads are issued before its input rows are staged.
 
 ``persistent-global`` is the same kernel with the hidden rows in a global workspace instead of
 shared memory: same owners, same arithmetic in the same order, so the pair isolates the cost of
@@ -24,7 +26,7 @@ import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32
 
 from ..model import ACTIVATION_CODES
-from ..planning import SCALAR_OCCUPANCY, SCALAR_THREADS, Plan, ceil_div, transposed_weight_bytes
+from ..planning import SCALAR_THREADS, Plan, ceil_div, scalar_occupancy, transposed_weight_bytes
 from . import scalar
 from .common import DTYPES, HiddenWorkspace, Symbols, compile_variant, compiled
 
@@ -32,14 +34,13 @@ from .common import DTYPES, HiddenWorkspace, Symbols, compile_variant, compiled
 @dataclasses.dataclass(frozen=True)
 class Variant:
     hidden_on_chip: bool
-    weights_in_smem: bool
+    weights: str  # "smem", "global" or "registers" (planning's SharedMemory.weights)
     residual: str = "float16"  # dtype of the residual stream (float32 for the later blocks of a stack)
 
     @property
     def name(self) -> str:
         where = "persistent" if self.hidden_on_chip else "persistent-global"
-        weights = "smem-weights" if self.weights_in_smem else "global-weights"
-        return f"{where}_{weights}_res-{self.residual}"
+        return f"{where}_{self.weights}-weights_res-{self.residual}"
 
     def compile(self, arch: str | None = None):
         s = Symbols()
@@ -57,7 +58,7 @@ class Variant:
 def launcher(plan: Plan, activation: str, residual: str = "float16"):
     """``run(u, residual, w1, b1, w2, b2, y)`` for a persistent or persistent-global plan."""
     on_chip = plan.engine == "persistent"
-    fn = compiled(Variant(hidden_on_chip=on_chip, weights_in_smem=plan.smem.weights == "smem", residual=residual))
+    fn = compiled(Variant(hidden_on_chip=on_chip, weights=plan.smem.weights, residual=residual))
     act, tile_rows, grid, smem = ACTIVATION_CODES[activation], plan.tile.rows, plan.owners.grid, plan.smem.bytes
     if on_chip:
         def run(u, res, w1, b1, w2, b2, y):
@@ -85,7 +86,11 @@ class FusedRows:
         base = scalar.dynamic_smem()
         offset = 0
         w1_src, w2_src = w1, w2
-        if cutlass.const_expr(self.variant.weights_in_smem):
+        w1_held = w2_held = None
+        if cutlass.const_expr(self.variant.weights == "registers"):
+            w1_held = scalar.register_weights(w1, channels, hidden_size, tid)
+            w2_held = scalar.register_weights(w2, hidden_size, channels, tid)
+        if cutlass.const_expr(self.variant.weights == "smem"):
             w1_bytes = transposed_weight_bytes(hidden_size, channels)
             w1_src = scalar.smem_weight(base, 0, hidden_size, channels)
             w2_src = scalar.smem_weight(base, w1_bytes, channels, hidden_size)
@@ -109,12 +114,14 @@ class FusedRows:
             early2 = scalar.read_early(valid, b2, channels, second, tid)
             scalar.stage_rows(u, row0, valid, x_s, tid)
             cute.arch.sync_threads()
-            scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size, first, tid, early1)
+            scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size, first, tid, early1, w1_held)
             cute.arch.sync_threads()  # also makes the CTA's global hidden writes visible to the CTA
             if cutlass.const_expr(self.variant.hidden_on_chip):
-                scalar.linear_rows(h_s, Int32(0), valid, hidden_size, w2_src, b2, channels, second, tid, early2)
+                scalar.linear_rows(h_s, Int32(0), valid, hidden_size, w2_src, b2, channels, second, tid, early2,
+                                   w2_held)
             else:
-                scalar.linear_rows(hidden, row0, valid, hidden_size, w2_src, b2, channels, second, tid, early2)
+                scalar.linear_rows(hidden, row0, valid, hidden_size, w2_src, b2, channels, second, tid, early2,
+                                   w2_held)
             cute.arch.sync_threads()  # the next tile overwrites x_s (and h_s)
 
 
@@ -125,7 +132,7 @@ class OnChipRows(FusedRows):
                  stream: cuda.CUstream):
         self.kernel(u, residual, w1, b1, w2, b2, y, None, act, tile_rows).launch(
             grid=[grid, 1, 1], block=[SCALAR_THREADS, 1, 1], smem=smem_bytes,
-            min_blocks_per_mp=SCALAR_OCCUPANCY, preferred_smem_carveout=100, stream=stream)
+            min_blocks_per_mp=scalar_occupancy(self.variant.weights), preferred_smem_carveout=100, stream=stream)
 
 
 class GlobalRows(FusedRows):
@@ -135,4 +142,4 @@ class GlobalRows(FusedRows):
                  smem_bytes: Int32, stream: cuda.CUstream):
         self.kernel(u, residual, w1, b1, w2, b2, y, hidden, act, tile_rows).launch(
             grid=[grid, 1, 1], block=[SCALAR_THREADS, 1, 1], smem=smem_bytes,
-            min_blocks_per_mp=SCALAR_OCCUPANCY, preferred_smem_carveout=100, stream=stream)
+            min_blocks_per_mp=scalar_occupancy(self.variant.weights), preferred_smem_carveout=100, stream=stream)

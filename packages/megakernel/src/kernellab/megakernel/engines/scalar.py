@@ -22,6 +22,11 @@ S = 2 mod 4 halves) so that the threads of a warp read consecutive halves at eac
 copy (coalesced global reads along K) writes with an odd word stride: both free of bank conflicts.
 Staging has STAGE_BATCH loads of a thread in flight before it stores any, so that a CTA pays the memory
 latency once per batch, not per element, and finds each element's place without a division.
+
+Where a lane's share of a weight is small (``planning.register_weights_fit``: at most WEIGHT_REGISTERS elements,
+one row block per tile, so the lane's output column and classes are the same in every tile), ``register_weights``
+loads it into registers once, all loads in flight together, and ``linear_rows`` takes it as ``held``: the sum
+then runs fully unrolled from registers, in the same order, with no memory latency on its K steps.
 """
 
 from __future__ import annotations
@@ -30,14 +35,15 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32, Int64, Uint8
 
-from ..planning import ROW_BLOCK, SCALAR_THREADS, padded_stride
+from ..planning import ROW_BLOCK, SCALAR_K_CLASSES, SCALAR_THREADS, SCALAR_WEIGHT_REGISTERS, padded_stride
 from .common import activate, round_to_fp16
 
-K_CLASSES = 8
+K_CLASSES = SCALAR_K_CLASSES
 """Interleaved partial sums of every K loop (a power of two): also the most lanes that share an output."""
 LEVELS = K_CLASSES.bit_length() - 1
 STAGE_BATCH = 8
 """Elements a thread loads into registers before it stores any, when staging into shared memory."""
+WEIGHT_REGISTERS = SCALAR_WEIGHT_REGISTERS  # elements of one GEMM's weight a lane holds (``register_weights``)
 
 
 @cute.jit
@@ -53,14 +59,15 @@ def group_lanes(outputs: Int32) -> Int32:
 
 @cute.jit
 def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, weight: cute.Tensor,
-                bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, tid: Int32, early=None):
+                bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, tid: Int32, early=None, held=None):
     """For r < rows_valid and n < n_dim: ``epilogue.store(r, n, sum_k a[a_row0 + r, k] weight[n, k] + bias[n],
     epilogue.read(r, n))``.
 
     Output item i is row block i // n_dim of column i % n_dim. Rows past ``rows_valid`` in a block read
     the last valid row (always in bounds) and are never handed to the epilogue. Where every thread has one
     item, its bias and epilogue reads are issued before its sum, so that their latency hides under it, or
-    come in ``early`` where the caller read them sooner still (``read_early``)."""
+    come in ``early`` where the caller read them sooner still (``read_early``), and its weights in ``held``
+    where the caller holds them in registers (``register_weights``, one row block a tile)."""
     outputs = _outputs(rows_valid, n_dim)
     lanes = group_lanes(outputs)
     acc = cute.make_rmem_tensor((ROW_BLOCK,), Float32)
@@ -72,10 +79,11 @@ def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, 
             b, pre = early
         if lanes == 1:
             if tid < outputs:  # no shuffles at one lane: the threads past the outputs skip the sum
-                _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc)
+                _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc, held)
         for level in cutlass.range_constexpr(1, LEVELS + 1):
             if lanes == (1 << level):
-                _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, tid % (1 << level), 1 << level, acc)
+                _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, tid % (1 << level), 1 << level, acc,
+                          held)
         if tid % lanes == 0 and tid // lanes < outputs:
             _store_item(rows_valid, n_dim, epilogue, item, acc, b, pre)
     else:  # one lane an item, several items a thread: long sums, whose registers the reads wait beside
@@ -92,6 +100,27 @@ def read_early(rows_valid: Int32, bias: cute.Tensor, n_dim: Int32, epilogue: cut
     latency hides under those."""
     outputs = _outputs(rows_valid, n_dim)
     return _read_item(rows_valid, bias, n_dim, epilogue, _one_pass_item(outputs, group_lanes(outputs), tid))
+
+
+@cute.jit
+def register_weights(weight: cute.Tensor, k_dim: Int32, n_dim: Int32, tid: Int32) -> cute.Tensor:
+    """This thread's share of ``weight`` in ``linear_rows`` at one row block a tile, in registers: element
+    s * P + j (P = K_CLASSES / lanes) is weight[n, s * K_CLASSES + lane + j * lanes], the j-th class of the
+    lane's K step s, and zero past k_dim. All WEIGHT_REGISTERS loads are issued before any is used."""
+    lanes = group_lanes(n_dim)
+    shift = Int32(LEVELS)  # log2(P)
+    for level in cutlass.range_constexpr(1, LEVELS + 1):
+        if lanes == (1 << level):
+            shift = Int32(LEVELS - level)
+    n = cutlass.min(tid // lanes, n_dim - 1)
+    lane = tid % lanes
+    held = cute.make_rmem_tensor((WEIGHT_REGISTERS,), weight.element_type)
+    for i in cutlass.range_constexpr(WEIGHT_REGISTERS):
+        k = (Int32(i) >> shift) * K_CLASSES + lane + (Int32(i) & ((1 << shift) - 1)) * lanes
+        held[i] = weight.element_type(0.0)
+        if k < k_dim:
+            held[i] = weight[n, k]
+    return held
 
 
 @cute.jit
@@ -135,28 +164,39 @@ def _store_item(rows_valid: Int32, n_dim: Int32, epilogue: cutlass.Constexpr, it
 
 @cute.jit
 def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, weight: cute.Tensor, n_dim: Int32,
-              item: Int32, lane: Int32, lanes: cutlass.Constexpr, out: cute.Tensor):
+              item: Int32, lane: Int32, lanes: cutlass.Constexpr, out: cute.Tensor, held=None):
     """out[rr] = sum_k a[row rr of the item's block, k] weight[n, k], lane ``lane`` of ``lanes`` summing the
     classes c = lane + j * lanes, and the fixed tree adding them (its levels below ``lanes`` by shuffles,
-    which every lane of the group must reach). Every lane ends with the same sums."""
+    which every lane of the group must reach). Every lane ends with the same sums. With ``held``
+    (``register_weights``) the weights come from registers, the K steps unrolled, each term in the same order."""
     per_lane = K_CLASSES // lanes
     block = item // n_dim
     n = item - block * n_dim
     rows = [a_row0 + cutlass.min(block * ROW_BLOCK + rr, rows_valid - 1) for rr in range(ROW_BLOCK)]
     acc = cute.make_rmem_tensor((per_lane, ROW_BLOCK), Float32)
     acc.fill(0.0)
-    k_full = k_dim - k_dim % K_CLASSES  # below it every class is present: no bounds checks
-    for k0 in cutlass.range(lane, k_full, K_CLASSES, unroll=1):
+    if cutlass.const_expr(held is not None):
+        for s in cutlass.range_constexpr(WEIGHT_REGISTERS // per_lane):
+            if s * K_CLASSES < k_dim:  # uniform: the steps past K are skipped whole
+                for j in cutlass.range_constexpr(per_lane):
+                    k = s * K_CLASSES + lane + j * lanes
+                    if k < k_dim:
+                        w = held[s * per_lane + j].to(Float32)
+                        for rr in cutlass.range_constexpr(ROW_BLOCK):
+                            acc[j, rr] = acc[j, rr] + a[rows[rr], k].to(Float32) * w
+    else:
+        k_full = k_dim - k_dim % K_CLASSES  # below it every class is present: no bounds checks
+        for k0 in cutlass.range(lane, k_full, K_CLASSES, unroll=1):
+            for j in cutlass.range_constexpr(per_lane):
+                w = weight[n, k0 + j * lanes].to(Float32)
+                for rr in cutlass.range_constexpr(ROW_BLOCK):
+                    acc[j, rr] = acc[j, rr] + a[rows[rr], k0 + j * lanes].to(Float32) * w
         for j in cutlass.range_constexpr(per_lane):
-            w = weight[n, k0 + j * lanes].to(Float32)
-            for rr in cutlass.range_constexpr(ROW_BLOCK):
-                acc[j, rr] = acc[j, rr] + a[rows[rr], k0 + j * lanes].to(Float32) * w
-    for j in cutlass.range_constexpr(per_lane):
-        k = k_full + lane + j * lanes
-        if k < k_dim:
-            w = weight[n, k].to(Float32)
-            for rr in cutlass.range_constexpr(ROW_BLOCK):
-                acc[j, rr] = acc[j, rr] + a[rows[rr], k].to(Float32) * w
+            k = k_full + lane + j * lanes
+            if k < k_dim:
+                w = weight[n, k].to(Float32)
+                for rr in cutlass.range_constexpr(ROW_BLOCK):
+                    acc[j, rr] = acc[j, rr] + a[rows[rr], k].to(Float32) * w
     for level in cutlass.range_constexpr(LEVELS):  # the fixed tree: partners c ^ 1, then c ^ 2, then c ^ 4
         if cutlass.const_expr((1 << level) < lanes):
             for j in cutlass.range_constexpr(per_lane):
