@@ -58,11 +58,11 @@ def test_scalar_weights_are_held_in_registers_or_staged_where_a_cta_reuses_them_
     (``planning.SCALAR_GLOBAL_WEIGHTS_MAX``)."""
     for engine in ("persistent", "persistent-global"):
         one = planning.choose(engine, 1, 7, 13, H200).plan
-        assert (one.smem.weights, one.owners.tiles_per_cta, one.owners.occupancy) == ("registers", 1, 1)
+        assert (one.smem.weights, one.owners.tiles_per_cta) == ("registers", 1)
         assert one.smem.bytes == one.tile.rows * planning.scalar_row_bytes(engine, 7, 13)
-        held = planning.choose(engine, 4 * H200.sm_count, 64, 128, H200).plan  # 32 elements of each weight a lane
+        held = planning.choose(engine, 4 * H200.sm_count, 32, 64, H200).plan  # 8 elements of each weight a lane
         assert (held.tile.rows, held.smem.weights, held.owners.grid) == (planning.ROW_BLOCK, "registers", H200.sm_count)
-        assert planning.choose(engine, 33, 40, 129, H200).plan.smem.weights == "global"  # 40 of W1 a lane
+        assert planning.choose(engine, 33, 40, 64, H200).plan.smem.weights == "global"  # 10 of W1 a lane
         largest = planning.choose(engine, 129, 16, planning.SCALAR_GLOBAL_WEIGHTS_MAX // 32, H200).plan
         assert largest.smem.weights == "global"  # 448 outputs: beyond one pass
         over = planning.choose(engine, 129, 16, planning.SCALAR_GLOBAL_WEIGHTS_MAX // 32 + 1, H200).plan
@@ -88,7 +88,7 @@ def test_register_weights_count_each_lanes_share(k_dim, n_dim):
                     and planning.scalar_lane_weights(n_dim, k_dim) <= planning.SCALAR_WEIGHT_REGISTERS)
     if fits:
         plan = planning.forced("persistent", 9, k_dim, n_dim, H200, tile_rows=planning.ROW_BLOCK, weights="registers")
-        assert plan.owners.occupancy == planning.SCALAR_REGISTER_WEIGHTS_OCCUPANCY
+        assert plan.smem.weights == "registers" and plan.smem.bytes == 4 * 4 * (k_dim + n_dim)
     else:
         with pytest.raises(ValueError, match="weights='registers' needs"):
             planning.forced("persistent", 9, k_dim, n_dim, H200, tile_rows=planning.ROW_BLOCK, weights="registers")

@@ -45,7 +45,7 @@ def cases():
          {}),
         ("persistent, weights in registers, 6 tiles per CTA, partial last tile", "persistent", (67, 19, 37),
          {"tile_rows": 4, "grid": 3, "weights": "registers"}),
-        ("persistent-global, weights in registers, 28-32 elements a lane", "persistent-global", (193, 63, 111), {}),
+        ("persistent-global, weights in registers, 6-8 elements a lane", "persistent-global", (129, 31, 47), {}),
         ("persistent, one thread an output (32-row tiles), 3 tiles per CTA", "persistent", (67, 19, 37),
          {"tile_rows": 32, "grid": 1}),
         ("conventional-tc", "conventional-tc", ALIGNED, {}),

@@ -20,9 +20,8 @@ call at a tile's start, so that their memory latency hides under the work that c
 Weights staged in shared memory are stored transposed (K-major rows of N, padded to a stride S with
 S = 2 mod 4 halves) so that the threads of a warp read consecutive halves at each k, and the staging
 copy (coalesced global reads along K) writes with an odd word stride: both free of bank conflicts.
-Staging has STAGE_VECTORS 16-byte loads of a thread in flight (STAGE_BATCH element loads where the rows do not
-start 16-byte aligned) before it stores any, so that a CTA pays the memory latency once per batch, not per
-element, and finds each element's place without a division.
+Staging has STAGE_BATCH loads of a thread in flight before it stores any, so that a CTA pays the memory
+latency once per batch, not per element, and finds each element's place without a division.
 
 Where a lane's share of a weight is small (``planning.register_weights_fit``: at most WEIGHT_REGISTERS elements,
 one row block per tile, so the lane's output column and classes are the same in every tile), ``register_weights``
@@ -43,10 +42,7 @@ K_CLASSES = SCALAR_K_CLASSES
 """Interleaved partial sums of every K loop (a power of two): also the most lanes that share an output."""
 LEVELS = K_CLASSES.bit_length() - 1
 STAGE_BATCH = 8
-"""Elements a thread loads into registers before it stores any, when staging into shared memory element by element."""
-VECTOR = 8  # fp16 elements of one 16-byte load
-STAGE_VECTORS = 4
-"""16-byte vectors a thread loads into registers before it stores any, when staging from an aligned address."""
+"""Elements a thread loads into registers before it stores any, when staging into shared memory."""
 WEIGHT_REGISTERS = SCALAR_WEIGHT_REGISTERS  # elements of one GEMM's weight a lane holds (``register_weights``)
 
 
@@ -112,19 +108,20 @@ def register_weights(weight: cute.Tensor, k_dim: Int32, n_dim: Int32, tid: Int32
     s * P + j (P = K_CLASSES / lanes) is weight[n, s * K_CLASSES + lane + j * lanes], the j-th class of the
     lane's K step s, and zero past k_dim. Every load is issued before any is used."""
     lanes = group_lanes(n_dim)
+    shift = Int32(LEVELS)  # log2(P)
+    for level in cutlass.range_constexpr(1, LEVELS + 1):
+        if lanes == (1 << level):
+            shift = Int32(LEVELS - level)
     n = cutlass.min(tid // lanes, n_dim - 1)
+    lane = tid % lanes
+    used = (k_dim + K_CLASSES - 1) // K_CLASSES << shift  # the slots of the K steps there are
     held = cute.make_rmem_tensor((WEIGHT_REGISTERS,), weight.element_type)
     held.fill(0.0)
-    for level in cutlass.range_constexpr(LEVELS + 1):  # lanes a compile-time constant: offsets are immediates
-        if lanes == (1 << level):
-            per_lane = K_CLASSES >> level
-            lane = tid % (1 << level)
-            for s in cutlass.range_constexpr(WEIGHT_REGISTERS // per_lane):
-                if s * K_CLASSES < k_dim:  # uniform: the steps past K are skipped whole
-                    for j in cutlass.range_constexpr(per_lane):
-                        k = s * K_CLASSES + lane + j * (1 << level)
-                        if k < k_dim:
-                            held[s * per_lane + j] = weight[n, k]
+    for i in cutlass.range_constexpr(WEIGHT_REGISTERS):
+        if i < used:  # uniform
+            k = (Int32(i) >> shift) * K_CLASSES + lane + (Int32(i) & ((1 << shift) - 1)) * lanes
+            if k < k_dim:
+                held[i] = weight[n, k]
     return held
 
 
@@ -221,46 +218,24 @@ def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, we
 def stage_rows(src: cute.Tensor, row0: Int32, rows_valid: Int32, dst: cute.Tensor, tid: Int32):
     """dst[r, c] = src[row0 + r, c], converted to dst's type, for r < rows_valid and every column: a tile's
     input rows (fp16 -> fp32 is exact), or a whole (N, K) weight (row0 0, rows_valid N) into its transposed
-    view. The rows are contiguous in global memory, so the copy runs over their flat elements: where the first
-    is 16-byte aligned (a uniform branch on the address), thread t loads 16-byte vectors t, t + T, ...
-    (STAGE_VECTORS of them in flight), the last partial vector's elements one by one; else it loads elements
-    t, t + T, ... (STAGE_BATCH in flight). Each element's (r, c) is found on its own by ``div_rows`` (no chain
-    of dependent steps between them)."""
+    view. The rows are contiguous in global memory, so thread t loads their flat elements t, t + T, ...
+    (coalesced; STAGE_BATCH of them, each at a fixed offset from the first), then stores them, each
+    element's (r, c) found on its own by ``div_rows`` (no chain of dependent steps between them)."""
     cols = src.shape[1]
     total = rows_valid * cols
-    first = src.iterator + row0 * cols
+    flat = cute.make_tensor(src.iterator + row0 * cols, cute.make_layout(total))
     magic = row_magic(cols)
-    vectors = Int32(0)
-    if first.toint() % 16 == 0:
-        vectors = total // VECTOR
-        aligned = cute.make_ptr(src.element_type, first.toint(), cute.AddressSpace.gmem, assumed_align=16)
-        by_vector = cute.make_tensor(aligned, cute.make_layout((VECTOR, vectors), stride=(1, VECTOR)))
-        for v0 in range(tid, vectors, SCALAR_THREADS * STAGE_VECTORS):
-            staged = cute.make_rmem_tensor((VECTOR, STAGE_VECTORS), src.element_type)
-            for u in cutlass.range_constexpr(STAGE_VECTORS):
-                if v0 + u * SCALAR_THREADS < vectors:
-                    cute.autovec_copy(by_vector[None, v0 + u * SCALAR_THREADS], staged[None, u])
-            for u in cutlass.range_constexpr(STAGE_VECTORS):
-                if v0 + u * SCALAR_THREADS < vectors:
-                    for e in cutlass.range_constexpr(VECTOR):
-                        _store_flat(dst, (v0 + u * SCALAR_THREADS) * VECTOR + e, staged[e, u], cols, magic)
-    flat = cute.make_tensor(first, cute.make_layout(total))
-    for f0 in range(vectors * VECTOR + tid, total, SCALAR_THREADS * STAGE_BATCH):
+    for f0 in range(tid, total, SCALAR_THREADS * STAGE_BATCH):
         staged = cute.make_rmem_tensor((STAGE_BATCH,), src.element_type)
         for u in cutlass.range_constexpr(STAGE_BATCH):
             staged[u] = src.element_type(0.0)
             if f0 + u * SCALAR_THREADS < total:
                 staged[u] = flat[f0 + u * SCALAR_THREADS]
         for u in cutlass.range_constexpr(STAGE_BATCH):
-            if f0 + u * SCALAR_THREADS < total:
-                _store_flat(dst, f0 + u * SCALAR_THREADS, staged[u], cols, magic)
-
-
-@cute.jit
-def _store_flat(dst: cute.Tensor, f: Int32, value, cols: Int32, magic: Int64):
-    """dst[r, c] = value for flat element f = r * cols + c of the staged rows."""
-    r = div_rows(f, magic)
-    dst[r, f - r * cols] = value.to(dst.element_type)
+            f = f0 + u * SCALAR_THREADS
+            if f < total:
+                r = div_rows(f, magic)
+                dst[r, f - r * cols] = staged[u].to(dst.element_type)
 
 
 MAGIC_SHIFT = 40
