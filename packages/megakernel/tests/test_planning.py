@@ -57,12 +57,14 @@ def test_scalar_weights_are_held_in_registers_or_staged_where_a_cta_reuses_them_
     global memory; it stages them in shared memory where it has more rows or they are many
     (``planning.SCALAR_GLOBAL_WEIGHTS_MAX``)."""
     for engine in ("persistent", "persistent-global"):
-        one = planning.choose(engine, 1, 7, 13, H200).plan
-        assert (one.smem.weights, one.owners.tiles_per_cta) == ("registers", 1)
+        one = planning.choose(engine, 1, 7, 13, H200).plan  # one and two K steps: too short to hold
+        assert (one.smem.weights, one.owners.tiles_per_cta) == ("global", 1)
         assert one.smem.bytes == one.tile.rows * planning.scalar_row_bytes(engine, 7, 13)
         held = planning.choose(engine, 4 * H200.sm_count, 32, 64, H200).plan  # 8 elements of each weight a lane
         assert (held.tile.rows, held.smem.weights, held.owners.grid) == (planning.ROW_BLOCK, "registers", H200.sm_count)
-        assert planning.choose(engine, 33, 40, 64, H200).plan.smem.weights == "global"  # 10 of W1 a lane
+        assert held.owners.occupancy == planning.SCALAR_REGISTER_WEIGHTS_OCCUPANCY
+        assert held.smem.bytes == held.tile.rows * planning.scalar_row_bytes(engine, 32, 64)
+        assert planning.choose(engine, 33, 40, 129, H200).plan.smem.weights == "global"  # 40 of W1 a lane
         largest = planning.choose(engine, 129, 16, planning.SCALAR_GLOBAL_WEIGHTS_MAX // 32, H200).plan
         assert largest.smem.weights == "global"  # 448 outputs: beyond one pass
         over = planning.choose(engine, 129, 16, planning.SCALAR_GLOBAL_WEIGHTS_MAX // 32 + 1, H200).plan
@@ -83,12 +85,14 @@ def test_register_weights_count_each_lanes_share(k_dim, n_dim):
     per_lane = planning.SCALAR_K_CLASSES // lanes
     assert planning.scalar_lane_weights(k_dim, n_dim) == -(-k_dim // planning.SCALAR_K_CLASSES) * per_lane
     fits = planning.register_weights_fit(k_dim, n_dim)
+    steps = planning.SCALAR_REGISTER_WEIGHTS_MIN_STEPS
     assert fits == (max(k_dim, n_dim) <= planning.SCALAR_THREADS
+                    and -(-min(k_dim, n_dim) // planning.SCALAR_K_CLASSES) >= steps
                     and planning.scalar_lane_weights(k_dim, n_dim) <= planning.SCALAR_WEIGHT_REGISTERS
                     and planning.scalar_lane_weights(n_dim, k_dim) <= planning.SCALAR_WEIGHT_REGISTERS)
     if fits:
         plan = planning.forced("persistent", 9, k_dim, n_dim, H200, tile_rows=planning.ROW_BLOCK, weights="registers")
-        assert plan.smem.weights == "registers" and plan.smem.bytes == 4 * 4 * (k_dim + n_dim)
+        assert plan.owners.occupancy == planning.SCALAR_REGISTER_WEIGHTS_OCCUPANCY
     else:
         with pytest.raises(ValueError, match="weights='registers' needs"):
             planning.forced("persistent", 9, k_dim, n_dim, H200, tile_rows=planning.ROW_BLOCK, weights="registers")

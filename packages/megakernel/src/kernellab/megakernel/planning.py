@@ -40,14 +40,22 @@ SCALAR_OCCUPANCY = 2
 """CTAs per SM the scalar kernels compile for (``min_blocks_per_mp``: at most 128 registers a thread, room
 for a thread's 4 x 8 partial sums and the loads of a K step in flight)."""
 
+SCALAR_REGISTER_WEIGHTS_OCCUPANCY = 1
+"""CTAs per SM of the persistent kernels that hold their weights in registers (up to 255 registers a thread):
+they run at most one 4-row tile per SM's worth of rows (``register_weights_fit``), so one CTA an SM is all
+their grid can use."""
 SCALAR_WEIGHTS = ("smem", "global", "registers")
 """Where the persistent CUDA-core kernels read their weights from (``SharedMemory.weights``)."""
 SCALAR_K_CLASSES = 8
 """Interleaved partial sums of a scalar K loop, and the most lanes that share an output (``engines/scalar.py``)."""
 SCALAR_WEIGHT_REGISTERS = 8
 """Weight elements of one GEMM a lane of the persistent CUDA-core kernels holds in registers at most
-(``register_weights_fit``): the sums run unrolled from registers, and code unrolled for more elements cost more
-than their loads' latency saved (H200 sweep: 32 lost to global memory at every shape, 8 gained at 33x32x64)."""
+(``register_weights_fit``): the sums run unrolled from registers, and unrolled code for more elements cost more
+than the loads' latency it saved (H200 sweep of forced placements: 32 lost to global memory at every shape)."""
+SCALAR_REGISTER_WEIGHTS_MIN_STEPS = 4
+"""K steps both sums need at least for the weights to be held in registers: with fewer there are few dependent
+loads to take off the sums' path, and the unrolled code costs more (1x7x13, one and two steps: 2.9 us against
+2.7 with the weights read from global memory; 33x32x64, four and eight steps: 3.6 against 4.0)."""
 
 SCALAR_GLOBAL_WEIGHTS_MAX = 14 * 1024
 """Weight elements (W1 and W2) up to which a persistent CTA that reads each weight once (one tile of one row
@@ -403,6 +411,11 @@ def scalar_weight_bytes(channels: int, hidden: int) -> int:
     return transposed_weight_bytes(hidden, channels) + transposed_weight_bytes(channels, hidden)
 
 
+def scalar_occupancy(weights: str) -> int:
+    """CTAs per SM a persistent CUDA-core kernel compiles for (``min_blocks_per_mp``), by weight placement."""
+    return SCALAR_REGISTER_WEIGHTS_OCCUPANCY if weights == "registers" else SCALAR_OCCUPANCY
+
+
 def scalar_group_lanes(outputs: int) -> int:
     """Lanes that share one output in ``scalar.linear_rows`` (device code: ``scalar.group_lanes``)."""
     lanes = 1
@@ -418,8 +431,10 @@ def scalar_lane_weights(k_dim: int, n_dim: int) -> int:
 
 def register_weights_fit(channels: int, hidden: int) -> bool:
     """Whether a lane's share of W1 and of W2, at one row block a tile, fits SCALAR_WEIGHT_REGISTERS each (and
-    every output of both GEMMs has its own lanes: at most SCALAR_THREADS outputs)."""
+    every output of both GEMMs has its own lanes: at most SCALAR_THREADS outputs), with both sums at least
+    SCALAR_REGISTER_WEIGHTS_MIN_STEPS K steps long."""
     return (max(channels, hidden) <= SCALAR_THREADS
+            and min(channels, hidden) > (SCALAR_REGISTER_WEIGHTS_MIN_STEPS - 1) * SCALAR_K_CLASSES
             and scalar_lane_weights(channels, hidden) <= SCALAR_WEIGHT_REGISTERS
             and scalar_lane_weights(hidden, channels) <= SCALAR_WEIGHT_REGISTERS)
 
@@ -557,6 +572,8 @@ def plan_owners(tile: Tile, smem: SharedMemory, device: DeviceSpec) -> Owners:
     tiles b, b + grid, ...; the conventional engines launch one CTA per tile."""
     scalar = tile.engine in ("conventional", "persistent", "persistent-global")
     limit = tc_occupancy_limit(tile) if tile.engine == "persistent-tc" else SCALAR_OCCUPANCY if scalar else None
+    if tile.engine in ("persistent", "persistent-global"):
+        limit = scalar_occupancy(smem.weights)
     if tile.registers:
         limit = REGISTER_FORM_OCCUPANCY
     resident = occupancy(tile.threads, smem.bytes, device, limit)

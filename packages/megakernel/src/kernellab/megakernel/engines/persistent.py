@@ -26,7 +26,7 @@ import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32
 
 from ..model import ACTIVATION_CODES
-from ..planning import SCALAR_OCCUPANCY, SCALAR_THREADS, Plan, ceil_div, transposed_weight_bytes
+from ..planning import SCALAR_THREADS, Plan, ceil_div, scalar_occupancy, transposed_weight_bytes
 from . import scalar
 from .common import DTYPES, HiddenWorkspace, Symbols, compile_variant, compiled
 
@@ -132,7 +132,7 @@ class OnChipRows(FusedRows):
                  stream: cuda.CUstream):
         self.kernel(u, residual, w1, b1, w2, b2, y, None, act, tile_rows).launch(
             grid=[grid, 1, 1], block=[SCALAR_THREADS, 1, 1], smem=smem_bytes,
-            min_blocks_per_mp=SCALAR_OCCUPANCY, preferred_smem_carveout=100, stream=stream)
+            min_blocks_per_mp=scalar_occupancy(self.variant.weights), preferred_smem_carveout=100, stream=stream)
 
 
 class GlobalRows(FusedRows):
@@ -142,4 +142,4 @@ class GlobalRows(FusedRows):
                  smem_bytes: Int32, stream: cuda.CUstream):
         self.kernel(u, residual, w1, b1, w2, b2, y, hidden, act, tile_rows).launch(
             grid=[grid, 1, 1], block=[SCALAR_THREADS, 1, 1], smem=smem_bytes,
-            min_blocks_per_mp=SCALAR_OCCUPANCY, preferred_smem_carveout=100, stream=stream)
+            min_blocks_per_mp=scalar_occupancy(self.variant.weights), preferred_smem_carveout=100, stream=stream)

@@ -106,7 +106,7 @@ def read_early(rows_valid: Int32, bias: cute.Tensor, n_dim: Int32, epilogue: cut
 def register_weights(weight: cute.Tensor, k_dim: Int32, n_dim: Int32, tid: Int32) -> cute.Tensor:
     """This thread's share of ``weight`` in ``linear_rows`` at one row block a tile, in registers: element
     s * P + j (P = K_CLASSES / lanes) is weight[n, s * K_CLASSES + lane + j * lanes], the j-th class of the
-    lane's K step s, and zero past k_dim. Every load is issued before any is used."""
+    lane's K step s, and zero past k_dim. All WEIGHT_REGISTERS loads are issued before any is used."""
     lanes = group_lanes(n_dim)
     shift = Int32(LEVELS)  # log2(P)
     for level in cutlass.range_constexpr(1, LEVELS + 1):
@@ -114,14 +114,12 @@ def register_weights(weight: cute.Tensor, k_dim: Int32, n_dim: Int32, tid: Int32
             shift = Int32(LEVELS - level)
     n = cutlass.min(tid // lanes, n_dim - 1)
     lane = tid % lanes
-    used = (k_dim + K_CLASSES - 1) // K_CLASSES << shift  # the slots of the K steps there are
     held = cute.make_rmem_tensor((WEIGHT_REGISTERS,), weight.element_type)
-    held.fill(0.0)
     for i in cutlass.range_constexpr(WEIGHT_REGISTERS):
-        if i < used:  # uniform
-            k = (Int32(i) >> shift) * K_CLASSES + lane + (Int32(i) & ((1 << shift) - 1)) * lanes
-            if k < k_dim:
-                held[i] = weight[n, k]
+        k = (Int32(i) >> shift) * K_CLASSES + lane + (Int32(i) & ((1 << shift) - 1)) * lanes
+        held[i] = weight.element_type(0.0)
+        if k < k_dim:
+            held[i] = weight[n, k]
     return held
 
 
