@@ -41,9 +41,10 @@ SCALAR_OCCUPANCY = 2
 for a thread's 4 x 8 partial sums and the loads of a K step in flight)."""
 
 SCALAR_REGISTER_WEIGHTS_OCCUPANCY = 1
-"""CTAs per SM of the persistent kernels that hold their weights in registers (up to 255 registers a thread):
-they run at most one 4-row tile per SM's worth of rows (``register_weights_fit``), so one CTA an SM is all
-their grid can use."""
+"""CTAs per SM the persistent kernels that hold their weights in registers compile for (up to 255 registers a
+thread). Planning gives them 4-row tiles only up to one tile an SM, so one CTA an SM is all their grid uses. The
+form compiled for two (128 registers, with the fill's slots past K skipped as well) measured slower
+(``reports/h200/megakernel-sweep-register-weights-8-occupancy2.json``)."""
 SCALAR_WEIGHTS = ("smem", "global", "registers")
 """Where the persistent CUDA-core kernels read their weights from (``SharedMemory.weights``)."""
 SCALAR_K_CLASSES = 8
@@ -51,11 +52,13 @@ SCALAR_K_CLASSES = 8
 SCALAR_WEIGHT_REGISTERS = 8
 """Weight elements of one GEMM a lane of the persistent CUDA-core kernels holds in registers at most
 (``register_weights_fit``): the sums run unrolled from registers, and unrolled code for more elements cost more
-than the loads' latency it saved (H200 sweep of forced placements: 32 lost to global memory at every shape)."""
+than the loads' latency it saved (H200 sweeps of forced placements: 32 lost at 8 of 10 shapes,
+``reports/h200/megakernel-sweep-register-weights-32.json``; 8 gained at 33x32x64 and 129x31x47,
+``megakernel-sweep-register-weights-8.json``)."""
 SCALAR_REGISTER_WEIGHTS_MIN_STEPS = 4
 """K steps both sums need at least for the weights to be held in registers: with fewer there are few dependent
-loads to take off the sums' path, and the unrolled code costs more (1x7x13, one and two steps: 2.9 us against
-2.7 with the weights read from global memory; 33x32x64, four and eight steps: 3.6 against 4.0)."""
+loads to take off the sums' path, and the unrolled code costs more than it saves (1x7x13, one and two steps, lost
+to global memory in ``megakernel-sweep-register-weights-8.json``; 33x32x64, four and eight steps, gained)."""
 
 SCALAR_GLOBAL_WEIGHTS_MAX = 14 * 1024
 """Weight elements (W1 and W2) up to which a persistent CTA that reads each weight once (one tile of one row
