@@ -181,22 +181,16 @@ def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, we
                 for j in cutlass.range_constexpr(per_lane):
                     k = s * K_CLASSES + lane + j * lanes
                     if k < k_dim:
-                        w = held[s * per_lane + j].to(Float32)
-                        for rr in cutlass.range_constexpr(ROW_BLOCK):
-                            acc[j, rr] = acc[j, rr] + a[rows[rr], k].to(Float32) * w
+                        _add_term(acc, j, a, rows, k, held[s * per_lane + j])
     else:
         k_full = k_dim - k_dim % K_CLASSES  # below it every class is present: no bounds checks
         for k0 in cutlass.range(lane, k_full, K_CLASSES, unroll=1):
             for j in cutlass.range_constexpr(per_lane):
-                w = weight[n, k0 + j * lanes].to(Float32)
-                for rr in cutlass.range_constexpr(ROW_BLOCK):
-                    acc[j, rr] = acc[j, rr] + a[rows[rr], k0 + j * lanes].to(Float32) * w
+                _add_term(acc, j, a, rows, k0 + j * lanes, weight[n, k0 + j * lanes])
         for j in cutlass.range_constexpr(per_lane):
             k = k_full + lane + j * lanes
             if k < k_dim:
-                w = weight[n, k].to(Float32)
-                for rr in cutlass.range_constexpr(ROW_BLOCK):
-                    acc[j, rr] = acc[j, rr] + a[rows[rr], k].to(Float32) * w
+                _add_term(acc, j, a, rows, k, weight[n, k])
     for level in cutlass.range_constexpr(LEVELS):  # the fixed tree: partners c ^ 1, then c ^ 2, then c ^ 4
         if cutlass.const_expr((1 << level) < lanes):
             for j in cutlass.range_constexpr(per_lane):
@@ -210,6 +204,14 @@ def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, we
                         acc[j, rr] = acc[j, rr] + acc[j + step, rr]
     for rr in cutlass.range_constexpr(ROW_BLOCK):
         out[rr] = acc[0, rr]
+
+
+@cute.jit
+def _add_term(acc: cute.Tensor, j: cutlass.Constexpr, a: cute.Tensor, rows: list, k: Int32, w):
+    """Class j's partial sums of the item's rows take term k: acc[j, rr] += a[rows[rr], k] w, in fp32."""
+    w32 = w.to(Float32)
+    for rr in cutlass.range_constexpr(ROW_BLOCK):
+        acc[j, rr] = acc[j, rr] + a[rows[rr], k].to(Float32) * w32
 
 
 @cute.jit
