@@ -84,7 +84,8 @@ def test_register_weights_count_each_lanes_share(k_dim, n_dim):
     assert lanes == planning.SCALAR_K_CLASSES or n_dim * lanes * 2 > planning.SCALAR_THREADS
     per_lane = planning.SCALAR_K_CLASSES // lanes
     assert planning.scalar_lane_weights(k_dim, n_dim) == -(-k_dim // planning.SCALAR_K_CLASSES) * per_lane
-    fits = planning.register_weights_fit(k_dim, n_dim)
+    fits = planning.register_weights_fit(planning.ROW_BLOCK, k_dim, n_dim)
+    assert not planning.register_weights_fit(2 * planning.ROW_BLOCK, k_dim, n_dim)  # a lane's column varies
     steps = planning.SCALAR_REGISTER_WEIGHTS_MIN_STEPS
     assert fits == (max(k_dim, n_dim) <= planning.SCALAR_THREADS
                     and -(-min(k_dim, n_dim) // planning.SCALAR_K_CLASSES) >= steps

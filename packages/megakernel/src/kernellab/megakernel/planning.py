@@ -432,11 +432,12 @@ def scalar_lane_weights(k_dim: int, n_dim: int) -> int:
     return ceil_div(k_dim, SCALAR_K_CLASSES) * (SCALAR_K_CLASSES // scalar_group_lanes(n_dim))
 
 
-def register_weights_fit(channels: int, hidden: int) -> bool:
-    """Whether a lane's share of W1 and of W2, at one row block a tile, fits SCALAR_WEIGHT_REGISTERS each (and
-    every output of both GEMMs has its own lanes: at most SCALAR_THREADS outputs), with both sums at least
+def register_weights_fit(tile_rows: int, channels: int, hidden: int) -> bool:
+    """Whether a persistent CTA can hold its lanes' weights in registers: tiles of one row block (a lane's output
+    column and classes the same in every tile), a lane's share of W1 and of W2 at most SCALAR_WEIGHT_REGISTERS
+    each (and every output of both GEMMs its own lanes: at most SCALAR_THREADS outputs), and both sums at least
     SCALAR_REGISTER_WEIGHTS_MIN_STEPS K steps long."""
-    return (max(channels, hidden) <= SCALAR_THREADS
+    return (tile_rows == ROW_BLOCK and max(channels, hidden) <= SCALAR_THREADS
             and min(channels, hidden) > (SCALAR_REGISTER_WEIGHTS_MIN_STEPS - 1) * SCALAR_K_CLASSES
             and scalar_lane_weights(channels, hidden) <= SCALAR_WEIGHT_REGISTERS
             and scalar_lane_weights(hidden, channels) <= SCALAR_WEIGHT_REGISTERS)
@@ -542,7 +543,7 @@ def plan_shared_memory(tile: Tile, channels: int, hidden: int, device: DeviceSpe
         hidden_at = "smem" if engine == "persistent" else "global"
         with_weights = size + scalar_weight_bytes(channels, hidden)
         once = tile.rows == ROW_BLOCK and tile.num_tiles <= device.sm_count  # a CTA reads each weight once
-        if tile.rows == ROW_BLOCK and register_weights_fit(channels, hidden):
+        if register_weights_fit(tile.rows, channels, hidden):
             placement = SharedMemory(size, weights="registers", hidden=hidden_at)
         elif with_weights <= capacity and not (once and 2 * channels * hidden <= SCALAR_GLOBAL_WEIGHTS_MAX):
             placement = SharedMemory(with_weights, weights="smem", hidden=hidden_at)
@@ -573,9 +574,10 @@ def tc_occupancy_limit(tile: Tile) -> int:
 def plan_owners(tile: Tile, smem: SharedMemory, device: DeviceSpec) -> Owners:
     """Step 3: the grid. Persistent engines launch min(row tiles, resident CTAs) and CTA b owns
     tiles b, b + grid, ...; the conventional engines launch one CTA per tile."""
-    scalar = tile.engine in ("conventional", "persistent", "persistent-global")
-    limit = tc_occupancy_limit(tile) if tile.engine == "persistent-tc" else SCALAR_OCCUPANCY if scalar else None
-    if tile.engine in ("persistent", "persistent-global"):
+    limit = None  # conventional-tc: threads and shared memory alone
+    if tile.engine == "persistent-tc":
+        limit = tc_occupancy_limit(tile)
+    elif tile.engine in ("conventional", "persistent", "persistent-global"):
         limit = scalar_occupancy(smem.weights)
     if tile.registers:
         limit = REGISTER_FORM_OCCUPANCY
@@ -641,7 +643,7 @@ def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpe
     if weights is not None and weights != plan.smem.weights:
         if engine not in ("persistent", "persistent-global") or weights not in SCALAR_WEIGHTS:
             raise ValueError(f"{engine} has no weights={weights!r} variant")
-        if weights == "registers" and not (plan.tile.rows == ROW_BLOCK and register_weights_fit(channels, hidden)):
+        if weights == "registers" and not register_weights_fit(plan.tile.rows, channels, hidden):
             raise ValueError(f"weights='registers' needs {ROW_BLOCK}-row tiles and at most "
                              f"{SCALAR_WEIGHT_REGISTERS} elements of each weight a lane "
                              f"(planning.register_weights_fit); got {plan.tile.rows}-row tiles at "
