@@ -42,13 +42,15 @@ def test_shared_memory_arithmetic():
     assert planning.persistent_tc_smem_bytes(32, 64) == 24576
     assert planning.persistent_tc_smem_bytes(32, 128, stages=2) == 2 * (32 * 128 + 4 * 64 * 128 + 32 * 64) == 77824
     # scalar: fp32 operand row (+ fp32 hidden row when on chip); transposed fp16 weights, padded strides
-    assert planning.scalar_row_bytes("persistent", 7, 13) == 4 * 20
-    assert planning.scalar_row_bytes("persistent-global", 7, 13) == 4 * 7
+    # (rows padded to whole K steps of planning.SCALAR_K_CLASSES elements)
+    assert planning.scalar_row_bytes("persistent", 7, 13) == 4 * (8 + 16)
+    assert planning.scalar_row_bytes("persistent-global", 7, 13) == 4 * 8
+    assert planning.scalar_row_bytes("persistent", 32, 64) == 4 * (32 + 64)
     assert planning.padded_stride(13) == 14 and planning.padded_stride(64) == 66 and planning.padded_stride(2) == 2
     assert planning.scalar_weight_bytes(7, 13) == planning.round_up(2 * 7 * 14, 16) + planning.round_up(2 * 13 * 10, 16)
     plan = planning.choose("persistent", 100_000, 7, 13, H200).plan  # many rows a CTA: weights staged once
     assert plan.tile.rows > planning.ROW_BLOCK and plan.smem.weights == "smem"
-    assert plan.smem.bytes == planning.scalar_weight_bytes(7, 13) + plan.tile.rows * 4 * 20
+    assert plan.smem.bytes == planning.scalar_weight_bytes(7, 13) + plan.tile.rows * 4 * (8 + 16)
 
 
 def test_scalar_weights_are_held_in_registers_or_staged_where_a_cta_reuses_them_or_they_are_many():
@@ -208,7 +210,7 @@ def test_occupancy_limits():
 def test_forced_plans_reach_other_code_paths():
     plan = planning.forced("persistent", 67, 19, 37, H200, tile_rows=8, grid=3, weights="global")
     assert (plan.tile.rows, plan.tile.num_tiles, plan.owners.grid, plan.owners.tiles_per_cta) == (8, 9, 3, 3)
-    assert plan.smem.weights == "global" and plan.smem.bytes == 8 * 4 * (19 + 37)
+    assert plan.smem.weights == "global" and plan.smem.bytes == 8 * 4 * (24 + 40)
     with pytest.raises(ValueError, match="no weights="):
         planning.forced("persistent-tc", 33, 32, 64, H200, weights="global")
     with pytest.raises(ValueError, match="tile_rows must be one of"):

@@ -392,10 +392,18 @@ def tc_stages(tile_rows: int, channels_tile: int, num_tiles: int, hidden: int, d
     return 1
 
 
+def scalar_row_stride(cols):
+    """Elements per row of a scalar tile's fp32 rows in shared memory: a whole number of K steps, so that every
+    lane's run of classes is one aligned vector inside its row (device code shares this function)."""
+    return round_up(cols, SCALAR_K_CLASSES)
+
+
 def scalar_row_bytes(engine: str, channels: int, hidden: int) -> int:
     """Shared memory per row of a scalar tile: the fp32 operand row, plus the fp32 hidden row when
     the hidden stays on chip."""
-    return 4 * (channels + hidden) if engine == "persistent" else 4 * channels
+    if engine == "persistent":
+        return 4 * (scalar_row_stride(channels) + scalar_row_stride(hidden))
+    return 4 * scalar_row_stride(channels)
 
 
 def padded_stride(n):

@@ -26,7 +26,7 @@ import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32
 
 from ..model import ACTIVATION_CODES
-from ..planning import SCALAR_THREADS, Plan, ceil_div, scalar_occupancy, transposed_weight_bytes
+from ..planning import SCALAR_THREADS, Plan, ceil_div, scalar_occupancy, scalar_row_stride, transposed_weight_bytes
 from . import scalar
 from .common import DTYPES, HiddenWorkspace, Symbols, compile_variant, compiled
 
@@ -97,10 +97,10 @@ class FusedRows:
             scalar.stage_rows(w1, Int32(0), hidden_size, w1_src, tid)
             scalar.stage_rows(w2, Int32(0), channels, w2_src, tid)
             offset = w1_bytes + transposed_weight_bytes(channels, hidden_size)  # published by the first barrier
-        x_s = scalar.smem_rows(base, offset, Float32, tile_rows, channels)
+        x_s = scalar.smem_rows(base, offset, tile_rows, channels)
         h_s = None
         if cutlass.const_expr(self.variant.hidden_on_chip):
-            h_s = scalar.smem_rows(base, offset + tile_rows * channels * 4, Float32, tile_rows, hidden_size)
+            h_s = scalar.smem_rows(base, offset + tile_rows * scalar_row_stride(channels) * 4, tile_rows, hidden_size)
         for tile in range(cta, ceil_div(rows, tile_rows), grid):
             row0 = tile * tile_rows
             valid = cutlass.min(tile_rows, rows - row0)
@@ -114,11 +114,12 @@ class FusedRows:
             early2 = scalar.read_early(valid, b2, channels, second, tid)
             scalar.stage_rows(u, row0, valid, x_s, tid)
             cute.arch.sync_threads()
-            scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size, first, tid, early1, w1_held)
+            scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size, first, tid, early1, w1_held,
+                               True)
             cute.arch.sync_threads()  # also makes the CTA's global hidden writes visible to the CTA
             if cutlass.const_expr(self.variant.hidden_on_chip):
                 scalar.linear_rows(h_s, Int32(0), valid, hidden_size, w2_src, b2, channels, second, tid, early2,
-                                   w2_held)
+                                   w2_held, True)
             else:
                 scalar.linear_rows(hidden, row0, valid, hidden_size, w2_src, b2, channels, second, tid, early2,
                                    w2_held)

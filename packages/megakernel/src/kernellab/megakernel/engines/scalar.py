@@ -7,15 +7,21 @@ K_CLASSES interleaved partial sums (class c holds k = c, c + K_CLASSES, ... in i
 fixed tree then adds: classes c and c ^ 1 first, then c ^ 2, then c ^ 4. Who computes the classes
 depends on how many outputs the CTA has to fill its threads with: one thread all of them (a thread
 owns ROW_BLOCK rows of one output column, 4 x K_CLASSES independent chains), or a group of 2, 4 or
-8 neighbouring lanes, each lane its share of the classes, the tree's first levels then running as
-butterfly shuffles across the group. Floating-point addition is commutative, so every split gives
-the same bits: the order of every sum depends on K alone, which keeps every engine built on it
-deterministic and a row's result independent of how the rows are tiled.
+8 neighbouring lanes, lane l the P = K_CLASSES / lanes contiguous classes l * P ... l * P + P - 1 (so
+that its operands of a K step are one run of P elements). The tree's first levels then run inside the
+lane and its last as butterfly shuffles across the group, pairing the same classes. Floating-point
+addition is commutative, so every split gives the same bits: the order of every sum depends on K
+alone, which keeps every engine built on it deterministic and a row's result independent of how the
+rows are tiled.
 
 An epilogue is an object with ``store(r, n, v, pre)`` and, where it reads an input besides the sum (the
 residual: ``reads`` True), ``read(r, n)``. Where every thread has one item, ``linear_rows`` issues the
 item's bias and reads before its sum, or takes them from ``read_early``, which the persistent kernels
 call at a tile's start, so that their memory latency hides under the work that comes first.
+
+Operand rows that a persistent kernel stages in shared memory (fp32, ``smem_rows``) are padded to a whole
+number of K steps (``planning.scalar_row_stride``) and passed with ``a_padded``: a lane then reads its run of
+a K step as one vector access (two at eight classes), where it would issue P element loads.
 
 Weights staged in shared memory are stored transposed (K-major rows of N, padded to a stride S with
 S = 2 mod 4 halves) so that the threads of a warp read consecutive halves at each k, and the staging
@@ -35,7 +41,14 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32, Int64, Uint8
 
-from ..planning import ROW_BLOCK, SCALAR_K_CLASSES, SCALAR_THREADS, SCALAR_WEIGHT_REGISTERS, padded_stride
+from ..planning import (
+    ROW_BLOCK,
+    SCALAR_K_CLASSES,
+    SCALAR_THREADS,
+    SCALAR_WEIGHT_REGISTERS,
+    padded_stride,
+    scalar_row_stride,
+)
 from .common import activate, round_to_fp16
 
 K_CLASSES = SCALAR_K_CLASSES
@@ -59,7 +72,8 @@ def group_lanes(outputs: Int32) -> Int32:
 
 @cute.jit
 def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, weight: cute.Tensor,
-                bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, tid: Int32, early=None, held=None):
+                bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, tid: Int32, early=None, held=None,
+                a_padded: cutlass.Constexpr = False):
     """For r < rows_valid and n < n_dim: ``epilogue.store(r, n, sum_k a[a_row0 + r, k] weight[n, k] + bias[n],
     epilogue.read(r, n))``.
 
@@ -67,7 +81,8 @@ def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, 
     the last valid row (always in bounds) and are never handed to the epilogue. Where every thread has one
     item, its bias and epilogue reads are issued before its sum, so that their latency hides under it, or
     come in ``early`` where the caller read them sooner still (``read_early``), and its weights in ``held``
-    where the caller holds them in registers (``register_weights``, one row block a tile)."""
+    where the caller holds them in registers (``register_weights``, one row block a tile). ``a_padded``: ``a`` is a
+``smem_rows`` tensor, whose runs of a K step are read as vectors."""
     outputs = _outputs(rows_valid, n_dim)
     lanes = group_lanes(outputs)
     acc = cute.make_rmem_tensor((ROW_BLOCK,), Float32)
@@ -79,16 +94,16 @@ def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, 
             b, pre = early
         if lanes == 1:
             if tid < outputs:  # no shuffles at one lane: the threads past the outputs skip the sum
-                _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc, held)
+                _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc, held, a_padded)
         for level in cutlass.range_constexpr(1, LEVELS + 1):
             if lanes == (1 << level):
                 _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, tid % (1 << level), 1 << level, acc,
-                          held)
+                          held, a_padded)
         if tid % lanes == 0 and tid // lanes < outputs:
             _store_item(rows_valid, n_dim, epilogue, item, acc, b, pre)
     else:  # one lane an item, several items a thread: long sums, whose registers the reads wait beside
         for item in range(tid, outputs, SCALAR_THREADS):
-            _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc)
+            _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc, None, a_padded)
             b, pre = _read_item(rows_valid, bias, n_dim, epilogue, item)
             _store_item(rows_valid, n_dim, epilogue, item, acc, b, pre)
 
@@ -105,7 +120,7 @@ def read_early(rows_valid: Int32, bias: cute.Tensor, n_dim: Int32, epilogue: cut
 @cute.jit
 def register_weights(weight: cute.Tensor, k_dim: Int32, n_dim: Int32, tid: Int32) -> cute.Tensor:
     """This thread's share of ``weight`` in ``linear_rows`` at one row block a tile, in registers: element
-    s * P + j (P = K_CLASSES / lanes) is weight[n, s * K_CLASSES + lane + j * lanes], the j-th class of the
+    s * P + j (P = K_CLASSES / lanes) is weight[n, s * K_CLASSES + lane * P + j], the j-th class of the
     lane's K step s, and zero past k_dim. All WEIGHT_REGISTERS loads are issued before any is used."""
     lanes = group_lanes(n_dim)
     shift = Int32(LEVELS)  # log2(P)
@@ -116,7 +131,7 @@ def register_weights(weight: cute.Tensor, k_dim: Int32, n_dim: Int32, tid: Int32
     lane = tid % lanes
     held = cute.make_rmem_tensor((WEIGHT_REGISTERS,), weight.element_type)
     for i in cutlass.range_constexpr(WEIGHT_REGISTERS):
-        k = (Int32(i) >> shift) * K_CLASSES + lane + (Int32(i) & ((1 << shift) - 1)) * lanes
+        k = (Int32(i) >> shift) * K_CLASSES + (lane << shift) + (Int32(i) & ((1 << shift) - 1))
         held[i] = weight.element_type(0.0)
         if k < k_dim:
             held[i] = weight[n, k]
@@ -164,11 +179,13 @@ def _store_item(rows_valid: Int32, n_dim: Int32, epilogue: cutlass.Constexpr, it
 
 @cute.jit
 def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, weight: cute.Tensor, n_dim: Int32,
-              item: Int32, lane: Int32, lanes: cutlass.Constexpr, out: cute.Tensor, held=None):
+              item: Int32, lane: Int32, lanes: cutlass.Constexpr, out: cute.Tensor, held=None,
+              a_padded: cutlass.Constexpr = False):
     """out[rr] = sum_k a[row rr of the item's block, k] weight[n, k], lane ``lane`` of ``lanes`` summing the
-    classes c = lane + j * lanes, and the fixed tree adding them (its levels below ``lanes`` by shuffles,
-    which every lane of the group must reach). Every lane ends with the same sums. With ``held``
-    (``register_weights``) the weights come from registers, the K steps unrolled, each term in the same order."""
+    classes lane * P + j (j < P = K_CLASSES / lanes), and the fixed tree adding them (its levels below P in the
+    lane, the rest by shuffles, which every lane of the group must reach). Every lane ends with the same sums.
+    With ``held`` (``register_weights``) the weights come from registers, the K steps unrolled, each term in
+    the same order."""
     per_lane = K_CLASSES // lanes
     block = item // n_dim
     n = item - block * n_dim
@@ -178,30 +195,36 @@ def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, we
     if cutlass.const_expr(held is not None):
         for s in cutlass.range_constexpr(WEIGHT_REGISTERS // per_lane):
             if s * K_CLASSES < k_dim:  # uniform: the steps past K are skipped whole
-                for j in cutlass.range_constexpr(per_lane):
-                    k = s * K_CLASSES + lane + j * lanes
-                    if k < k_dim:
-                        _add_term(acc, j, a, rows, k, held[s * per_lane + j])
+                k = s * K_CLASSES + lane * per_lane
+                if cutlass.const_expr(a_padded):  # the run stays inside the padded row; terms past K are skipped
+                    _add_run(acc, a, rows, k, per_lane, k_dim, [held[s * per_lane + j] for j in range(per_lane)],
+                             True)
+                else:
+                    for j in cutlass.range_constexpr(per_lane):
+                        if k + j < k_dim:
+                            _add_term(acc, j, a, rows, k + j, held[s * per_lane + j])
     else:
         k_full = k_dim - k_dim % K_CLASSES  # below it every class is present: no bounds checks
-        for k0 in cutlass.range(lane, k_full, K_CLASSES, unroll=1):
-            for j in cutlass.range_constexpr(per_lane):
-                _add_term(acc, j, a, rows, k0 + j * lanes, weight[n, k0 + j * lanes])
+        for k0 in cutlass.range(lane * per_lane, k_full, K_CLASSES, unroll=1):
+            w = [weight[n, k0 + j] for j in range(per_lane)]
+            if cutlass.const_expr(a_padded):
+                _add_run(acc, a, rows, k0, per_lane, k_dim, w, False)
+            else:
+                for j in cutlass.range_constexpr(per_lane):
+                    _add_term(acc, j, a, rows, k0 + j, w[j])
         for j in cutlass.range_constexpr(per_lane):
-            k = k_full + lane + j * lanes
+            k = k_full + lane * per_lane + j
             if k < k_dim:
                 _add_term(acc, j, a, rows, k, weight[n, k])
     for level in cutlass.range_constexpr(LEVELS):  # the fixed tree: partners c ^ 1, then c ^ 2, then c ^ 4
-        if cutlass.const_expr((1 << level) < lanes):
+        if cutlass.const_expr((1 << level) < per_lane):  # both classes in the lane: j and j + 2^level
             for j in cutlass.range_constexpr(per_lane):
-                for rr in cutlass.range_constexpr(ROW_BLOCK):
-                    acc[j, rr] = acc[j, rr] + cute.arch.shuffle_sync_bfly(acc[j, rr], offset=1 << level)
-        else:
-            step = (1 << level) // lanes
-            for j in cutlass.range_constexpr(per_lane):
-                if cutlass.const_expr((j & step) == 0):
+                if cutlass.const_expr((j & (1 << level)) == 0 and j % (1 << level) == 0):
                     for rr in cutlass.range_constexpr(ROW_BLOCK):
-                        acc[j, rr] = acc[j, rr] + acc[j + step, rr]
+                        acc[j, rr] = acc[j, rr] + acc[j + (1 << level), rr]
+        else:  # the lane's sum (in class lane * P) and lane ^ (2^level / P)'s
+            for rr in cutlass.range_constexpr(ROW_BLOCK):
+                acc[0, rr] = acc[0, rr] + cute.arch.shuffle_sync_bfly(acc[0, rr], offset=(1 << level) // per_lane)
     for rr in cutlass.range_constexpr(ROW_BLOCK):
         out[rr] = acc[0, rr]
 
@@ -212,6 +235,23 @@ def _add_term(acc: cute.Tensor, j: cutlass.Constexpr, a: cute.Tensor, rows: list
     w32 = w.to(Float32)
     for rr in cutlass.range_constexpr(ROW_BLOCK):
         acc[j, rr] = acc[j, rr] + a[rows[rr], k].to(Float32) * w32
+
+
+@cute.jit
+def _add_run(acc: cute.Tensor, a: cute.Tensor, rows: list, k: Int32, per_lane: cutlass.Constexpr, k_dim: Int32,
+             w: list, checked: cutlass.Constexpr):
+    """Classes j < per_lane take term k + j from a ``smem_rows`` tensor (k a multiple of per_lane), each row's run
+    one vector read; with ``checked``, terms at or past k_dim are skipped (their elements are the row's padding)."""
+    w32 = [v.to(Float32) for v in w]
+    for rr in cutlass.range_constexpr(ROW_BLOCK):
+        run = cute.make_rmem_tensor((per_lane,), Float32)
+        cute.autovec_copy(cute.local_tile(a, (1, per_lane), (rows[rr], k // per_lane))[0, None], run)
+        for j in cutlass.range_constexpr(per_lane):
+            if cutlass.const_expr(checked):
+                if k + j < k_dim:
+                    acc[j, rr] = acc[j, rr] + run[j] * w32[j]
+            else:
+                acc[j, rr] = acc[j, rr] + run[j] * w32[j]
 
 
 @cute.jit
@@ -259,10 +299,14 @@ def dynamic_smem():
     return cute.arch.get_dyn_smem(Uint8, alignment=16)
 
 
-def smem_rows(base, byte_offset, dtype, rows, cols) -> cute.Tensor:
-    """A row-major (rows, cols) tensor at ``byte_offset`` of the dynamic shared memory."""
-    return cute.make_tensor(cute.recast_ptr(base + byte_offset, dtype=dtype),
-                            cute.make_layout((rows, cols), stride=(cols, 1)))
+def smem_rows(base, byte_offset, rows, cols) -> cute.Tensor:
+    """Row-major fp32 rows of ``cols`` elements at ``byte_offset`` (a multiple of 16) of the dynamic shared memory,
+    each padded to ``planning.scalar_row_stride``: shape (rows, stride), its columns past ``cols`` never written."""
+    stride = cute.assume(scalar_row_stride(cols), divby=K_CLASSES)
+    if not isinstance(byte_offset, int):
+        byte_offset = cute.assume(byte_offset, divby=16)
+    ptr = cute.recast_ptr(base + byte_offset, dtype=Float32)
+    return cute.make_tensor(ptr, cute.make_layout((rows, stride), stride=(stride, 1)))
 
 
 def smem_weight(base, byte_offset, n, k) -> cute.Tensor:
