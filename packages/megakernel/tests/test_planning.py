@@ -46,8 +46,9 @@ def test_shared_memory_arithmetic():
     assert planning.scalar_row_bytes("persistent", 7, 13) == 4 * (8 + 16)
     assert planning.scalar_row_bytes("persistent-global", 7, 13) == 4 * 8
     assert planning.scalar_row_bytes("persistent", 32, 64) == 4 * (32 + 64)
-    assert planning.padded_stride(13) == 14 and planning.padded_stride(64) == 66 and planning.padded_stride(2) == 2
-    assert planning.scalar_weight_bytes(7, 13) == planning.round_up(2 * 7 * 14, 16) + planning.round_up(2 * 13 * 10, 16)
+    assert planning.weight_group_stride(13) == 13 and planning.weight_group_stride(64) == 65
+    # W1 (13 x 7): one K step of 13 chunks; W2 (7 x 13): two K steps of 7 chunks; 16 bytes a chunk
+    assert planning.scalar_weight_bytes(7, 13) == 16 * (1 * 13 + 2 * 7)
     plan = planning.choose("persistent", 100_000, 7, 13, H200).plan  # many rows a CTA: weights staged once
     assert plan.tile.rows > planning.ROW_BLOCK and plan.smem.weights == "smem"
     assert plan.smem.bytes == planning.scalar_weight_bytes(7, 13) + plan.tile.rows * 4 * (8 + 16)
@@ -102,9 +103,11 @@ def test_register_weights_count_each_lanes_share(k_dim, n_dim):
 
 
 @given(st.integers(1, 10_000))
-def test_padded_stride_is_minimal_and_odd_in_words(n):
-    s = planning.padded_stride(n)
-    assert s >= n and s % 4 == 2 and s - 4 < n
+def test_weight_group_stride_is_the_least_odd_count_of_chunks_that_holds_every_output(n):
+    """Odd: the 16-byte chunks of eight neighbouring K steps of one output (the staging copy's eight lanes of a
+    bank phase) then fall in distinct banks."""
+    g = planning.weight_group_stride(n)
+    assert g >= n and g % 2 == 1 and g - 2 < n
 
 
 @pytest.mark.parametrize("rows,channels,hidden,tile,split,stages,grid,occupancy", [

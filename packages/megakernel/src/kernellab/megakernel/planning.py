@@ -406,20 +406,21 @@ def scalar_row_bytes(engine: str, channels: int, hidden: int) -> int:
     return 4 * scalar_row_stride(channels)
 
 
-def padded_stride(n):
-    """Shared-memory stride (in halves) of a transposed scalar weight: the smallest S >= n with
-    S = 2 (mod 4), an odd number of 4-byte words (device code shares this function)."""
-    return (n + 1) // 4 * 4 + 2
+def weight_group_stride(n):
+    """16-byte chunks per K step of a scalar weight staged in shared memory (``scalar.smem_weight``): N rounded
+    up to odd, so that eight chunks a stride apart fall in distinct banks (device code shares this function)."""
+    return n // 2 * 2 + 1
 
 
-def transposed_weight_bytes(n, k):
-    """An (N, K) fp16 weight stored K-major with padded stride, 16-byte aligned."""
-    return round_up(2 * k * padded_stride(n), 16)
+def staged_weight_bytes(n, k):
+    """An (N, K) fp16 weight staged in shared memory: per K step of SCALAR_K_CLASSES halves, one chunk of each
+    output, ``weight_group_stride(n)`` chunks apart."""
+    return ceil_div(k, SCALAR_K_CLASSES) * weight_group_stride(n) * 2 * SCALAR_K_CLASSES
 
 
 def scalar_weight_bytes(channels: int, hidden: int) -> int:
     """W1 (hidden x channels) and W2 (channels x hidden) in shared memory (biases go through L1)."""
-    return transposed_weight_bytes(hidden, channels) + transposed_weight_bytes(channels, hidden)
+    return staged_weight_bytes(hidden, channels) + staged_weight_bytes(channels, hidden)
 
 
 def scalar_occupancy(weights: str) -> int:

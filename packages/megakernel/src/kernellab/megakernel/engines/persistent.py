@@ -26,7 +26,7 @@ import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32
 
 from ..model import ACTIVATION_CODES
-from ..planning import SCALAR_THREADS, Plan, ceil_div, scalar_occupancy, scalar_row_stride, transposed_weight_bytes
+from ..planning import SCALAR_THREADS, Plan, ceil_div, scalar_occupancy, scalar_row_stride, staged_weight_bytes
 from . import scalar
 from .common import DTYPES, HiddenWorkspace, Symbols, compile_variant, compiled
 
@@ -91,12 +91,12 @@ class FusedRows:
             w1_held = scalar.register_weights(w1, channels, hidden_size, tid)
             w2_held = scalar.register_weights(w2, hidden_size, channels, tid)
         if cutlass.const_expr(self.variant.weights == "smem"):
-            w1_bytes = transposed_weight_bytes(hidden_size, channels)
+            w1_bytes = staged_weight_bytes(hidden_size, channels)
             w1_src = scalar.smem_weight(base, 0, hidden_size, channels)
             w2_src = scalar.smem_weight(base, w1_bytes, channels, hidden_size)
-            scalar.stage_rows(w1, Int32(0), hidden_size, w1_src, tid)
-            scalar.stage_rows(w2, Int32(0), channels, w2_src, tid)
-            offset = w1_bytes + transposed_weight_bytes(channels, hidden_size)  # published by the first barrier
+            scalar.stage_weight(w1, w1_src, tid)
+            scalar.stage_weight(w2, w2_src, tid)
+            offset = w1_bytes + staged_weight_bytes(channels, hidden_size)  # published by the first barrier
         x_s = scalar.smem_rows(base, offset, tile_rows, channels)
         h_s = None
         if cutlass.const_expr(self.variant.hidden_on_chip):
@@ -114,15 +114,16 @@ class FusedRows:
             early2 = scalar.read_early(valid, b2, channels, second, tid)
             scalar.stage_rows(u, row0, valid, x_s, tid)
             cute.arch.sync_threads()
+            staged = self.variant.weights == "smem"
             scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size, first, tid, early1, w1_held,
-                               True)
+                               a_padded=True, w_staged=staged)
             cute.arch.sync_threads()  # also makes the CTA's global hidden writes visible to the CTA
             if cutlass.const_expr(self.variant.hidden_on_chip):
                 scalar.linear_rows(h_s, Int32(0), valid, hidden_size, w2_src, b2, channels, second, tid, early2,
-                                   w2_held, True)
+                                   w2_held, a_padded=True, w_staged=staged)
             else:
                 scalar.linear_rows(hidden, row0, valid, hidden_size, w2_src, b2, channels, second, tid, early2,
-                                   w2_held)
+                                   w2_held, w_staged=staged)
             cute.arch.sync_threads()  # the next tile overwrites x_s (and h_s)
 
 

@@ -21,13 +21,15 @@ call at a tile's start, so that their memory latency hides under the work that c
 
 Operand rows that a persistent kernel stages in shared memory (fp32, ``smem_rows``) are padded to a whole
 number of K steps (``planning.scalar_row_stride``) and passed with ``a_padded``: a lane then reads its run of
-a K step as one vector access (two at eight classes), where it would issue P element loads.
+a K step as one vector access (two at eight classes), where it would issue P element loads; it reads its weights
+of a step as one vector too where they are staged (``w_staged``).
 
-Weights staged in shared memory are stored transposed (K-major rows of N, padded to a stride S with
-S = 2 mod 4 halves) so that the threads of a warp read consecutive halves at each k, and the staging
-copy (coalesced global reads along K) writes with an odd word stride: both free of bank conflicts.
-Staging has STAGE_BATCH loads of a thread in flight before it stores any, so that a CTA pays the memory
-latency once per batch, not per element, and finds each element's place without a division.
+Weights staged in shared memory (``smem_weight``) are stored by K step: step s of output n is one 16-byte chunk
+of K_CLASSES halves, at chunk s * G + n (G = ``planning.weight_group_stride``, odd). A lane's classes of a step are
+then one vector read, the chunks the threads of a warp read at a step are consecutive, and the staging copy
+(``stage_weight``: 16-byte cp.async where K is whole steps and the weight 16-byte aligned, else element copies),
+whose neighbouring threads take neighbouring steps of one output, writes eight chunks an odd stride apart in
+each bank phase: both free of bank conflicts.
 
 Where a lane's share of a weight is small (``planning.register_weights_fit``: at most WEIGHT_REGISTERS elements,
 one row block per tile, so the lane's output column and classes are the same in every tile), ``register_weights``
@@ -40,14 +42,16 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32, Int64, Uint8
+from cutlass.cute.nvgpu import cpasync
 
 from ..planning import (
     ROW_BLOCK,
     SCALAR_K_CLASSES,
     SCALAR_THREADS,
     SCALAR_WEIGHT_REGISTERS,
-    padded_stride,
+    ceil_div,
     scalar_row_stride,
+    weight_group_stride,
 )
 from .common import activate, round_to_fp16
 
@@ -73,7 +77,7 @@ def group_lanes(outputs: Int32) -> Int32:
 @cute.jit
 def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, weight: cute.Tensor,
                 bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, tid: Int32, early=None, held=None,
-                a_padded: cutlass.Constexpr = False):
+                a_padded: cutlass.Constexpr = False, w_staged: cutlass.Constexpr = False):
     """For r < rows_valid and n < n_dim: ``epilogue.store(r, n, sum_k a[a_row0 + r, k] weight[n, k] + bias[n],
     epilogue.read(r, n))``.
 
@@ -82,7 +86,8 @@ def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, 
     item, its bias and epilogue reads are issued before its sum, so that their latency hides under it, or
     come in ``early`` where the caller read them sooner still (``read_early``), and its weights in ``held``
     where the caller holds them in registers (``register_weights``, one row block a tile). ``a_padded``: ``a`` is a
-``smem_rows`` tensor, whose runs of a K step are read as vectors."""
+``smem_rows`` tensor, whose runs of a K step are read as vectors; ``w_staged``: ``weight`` is a ``smem_weight``
+tensor, likewise."""
     outputs = _outputs(rows_valid, n_dim)
     lanes = group_lanes(outputs)
     acc = cute.make_rmem_tensor((ROW_BLOCK,), Float32)
@@ -94,16 +99,16 @@ def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, 
             b, pre = early
         if lanes == 1:
             if tid < outputs:  # no shuffles at one lane: the threads past the outputs skip the sum
-                _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc, held, a_padded)
+                _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc, held, a_padded, w_staged)
         for level in cutlass.range_constexpr(1, LEVELS + 1):
             if lanes == (1 << level):
                 _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, tid % (1 << level), 1 << level, acc,
-                          held, a_padded)
+                          held, a_padded, w_staged)
         if tid % lanes == 0 and tid // lanes < outputs:
             _store_item(rows_valid, n_dim, epilogue, item, acc, b, pre)
     else:  # one lane an item, several items a thread: long sums, whose registers the reads wait beside
         for item in range(tid, outputs, SCALAR_THREADS):
-            _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc, None, a_padded)
+            _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc, None, a_padded, w_staged)
             b, pre = _read_item(rows_valid, bias, n_dim, epilogue, item)
             _store_item(rows_valid, n_dim, epilogue, item, acc, b, pre)
 
@@ -180,7 +185,7 @@ def _store_item(rows_valid: Int32, n_dim: Int32, epilogue: cutlass.Constexpr, it
 @cute.jit
 def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, weight: cute.Tensor, n_dim: Int32,
               item: Int32, lane: Int32, lanes: cutlass.Constexpr, out: cute.Tensor, held=None,
-              a_padded: cutlass.Constexpr = False):
+              a_padded: cutlass.Constexpr = False, w_staged: cutlass.Constexpr = False):
     """out[rr] = sum_k a[row rr of the item's block, k] weight[n, k], lane ``lane`` of ``lanes`` summing the
     classes lane * P + j (j < P = K_CLASSES / lanes), and the fixed tree adding them (its levels below P in the
     lane, the rest by shuffles, which every lane of the group must reach). Every lane ends with the same sums.
@@ -206,7 +211,11 @@ def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, we
     else:
         k_full = k_dim - k_dim % K_CLASSES  # below it every class is present: no bounds checks
         for k0 in cutlass.range(lane * per_lane, k_full, K_CLASSES, unroll=1):
-            w = [weight[n, k0 + j] for j in range(per_lane)]
+            if cutlass.const_expr(w_staged):
+                w_run = _run(weight[n, (None, k0 // K_CLASSES)], per_lane, lane)
+                w = [w_run[j] for j in range(per_lane)]
+            else:
+                w = [weight[n, k0 + j] for j in range(per_lane)]
             if cutlass.const_expr(a_padded):
                 _add_run(acc, a, rows, k0, per_lane, k_dim, w, False)
             else:
@@ -244,14 +253,22 @@ def _add_run(acc: cute.Tensor, a: cute.Tensor, rows: list, k: Int32, per_lane: c
     one vector read; with ``checked``, terms at or past k_dim are skipped (their elements are the row's padding)."""
     w32 = [v.to(Float32) for v in w]
     for rr in cutlass.range_constexpr(ROW_BLOCK):
-        run = cute.make_rmem_tensor((per_lane,), Float32)
-        cute.autovec_copy(cute.local_tile(a, (1, per_lane), (rows[rr], k // per_lane))[0, None], run)
+        run = _run(a[rows[rr], None], per_lane, k // per_lane)
         for j in cutlass.range_constexpr(per_lane):
             if cutlass.const_expr(checked):
                 if k + j < k_dim:
                     acc[j, rr] = acc[j, rr] + run[j] * w32[j]
             else:
                 acc[j, rr] = acc[j, rr] + run[j] * w32[j]
+
+
+@cute.jit
+def _run(view: cute.Tensor, length: cutlass.Constexpr, index: Int32) -> cute.Tensor:
+    """Elements index * length ... index * length + length - 1 of a contiguous 1-D view, in registers: one vector
+    read where the view's alignment allows it."""
+    run = cute.make_rmem_tensor((length,), view.element_type)
+    cute.autovec_copy(cute.local_tile(view, (length,), (index,)), run)
+    return run
 
 
 @cute.jit
@@ -310,9 +327,44 @@ def smem_rows(base, byte_offset, rows, cols) -> cute.Tensor:
 
 
 def smem_weight(base, byte_offset, n, k) -> cute.Tensor:
-    """An fp16 (N, K) weight view stored transposed: element (n, k) at k * S + n."""
+    """An fp16 (N, K) weight staged by K step at ``byte_offset`` (a multiple of 16): element (n, k) at half
+    (k // K_CLASSES * G + n) * K_CLASSES + k % K_CLASSES, G = ``planning.weight_group_stride(n)``. Its mode 1 is
+    (class, step): ``w[n, k]`` indexes it by k, ``w[n, (None, s)]`` is output n's chunk of step s."""
+    chunk = cute.assume(weight_group_stride(n) * K_CLASSES, divby=K_CLASSES)
+    if not isinstance(byte_offset, int):
+        byte_offset = cute.assume(byte_offset, divby=16)
     return cute.make_tensor(cute.recast_ptr(base + byte_offset, dtype=Float16),
-                            cute.make_layout((n, k), stride=(1, padded_stride(n))))
+                            cute.make_layout((n, (K_CLASSES, ceil_div(k, K_CLASSES))), stride=(K_CLASSES, (1, chunk))))
+
+
+@cute.jit
+def stage_weight(src: cute.Tensor, dst: cute.Tensor, tid: Int32):
+    """dst = src for a whole (N, K) weight, into a ``smem_weight`` view, zero past K. Thread t copies chunks
+    t, t + T, ... (chunk c: step c % steps of output c // steps), every copy in flight at once: 16-byte cp.async
+    where K is whole steps and src 16-byte aligned (chunk c is then src's halves 8c ... 8c + 7), else the chunk's
+    elements loaded together and then stored. Waits for its own copies; the caller's barrier publishes them."""
+    n_dim, k_dim = src.shape
+    steps = ceil_div(k_dim, K_CLASSES)
+    magic = row_magic(steps)
+    if k_dim % K_CLASSES == 0 and src.iterator.toint() % 16 == 0:
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(), Float16, num_bits_per_copy=16 * 8)
+        for c in range(tid, n_dim * steps, SCALAR_THREADS):
+            n = div_rows(c, magic)
+            whole = cute.make_ptr(Float16, (src.iterator + c * K_CLASSES).toint(), cute.AddressSpace.gmem,
+                                  assumed_align=16)
+            cute.copy(atom, cute.make_tensor(whole, cute.make_layout(K_CLASSES)), dst[n, (None, c - n * steps)])
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+    else:
+        for c in range(tid, n_dim * steps, SCALAR_THREADS):
+            n = div_rows(c, magic)
+            k0 = (c - n * steps) * K_CLASSES
+            chunk = cute.make_rmem_tensor((K_CLASSES,), Float16)
+            for e in cutlass.range_constexpr(K_CLASSES):
+                chunk[e] = Float16(0.0)
+                if k0 + e < k_dim:
+                    chunk[e] = src[n, k0 + e]
+            cute.autovec_copy(chunk, dst[n, (None, k0 // K_CLASSES)])
 
 
 class HiddenToSmem:
