@@ -8,7 +8,8 @@ the tile and a CTA reads them more than once (more than one row block) or they a
 serve all its tiles; where each lane's share of both weights fits in registers and a tile is one row block
 (``planning.register_weights_fit``), the CTA loads that share into registers once, before its first tile, all
 loads in flight together with the first tile's input rows, and both sums run from registers; otherwise they are
-read from global memory. Each tile's bias and residual reads are issued before its input rows are staged.
+read from global memory. Each tile's bias and residual reads are issued before its input rows are staged, and
+the first tile's input rows load while the weights' copies to shared memory are in flight.
 
 ``persistent-global`` is the same kernel with the hidden rows in a global workspace instead of
 shared memory: same owners, same arithmetic in the same order, so the pair isolates the cost of
@@ -113,6 +114,8 @@ class FusedRows:
             early1 = scalar.read_early(valid, b1, hidden_size, first, tid)
             early2 = scalar.read_early(valid, b2, channels, second, tid)
             scalar.stage_rows(u, row0, valid, x_s, tid)
+            if cutlass.const_expr(self.variant.weights == "smem"):
+                cute.arch.cp_async_wait_group(0)  # the weights' copies (first tile) flew with the rows' loads
             cute.arch.sync_threads()
             staged = self.variant.weights == "smem"
             scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size, first, tid, early1, w1_held,

@@ -274,8 +274,8 @@ def _run(view: cute.Tensor, length: cutlass.Constexpr, index: Int32) -> cute.Ten
 @cute.jit
 def stage_rows(src: cute.Tensor, row0: Int32, rows_valid: Int32, dst: cute.Tensor, tid: Int32):
     """dst[r, c] = src[row0 + r, c], converted to dst's type, for r < rows_valid and every column: a tile's
-    input rows (fp16 -> fp32 is exact), or a whole (N, K) weight (row0 0, rows_valid N) into its transposed
-    view. The rows are contiguous in global memory, so thread t loads their flat elements t, t + T, ...
+    input rows (fp16 -> fp32 is exact), or a whole (N, K) weight (row0 0, rows_valid N) into its
+    ``smem_weight`` view. The rows are contiguous in global memory, so thread t loads their flat elements t, t + T, ...
     (coalesced; STAGE_BATCH of them, each at a fixed offset from the first), then stores them, each
     element's (r, c) found on its own by ``div_rows`` (no chain of dependent steps between them)."""
     cols = src.shape[1]
@@ -339,14 +339,16 @@ def smem_weight(base, byte_offset, n, k) -> cute.Tensor:
 
 @cute.jit
 def stage_weight(src: cute.Tensor, dst: cute.Tensor, tid: Int32):
-    """dst = src for a whole (N, K) weight, into a ``smem_weight`` view, zero past K. Thread t copies chunks
-    t, t + T, ... (chunk c: step c % steps of output c // steps), every copy in flight at once: 16-byte cp.async
-    where K is whole steps and src 16-byte aligned (chunk c is then src's halves 8c ... 8c + 7), else the chunk's
-    elements loaded together and then stored. Waits for its own copies; the caller's barrier publishes them."""
+    """dst = src for a whole (N, K) weight, into a ``smem_weight`` view. Where K is whole steps and src 16-byte
+    aligned, thread t issues 16-byte cp.async copies of chunks t, t + T, ... (chunk c: step c % steps of output
+    c // steps, src's halves 8c ... 8c + 7), all in flight at once, and commits them without waiting: the caller
+    waits (``cp_async_wait_group(0)``) once it has issued its other loads, and its barrier publishes them. Else
+    ``stage_rows`` copies the elements (the eight lanes of a bank phase then write four chunks an odd stride
+    apart: no bank conflicts either); the half-empty last step's padding is never read."""
     n_dim, k_dim = src.shape
-    steps = ceil_div(k_dim, K_CLASSES)
-    magic = row_magic(steps)
     if k_dim % K_CLASSES == 0 and src.iterator.toint() % 16 == 0:
+        steps = k_dim // K_CLASSES
+        magic = row_magic(steps)
         atom = cute.make_copy_atom(cpasync.CopyG2SOp(), Float16, num_bits_per_copy=16 * 8)
         for c in range(tid, n_dim * steps, SCALAR_THREADS):
             n = div_rows(c, magic)
@@ -354,17 +356,8 @@ def stage_weight(src: cute.Tensor, dst: cute.Tensor, tid: Int32):
                                   assumed_align=16)
             cute.copy(atom, cute.make_tensor(whole, cute.make_layout(K_CLASSES)), dst[n, (None, c - n * steps)])
         cute.arch.cp_async_commit_group()
-        cute.arch.cp_async_wait_group(0)
     else:
-        for c in range(tid, n_dim * steps, SCALAR_THREADS):
-            n = div_rows(c, magic)
-            k0 = (c - n * steps) * K_CLASSES
-            chunk = cute.make_rmem_tensor((K_CLASSES,), Float16)
-            for e in cutlass.range_constexpr(K_CLASSES):
-                chunk[e] = Float16(0.0)
-                if k0 + e < k_dim:
-                    chunk[e] = src[n, k0 + e]
-            cute.autovec_copy(chunk, dst[n, (None, k0 // K_CLASSES)])
+        stage_rows(src, Int32(0), n_dim, dst, tid)
 
 
 class HiddenToSmem:
