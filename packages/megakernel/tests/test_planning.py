@@ -56,9 +56,9 @@ def test_shared_memory_arithmetic():
 
 def test_scalar_weights_are_held_in_registers_or_staged_where_a_cta_reuses_them_or_they_are_many():
     """A persistent CTA of one row block a tile holds its lanes' weights in registers where they fit
-    (``planning.register_weights_fit``). Else, reading each weight once (one tile), it reads few weights from
-    global memory; it stages them in shared memory where it has more rows or they are many
-    (``planning.SCALAR_GLOBAL_WEIGHTS_MAX``)."""
+    (``planning.register_weights_fit``). Else it stages them in shared memory where their rows are whole K steps
+    (16-byte cp.async copies); reading each weight once (one tile), it reads few others from global memory, and
+    stages them where it has more rows or they are many (``planning.SCALAR_GLOBAL_WEIGHTS_MAX``)."""
     for engine in ("persistent", "persistent-global"):
         one = planning.choose(engine, 1, 7, 13, H200).plan  # one and two K steps: too short to hold
         assert (one.smem.weights, one.owners.tiles_per_cta) == ("global", 1)
@@ -68,10 +68,13 @@ def test_scalar_weights_are_held_in_registers_or_staged_where_a_cta_reuses_them_
         assert held.owners.occupancy == planning.SCALAR_REGISTER_WEIGHTS_OCCUPANCY
         assert held.smem.bytes == held.tile.rows * planning.scalar_row_bytes(engine, 32, 64)
         assert planning.choose(engine, 33, 40, 129, H200).plan.smem.weights == "global"  # 40 of W1 a lane
-        largest = planning.choose(engine, 129, 16, planning.SCALAR_GLOBAL_WEIGHTS_MAX // 32, H200).plan
-        assert largest.smem.weights == "global"  # 448 outputs: beyond one pass
-        over = planning.choose(engine, 129, 16, planning.SCALAR_GLOBAL_WEIGHTS_MAX // 32 + 1, H200).plan
+        largest = planning.choose(engine, 129, 15, planning.SCALAR_GLOBAL_WEIGHTS_MAX // 30, H200).plan
+        assert largest.smem.weights == "global"  # 477 outputs: beyond one pass
+        over = planning.choose(engine, 129, 15, planning.SCALAR_GLOBAL_WEIGHTS_MAX // 30 + 1, H200).plan
         assert over.smem.weights == "smem" and over.owners.tiles_per_cta == 1
+        whole = planning.choose(engine, 129, 16, planning.SCALAR_GLOBAL_WEIGHTS_MAX // 32, H200).plan
+        assert planning.scalar_weights_whole_steps(16, 448) and whole.smem.weights == "smem"
+        assert whole.owners.tiles_per_cta == 1
         for rows in (4 * H200.sm_count + 1, 40_000):  # 8-row tiles; 304-row tiles
             reused = planning.choose(engine, rows, 7, 13, H200).plan
             assert reused.tile.rows > planning.ROW_BLOCK and reused.smem.weights == "smem"

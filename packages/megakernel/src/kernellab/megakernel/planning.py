@@ -66,7 +66,11 @@ block: up to 4 x SMs rows) reads them from global memory (through L1) instead of
 memory first: staging costs a barrier and memory round trips that only reuse would amortize, and reading
 from L1 costs more per element than from shared memory. H200 sweep of both placements at such shapes
 (``reports/h200/megakernel-sweep-weights.json``): global memory faster up to 201x61x109 (13.3K elements),
-slower from 257x64x128 (16.4K) on."""
+slower from 257x64x128 (16.4K) on. It holds where the weights are staged element by element (K not whole steps
+of SCALAR_K_CLASSES: ``scalar_weights_whole_steps``); where they are staged by 16-byte cp.async copies, all in
+flight with the first tile's row loads, staging was faster at every such shape of the sweep
+(``megakernel-sweep-staged-overlap.json``: 61x48x96, 97x40x80, 520x64x64), and a CTA stages them whatever
+their count."""
 
 TC_THREADS = 256
 TC_HIDDEN_CHUNK = 64
@@ -423,6 +427,12 @@ def scalar_weight_bytes(channels: int, hidden: int) -> int:
     return staged_weight_bytes(hidden, channels) + staged_weight_bytes(channels, hidden)
 
 
+def scalar_weights_whole_steps(channels: int, hidden: int) -> bool:
+    """Whether both weights' rows are whole K steps (16 bytes each), so that ``scalar.stage_weight`` copies them
+    to shared memory by 16-byte cp.async (where the tensors are 16-byte aligned too, as torch allocates them)."""
+    return channels % SCALAR_K_CLASSES == 0 and hidden % SCALAR_K_CLASSES == 0
+
+
 def scalar_occupancy(weights: str) -> int:
     """CTAs per SM a persistent CUDA-core kernel compiles for (``min_blocks_per_mp``), by weight placement."""
     return SCALAR_REGISTER_WEIGHTS_OCCUPANCY if weights == "registers" else SCALAR_OCCUPANCY
@@ -554,7 +564,8 @@ def plan_shared_memory(tile: Tile, channels: int, hidden: int, device: DeviceSpe
         once = tile.rows == ROW_BLOCK and tile.num_tiles <= device.sm_count  # a CTA reads each weight once
         if register_weights_fit(tile.rows, channels, hidden):
             placement = SharedMemory(size, weights="registers", hidden=hidden_at)
-        elif with_weights <= capacity and not (once and 2 * channels * hidden <= SCALAR_GLOBAL_WEIGHTS_MAX):
+        elif with_weights <= capacity and (scalar_weights_whole_steps(channels, hidden)
+                                           or not (once and 2 * channels * hidden <= SCALAR_GLOBAL_WEIGHTS_MAX)):
             placement = SharedMemory(with_weights, weights="smem", hidden=hidden_at)
         else:
             placement = SharedMemory(size, weights="global", hidden=hidden_at)
