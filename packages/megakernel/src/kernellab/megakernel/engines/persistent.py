@@ -102,6 +102,7 @@ class FusedRows:
         h_s = None
         if cutlass.const_expr(self.variant.hidden_on_chip):
             h_s = scalar.smem_rows(base, offset + tile_rows * scalar_row_stride(channels) * 4, tile_rows, hidden_size)
+        x_magic = scalar.row_magic(channels)  # the input rows' staging divides by channels in every tile
         for tile in range(cta, ceil_div(rows, tile_rows), grid):
             row0 = tile * tile_rows
             valid = cutlass.min(tile_rows, rows - row0)
@@ -113,7 +114,7 @@ class FusedRows:
             # both GEMMs' bias and residual reads fly with the input rows' staging
             early1 = scalar.read_early(valid, b1, hidden_size, first, tid)
             early2 = scalar.read_early(valid, b2, channels, second, tid)
-            scalar.stage_rows(u, row0, valid, x_s, tid)
+            scalar.stage_rows(u, row0, valid, x_s, tid, x_magic)
             if cutlass.const_expr(self.variant.weights == "smem"):
                 cute.arch.cp_async_wait_group(0)  # the weights' copies (first tile) flew with the rows' loads
             cute.arch.sync_threads()

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float16, Float32, Int32, Int64, Uint8
+from cutlass import Float16, Float32, Float64, Int32, Int64, Uint8
 from cutlass.cute.nvgpu import cpasync
 
 from ..planning import (
@@ -202,7 +202,7 @@ def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, we
             if s * K_CLASSES < k_dim:  # uniform: the steps past K are skipped whole
                 k = s * K_CLASSES + lane * per_lane
                 if cutlass.const_expr(a_padded):  # the run stays inside the padded row; terms past K are skipped
-                    _add_run(acc, a, rows, k, per_lane, k_dim, [held[s * per_lane + j] for j in range(per_lane)],
+                    _add_run(acc, a, block, k, per_lane, k_dim, [held[s * per_lane + j] for j in range(per_lane)],
                              True)
                 else:
                     for j in cutlass.range_constexpr(per_lane):
@@ -217,7 +217,7 @@ def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, we
             else:
                 w = [weight[n, k0 + j] for j in range(per_lane)]
             if cutlass.const_expr(a_padded):
-                _add_run(acc, a, rows, k0, per_lane, k_dim, w, False)
+                _add_run(acc, a, block, k0, per_lane, k_dim, w, False)
             else:
                 for j in cutlass.range_constexpr(per_lane):
                     _add_term(acc, j, a, rows, k0 + j, w[j])
@@ -247,19 +247,22 @@ def _add_term(acc: cute.Tensor, j: cutlass.Constexpr, a: cute.Tensor, rows: list
 
 
 @cute.jit
-def _add_run(acc: cute.Tensor, a: cute.Tensor, rows: list, k: Int32, per_lane: cutlass.Constexpr, k_dim: Int32,
+def _add_run(acc: cute.Tensor, a: cute.Tensor, block: Int32, k: Int32, per_lane: cutlass.Constexpr, k_dim: Int32,
              w: list, checked: cutlass.Constexpr):
-    """Classes j < per_lane take term k + j from a ``smem_rows`` tensor (k a multiple of per_lane), each row's run
-    one vector read; with ``checked``, terms at or past k_dim are skipped (their elements are the row's padding)."""
+    """Classes j < per_lane take term k + j (k a multiple of per_lane) of the rows of row block ``block`` of a
+    ``smem_rows`` tensor, all read at once: one run of ROW_BLOCK x per_lane elements, rows innermost, in vectors.
+    Rows past the tile's valid ones are read too; their sums are never stored. With ``checked``, terms at or past
+    k_dim are skipped (their elements are the rows' padding)."""
     w32 = [v.to(Float32) for v in w]
-    for rr in cutlass.range_constexpr(ROW_BLOCK):
-        run = _run(a[rows[rr], None], per_lane, k // per_lane)
-        for j in cutlass.range_constexpr(per_lane):
+    run = cute.make_rmem_tensor((ROW_BLOCK, per_lane), Float32)  # column-major: rows innermost, as in ``a``
+    cute.autovec_copy(cute.local_tile(a[(None, block), None], (ROW_BLOCK, per_lane), (0, k // per_lane)), run)
+    for j in cutlass.range_constexpr(per_lane):
+        for rr in cutlass.range_constexpr(ROW_BLOCK):
             if cutlass.const_expr(checked):
                 if k + j < k_dim:
-                    acc[j, rr] = acc[j, rr] + run[j] * w32[j]
+                    acc[j, rr] = acc[j, rr] + run[rr, j] * w32[j]
             else:
-                acc[j, rr] = acc[j, rr] + run[j] * w32[j]
+                acc[j, rr] = acc[j, rr] + run[rr, j] * w32[j]
 
 
 @cute.jit
@@ -272,16 +275,18 @@ def _run(view: cute.Tensor, length: cutlass.Constexpr, index: Int32) -> cute.Ten
 
 
 @cute.jit
-def stage_rows(src: cute.Tensor, row0: Int32, rows_valid: Int32, dst: cute.Tensor, tid: Int32):
+def stage_rows(src: cute.Tensor, row0: Int32, rows_valid: Int32, dst: cute.Tensor, tid: Int32, magic=None):
     """dst[r, c] = src[row0 + r, c], converted to dst's type, for r < rows_valid and every column: a tile's
     input rows (fp16 -> fp32 is exact), or a whole (N, K) weight (row0 0, rows_valid N) into its
     ``smem_weight`` view. The rows are contiguous in global memory, so thread t loads their flat elements t, t + T, ...
     (coalesced; STAGE_BATCH of them, each at a fixed offset from the first), then stores them, each
-    element's (r, c) found on its own by ``div_rows`` (no chain of dependent steps between them)."""
+    element's (r, c) found on its own by ``div_rows`` (no chain of dependent steps between them); ``magic``:
+    ``row_magic`` of src's columns where the caller computed it once for many calls."""
     cols = src.shape[1]
     total = rows_valid * cols
     flat = cute.make_tensor(src.iterator + row0 * cols, cute.make_layout(total))
-    magic = row_magic(cols)
+    if cutlass.const_expr(magic is None):
+        magic = row_magic(cols)
     for f0 in range(tid, total, SCALAR_THREADS * STAGE_BATCH):
         staged = cute.make_rmem_tensor((STAGE_BATCH,), src.element_type)
         for u in cutlass.range_constexpr(STAGE_BATCH):
@@ -301,8 +306,17 @@ MAGIC_SHIFT = 40
 @cute.jit
 def row_magic(cols: Int32) -> Int64:
     """floor(2^40 / cols) + 1: with it ``div_rows`` divides by cols exactly for every flat index below 2^17
-    (shared memory holds fewer elements) and cols below 2^23."""
-    return (Int64(1) << MAGIC_SHIFT) // Int64(cols) + Int64(1)
+    (shared memory holds fewer elements) and cols below 2^23. The floor comes from a float64 division (its
+    rounding error is below 2^-13, so the truncated quotient is within one of the floor) and one exact integer
+    correction: a 64-bit integer division is a subroutine of about a hundred dependent instructions."""
+    top = Int64(1) << MAGIC_SHIFT
+    q = Int64(Float64(top) / Float64(cols))
+    r = top - q * Int64(cols)
+    if r < Int64(0):
+        q = q - Int64(1)
+    elif r >= Int64(cols):
+        q = q + Int64(1)
+    return q + Int64(1)
 
 
 @cute.jit
@@ -317,13 +331,17 @@ def dynamic_smem():
 
 
 def smem_rows(base, byte_offset, rows, cols) -> cute.Tensor:
-    """Row-major fp32 rows of ``cols`` elements at ``byte_offset`` (a multiple of 16) of the dynamic shared memory,
-    each padded to ``planning.scalar_row_stride``: shape (rows, stride), its columns past ``cols`` never written."""
+    """fp32 rows of ``cols`` elements at ``byte_offset`` (a multiple of 16) of the dynamic shared memory, stored by
+    row block: element (r, k) at ((r // ROW_BLOCK) * S + k) * ROW_BLOCK + r % ROW_BLOCK, S =
+    ``planning.scalar_row_stride(cols)``, so that a block's rows at a run of K are one contiguous run (``_add_run``).
+    Shape ((ROW_BLOCK, rows / ROW_BLOCK), S) (rows a multiple of ROW_BLOCK): ``t[r, k]`` indexes it by row, and
+    ``t[(None, b), None]`` is block b. Columns past ``cols`` are never written."""
     stride = cute.assume(scalar_row_stride(cols), divby=K_CLASSES)
     if not isinstance(byte_offset, int):
         byte_offset = cute.assume(byte_offset, divby=16)
     ptr = cute.recast_ptr(base + byte_offset, dtype=Float32)
-    return cute.make_tensor(ptr, cute.make_layout((rows, stride), stride=(stride, 1)))
+    return cute.make_tensor(ptr, cute.make_layout(((ROW_BLOCK, rows // ROW_BLOCK), stride),
+                                                  stride=((1, ROW_BLOCK * stride), ROW_BLOCK)))
 
 
 def smem_weight(base, byte_offset, n, k) -> cute.Tensor:
