@@ -8,9 +8,7 @@ torch-cublas, in alternating rounds. It is how planning's rules for these engine
                                              [--rounds 2] [--samples 10] [--name megakernel_sweep]
 
 Every plan is validated (fresh inputs, poisoned output, float reference) before it is timed; a plan that
-fails is reported and not timed. Timing (``--mode``): graph throughput of one call per replay (harness
-timing, the default), or ``gpu_throughput``, calls queued on the stream behind a hold: the mode of the engine
-report's ``stream_summary``, on which its third target is read (the two can rank placements differently).
+fails is reported and not timed. Timing: graph throughput of one call per replay (harness timing).
 Writes $OUT/NAME.json (``--name``, default megakernel_sweep; with the harness's provenance) after every
 shape and prints one line per shape, the fastest first.
 """
@@ -134,8 +132,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--samples", type=int, default=10)
     ap.add_argument("--name", default="megakernel_sweep", help="the JSON's name under $OUT")
-    ap.add_argument("--mode", default="graph_throughput", choices=("graph_throughput", "gpu_throughput"),
-                    help="harness timing mode (gpu_throughput: the engine report's stream_summary)")
     ap.add_argument("--l2", action="store_true", help="also record torch's copy bandwidth within the L2")
     args = ap.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
@@ -143,7 +139,7 @@ def main() -> None:
     device.warm_up(2.0)
     spec = planning.current_device()
     record = {"provenance": provenance.of_check("cuda", __file__, ["megakernel"]),
-              "rounds": args.rounds, "samples_per_round": args.samples, "timing": args.mode, "shapes": []}
+              "rounds": args.rounds, "samples_per_round": args.samples, "timing": "graph_throughput", "shapes": []}
     if args.l2:
         record["l2_copy_tb_per_s"] = l2_copy_bandwidth(device)
         print("L2 copy TB/s " + "  ".join(f"{mb} MB {v:.2f}" for mb, v in record["l2_copy_tb_per_s"].items()))
@@ -156,7 +152,7 @@ def main() -> None:
         for r in range(args.rounds):
             for label in names if r % 2 == 0 else names[::-1]:
                 call = functools.partial(calls[label][1], inputs, outputs)
-                samples[label] += timing.measure(args.mode, [call], device, samples=args.samples,
+                samples[label] += timing.measure("graph_throughput", [call], device, samples=args.samples,
                                                  iterations=20)
         p50 = {label: statistics.median(v) for label, v in samples.items()}
         record["shapes"].append({"shape": shape, "p50_us": p50, "skipped": skipped,
