@@ -41,7 +41,7 @@ def test_shared_memory_arithmetic():
     assert planning.persistent_tc_smem_bytes(64, 512) == 2 * (64 * 512 + 2 * 64 * 512 + 64 * 64) == 204800
     assert planning.persistent_tc_smem_bytes(32, 64) == 24576
     assert planning.persistent_tc_smem_bytes(32, 128, stages=2) == 2 * (32 * 128 + 4 * 64 * 128 + 32 * 64) == 77824
-    # scalar: fp32 operand row (+ fp32 hidden row when on chip); transposed fp16 weights, padded strides
+    # scalar: fp32 operand row (+ fp32 hidden row when on chip); fp16 weights staged by K step, odd chunk strides
     # (rows padded to whole K steps of planning.SCALAR_K_CLASSES elements)
     assert planning.scalar_row_bytes("persistent", 7, 13) == 4 * (8 + 16)
     assert planning.scalar_row_bytes("persistent-global", 7, 13) == 4 * 8

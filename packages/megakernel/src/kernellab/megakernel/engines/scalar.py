@@ -19,17 +19,18 @@ residual: ``reads`` True), ``read(r, n)``. Where every thread has one item, ``li
 item's bias and reads before its sum, or takes them from ``read_early``, which the persistent kernels
 call at a tile's start, so that their memory latency hides under the work that comes first.
 
-Operand rows that a persistent kernel stages in shared memory (fp32, ``smem_rows``) are padded to a whole
-number of K steps (``planning.scalar_row_stride``) and passed with ``a_padded``: a lane then reads its run of
-a K step as one vector access (two at eight classes), where it would issue P element loads; it reads its weights
-of a step as one vector too where they are staged (``w_staged``).
+Operand rows that a persistent kernel stages in shared memory (fp32, ``smem_rows``) are stored by row block,
+rows innermost, and padded to a whole number of K steps (``planning.scalar_row_stride``); they are passed with
+``a_padded``. A lane then reads its item's ROW_BLOCK rows at its run of a K step as one contiguous run of
+ROW_BLOCK x P elements, in 16-byte vectors, where it would issue ROW_BLOCK x P element loads, each with its own
+address; it reads its weights of a step as one vector too where they are staged (``w_staged``).
 
 Weights staged in shared memory (``smem_weight``) are stored by K step: step s of output n is one 16-byte chunk
 of K_CLASSES halves, at chunk s * G + n (G = ``planning.weight_group_stride``, odd). A lane's classes of a step are
 then one vector read, the chunks the threads of a warp read at a step are consecutive, and the staging copy
-(``stage_weight``: 16-byte cp.async where K is whole steps and the weight 16-byte aligned, else element copies),
-whose neighbouring threads take neighbouring steps of one output, writes eight chunks an odd stride apart in
-each bank phase: both free of bank conflicts.
+(``stage_weight``: 16-byte cp.async where K is whole steps and the weight 16-byte aligned, else ``stage_rows``),
+whose neighbouring threads take neighbouring steps of one output, writes chunks an odd stride apart in each bank
+phase: both free of bank conflicts.
 
 Where a lane's share of a weight is small (``planning.register_weights_fit``: at most WEIGHT_REGISTERS elements,
 one row block per tile, so the lane's output column and classes are the same in every tile), ``register_weights``
