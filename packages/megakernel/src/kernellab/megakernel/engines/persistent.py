@@ -2,14 +2,15 @@
 
 The grid is min(row tiles, resident CTAs) and CTA b owns tiles b, b + grid, ... (static round
 robin). For each tile the CTA stages the fp16 input rows in shared memory as fp32, computes the
-hidden rows, and then the output rows, all with ``scalar.linear_rows``. Where the weights fit beside
-the tile and a CTA reads them more than once (more than one row block) or they are many
-(``planning.SCALAR_GLOBAL_WEIGHTS_MAX``), W1 and W2 are copied into shared memory once per CTA and
-serve all its tiles; where each lane's share of both weights fits in registers and a tile is one row block
-(``planning.register_weights_fit``), the CTA loads that share into registers once, before its first tile, all
-loads in flight together with the first tile's input rows, and both sums run from registers; otherwise they are
-read from global memory. Each tile's bias and residual reads are issued before its input rows are staged, and
-the first tile's input rows load while the weights' copies to shared memory are in flight.
+hidden rows, and then the output rows, all with ``scalar.linear_rows``. Where each lane's share of both
+weights fits in registers and a tile is one row block (``planning.register_weights_fit``), the CTA loads that
+share into registers once, before its first tile, all loads in flight together with the first tile's input rows,
+and both sums run from registers. Else, where the weights fit beside the tile and their rows are whole K steps
+(``planning.scalar_weights_whole_steps``: 16-byte cp.async copies), a CTA reads them more than once (more than
+one row block) or they are many (``planning.SCALAR_GLOBAL_WEIGHTS_MAX``), W1 and W2 are copied into shared
+memory once per CTA and serve all its tiles; otherwise they are read from global memory. Each tile's bias and
+residual reads are issued before its input rows are staged, and the first tile's input rows load while the
+weights' copies to shared memory are in flight.
 
 ``persistent-global`` is the same kernel with the hidden rows in a global workspace instead of
 shared memory: same owners, same arithmetic in the same order, so the pair isolates the cost of
@@ -102,6 +103,7 @@ class FusedRows:
         h_s = None
         if cutlass.const_expr(self.variant.hidden_on_chip):
             h_s = scalar.smem_rows(base, offset + tile_rows * scalar_row_stride(channels) * 4, tile_rows, hidden_size)
+        staged = self.variant.weights == "smem"
         x_magic = scalar.row_magic(channels)  # the input rows' staging divides by channels in every tile
         for tile in range(cta, ceil_div(rows, tile_rows), grid):
             row0 = tile * tile_rows
@@ -118,13 +120,12 @@ class FusedRows:
             if cutlass.const_expr(self.variant.weights == "smem"):
                 cute.arch.cp_async_wait_group(0)  # the weights' copies (first tile) flew with the rows' loads
             cute.arch.sync_threads()
-            staged = self.variant.weights == "smem"
             scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size, first, tid, early1, w1_held,
-                               a_padded=True, w_staged=staged)
+                               a_staged=True, w_staged=staged)
             cute.arch.sync_threads()  # also makes the CTA's global hidden writes visible to the CTA
             if cutlass.const_expr(self.variant.hidden_on_chip):
                 scalar.linear_rows(h_s, Int32(0), valid, hidden_size, w2_src, b2, channels, second, tid, early2,
-                                   w2_held, a_padded=True, w_staged=staged)
+                                   w2_held, a_staged=True, w_staged=staged)
             else:
                 scalar.linear_rows(hidden, row0, valid, hidden_size, w2_src, b2, channels, second, tid, early2,
                                    w2_held, w_staged=staged)

@@ -21,7 +21,7 @@ call at a tile's start, so that their memory latency hides under the work that c
 
 Operand rows that a persistent kernel stages in shared memory (fp32, ``smem_rows``) are stored by row block,
 rows innermost, and padded to a whole number of K steps (``planning.scalar_row_stride``); they are passed with
-``a_padded``. A lane then reads its item's ROW_BLOCK rows at its run of a K step as one contiguous run of
+``a_staged``. A lane then reads its item's ROW_BLOCK rows at its run of a K step as one contiguous run of
 ROW_BLOCK x P elements, in 16-byte vectors, where it would issue ROW_BLOCK x P element loads, each with its own
 address; it reads its weights of a step as one vector too where they are staged (``w_staged``).
 
@@ -78,7 +78,7 @@ def group_lanes(outputs: Int32) -> Int32:
 @cute.jit
 def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, weight: cute.Tensor,
                 bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, tid: Int32, early=None, held=None,
-                a_padded: cutlass.Constexpr = False, w_staged: cutlass.Constexpr = False):
+                a_staged: cutlass.Constexpr = False, w_staged: cutlass.Constexpr = False):
     """For r < rows_valid and n < n_dim: ``epilogue.store(r, n, sum_k a[a_row0 + r, k] weight[n, k] + bias[n],
     epilogue.read(r, n))``.
 
@@ -86,9 +86,9 @@ def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, 
     the last valid row (always in bounds) and are never handed to the epilogue. Where every thread has one
     item, its bias and epilogue reads are issued before its sum, so that their latency hides under it, or
     come in ``early`` where the caller read them sooner still (``read_early``), and its weights in ``held``
-    where the caller holds them in registers (``register_weights``, one row block a tile). ``a_padded``: ``a`` is a
-``smem_rows`` tensor, whose runs of a K step are read as vectors; ``w_staged``: ``weight`` is a ``smem_weight``
-tensor, likewise."""
+    where the caller holds them in registers (``register_weights``, one row block a tile). ``a_staged``: ``a`` is
+    a ``smem_rows`` tensor, whose runs of a K step are read as vectors; ``w_staged``: ``weight`` is a
+    ``smem_weight`` tensor, likewise."""
     outputs = _outputs(rows_valid, n_dim)
     lanes = group_lanes(outputs)
     acc = cute.make_rmem_tensor((ROW_BLOCK,), Float32)
@@ -100,16 +100,16 @@ tensor, likewise."""
             b, pre = early
         if lanes == 1:
             if tid < outputs:  # no shuffles at one lane: the threads past the outputs skip the sum
-                _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc, held, a_padded, w_staged)
+                _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc, held, a_staged, w_staged)
         for level in cutlass.range_constexpr(1, LEVELS + 1):
             if lanes == (1 << level):
                 _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, tid % (1 << level), 1 << level, acc,
-                          held, a_padded, w_staged)
+                          held, a_staged, w_staged)
         if tid % lanes == 0 and tid // lanes < outputs:
             _store_item(rows_valid, n_dim, epilogue, item, acc, b, pre)
     else:  # one lane an item, several items a thread: long sums, whose registers the reads wait beside
         for item in range(tid, outputs, SCALAR_THREADS):
-            _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc, None, a_padded, w_staged)
+            _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc, None, a_staged, w_staged)
             b, pre = _read_item(rows_valid, bias, n_dim, epilogue, item)
             _store_item(rows_valid, n_dim, epilogue, item, acc, b, pre)
 
@@ -186,7 +186,7 @@ def _store_item(rows_valid: Int32, n_dim: Int32, epilogue: cutlass.Constexpr, it
 @cute.jit
 def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, weight: cute.Tensor, n_dim: Int32,
               item: Int32, lane: Int32, lanes: cutlass.Constexpr, out: cute.Tensor, held=None,
-              a_padded: cutlass.Constexpr = False, w_staged: cutlass.Constexpr = False):
+              a_staged: cutlass.Constexpr = False, w_staged: cutlass.Constexpr = False):
     """out[rr] = sum_k a[row rr of the item's block, k] weight[n, k], lane ``lane`` of ``lanes`` summing the
     classes lane * P + j (j < P = K_CLASSES / lanes), and the fixed tree adding them (its levels below P in the
     lane, the rest by shuffles, which every lane of the group must reach). Every lane ends with the same sums.
@@ -202,7 +202,7 @@ def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, we
         for s in cutlass.range_constexpr(WEIGHT_REGISTERS // per_lane):
             if s * K_CLASSES < k_dim:  # uniform: the steps past K are skipped whole
                 k = s * K_CLASSES + lane * per_lane
-                if cutlass.const_expr(a_padded):  # the run stays inside the padded row; terms past K are skipped
+                if cutlass.const_expr(a_staged):  # the run stays inside the padded row; terms past K are skipped
                     _add_run(acc, a, block, k, per_lane, k_dim, [held[s * per_lane + j] for j in range(per_lane)],
                              True)
                 else:
@@ -217,7 +217,7 @@ def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, we
                 w = [w_run[j] for j in range(per_lane)]
             else:
                 w = [weight[n, k0 + j] for j in range(per_lane)]
-            if cutlass.const_expr(a_padded):
+            if cutlass.const_expr(a_staged):
                 _add_run(acc, a, block, k0, per_lane, k_dim, w, False)
             else:
                 for j in cutlass.range_constexpr(per_lane):
@@ -362,8 +362,8 @@ def stage_weight(src: cute.Tensor, dst: cute.Tensor, tid: Int32):
     aligned, thread t issues 16-byte cp.async copies of chunks t, t + T, ... (chunk c: step c % steps of output
     c // steps, src's halves 8c ... 8c + 7), all in flight at once, and commits them without waiting: the caller
     waits (``cp_async_wait_group(0)``) once it has issued its other loads, and its barrier publishes them. Else
-    ``stage_rows`` copies the elements (the eight lanes of a bank phase then write four chunks an odd stride
-    apart: no bank conflicts either); the half-empty last step's padding is never read."""
+    ``stage_rows`` copies the elements (a warp's 32 consecutive elements of a row fall in four chunks an odd number
+    of chunks apart: no bank conflicts either); the half-empty last step's padding is never read."""
     n_dim, k_dim = src.shape
     if k_dim % K_CLASSES == 0 and src.iterator.toint() % 16 == 0:
         steps = k_dim // K_CLASSES
