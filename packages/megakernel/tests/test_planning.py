@@ -113,6 +113,25 @@ def test_weight_group_stride_is_the_least_odd_count_of_chunks_that_holds_every_o
     assert g >= n and g % 2 == 1 and g - 2 < n
 
 
+@given(st.integers(1, 2000), st.integers(1, 2000), st.integers(1, 64))
+def test_shared_memory_sizes_hold_the_layouts_the_kernels_address(n, k, blocks):
+    """The bytes planning reserves cover every element the device layouts address (``scalar.smem_weight``:
+    (n, k) at half (k // 8 * G + n) * 8 + k % 8; ``scalar.smem_rows``: (r, k) at float (r // 4 * S + k) * 4 +
+    r % 4, read up to the row's padding by a lane's vector run), and each region is whole 16-byte units, so the
+    next one starts aligned."""
+    classes, block = planning.SCALAR_K_CLASSES, planning.ROW_BLOCK
+    g = planning.weight_group_stride(n)
+    last_weight_half = ((k - 1) // classes * g + n - 1) * classes + classes - 1  # the last step's chunk, padding too
+    assert 2 * (last_weight_half + 1) <= planning.staged_weight_bytes(n, k)
+    assert planning.staged_weight_bytes(n, k) % 16 == 0
+    stride = planning.scalar_row_stride(k)
+    rows = blocks * block
+    last_row_float = ((rows - 1) // block * stride + stride - 1) * block + block - 1
+    assert stride >= k and stride % classes == 0
+    assert 4 * (last_row_float + 1) == rows * planning.scalar_row_bytes("persistent-global", k, n)
+    assert rows * planning.scalar_row_bytes("persistent", k, n) % 16 == 0
+
+
 @pytest.mark.parametrize("rows,channels,hidden,tile,split,stages,grid,occupancy", [
     (16384, 512, 1024, 64, 1, 1, 132, 1),  # 256 tiles of 64 rows, 200 KB each: one CTA per SM, 2 tiles for most
     (4096, 256, 1024, 64, 2, 2, 128, 1),  # 64 tiles split in two: 64-row tiles on 128 SMs, half the hidden each
