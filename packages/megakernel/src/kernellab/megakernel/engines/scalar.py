@@ -331,6 +331,14 @@ def dynamic_smem():
     return cute.arch.get_dyn_smem(Uint8, alignment=16)
 
 
+def _smem_at(base, byte_offset, dtype):
+    """A ``dtype`` pointer at ``byte_offset`` of the dynamic shared memory, the offset known to the compiler as a
+    multiple of 16 (every region planning lays out is whole 16-byte units), so that vector reads of it are allowed."""
+    if not isinstance(byte_offset, int):
+        byte_offset = cute.assume(byte_offset, divby=16)
+    return cute.recast_ptr(base + byte_offset, dtype=dtype)
+
+
 def smem_rows(base, byte_offset, rows, cols) -> cute.Tensor:
     """fp32 rows of ``cols`` elements at ``byte_offset`` (a multiple of 16) of the dynamic shared memory, stored by
     row block: element (r, k) at ((r // ROW_BLOCK) * S + k) * ROW_BLOCK + r % ROW_BLOCK, S =
@@ -338,11 +346,8 @@ def smem_rows(base, byte_offset, rows, cols) -> cute.Tensor:
     Shape ((ROW_BLOCK, rows / ROW_BLOCK), S) (rows a multiple of ROW_BLOCK): ``t[r, k]`` indexes it by row, and
     ``t[(None, b), None]`` is block b. Columns past ``cols`` are never written."""
     stride = cute.assume(scalar_row_stride(cols), divby=K_CLASSES)
-    if not isinstance(byte_offset, int):
-        byte_offset = cute.assume(byte_offset, divby=16)
-    ptr = cute.recast_ptr(base + byte_offset, dtype=Float32)
-    return cute.make_tensor(ptr, cute.make_layout(((ROW_BLOCK, rows // ROW_BLOCK), stride),
-                                                  stride=((1, ROW_BLOCK * stride), ROW_BLOCK)))
+    layout = cute.make_layout(((ROW_BLOCK, rows // ROW_BLOCK), stride), stride=((1, ROW_BLOCK * stride), ROW_BLOCK))
+    return cute.make_tensor(_smem_at(base, byte_offset, Float32), layout)
 
 
 def smem_weight(base, byte_offset, n, k) -> cute.Tensor:
@@ -350,9 +355,7 @@ def smem_weight(base, byte_offset, n, k) -> cute.Tensor:
     (k // K_CLASSES * G + n) * K_CLASSES + k % K_CLASSES, G = ``planning.weight_group_stride(n)``. Its mode 1 is
     (class, step): ``w[n, k]`` indexes it by k, ``w[n, (None, s)]`` is output n's chunk of step s."""
     chunk = cute.assume(weight_group_stride(n) * K_CLASSES, divby=K_CLASSES)
-    if not isinstance(byte_offset, int):
-        byte_offset = cute.assume(byte_offset, divby=16)
-    return cute.make_tensor(cute.recast_ptr(base + byte_offset, dtype=Float16),
+    return cute.make_tensor(_smem_at(base, byte_offset, Float16),
                             cute.make_layout((n, (K_CLASSES, ceil_div(k, K_CLASSES))), stride=(K_CLASSES, (1, chunk))))
 
 
