@@ -20,14 +20,11 @@ def test_representative_variants_compile_for_sm90a():
 
 def test_the_full_list_covers_every_engine_and_is_unique():
     names = [v.name for v in aot.variants()]
-    # mma.sync persistent-tc: 2 residual dtypes x 2 load widths (16 bytes, one element) x 23 (row tile, channel
-    # tile, 1-4 chunk buffers that fit in shared memory) = 92; wgmma: 2 residual dtypes x 21 = 42; hidden split
-    # over a 2-CTA cluster: 2 residual dtypes x (21 mma.sync + 10 wgmma tiles that fit with the peer's half) = 62;
-    # wgmma with TMA loads: 2 residual dtypes x (split or not) x (the overlapped chunk schedule or not) x the
-    # channel tiles and 1-4 chunk buffers that fit = 84 (42 of them the overlapped schedule's); the register form:
-    # 2 residual dtypes x 2 load widths x 16 padded (channels, hidden) = 64; the persistent CUDA-core kernels:
-    # 2 residual dtypes x 2 hidden placements x 3 weight placements = 12; and the report's empty launch-floor kernel
-    assert len(set(names)) == len(names) == 410
+    # persistent-tc, both forms (every row tile, channel tile, chunk buffers, load width, split, multicast, chunk
+    # schedule and padded register-form size, for 2 residual dtypes) = 388; conventional-tc's two stages (the output
+    # stage for 2 residual dtypes) = 3; the prologue = 3; the report's empty launch-floor kernel = 1; and the
+    # CUDA-core kernels compiled for the report's shapes
+    assert len(set(names)) == len(names) == 388 + 3 + 3 + 1 + len(aot.cuda_core_variants())
     for prefix in ("persistent_", "persistent-global_", "conventional-hidden", "conventional-output",
                    "conventional-tc-hidden", "conventional-tc-output", "persistent-tc_m32_c64_s1",
                    "persistent-tc_m64_c256_s2", "persistent-tc_m32_c64_s4", "persistent-tc_m32_c64_s1_v1",
@@ -56,3 +53,20 @@ def test_every_planned_persistent_tc_variant_is_in_the_ahead_of_time_list(rows, 
     plan = planning.choose("persistent-tc", rows, channels, hidden, planning.H200).plan
     assert plan.engine == "persistent-tc"
     assert persistent_tc.variant(plan, residual).name in AOT_NAMES
+
+
+def test_the_cuda_core_kernels_of_every_report_shape_are_in_the_ahead_of_time_list():
+    """The CUDA-core kernels are compiled for their sizes: the list holds, for every shape of the engine report,
+    the kernels its conventional, persistent and persistent-global plans run (both residual dtypes)."""
+    from kernellab.megakernel import bench, planning
+    from kernellab.megakernel.engines import conventional, persistent
+
+    for rows, channels, hidden in bench.DEVELOPMENT_SHAPES + bench.ASSESSMENT_SHAPES:
+        for residual in ("float16", "float32"):
+            for engine in ("persistent", "persistent-global"):
+                plan = planning.choose(engine, rows, channels, hidden, planning.H200).plan
+                assert plan.engine == engine
+                assert persistent.Variant.of(plan, residual).name in AOT_NAMES
+            plan = planning.choose("conventional", rows, channels, hidden, planning.H200).plan
+            assert conventional.Variant("hidden", channels, hidden, plan.tile.rows).name in AOT_NAMES
+            assert conventional.Variant("output", hidden, channels, plan.tile.rows, residual).name in AOT_NAMES

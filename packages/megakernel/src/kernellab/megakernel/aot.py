@@ -1,9 +1,12 @@
 """Ahead-of-time compile of every kernel variant (``nox -s build``): ``python -m kernellab.megakernel.aot``.
 
 Works without a GPU: with ``CUTE_DSL_ARCH=sm_90a`` (set here if unset) CuTe DSL compiles against
-fake tensors. A variant fixes what is compile-time (tile shape, hidden placement, residual dtype);
-rows, channels, hidden and the activation are runtime values, so this list is every kernel the
-engines and the compiler can ever launch, and the report's empty launch-floor kernel.
+fake tensors. A variant fixes what is compile-time (tile shape, hidden placement, residual dtype). For the
+tensor-core kernels and the prologue, rows, channels, hidden and the activation are runtime values, so their
+list is every kernel they can ever launch. The CUDA-core kernels (conventional, persistent, persistent-global)
+are compiled for their sizes too (channels, hidden, rows per tile), so theirs is the kernels of the engine
+report's shapes (``cuda_core_variants``); any other shape compiles its own on first use. And the report's
+empty launch-floor kernel.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ def variants(representative: bool = False) -> list:
         H200,
         REGISTER_FORM_MAX,
         REGISTER_FORM_PAD,
-        SCALAR_WEIGHTS,
         TC_CHANNEL_TILES,
         TC_MAX_STAGES,
         TC_MULTICASTS,
@@ -43,11 +45,12 @@ def variants(representative: bool = False) -> list:
 
     if representative:
         return [
-            persistent.Variant(hidden_on_chip=True, weights="smem"),
-            persistent.Variant(hidden_on_chip=False, weights="global", residual="float32"),
-            persistent.Variant(hidden_on_chip=True, weights="registers"),
-            conventional.Variant("hidden"),
-            conventional.Variant("output"),
+            persistent.Variant(hidden_on_chip=True, weights="smem", channels=64, hidden=128, tile_rows=4),
+            persistent.Variant(hidden_on_chip=False, weights="global", channels=19, hidden=37, tile_rows=8,
+                               residual="float32"),
+            persistent.Variant(hidden_on_chip=True, weights="registers", channels=31, hidden=47, tile_rows=4),
+            conventional.Variant("hidden", k=7, n=13, tile_rows=4),
+            conventional.Variant("output", k=13, n=7, tile_rows=4),
             conventional_tc.Variant("hidden"),
             conventional_tc.Variant("output", "float32"),
             persistent_tc.Variant(TC_ROW_TILES[0], TC_CHANNEL_TILES[0]),
@@ -68,11 +71,9 @@ def variants(representative: bool = False) -> list:
             prologue.Variant(norm=False),
             floor.Variant(),
         ]
-    out = []
+    out = cuda_core_variants()
     for residual in ("float16", "float32"):
-        out += [persistent.Variant(on_chip, weights, residual) for on_chip in (True, False)
-                for weights in SCALAR_WEIGHTS]
-        out += [conventional.Variant("output", residual), conventional_tc.Variant("output", residual)]
+        out += [conventional_tc.Variant("output", residual)]
         out += [persistent_tc.Variant(rows, cols, residual, stages, vector)
                 for rows in TC_ROW_TILES for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1)
                 for vector in (8, 1)
@@ -99,9 +100,33 @@ def variants(representative: bool = False) -> list:
                 for hid in range(REGISTER_FORM_PAD, REGISTER_FORM_MAX[1] + 1, REGISTER_FORM_PAD) for vector in (8, 1)
                 if register_form_fits(cols, hid)]
         out += [prologue.Variant(norm=True, stream=residual)]
-    out += [conventional.Variant("hidden"), conventional_tc.Variant("hidden"), prologue.Variant(norm=False),
+    out += [conventional_tc.Variant("hidden"), prologue.Variant(norm=False),
             floor.Variant()]
     return out
+
+
+def cuda_core_variants() -> list:
+    """The CUDA-core kernels of the engine report's shapes (``bench``'s development and assessment shapes), for
+    both residual dtypes: each shape's planned conventional stages and persistent and persistent-global kernels,
+    and the persistent kernels of every other weight placement the planner allows there."""
+    from .bench import ASSESSMENT_SHAPES, DEVELOPMENT_SHAPES
+    from .engines import conventional, persistent
+    from .planning import H200, SCALAR_WEIGHTS, forced
+
+    out = []
+    for residual in ("float16", "float32"):
+        for rows, channels, hidden in DEVELOPMENT_SHAPES + ASSESSMENT_SHAPES:
+            plan = forced("conventional", rows, channels, hidden, H200)
+            out += [conventional.Variant("hidden", channels, hidden, plan.tile.rows),
+                    conventional.Variant("output", hidden, channels, plan.tile.rows, residual)]
+            for engine in ("persistent", "persistent-global"):
+                for weights in SCALAR_WEIGHTS:
+                    try:
+                        plan = forced(engine, rows, channels, hidden, H200, weights=weights)
+                    except ValueError:  # a placement the shape does not allow
+                        continue
+                    out.append(persistent.Variant.of(plan, residual))
+    return list(dict.fromkeys(out))  # each once: the hidden stage does not depend on the residual
 
 
 def compile_all(arch: str = "sm_90a", representative: bool = False, log=None) -> list[str]:

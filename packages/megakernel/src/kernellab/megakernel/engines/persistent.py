@@ -35,41 +35,55 @@ from .common import DTYPES, HiddenWorkspace, Symbols, compile_variant, compiled
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
+    """One compiled kernel: a hidden placement, a weight placement and the sizes it is compiled for (channels,
+    hidden and rows per tile are compile-time, so that its loops, lane groups and index arithmetic are constants;
+    rows, the grid and the activation stay runtime values)."""
+
     hidden_on_chip: bool
     weights: str  # "smem", "global" or "registers" (planning's SharedMemory.weights)
+    channels: int
+    hidden: int
+    tile_rows: int
     residual: str = "float16"  # dtype of the residual stream (float32 for the later blocks of a stack)
 
     @property
     def name(self) -> str:
         where = "persistent" if self.hidden_on_chip else "persistent-global"
-        return f"{where}_{self.weights}-weights_res-{self.residual}"
+        return (f"{where}_{self.weights}-weights_res-{self.residual}_c{self.channels}-h{self.hidden}"
+                f"-rows{self.tile_rows}")
+
+    @classmethod
+    def of(cls, plan: Plan, residual: str = "float16") -> Variant:
+        """The variant a persistent or persistent-global plan runs."""
+        return cls(plan.engine == "persistent", plan.smem.weights, plan.channels, plan.hidden, plan.tile.rows,
+                   residual)
 
     def compile(self, arch: str | None = None):
         s = Symbols()
         f16, f32 = Float16, Float32
-        args = [s.matrix(f16, s.rows, s.channels), s.matrix(DTYPES[self.residual], s.rows, s.channels),
-                s.matrix(f16, s.hidden, s.channels), s.vector(f32, s.hidden),
-                s.matrix(f16, s.channels, s.hidden), s.vector(f32, s.channels), s.matrix(f32, s.rows, s.channels)]
+        c, h = self.channels, self.hidden
+        args = [s.matrix(f16, s.rows, c), s.matrix(DTYPES[self.residual], s.rows, c), s.matrix(f16, h, c),
+                s.vector(f32, h), s.matrix(f16, c, h), s.vector(f32, c), s.matrix(f32, s.rows, c)]
         if not self.hidden_on_chip:
-            args.append(s.matrix(f16, s.rows, s.hidden))
-        args += [Int32(0), Int32(4), Int32(1), Int32(0)]  # activation, tile rows, grid, shared memory bytes
+            args.append(s.matrix(f16, s.rows, h))
+        args += [Int32(0), Int32(1), Int32(0)]  # activation, grid, shared memory bytes
         kernel = OnChipRows(self) if self.hidden_on_chip else GlobalRows(self)
         return compile_variant(self.name, kernel, tuple(args), arch)
 
 
 def launcher(plan: Plan, activation: str, residual: str = "float16"):
     """``run(u, residual, w1, b1, w2, b2, y)`` for a persistent or persistent-global plan."""
-    on_chip = plan.engine == "persistent"
-    fn = compiled(Variant(hidden_on_chip=on_chip, weights=plan.smem.weights, residual=residual))
-    act, tile_rows, grid, smem = ACTIVATION_CODES[activation], plan.tile.rows, plan.owners.grid, plan.smem.bytes
-    if on_chip:
+    variant = Variant.of(plan, residual)
+    fn = compiled(variant)
+    act, grid, smem = ACTIVATION_CODES[activation], plan.owners.grid, plan.smem.bytes
+    if variant.hidden_on_chip:
         def run(u, res, w1, b1, w2, b2, y):
-            fn(u, res, w1, b1, w2, b2, y, act, tile_rows, grid, smem)
+            fn(u, res, w1, b1, w2, b2, y, act, grid, smem)
     else:
         workspace = HiddenWorkspace(plan.rows, plan.hidden)
 
         def run(u, res, w1, b1, w2, b2, y):
-            fn(u, res, w1, b1, w2, b2, y, workspace.get(u.shape[0]), act, tile_rows, grid, smem)
+            fn(u, res, w1, b1, w2, b2, y, workspace.get(u.shape[0]), act, grid, smem)
     return run
 
 
@@ -79,12 +93,12 @@ class FusedRows:
 
     @cute.kernel
     def kernel(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
-               b2: cute.Tensor, y: cute.Tensor, hidden: cute.Tensor | None, act: Int32, tile_rows: Int32):
+               b2: cute.Tensor, y: cute.Tensor, hidden: cute.Tensor | None, act: Int32):
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
-        rows, channels = u.shape
-        hidden_size = w1.shape[0]
+        rows = u.shape[0]
+        channels, hidden_size, tile_rows = self.variant.channels, self.variant.hidden, self.variant.tile_rows
         base = scalar.dynamic_smem()
         offset = 0
         w1_src, w2_src = w1, w2
@@ -104,7 +118,6 @@ class FusedRows:
         if cutlass.const_expr(self.variant.hidden_on_chip):
             h_s = scalar.smem_rows(base, offset + tile_rows * scalar_row_stride(channels) * 4, tile_rows, hidden_size)
         staged = self.variant.weights == "smem"
-        x_magic = scalar.row_magic(channels)  # the input rows' staging divides by channels in every tile
         for tile in range(cta, ceil_div(rows, tile_rows), grid):
             row0 = tile * tile_rows
             valid = cutlass.min(tile_rows, rows - row0)
@@ -114,30 +127,29 @@ class FusedRows:
                 first = scalar.HiddenToGlobal(hidden, row0, act)
             second = scalar.OutputWithResidual(y, residual, row0)
             # both GEMMs' bias and residual reads fly with the input rows' staging
-            early1 = scalar.read_early(valid, b1, hidden_size, first, tid)
-            early2 = scalar.read_early(valid, b2, channels, second, tid)
-            scalar.stage_rows(u, row0, valid, x_s, tid, x_magic)
+            early1 = scalar.read_early(valid, b1, hidden_size, first, tid, tile_rows)
+            early2 = scalar.read_early(valid, b2, channels, second, tid, tile_rows)
+            scalar.stage_rows(u, row0, valid, x_s, tid, tile_rows)
             if cutlass.const_expr(self.variant.weights == "smem"):
                 cute.arch.cp_async_wait_group(0)  # the weights' copies (first tile) flew with the rows' loads
             cute.arch.sync_threads()
-            scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size, first, tid, early1, w1_held,
-                               a_staged=True, w_staged=staged)
+            scalar.linear_rows(x_s, Int32(0), valid, channels, w1_src, b1, hidden_size, first, tid, tile_rows, early1,
+                               w1_held, a_staged=True, w_staged=staged)
             cute.arch.sync_threads()  # also makes the CTA's global hidden writes visible to the CTA
             if cutlass.const_expr(self.variant.hidden_on_chip):
-                scalar.linear_rows(h_s, Int32(0), valid, hidden_size, w2_src, b2, channels, second, tid, early2,
-                                   w2_held, a_staged=True, w_staged=staged)
+                scalar.linear_rows(h_s, Int32(0), valid, hidden_size, w2_src, b2, channels, second, tid, tile_rows,
+                                   early2, w2_held, a_staged=True, w_staged=staged)
             else:
-                scalar.linear_rows(hidden, row0, valid, hidden_size, w2_src, b2, channels, second, tid, early2,
-                                   w2_held, w_staged=staged)
+                scalar.linear_rows(hidden, row0, valid, hidden_size, w2_src, b2, channels, second, tid, tile_rows,
+                                   early2, w2_held, w_staged=staged)
             cute.arch.sync_threads()  # the next tile overwrites x_s (and h_s)
 
 
 class OnChipRows(FusedRows):
     @cute.jit
     def __call__(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
-                 b2: cute.Tensor, y: cute.Tensor, act: Int32, tile_rows: Int32, grid: Int32, smem_bytes: Int32,
-                 stream: cuda.CUstream):
-        self.kernel(u, residual, w1, b1, w2, b2, y, None, act, tile_rows).launch(
+                 b2: cute.Tensor, y: cute.Tensor, act: Int32, grid: Int32, smem_bytes: Int32, stream: cuda.CUstream):
+        self.kernel(u, residual, w1, b1, w2, b2, y, None, act).launch(
             grid=[grid, 1, 1], block=[SCALAR_THREADS, 1, 1], smem=smem_bytes,
             min_blocks_per_mp=scalar_occupancy(self.variant.weights), preferred_smem_carveout=100, stream=stream)
 
@@ -145,8 +157,8 @@ class OnChipRows(FusedRows):
 class GlobalRows(FusedRows):
     @cute.jit
     def __call__(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
-                 b2: cute.Tensor, y: cute.Tensor, hidden: cute.Tensor, act: Int32, tile_rows: Int32, grid: Int32,
-                 smem_bytes: Int32, stream: cuda.CUstream):
-        self.kernel(u, residual, w1, b1, w2, b2, y, hidden, act, tile_rows).launch(
+                 b2: cute.Tensor, y: cute.Tensor, hidden: cute.Tensor, act: Int32, grid: Int32, smem_bytes: Int32,
+                 stream: cuda.CUstream):
+        self.kernel(u, residual, w1, b1, w2, b2, y, hidden, act).launch(
             grid=[grid, 1, 1], block=[SCALAR_THREADS, 1, 1], smem=smem_bytes,
             min_blocks_per_mp=scalar_occupancy(self.variant.weights), preferred_smem_carveout=100, stream=stream)

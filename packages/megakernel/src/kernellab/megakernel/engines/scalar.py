@@ -5,7 +5,7 @@ followed by a different epilogue (activation and fp16 rounding after the first, 
 the second). ``linear_rows`` computes it for any sizes. Each output's K loop is summed as
 K_CLASSES interleaved partial sums (class c holds k = c, c + K_CLASSES, ... in increasing k) that a
 fixed tree then adds: classes c and c ^ 1 first, then c ^ 2, then c ^ 4. Who computes the classes
-depends on how many outputs the CTA has to fill its threads with: one thread all of them (a thread
+depends on how many outputs a full tile has to fill the CTA's threads with: one thread all of them (a thread
 owns ROW_BLOCK rows of one output column, 4 x K_CLASSES independent chains), or a group of 2, 4 or
 8 neighbouring lanes, lane l the P = K_CLASSES / lanes contiguous classes l * P ... l * P + P - 1 (so
 that its operands of a K step are one run of P elements). The tree's first levels then run inside the
@@ -13,6 +13,11 @@ lane and its last as butterfly shuffles across the group, pairing the same class
 addition is commutative, so every split gives the same bits: the order of every sum depends on K
 alone, which keeps every engine built on it deterministic and a row's result independent of how the
 rows are tiled.
+
+The sizes (K, N and the rows of a tile) are compile-time constants of each kernel (the engines compile one per
+layer size): the lanes an item takes, the K loops' trip counts and unrolling, and every division by a size are then
+settled by the compiler instead of being computed by every thread at run time, and only the code path a size takes
+is in the kernel.
 
 An epilogue is an object with ``store(r, n, v, pre)`` and, where it reads an input besides the sum (the
 residual: ``reads`` True), ``read(r, n)``. Where every thread has one item, ``linear_rows`` issues the
@@ -42,7 +47,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float16, Float32, Float64, Int32, Int64, Uint8
+from cutlass import Float16, Float32, Int32, Uint8
 from cutlass.cute.nvgpu import cpasync
 
 from ..planning import (
@@ -51,6 +56,7 @@ from ..planning import (
     SCALAR_THREADS,
     SCALAR_WEIGHT_REGISTERS,
     ceil_div,
+    scalar_group_lanes,
     scalar_row_stride,
     weight_group_stride,
 )
@@ -61,50 +67,46 @@ K_CLASSES = SCALAR_K_CLASSES
 LEVELS = K_CLASSES.bit_length() - 1
 STAGE_BATCH = 8
 """Elements a thread loads into registers before it stores any, when staging into shared memory."""
+STAGE_UNROLL = 4
+"""Batches of a staging copy unrolled together (all of a small tile's, so that its loads are in flight at once)."""
 WEIGHT_REGISTERS = SCALAR_WEIGHT_REGISTERS  # elements of one GEMM's weight a lane holds (``register_weights``)
+K_UNROLL = 32
+"""Terms of a lane's sum unrolled together (K steps times the lane's classes): the whole loop at the small sizes, so
+that the reads of later steps are issued ahead of the earlier steps' products, without running out of registers
+where a lane has many classes."""
 
 
 @cute.jit
-def group_lanes(outputs: Int32) -> Int32:
-    """Lanes that share one output: the most (up to K_CLASSES) with every output's group still within
-    the CTA in one pass, so that a CTA with few outputs to compute keeps its threads busy."""
-    lanes = Int32(1)
-    for level in cutlass.range_constexpr(1, LEVELS + 1):
-        if outputs * (1 << level) <= SCALAR_THREADS:
-            lanes = Int32(1 << level)
-    return lanes
+def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: cutlass.Constexpr, weight: cute.Tensor,
+                bias: cute.Tensor, n_dim: cutlass.Constexpr, epilogue: cutlass.Constexpr, tid: Int32,
+                tile_rows: cutlass.Constexpr, early=None, held=None, a_staged: cutlass.Constexpr = False,
+                w_staged: cutlass.Constexpr = False):
+    """For r < rows_valid (at most ``tile_rows``) and n < n_dim: ``epilogue.store(r, n, sum_k a[a_row0 + r, k]
+    weight[n, k] + bias[n], epilogue.read(r, n))``.
 
-
-@cute.jit
-def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, weight: cute.Tensor,
-                bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, tid: Int32, early=None, held=None,
-                a_staged: cutlass.Constexpr = False, w_staged: cutlass.Constexpr = False):
-    """For r < rows_valid and n < n_dim: ``epilogue.store(r, n, sum_k a[a_row0 + r, k] weight[n, k] + bias[n],
-    epilogue.read(r, n))``.
-
-    Output item i is row block i // n_dim of column i % n_dim. Rows past ``rows_valid`` in a block read
-    the last valid row (always in bounds) and are never handed to the epilogue. Where every thread has one
-    item, its bias and epilogue reads are issued before its sum, so that their latency hides under it, or
-    come in ``early`` where the caller read them sooner still (``read_early``), and its weights in ``held``
-    where the caller holds them in registers (``register_weights``, one row block a tile). ``a_staged``: ``a`` is
-    a ``smem_rows`` tensor, whose runs of a K step are read as vectors; ``w_staged``: ``weight`` is a
-    ``smem_weight`` tensor, likewise."""
+    Output item i is row block i // n_dim of column i % n_dim. The sizes are compile-time, so that the lanes an
+    item takes (from a full tile's items), the K loop's trip count and every index division are constants. Rows
+    past ``rows_valid`` in a block read the last valid row (always in bounds) and are never handed to the
+    epilogue. Where every thread has one item, its bias and epilogue reads are issued before its sum, so that
+    their latency hides under it, or come in ``early`` where the caller read them sooner still (``read_early``),
+    and its weights in ``held`` where the caller holds them in registers (``register_weights``, one row block a
+    tile). ``a_staged``: ``a`` is a ``smem_rows`` tensor, whose runs of a K step are read as vectors;
+    ``w_staged``: ``weight`` is a ``smem_weight`` tensor, likewise."""
     outputs = _outputs(rows_valid, n_dim)
-    lanes = group_lanes(outputs)
+    lanes = scalar_group_lanes(_tile_items(tile_rows, n_dim))
     acc = cute.make_rmem_tensor((ROW_BLOCK,), Float32)
-    if outputs * lanes <= SCALAR_THREADS:  # one pass: every thread (group of lanes) has one item
+    if cutlass.const_expr(_tile_items(tile_rows, n_dim) * lanes <= SCALAR_THREADS):  # one item a thread (group)
         item = _one_pass_item(outputs, lanes, tid)
         if cutlass.const_expr(early is None):
             b, pre = _read_item(rows_valid, bias, n_dim, epilogue, item)
         else:
             b, pre = early
-        if lanes == 1:
+        if cutlass.const_expr(lanes == 1):
             if tid < outputs:  # no shuffles at one lane: the threads past the outputs skip the sum
                 _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, Int32(0), 1, acc, held, a_staged, w_staged)
-        for level in cutlass.range_constexpr(1, LEVELS + 1):
-            if lanes == (1 << level):
-                _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, tid % (1 << level), 1 << level, acc,
-                          held, a_staged, w_staged)
+        else:
+            _sum_item(a, a_row0, rows_valid, k_dim, weight, n_dim, item, tid % lanes, lanes, acc, held, a_staged,
+                      w_staged)
         if tid % lanes == 0 and tid // lanes < outputs:
             _store_item(rows_valid, n_dim, epilogue, item, acc, b, pre)
     else:  # one lane an item, several items a thread: long sums, whose registers the reads wait beside
@@ -115,50 +117,55 @@ def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, 
 
 
 @cute.jit
-def read_early(rows_valid: Int32, bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, tid: Int32):
+def read_early(rows_valid: Int32, bias: cute.Tensor, n_dim: cutlass.Constexpr, epilogue: cutlass.Constexpr,
+               tid: Int32, tile_rows: cutlass.Constexpr):
     """The bias and epilogue reads of this thread's item in ``linear_rows`` (where every thread has one),
     issued before the stages that come first (the input rows' staging, the first GEMM) so that their
     latency hides under those."""
-    outputs = _outputs(rows_valid, n_dim)
-    return _read_item(rows_valid, bias, n_dim, epilogue, _one_pass_item(outputs, group_lanes(outputs), tid))
+    lanes = scalar_group_lanes(_tile_items(tile_rows, n_dim))
+    return _read_item(rows_valid, bias, n_dim, epilogue, _one_pass_item(_outputs(rows_valid, n_dim), lanes, tid))
 
 
 @cute.jit
-def register_weights(weight: cute.Tensor, k_dim: Int32, n_dim: Int32, tid: Int32) -> cute.Tensor:
+def register_weights(weight: cute.Tensor, k_dim: cutlass.Constexpr, n_dim: cutlass.Constexpr,
+                     tid: Int32) -> cute.Tensor:
     """This thread's share of ``weight`` in ``linear_rows`` at one row block a tile, in registers: element
     s * P + j (P = K_CLASSES / lanes) is weight[n, s * K_CLASSES + lane * P + j], the j-th class of the
     lane's K step s, and zero past k_dim. All WEIGHT_REGISTERS loads are issued before any is used."""
-    lanes = group_lanes(n_dim)
-    shift = Int32(LEVELS)  # log2(P)
-    for level in cutlass.range_constexpr(1, LEVELS + 1):
-        if lanes == (1 << level):
-            shift = Int32(LEVELS - level)
+    lanes = scalar_group_lanes(n_dim)
+    per_lane = K_CLASSES // lanes
     n = cutlass.min(tid // lanes, n_dim - 1)
     lane = tid % lanes
     held = cute.make_rmem_tensor((WEIGHT_REGISTERS,), weight.element_type)
     for i in cutlass.range_constexpr(WEIGHT_REGISTERS):
-        k = (Int32(i) >> shift) * K_CLASSES + (lane << shift) + (Int32(i) & ((1 << shift) - 1))
+        k = i // per_lane * K_CLASSES + lane * per_lane + i % per_lane
         held[i] = weight.element_type(0.0)
         if k < k_dim:
             held[i] = weight[n, k]
     return held
 
 
+def _tile_items(tile_rows: int, n_dim: int) -> int:
+    """Items of a ``linear_rows`` call on a full tile: what the lanes an item takes are chosen for."""
+    return ceil_div(tile_rows, ROW_BLOCK) * n_dim
+
+
 @cute.jit
-def _outputs(rows_valid: Int32, n_dim: Int32) -> Int32:
+def _outputs(rows_valid: Int32, n_dim: cutlass.Constexpr) -> Int32:
     """Items of a ``linear_rows`` call: row blocks times columns."""
     return (rows_valid + ROW_BLOCK - 1) // ROW_BLOCK * n_dim
 
 
 @cute.jit
-def _one_pass_item(outputs: Int32, lanes: Int32, tid: Int32) -> Int32:
+def _one_pass_item(outputs: Int32, lanes: cutlass.Constexpr, tid: Int32) -> Int32:
     """The item of thread ``tid`` where every group of ``lanes`` has one (groups past the outputs repeat the
     last item: their lanes still take part in the group's shuffles)."""
     return cutlass.min(tid // lanes, outputs - 1)
 
 
 @cute.jit
-def _read_item(rows_valid: Int32, bias: cute.Tensor, n_dim: Int32, epilogue: cutlass.Constexpr, item: Int32):
+def _read_item(rows_valid: Int32, bias: cute.Tensor, n_dim: cutlass.Constexpr, epilogue: cutlass.Constexpr,
+               item: Int32):
     block = item // n_dim
     n = item - block * n_dim
     pre = None
@@ -170,7 +177,7 @@ def _read_item(rows_valid: Int32, bias: cute.Tensor, n_dim: Int32, epilogue: cut
 
 
 @cute.jit
-def _store_item(rows_valid: Int32, n_dim: Int32, epilogue: cutlass.Constexpr, item: Int32, acc: cute.Tensor,
+def _store_item(rows_valid: Int32, n_dim: cutlass.Constexpr, epilogue: cutlass.Constexpr, item: Int32, acc: cute.Tensor,
                 b: Float32, pre):
     block = item // n_dim
     n = item - block * n_dim
@@ -184,7 +191,8 @@ def _store_item(rows_valid: Int32, n_dim: Int32, epilogue: cutlass.Constexpr, it
 
 
 @cute.jit
-def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, weight: cute.Tensor, n_dim: Int32,
+def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: cutlass.Constexpr, weight: cute.Tensor,
+              n_dim: cutlass.Constexpr,
               item: Int32, lane: Int32, lanes: cutlass.Constexpr, out: cute.Tensor, held=None,
               a_staged: cutlass.Constexpr = False, w_staged: cutlass.Constexpr = False):
     """out[rr] = sum_k a[row rr of the item's block, k] weight[n, k], lane ``lane`` of ``lanes`` summing the
@@ -199,33 +207,35 @@ def _sum_item(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: Int32, we
     acc = cute.make_rmem_tensor((per_lane, ROW_BLOCK), Float32)
     acc.fill(0.0)
     if cutlass.const_expr(held is not None):
-        for s in cutlass.range_constexpr(WEIGHT_REGISTERS // per_lane):
-            if s * K_CLASSES < k_dim:  # uniform: the steps past K are skipped whole
-                k = s * K_CLASSES + lane * per_lane
-                if cutlass.const_expr(a_staged):  # the run stays inside the padded row; terms past K are skipped
-                    _add_run(acc, a, block, k, per_lane, k_dim, [held[s * per_lane + j] for j in range(per_lane)],
-                             True)
-                else:
-                    for j in cutlass.range_constexpr(per_lane):
-                        if k + j < k_dim:
-                            _add_term(acc, j, a, rows, k + j, held[s * per_lane + j])
-    else:
-        k_full = k_dim - k_dim % K_CLASSES  # below it every class is present: no bounds checks
-        for k0 in cutlass.range(lane * per_lane, k_full, K_CLASSES, unroll=1):
-            if cutlass.const_expr(w_staged):
-                w_run = _run(weight[n, (None, k0 // K_CLASSES)], per_lane, lane)
-                w = [w_run[j] for j in range(per_lane)]
-            else:
-                w = [weight[n, k0 + j] for j in range(per_lane)]
-            if cutlass.const_expr(a_staged):
-                _add_run(acc, a, block, k0, per_lane, k_dim, w, False)
+        for s in cutlass.range_constexpr(min(WEIGHT_REGISTERS // per_lane, ceil_div(k_dim, K_CLASSES))):
+            k = s * K_CLASSES + lane * per_lane
+            if cutlass.const_expr(a_staged):  # the run stays inside the padded row; terms past K are skipped
+                _add_run(acc, a, block, k, per_lane, k_dim, [held[s * per_lane + j] for j in range(per_lane)],
+                         (s + 1) * K_CLASSES > k_dim)
             else:
                 for j in cutlass.range_constexpr(per_lane):
-                    _add_term(acc, j, a, rows, k0 + j, w[j])
-        for j in cutlass.range_constexpr(per_lane):
-            k = k_full + lane * per_lane + j
-            if k < k_dim:
-                _add_term(acc, j, a, rows, k, weight[n, k])
+                    if k + j < k_dim:
+                        _add_term(acc, j, a, rows, k + j, held[s * per_lane + j])
+    else:
+        steps = k_dim // K_CLASSES  # below step ``steps`` every class is present: no bounds checks
+        if cutlass.const_expr(steps > 0):
+            for s in cutlass.range(steps, unroll=min(steps, K_UNROLL // per_lane)):
+                k0 = s * K_CLASSES + lane * per_lane
+                if cutlass.const_expr(w_staged):
+                    w_run = _run(weight[n, (None, s)], per_lane, lane)
+                    w = [w_run[j] for j in range(per_lane)]
+                else:
+                    w = [weight[n, k0 + j] for j in range(per_lane)]
+                if cutlass.const_expr(a_staged):
+                    _add_run(acc, a, block, k0, per_lane, k_dim, w, False)
+                else:
+                    for j in cutlass.range_constexpr(per_lane):
+                        _add_term(acc, j, a, rows, k0 + j, w[j])
+        if cutlass.const_expr(k_dim % K_CLASSES):  # the last, partial step
+            for j in cutlass.range_constexpr(per_lane):
+                k = steps * K_CLASSES + lane * per_lane + j
+                if k < k_dim:
+                    _add_term(acc, j, a, rows, k, weight[n, k])
     for level in cutlass.range_constexpr(LEVELS):  # the fixed tree: partners c ^ 1, then c ^ 2, then c ^ 4
         if cutlass.const_expr((1 << level) < per_lane):  # both classes in the lane: j and j + 2^level
             for j in cutlass.range_constexpr(per_lane):
@@ -248,8 +258,8 @@ def _add_term(acc: cute.Tensor, j: cutlass.Constexpr, a: cute.Tensor, rows: list
 
 
 @cute.jit
-def _add_run(acc: cute.Tensor, a: cute.Tensor, block: Int32, k: Int32, per_lane: cutlass.Constexpr, k_dim: Int32,
-             w: list, checked: cutlass.Constexpr):
+def _add_run(acc: cute.Tensor, a: cute.Tensor, block: Int32, k: Int32, per_lane: cutlass.Constexpr,
+             k_dim: cutlass.Constexpr, w: list, checked: cutlass.Constexpr):
     """Classes j < per_lane take term k + j (k a multiple of per_lane) of the rows of row block ``block`` of a
     ``smem_rows`` tensor, all read at once: one run of ROW_BLOCK x per_lane elements, rows innermost, in vectors.
     Rows past the tile's valid ones are read too; their sums are never stored. With ``checked``, terms at or past
@@ -276,19 +286,19 @@ def _run(view: cute.Tensor, length: cutlass.Constexpr, index: Int32) -> cute.Ten
 
 
 @cute.jit
-def stage_rows(src: cute.Tensor, row0: Int32, rows_valid: Int32, dst: cute.Tensor, tid: Int32, magic=None):
-    """dst[r, c] = src[row0 + r, c], converted to dst's type, for r < rows_valid and every column: a tile's
-    input rows (fp16 -> fp32 is exact), or a whole (N, K) weight (row0 0, rows_valid N) into its
-    ``smem_weight`` view. The rows are contiguous in global memory, so thread t loads their flat elements t, t + T, ...
-    (coalesced; STAGE_BATCH of them, each at a fixed offset from the first), then stores them, each
-    element's (r, c) found on its own by ``div_rows`` (no chain of dependent steps between them); ``magic``:
-    ``row_magic`` of src's columns where the caller computed it once for many calls."""
+def stage_rows(src: cute.Tensor, row0: Int32, rows_valid: Int32, dst: cute.Tensor, tid: Int32,
+               rows_max: cutlass.Constexpr):
+    """dst[r, c] = src[row0 + r, c], converted to dst's type, for r < rows_valid (at most ``rows_max``) and every
+    column: a tile's input rows (fp16 -> fp32 is exact), or a whole (N, K) weight (row0 0, rows_valid N) into its
+    ``smem_weight`` view. The rows are contiguous in global memory, so thread t loads their flat elements t, t + T,
+    ... (coalesced; STAGE_BATCH of them, each at a fixed offset from the first), then stores them, each element's
+    (r, c) found on its own (a division by the compile-time column count: no chain of dependent steps)."""
     cols = src.shape[1]
     total = rows_valid * cols
     flat = cute.make_tensor(src.iterator + row0 * cols, cute.make_layout(total))
-    if cutlass.const_expr(magic is None):
-        magic = row_magic(cols)
-    for f0 in range(tid, total, SCALAR_THREADS * STAGE_BATCH):
+    batches = ceil_div(rows_max * cols, SCALAR_THREADS * STAGE_BATCH)
+    for batch in cutlass.range(batches, unroll=min(batches, STAGE_UNROLL)):
+        f0 = tid + batch * SCALAR_THREADS * STAGE_BATCH
         staged = cute.make_rmem_tensor((STAGE_BATCH,), src.element_type)
         for u in cutlass.range_constexpr(STAGE_BATCH):
             staged[u] = src.element_type(0.0)
@@ -297,34 +307,8 @@ def stage_rows(src: cute.Tensor, row0: Int32, rows_valid: Int32, dst: cute.Tenso
         for u in cutlass.range_constexpr(STAGE_BATCH):
             f = f0 + u * SCALAR_THREADS
             if f < total:
-                r = div_rows(f, magic)
+                r = f // cols
                 dst[r, f - r * cols] = staged[u].to(dst.element_type)
-
-
-MAGIC_SHIFT = 40
-
-
-@cute.jit
-def row_magic(cols: Int32) -> Int64:
-    """floor(2^40 / cols) + 1: with it ``div_rows`` divides by cols exactly for every flat index below 2^17
-    (shared memory holds fewer elements) and cols below 2^23. The floor comes from a float64 division (its
-    rounding error is below 2^-13, so the truncated quotient is within one of the floor) and one exact integer
-    correction: a 64-bit integer division is a subroutine of about a hundred dependent instructions."""
-    top = Int64(1) << MAGIC_SHIFT
-    q = Int64(Float64(top) / Float64(cols))
-    r = top - q * Int64(cols)
-    if r < Int64(0):
-        q = q - Int64(1)
-    elif r >= Int64(cols):
-        q = q + Int64(1)
-    return q + Int64(1)
-
-
-@cute.jit
-def div_rows(f: Int32, magic: Int64) -> Int32:
-    """f // cols by one 64-bit multiply and shift (``row_magic``): f / cols + f * e / 2^40 with 0 < e <= 1 stays
-    below the next integer while f * e / 2^40 < 1 / cols."""
-    return Int32((Int64(f) * magic) >> MAGIC_SHIFT)
 
 
 def dynamic_smem():
@@ -345,7 +329,7 @@ def smem_rows(base, byte_offset, rows, cols) -> cute.Tensor:
     ``planning.scalar_row_stride(cols)``, so that a block's rows at a run of K are one contiguous run (``_add_run``).
     Shape ((ROW_BLOCK, rows / ROW_BLOCK), S) (rows a multiple of ROW_BLOCK): ``t[r, k]`` indexes it by row, and
     ``t[(None, b), None]`` is block b. Columns past ``cols`` are never written."""
-    stride = cute.assume(scalar_row_stride(cols), divby=K_CLASSES)
+    stride = scalar_row_stride(cols)
     layout = cute.make_layout(((ROW_BLOCK, rows // ROW_BLOCK), stride), stride=((1, ROW_BLOCK * stride), ROW_BLOCK))
     return cute.make_tensor(_smem_at(base, byte_offset, Float32), layout)
 
@@ -354,7 +338,7 @@ def smem_weight(base, byte_offset, n, k) -> cute.Tensor:
     """An fp16 (N, K) weight staged by K step at ``byte_offset`` (a multiple of 16): element (n, k) at half
     (k // K_CLASSES * G + n) * K_CLASSES + k % K_CLASSES, G = ``planning.weight_group_stride(n)``. Its mode 1 is
     (class, step): ``w[n, k]`` indexes it by k, ``w[n, (None, s)]`` is output n's chunk of step s."""
-    chunk = cute.assume(weight_group_stride(n) * K_CLASSES, divby=K_CLASSES)
+    chunk = weight_group_stride(n) * K_CLASSES
     return cute.make_tensor(_smem_at(base, byte_offset, Float16),
                             cute.make_layout((n, (K_CLASSES, ceil_div(k, K_CLASSES))), stride=(K_CLASSES, (1, chunk))))
 
@@ -368,18 +352,23 @@ def stage_weight(src: cute.Tensor, dst: cute.Tensor, tid: Int32):
     ``stage_rows`` copies the elements (a warp's 32 consecutive elements of a row fall in four chunks an odd number
     of chunks apart: no bank conflicts either); the half-empty last step's padding is never read."""
     n_dim, k_dim = src.shape
-    if k_dim % K_CLASSES == 0 and src.iterator.toint() % 16 == 0:
-        steps = k_dim // K_CLASSES
-        magic = row_magic(steps)
-        atom = cute.make_copy_atom(cpasync.CopyG2SOp(), Float16, num_bits_per_copy=16 * 8)
-        for c in range(tid, n_dim * steps, SCALAR_THREADS):
-            n = div_rows(c, magic)
-            whole = cute.make_ptr(Float16, (src.iterator + c * K_CLASSES).toint(), cute.AddressSpace.gmem,
-                                  assumed_align=16)
-            cute.copy(atom, cute.make_tensor(whole, cute.make_layout(K_CLASSES)), dst[n, (None, c - n * steps)])
-        cute.arch.cp_async_commit_group()
+    if cutlass.const_expr(k_dim % K_CLASSES == 0):
+        if src.iterator.toint() % 16 == 0:
+            steps = k_dim // K_CLASSES
+            atom = cute.make_copy_atom(cpasync.CopyG2SOp(), Float16, num_bits_per_copy=16 * 8)
+            copies = ceil_div(n_dim * steps, SCALAR_THREADS)
+            for i in cutlass.range(copies, unroll=min(copies, 4 * STAGE_UNROLL)):
+                c = tid + i * SCALAR_THREADS
+                if c < n_dim * steps:
+                    n = c // steps
+                    whole = cute.make_ptr(Float16, (src.iterator + c * K_CLASSES).toint(), cute.AddressSpace.gmem,
+                                          assumed_align=16)
+                    cute.copy(atom, cute.make_tensor(whole, cute.make_layout(K_CLASSES)), dst[n, (None, c - n * steps)])
+            cute.arch.cp_async_commit_group()
+        else:
+            stage_rows(src, Int32(0), n_dim, dst, tid, n_dim)
     else:
-        stage_rows(src, Int32(0), n_dim, dst, tid)
+        stage_rows(src, Int32(0), n_dim, dst, tid, n_dim)
 
 
 class HiddenToSmem:
