@@ -2,8 +2,10 @@
 without a GPU, and the per-process cache of compiled variants with their cubins.
 
 A *variant* is everything an engine fixes at compile time (tile shape, where the hidden lives, the
-residual dtype). Rows, channels, hidden and the activation are runtime values, so one compiled
-variant serves every shape it is planned for. Variants compile for the TVM-FFI calling convention:
+residual dtype). For the tensor-core engines, rows, channels, hidden and the activation are runtime
+values, so one compiled variant serves every shape it is planned for; the CUDA-core engines compile
+one per layer size (channels, hidden and rows per tile fixed; rows and the activation at run time),
+whose loops and index arithmetic the compiler then settles. Variants compile for the TVM-FFI calling convention:
 they take torch tensors and launch on the current torch stream (so CUDA-graph capture just works).
 """
 

@@ -1,7 +1,8 @@
 """``persistent`` and ``persistent-global``: one launch runs both GEMMs of every row tile.
 
 The grid is min(row tiles, resident CTAs) and CTA b owns tiles b, b + grid, ... (static round
-robin). For each tile the CTA stages the fp16 input rows in shared memory as fp32, computes the
+robin). Each kernel is compiled for its sizes (``Variant``: channels, hidden, rows per tile). For each tile the
+CTA stages the fp16 input rows in shared memory as fp32, computes the
 hidden rows, and then the output rows, all with ``scalar.linear_rows``. Where each lane's share of both
 weights fits in registers and a tile is one row block (``planning.register_weights_fit``), the CTA loads that
 share into registers once, before its first tile, all loads in flight together with the first tile's input rows,
