@@ -70,3 +70,36 @@ def test_the_cuda_core_kernels_of_every_report_shape_are_in_the_ahead_of_time_li
             plan = planning.choose("conventional", rows, channels, hidden, planning.H200).plan
             assert conventional.Variant("hidden", channels, hidden, plan.tile.rows).name in AOT_NAMES
             assert conventional.Variant("output", hidden, channels, plan.tile.rows, residual).name in AOT_NAMES
+
+
+@settings(max_examples=8, deadline=None)
+@given(rows=st.integers(1, 3000), channels=st.integers(1, 300), hidden=st.integers(1, 600),
+       tile_rows=st.sampled_from([None, 4, 8, 12, 32]), engine=st.sampled_from(["persistent", "persistent-global"]),
+       weights=st.sampled_from([None, "smem", "global", "registers"]),
+       residual=st.sampled_from(["float16", "float32"]))
+def test_cuda_core_kernels_compile_for_any_size(rows, channels, hidden, tile_rows, engine, weights, residual):
+    """The CUDA-core kernels are compiled per size, so a size no list names must compile too: odd K below one K
+    step, N of one, tiles of several row blocks, every weight placement a plan allows (the GPU tests run such
+    shapes; this catches a CuTe DSL error in CI, without a GPU)."""
+    from hypothesis import assume
+
+    from kernellab.megakernel import planning
+    from kernellab.megakernel.engines import conventional, persistent
+
+    try:
+        plan = planning.forced(engine, rows, channels, hidden, planning.H200, tile_rows=tile_rows, weights=weights)
+    except ValueError:  # a tile or placement this size does not allow
+        assume(False)
+    persistent.Variant.of(plan, residual).compile("sm_90a")
+    conventional.Variant("output", hidden, channels, plan.tile.rows, residual).compile("sm_90a")
+
+
+def test_cuda_core_kernels_compile_at_the_smallest_sizes():
+    """One channel and one hidden unit: no whole K step, one output column, every lane group idle but one."""
+    from kernellab.megakernel import planning
+    from kernellab.megakernel.engines import conventional, persistent
+
+    for engine in ("persistent", "persistent-global"):
+        plan = planning.forced(engine, 5, 1, 1, planning.H200)
+        assert persistent.Variant.of(plan).compile("sm_90a") is not None
+    assert conventional.Variant("hidden", 1, 1, 4).compile("sm_90a") is not None

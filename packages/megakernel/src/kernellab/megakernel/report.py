@@ -49,8 +49,9 @@ LIMITATIONS = [
     "which also changes its shared-memory footprint and occupancy.",
     "conventional-tc needs channels and hidden multiples of 8 (16-byte cp.async); persistent-tc loads other "
     "shapes element by element (tile_vector 1 in its plan) and needs channels <= 512; shapes an engine cannot serve "
-    "go down the fallback chain (served_by). CUDA-core engines at the large shapes are compute bound on FMA "
-    "units and are not expected to compete there.",
+    "go down the fallback chain (served_by). At the large shapes even the FMA units' peak is above 0.25x cuBLAS, "
+    "and the CUDA-core engines, whose weights do not fit in shared memory there, read them from global memory "
+    "element by element, far below that peak: they are not expected to compete there.",
 ]
 FLOOR_WHAT = ("An empty kernel (one CTA of 32 threads, given y, writing nothing) launched as every engine is: compiled "
               "for TVM-FFI, called with a torch tensor on the current stream, directly (stream_summary, host_summary) "
