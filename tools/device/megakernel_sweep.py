@@ -61,6 +61,8 @@ PLANS = {  # label -> (engine, planning.forced choices); {}: the planner's own p
     "persistent-smem-weights": ("persistent", {"weights": "smem"}),  # staged in shared memory, or
     "persistent-global-weights": ("persistent", {"weights": "global"}),  # read from global memory, or
     "persistent-register-weights": ("persistent", {"weights": "registers"}),  # each lane's share in registers
+    "persistent-rows4": ("persistent", {"tile_rows": 4}),  # the planner's placement with other row tiles: more
+    "persistent-rows16": ("persistent", {"tile_rows": 16}),  # CTAs reading the weights, or fewer with more rows
 }
 ALWAYS = ("planned", "persistent")
 """Labels swept whatever ``--plans`` says: the plans that serve the shape today."""

@@ -83,7 +83,7 @@ def test_scalar_weights_are_held_in_registers_or_staged_where_a_cta_reuses_them_
 @given(st.integers(1, 300), st.integers(1, 300))
 def test_register_weights_count_each_lanes_share(k_dim, n_dim):
     """A lane's share at one row block: its classes (K_CLASSES / lanes) of every K step; lanes as the device's
-    ``group_lanes`` picks them (the most, up to K_CLASSES, with every output's group within the CTA)."""
+    ``linear_rows`` takes them (the most, up to K_CLASSES, with every output's group within the CTA)."""
     lanes = planning.scalar_group_lanes(n_dim)
     assert lanes in (1, 2, 4, 8)
     assert n_dim * lanes <= planning.SCALAR_THREADS or lanes == 1

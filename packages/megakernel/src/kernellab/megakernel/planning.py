@@ -440,7 +440,8 @@ def scalar_occupancy(weights: str) -> int:
 
 
 def scalar_group_lanes(outputs: int) -> int:
-    """Lanes that share one output in ``scalar.linear_rows`` (device code: ``scalar.group_lanes``)."""
+    """Lanes that share one output in ``scalar.linear_rows``, for the items of a full tile (the kernels call it with
+    their compile-time sizes)."""
     lanes = 1
     while lanes < SCALAR_K_CLASSES and outputs * lanes * 2 <= SCALAR_THREADS:
         lanes *= 2
