@@ -31,3 +31,37 @@ def test_trace_names_an_anchor_the_kernel_lost():
     source = KERNEL.read_text().replace("warpgroup.wait_group(1)  # GEMM1(j + 1) is done", "warpgroup.wait_group(1)")
     with pytest.raises(SystemExit, match="GEMM1"):
         trace.traced_source(source)
+
+
+SOURCE_PAGE = '''"Kernel Name","kernel_a",
+"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","Instructions Executed"
+"0x10","      LDC R1, c[0x0][0x28]","3","1","16"
+"0x20","@!P0  BRA 0x40","0","0","16"
+"0x30","      FFMA R2, R3, R4, R2","12","4","1,024"
+"0x40","      EXIT","0","0",""
+"Kernel Name","kernel_b",
+"Address","Source","Instructions Executed","Warp Stall Sampling (All Samples)"
+"0x10","      FFMA.FTZ R0, R1, R2, R0","64","2"
+'''
+
+
+def test_source_profile_counts_instructions_by_opcode_and_per_warp():
+    """``megakernel_profile.py --source`` reads ncu's source page: each launch's lines (columns found by name, as
+    ncu orders them per kernel), warp instructions per warp from the plan's grid and threads, opcodes without
+    predicates or modifiers."""
+    profile = load_tool("megakernel_profile")
+    kernels = profile.parse_source(SOURCE_PAGE)
+    assert [k["kernel"] for k in kernels] == ["kernel_a", "kernel_b"]
+    assert [line["executed"] for line in kernels[0]["lines"]] == [16, 16, 1024, 0]
+    assert kernels[1]["lines"][0] == {"address": "0x10", "sass": "FFMA.FTZ R0, R1, R2, R0", "executed": 64,
+                                      "samples": 2}
+    warps = profile.plan_warps({"grid": 2, "tile_threads": 256})
+    assert warps == 16
+    summary = profile.source_summary(kernels[0], warps, top=2)
+    assert summary["executed"] == 1056 and summary["executed_per_warp"] == 66 and summary["samples"] == 15
+    assert summary["by_opcode"] == {"FFMA": 1024, "LDC": 16, "BRA": 16}
+    assert [line["address"] for line in summary["most_sampled"]] == ["0x30", "0x10"]
+    assert profile.source_line(summary).startswith("66 instructions a warp: FFMA=64 LDC=1 BRA=1")
+    torch_summary = profile.source_summary(kernels[1], profile.plan_warps(None))
+    assert torch_summary["executed_per_warp"] is None
+    assert profile.source_line(torch_summary) == "64 instructions in all: FFMA=64"

@@ -3,6 +3,7 @@ time of one call goes (SM and memory throughput, tensor-pipe use, occupancy, war
 next kernel change aims at the bound that holds and not at a guess.
 
     python3 tools/device/megakernel_profile.py --shape 1x7x13 [--plans 'planned,torch-cublas'] [--name NAME]
+    python3 tools/device/megakernel_profile.py --shape 257x64x128 --plans persistent --source [--name NAME]
     python3 tools/device/megakernel_profile.py --show PROFILE.json...   (anywhere: a short table of written ones)
 
 The plans are ``megakernel_sweep.PLANS``' labels plus ``torch-cublas``. Each label runs in its own child
@@ -14,6 +15,11 @@ the average warps stalled per issued instruction, by reason), so that the table 
 kernel waits on most (instruction fetch, a barrier, a memory load). Writes $OUT/NAME.json (default
 megakernel_profile) with the harness's provenance and every metric ncu printed, and prints a short table
 last.
+
+``--source`` profiles the SASS instead (ncu's SourceCounters, exported as its source page): per kernel launch, the
+warp instructions executed, in all and per warp (the plan's grid times its warps), by opcode, and the lines that
+ran most and that the warp-state sampler caught most. It says where a kernel's instructions go (its loops against
+the code that runs once a warp) where the sections only say how fast they issue.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis", "Occupancy", "LaunchStats",
             "WarpStateStats", "SchedulerStats")
@@ -135,6 +142,85 @@ def profile(shape: tuple, label: str) -> dict:
     return record
 
 
+SOURCE_SECTIONS = ("SourceCounters", "WarpStateStats")
+EXECUTED, SAMPLES = "Instructions Executed", "Warp Stall Sampling (All Samples)"
+
+
+def parse_source(text: str) -> list[dict]:
+    """ncu's ``--csv --page source --print-source sass`` output -> one {"kernel", "lines"} per kernel launch, each
+    line {"address", "sass", "executed", "samples"} (warp-level counts; 0 where ncu printed none)."""
+    kernels, columns = [], {}
+    rows = list(csv.reader(io.StringIO(text)))
+    for i, row in enumerate(rows):
+        if row[:1] == ["Kernel Name"]:
+            kernels.append({"kernel": row[1] if len(row) > 1 else "", "lines": []})
+            columns = {name: j for j, name in enumerate(rows[i + 1] if i + 1 < len(rows) else [])}
+        elif kernels and row[:1] != ["Address"] and len(row) > 1:
+            kernels[-1]["lines"].append({"address": row[0], "sass": row[columns.get("Source", 1)].strip(),
+                                         "executed": _cell(row, columns, EXECUTED),
+                                         "samples": _cell(row, columns, SAMPLES)})
+    return kernels
+
+
+def _cell(row: list, columns: dict, name: str) -> float:
+    j = columns.get(name)
+    return (_number(row[j], "") or 0.0) if j is not None and j < len(row) else 0.0
+
+
+def opcode(sass: str) -> str:
+    """The mnemonic of a SASS line without its predicate and modifiers: '@!P0 BRA 0x..' -> 'BRA'."""
+    words = sass.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else ""
+
+
+def source_summary(kernel: dict, warps: int | None, top: int = 12) -> dict:
+    """Totals of one launch's source page: warp instructions executed (and per warp, given the launch's warps),
+    by opcode (most first), sampler hits, and the ``top`` lines by executed count and by samples."""
+    lines = kernel["lines"]
+    executed = sum(line["executed"] for line in lines)
+    by_opcode: dict[str, float] = {}
+    for line in lines:
+        if line["executed"]:
+            by_opcode[opcode(line["sass"])] = by_opcode.get(opcode(line["sass"]), 0.0) + line["executed"]
+    return {
+        "kernel": kernel["kernel"], "sass_lines": len(lines), "executed": executed,
+        "executed_per_warp": executed / warps if warps else None, "warps": warps,
+        "samples": sum(line["samples"] for line in lines),
+        "by_opcode": dict(sorted(by_opcode.items(), key=lambda kv: -kv[1])),
+        "most_executed": sorted(lines, key=lambda line: -line["executed"])[:top],
+        "most_sampled": sorted(lines, key=lambda line: -line["samples"])[:top],
+    }
+
+
+def plan_warps(plan: dict | None) -> int | None:
+    """Warps one launch of the plan runs: grid x threads a CTA / 32 (None for torch's kernels)."""
+    if not plan or "grid" not in plan or "tile_threads" not in plan:
+        return None
+    return plan["grid"] * plan["tile_threads"] // 32
+
+
+def profile_source(shape: tuple, label: str, work: str) -> dict:
+    """One label's ncu run for the source page: its plan and each launch's ``source_summary``."""
+    report = os.path.join(work, f"{label}.ncu-rep")
+    program = [sys.executable, os.path.abspath(__file__), "--child", "--shape", "x".join(map(str, shape)),
+               "--plans", label]
+    done = subprocess.run(["ncu", "--clock-control", "none", "--profile-from-start", "off", "--import-source", "no",
+                           *[arg for s in SOURCE_SECTIONS for arg in ("--section", s)], "-f", "-o", report,
+                           *program], capture_output=True, text=True, timeout=300)
+    plan = next((json.loads(line[5:]) for line in done.stdout.splitlines() if line.startswith("PLAN ")), None)
+    record = {"plan": plan, "returncode": done.returncode, "source": []}
+    if done.returncode == 0:
+        page = subprocess.run(["ncu", "-i", report, "--page", "source", "--csv", "--print-source", "sass"],
+                              capture_output=True, text=True, timeout=300)
+        record["source"] = [source_summary(k, plan_warps(plan)) for k in parse_source(page.stdout)]
+        done = page
+    if done.returncode or not record["source"]:
+        record["error"] = (done.stderr or done.stdout)[-2000:]
+    return record
+
+
 SHOWN_BRIEF = ("us", "l2 %", "regs", "cyc/issue")
 
 
@@ -146,8 +232,18 @@ def show(paths: list[str]) -> None:
             record = json.load(f)
         shape = "x".join(map(str, record["shape"]))
         for label, result in record["plans"].items():
-            for launch in result["launches"]:
+            for launch in result.get("launches", []):
                 print(f"{shape:16s} {label:12s} {cells(summary(launch), SHOWN_BRIEF)}  {top_stalls(launch)}")
+            for launch in result.get("source", []):
+                print(f"{shape:16s} {label:12s} {source_line(launch)}")
+
+
+def source_line(launch: dict) -> str:
+    """A source profile's launch in one line: warp instructions per warp (in all for torch's kernels, whose warps
+    the plan does not give) and the opcodes most of them are."""
+    scale, unit = (launch["warps"], "a warp") if launch["warps"] else (1, "in all")
+    ops = " ".join(f"{op}={n / scale:.0f}" for op, n in list(launch["by_opcode"].items())[:8])
+    return f"{launch['executed'] / scale:.0f} instructions {unit}: {ops}"
 
 
 def main() -> None:
@@ -157,6 +253,8 @@ def main() -> None:
     ap.add_argument("--plans", default="planned,torch-cublas",
                     help="comma-separated shell patterns over megakernel_sweep.PLANS' labels and torch-cublas")
     ap.add_argument("--name", default="megakernel_profile", help="the JSON's name under $OUT")
+    ap.add_argument("--source", action="store_true",
+                    help="profile the SASS (instructions executed by line and opcode) instead of the sections")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.show:
@@ -180,13 +278,16 @@ def main() -> None:
     from kernellab.harness import provenance
 
     record = {"provenance": provenance.of_check("cuda", __file__, ["megakernel"]), "shape": shape,
-              "sections": SECTIONS, "plans": {}}
+              "sections": SOURCE_SECTIONS if args.source else SECTIONS, "plans": {}}
     rows = []
+    work = tempfile.mkdtemp()
     for label in labels:
-        result = profile(shape, label)
+        result = profile_source(shape, label, work) if args.source else profile(shape, label)
         record["plans"][label] = result
-        for launch in result["launches"]:
+        for launch in result.get("launches", []):
             rows.append((label, launch["kernel"][:40], summary(launch), top_stalls(launch)))
+        for launch in result.get("source", []):
+            print(f"{label:14s} {launch['kernel'][:40]:40s} {source_line(launch)}", flush=True)
         if "error" in result:
             print(f"{label}: ncu exit {result['returncode']}: {result['error'][-300:]}", flush=True)
         with open(os.path.join(os.environ.get("OUT", "."), f"{args.name}.json"), "w") as f:
