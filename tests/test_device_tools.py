@@ -34,10 +34,10 @@ def test_trace_names_an_anchor_the_kernel_lost():
 
 
 SOURCE_PAGE = '''"Kernel Name","kernel_a",
-"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","Instructions Executed"
-"0x10","      LDC R1, c[0x0][0x28]","3","1","16"
+"Address","Source","Warp Stall Sampling (All Samples)","# Samples","Instructions Executed"
+"0x10","      LDC R1, c[0x0][0x28]","3","3","16"
 "0x20","@!P0  BRA 0x40","0","0","16"
-"0x30","      FFMA R2, R3, R4, R2","12","4","1,024"
+"0x30","      FFMA R2, R3, R4, R2","12","12","1,024"
 "0x40","      EXIT","0","0",""
 "Kernel Name","kernel_b",
 "Address","Source","Instructions Executed","Warp Stall Sampling (All Samples)"
