@@ -93,7 +93,7 @@ def linear_rows(a: cute.Tensor, a_row0: Int32, rows_valid: Int32, k_dim: cutlass
     tile). ``a_staged``: ``a`` is a ``smem_rows`` tensor, whose runs of a K step are read as vectors;
     ``w_staged``: ``weight`` is a ``smem_weight`` tensor, likewise."""
     outputs = _outputs(rows_valid, n_dim)
-    lanes = scalar_group_lanes(_tile_items(tile_rows, n_dim))
+    lanes = _item_lanes(tile_rows, n_dim)
     acc = cute.make_rmem_tensor((ROW_BLOCK,), Float32)
     if cutlass.const_expr(_tile_items(tile_rows, n_dim) * lanes <= SCALAR_THREADS):  # one item a thread (group)
         item = _one_pass_item(outputs, lanes, tid)
@@ -122,7 +122,7 @@ def read_early(rows_valid: Int32, bias: cute.Tensor, n_dim: cutlass.Constexpr, e
     """The bias and epilogue reads of this thread's item in ``linear_rows`` (where every thread has one),
     issued before the stages that come first (the input rows' staging, the first GEMM) so that their
     latency hides under those."""
-    lanes = scalar_group_lanes(_tile_items(tile_rows, n_dim))
+    lanes = _item_lanes(tile_rows, n_dim)
     return _read_item(rows_valid, bias, n_dim, epilogue, _one_pass_item(_outputs(rows_valid, n_dim), lanes, tid))
 
 
@@ -132,7 +132,7 @@ def register_weights(weight: cute.Tensor, k_dim: cutlass.Constexpr, n_dim: cutla
     """This thread's share of ``weight`` in ``linear_rows`` at one row block a tile, in registers: element
     s * P + j (P = K_CLASSES / lanes) is weight[n, s * K_CLASSES + lane * P + j], the j-th class of the
     lane's K step s, and zero past k_dim. All WEIGHT_REGISTERS loads are issued before any is used."""
-    lanes = scalar_group_lanes(n_dim)
+    lanes = _item_lanes(ROW_BLOCK, n_dim)
     per_lane = K_CLASSES // lanes
     n = cutlass.min(tid // lanes, n_dim - 1)
     lane = tid % lanes
@@ -148,6 +148,12 @@ def register_weights(weight: cute.Tensor, k_dim: cutlass.Constexpr, n_dim: cutla
 def _tile_items(tile_rows: int, n_dim: int) -> int:
     """Items of a ``linear_rows`` call on a full tile: what the lanes an item takes are chosen for."""
     return ceil_div(tile_rows, ROW_BLOCK) * n_dim
+
+
+def _item_lanes(tile_rows: int, n_dim: int) -> int:
+    """Lanes an item of a ``linear_rows`` call takes: the one choice that ``linear_rows``, ``read_early`` (which
+    must find the same item a thread) and ``register_weights`` (the same lane's classes) share."""
+    return scalar_group_lanes(_tile_items(tile_rows, n_dim))
 
 
 @cute.jit
