@@ -125,16 +125,26 @@ def child(shape: tuple, label: str) -> None:
     print("PLAN " + json.dumps(description), flush=True)
 
 
+def _child_command(shape: tuple, label: str) -> list[str]:
+    """This script as the profiled program: one label's call at the shape (``child``)."""
+    return [sys.executable, os.path.abspath(__file__), "--child", "--shape", "x".join(map(str, shape)),
+            "--plans", label]
+
+
+def _printed_plan(stdout: str) -> dict | None:
+    """The plan the child printed (its ``PLAN`` line), or None where it printed none."""
+    return next((json.loads(line[5:]) for line in stdout.splitlines() if line.startswith("PLAN ")), None)
+
+
 def profile(shape: tuple, label: str) -> dict:
     """One label's ncu run: its plan, its kernels' metrics, or the error ncu or the child printed."""
     ncu = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "details",
            *[arg for s in SECTIONS for arg in ("--section", s)]]
-    program = [sys.executable, os.path.abspath(__file__), "--child", "--shape", "x".join(map(str, shape)),
-               "--plans", label]
+    program = _child_command(shape, label)
     done = subprocess.run([*ncu, "--metrics", STALLS, *program], capture_output=True, text=True, timeout=300)
     if done.returncode:  # an ncu that knows none of the stall metrics: the sections alone
         done = subprocess.run([*ncu, *program], capture_output=True, text=True, timeout=300)
-    plan = next((json.loads(line[5:]) for line in done.stdout.splitlines() if line.startswith("PLAN ")), None)
+    plan = _printed_plan(done.stdout)
     launches = parse_details(done.stdout)
     record = {"plan": plan, "launches": launches, "returncode": done.returncode}
     if done.returncode or not launches:
@@ -204,12 +214,10 @@ def plan_warps(plan: dict | None) -> int | None:
 def profile_source(shape: tuple, label: str, work: str) -> dict:
     """One label's ncu run for the source page: its plan and each launch's ``source_summary``."""
     report = os.path.join(work, f"{label}.ncu-rep")
-    program = [sys.executable, os.path.abspath(__file__), "--child", "--shape", "x".join(map(str, shape)),
-               "--plans", label]
     done = subprocess.run(["ncu", "--clock-control", "none", "--profile-from-start", "off", "--import-source", "no",
                            *[arg for s in SOURCE_SECTIONS for arg in ("--section", s)], "-f", "-o", report,
-                           *program], capture_output=True, text=True, timeout=300)
-    plan = next((json.loads(line[5:]) for line in done.stdout.splitlines() if line.startswith("PLAN ")), None)
+                           *_child_command(shape, label)], capture_output=True, text=True, timeout=300)
+    plan = _printed_plan(done.stdout)
     record = {"plan": plan, "returncode": done.returncode, "source": []}
     if done.returncode == 0:
         page = subprocess.run(["ncu", "-i", report, "--page", "source", "--csv", "--print-source", "sass"],
@@ -280,7 +288,7 @@ def main() -> None:
     record = {"provenance": provenance.of_check("cuda", __file__, ["megakernel"]), "shape": shape,
               "sections": SOURCE_SECTIONS if args.source else SECTIONS, "plans": {}}
     rows = []
-    work = tempfile.mkdtemp()
+    work = tempfile.mkdtemp() if args.source else None  # where ncu writes its reports for the source page
     for label in labels:
         result = profile_source(shape, label, work) if args.source else profile(shape, label)
         record["plans"][label] = result
