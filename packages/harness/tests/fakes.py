@@ -70,3 +70,66 @@ def affine_suite(*impls: Impl, shapes=((8, 16), (3, 5))) -> Suite:
     return Suite(name="affine", device="cpu", description="test suite",
                  make_problems=lambda: [Affine(s, "fp32", "cpu") for s in shapes],
                  impls=[Impl("torch", bind=lambda p: p.control), *impls])
+
+
+# ---- contenders that cheat the timing, each caught by the harness (test_cheats.py) ----------------
+def works_when_poisoned(problem):
+    """Does the work only when its output holds NaN, as a validation leaves it."""
+    def call(i, o):
+        if bool(o["y"].isnan().any()):
+            o["y"].copy_(i["x"]).mul_(2).add_(1)
+        return o
+    return call
+
+
+def memoizes_on_fingerprint(hits: list):
+    """Keeps results keyed on the input's address and three sampled elements; ``hits`` counts the calls
+    it served from the memo."""
+    def bind(problem):
+        cache = {}
+
+        def call(i, o):
+            x = i["x"]
+            key = (x.data_ptr(), float(x[0, 0]), float(x[-1, -1]), float(x[x.shape[0] // 2, x.shape[1] // 2]))
+            if key in cache:
+                hits.append(key)
+            else:
+                cache[key] = x * 2 + 1
+            o["y"].copy_(cache[key])
+            return o
+        return call
+    return bind
+
+
+def finishes_in_a_thread(problem):
+    """Returns at once and finishes the work in a thread of its own."""
+    import threading
+    import time
+
+    def call(i, o):
+        def work():
+            time.sleep(0.002)
+            o["y"].copy_(i["x"]).mul_(2).add_(1)
+        threading.Thread(target=work, name="planted-worker").start()
+        return o
+    return call
+
+
+def patches_the_comparison(problem):
+    """Replaces the harness's comparison with one that always passes, then does no work."""
+    from kernellab.harness import validate
+
+    validate.compare = lambda *a, **k: {"passed": True, "outputs": {}}
+
+    def call(i, o):
+        return o
+    return call
+
+
+def patches_the_clock(problem):
+    """Makes the harness's clock run 50 times slower, so that every call looks 50 times faster."""
+    import time
+
+    real = time.perf_counter_ns
+    time.perf_counter_ns = lambda: real() // 50
+    return honest(problem)

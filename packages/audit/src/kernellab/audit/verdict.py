@@ -2,9 +2,19 @@
 
 A report pair claims, per contender case and mode, a gain: reference time / candidate time. Each
 side is first divided by its own torch control measured in the same rounds, so machine drift between
-the two reports cancels. The replay measures the same gain with both revisions alternating, and its
+the two reports cancels. The replay measures the same gain with both revisions alternating; its
 confidence interval, widened by the drift its own control probe saw and a tolerance, is the band a
 claim must meet.
+
+The rules, stated once (``judge``):
+
+- the replay is *informative* when its interval, drift included, is at most ``INFORMATIVE_WIDTH``
+  wide (hi / lo) and its samples were not disturbed past use (``disturbed``);
+- a claim is ``reproduced`` only by an informative replay whose band holds the claimed gain (the
+  median over the reports' rounds: a gain claimed in two rounds of three is claimed);
+- a claim outside an informative replay is ``contradicted``; so is a claim that an uninformative but
+  bounded replay (at most ``DECISIVE_WIDTH`` wide) puts further off than the band's own width;
+- anything else is ``undecided``: the verdict is then ``inconclusive``, never ``pass``.
 """
 
 from __future__ import annotations
@@ -14,6 +24,9 @@ import math
 from kernellab.harness import stats
 
 REPRODUCED, CONTRADICTED, UNDECIDED = "reproduced", "contradicted", "undecided"
+INFORMATIVE_WIDTH = 1.5  # an interval hi/lo wider than this cannot confirm a claim
+DECISIVE_WIDTH = 64.0  # an interval wider than this says nothing, not even that a claim is far off
+DRIFT_LIMIT = 1.25  # a replay whose control moved more than 25% between its two sides decides nothing
 
 
 def claims(reference: dict, candidate: dict) -> dict[tuple[str, str], dict]:
@@ -48,19 +61,40 @@ def claims(reference: dict, candidate: dict) -> dict[tuple[str, str], dict]:
     return out
 
 
-def judge(claim: dict, replayed: dict, tolerance: float) -> dict:
-    """Does the replay reproduce the claim? ``replayed`` is one record's mode entry of the replay."""
+def replay_band(replayed: dict, tolerance: float) -> tuple[list[float], float, list[str]]:
+    """The band a claim must meet, its width (hi / lo), and why the replay is not informative (empty
+    when it is). ``replayed`` is one record's mode entry of the replay."""
     lo, hi = replayed["gain_ci"]
+    why = []
+    if not (lo > 0.0 and math.isfinite(hi) and hi >= lo):
+        return [0.0, math.inf], math.inf, [f"replay interval {[lo, hi]} is not a finite positive interval"]
     ctrl = replayed.get("control_ratio_range") or [1.0, 1.0]
-    drift = max(abs(math.log(ctrl[0])), abs(math.log(ctrl[1])))
+    drift = max(abs(math.log(ctrl[0])), abs(math.log(ctrl[1]))) if min(ctrl) > 0 else math.inf
     band = [lo * math.exp(-drift) / (1.0 + tolerance), hi * math.exp(drift) * (1.0 + tolerance)]
-    c_lo, c_hi = claim["claimed_range"]
-    informative = hi / lo <= (1.0 + tolerance) ** 4 and not replayed.get("control_flagged")
-    gap = math.log(band[0] / c_hi) if c_hi < band[0] else math.log(c_lo / band[1]) if c_lo > band[1] else 0.0
-    if gap == 0.0:
+    width = hi / lo * math.exp(2 * drift)
+    if width > INFORMATIVE_WIDTH:
+        why.append(f"replay interval {lo:.3g}-{hi:.3g} with control drift {math.exp(drift):.3g}x is "
+                   f"{width:.3g}x wide (informative: <= {INFORMATIVE_WIDTH}x)")
+    if math.exp(drift) > DRIFT_LIMIT:
+        why.append(f"the replay's control moved {math.exp(drift):.3g}x between its sides "
+                   f"(limit {DRIFT_LIMIT}x)")
+    if replayed.get("disturbed"):
+        why.append("the replay's samples were disturbed (preemption, throttling or clock events) past use")
+    return band, width, why
+
+
+def judge(claim: dict, replayed: dict, tolerance: float) -> dict:
+    """Does the replay reproduce the claim? See the module docstring for the rules."""
+    band, width, why = replay_band(replayed, tolerance)
+    gain = claim["claimed_gain"]
+    inside = band[0] <= gain <= band[1]
+    gap = 0.0 if inside else (math.log(band[0] / gain) if gain < band[0] else math.log(gain / band[1]))
+    if not why and inside:
         outcome = REPRODUCED
-    elif informative or gap > math.log(band[1] / band[0]):  # noisy, but the claim is further off than the noise
+    elif not inside and (not why or (width <= DECISIVE_WIDTH and gap > math.log(width)
+                                     and math.isfinite(gap))):
         outcome = CONTRADICTED
     else:
         outcome = UNDECIDED
-    return {**claim, "replay_band": band, "claim": outcome}
+    return {**claim, "replay_band": band, "replay_width": width, "informative": not why,
+            "uninformative_because": why, "claim": outcome}

@@ -15,9 +15,10 @@ import gc
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from . import timing, validate
+from . import integrity, noise, threads, timing, validate
 from .case import Impl, Problem, Suite, Unsupported, seed_for
 
 WARM_MS = 20.0  # least wall time of warmup calls before each mode's samples
@@ -120,7 +121,7 @@ class Bench:
                 case.status, case.reason = "unavailable", why
                 continue
             try:
-                case.call = case.impl.bind(case.problem)
+                case.call = threads.own(case.impl.name, lambda case=case: case.impl.bind(case.problem))
                 case.status = "ok"
             except Unsupported as e:
                 case.status, case.reason = "unsupported", str(e)
@@ -179,33 +180,55 @@ class Bench:
                 progress.step(f"round {index + 1}: {cid}  {describe_samples(out[cid])}")
         return out
 
-    def run_case(self, case_id: str, index: int) -> dict[str, Any]:
+    def run_case(self, case_id: str, index: int, ship_dir: str | None = None) -> dict[str, Any]:
         case = next((c for c in self.cases if c.id == case_id), None)
         if case is None or case.call is None:
             raise KeyError(f"no runnable case {case_id!r}")
-        return self._run_case(case, index)
+        with threads.measuring(case.impl.name):
+            return self._run_case(case, index, ship_dir)
 
-    def _run_case(self, case: Case, index: int) -> dict[str, Any]:
+    def _run_case(self, case: Case, index: int, ship_dir: str | None) -> dict[str, Any]:
+        """Validations with fresh buffers, the changed-input graph replay, then every mode's samples with
+        every timed batch checked (``validate.BatchCheck``) and what disturbed each sample recorded; the
+        harness checked unpatched before and after. With ``ship_dir``, a result of each validation and of
+        each mode's last batch is written there for the driver to check outside this process."""
         cfg = self.config
         problem = case.problem
-        result: dict[str, Any] = {"validations": [], "samples_us": {}}
+        result: dict[str, Any] = {"validations": [], "samples_us": {}, "disturbance": {}, "shipped": []}
+
+        def ship(tag: str, seed: int, res, inputs) -> None:
+            if ship_dir is None:
+                return
+            path = Path(ship_dir) / f"{len(result['shipped'])}-{problem.name}-{case.impl.name}-{index}-{tag}.pt"
+            info = validate.ship(path, seed, res, inputs)
+            result["shipped"].append({"tag": tag, **(info or {"skipped": "larger than the ship limit"})})
+
         try:
+            _unpatched(case)
             for v in range(cfg.validations_per_round):
                 seed = seed_for(cfg.seed, problem.name, case.impl.name, "validate", index, v)
-                result["validations"].append(validate.validate_call(problem, case.call, seed))
+                report, res, inputs = validate.validate_call(problem, case.call, seed, keep=True)
+                result["validations"].append(report)
+                ship(f"validate{v}", seed, res, inputs)
             if self.device.kind == "cuda" and case.impl.graphable and "graph_throughput" in self.modes:
                 seeds = [seed_for(cfg.seed, problem.name, case.impl.name, "graph", index, k) for k in (0, 1)]
                 result["graph_replay"] = validate.validate_graph_replay(problem, case.call, *seeds)
-            calls, held = self._rotated_calls(case, index)
+            calls, sets = self._rotated_calls(case, index)
             for mode in self.modes:
                 if mode == "graph_throughput" and not case.impl.graphable:
                     continue
                 self._warm(calls)
-                result["samples_us"][mode] = timing.measure(mode, calls, self.device, samples=cfg.samples,
-                                                            iterations=cfg.iterations)
-                seed = seed_for(cfg.seed, problem.name, case.impl.name, "after", mode, index)
-                result["validations"].append(validate.validate_in_place(problem, case.call, *held[0], seed))
-            del calls, held
+                check = validate.BatchCheck(problem, sets, seed_for(cfg.seed, problem.name, case.impl.name, "batch",
+                                                                    mode, index))
+                marks: list[dict] = []
+                raw = timing.measure(mode, calls, self.device, samples=cfg.samples, iterations=cfg.iterations,
+                                     batch=check, marks=marks)
+                result["samples_us"][mode], result["disturbance"][mode] = noise.split(raw, marks)
+                result["validations"].append(check.record() | {"mode": mode})
+                if check.last is not None:
+                    ship(mode, *check.last)
+            del calls, sets
+            _unpatched(case)
         except Exception as e:  # noqa: BLE001 - a crashing kernel is reported, not fatal to the run
             result["error"] = f"{type(e).__name__}: {e}"
         finally:
@@ -231,7 +254,8 @@ class Bench:
             passes += 1
 
     def _rotated_calls(self, case: Case, index: int) -> tuple[list[Callable[[], Any]], list]:
-        """Calls over enough input sets that they exceed twice the cache, all writing one output set.
+        """Calls over enough input sets that they exceed twice the cache, and at least one per call of a
+        batch (so that no call of a batch reads what an earlier one did), all writing one output set.
 
         Outputs do not rotate: a torch op allocates its result, and the caching allocator hands it the
         block the previous call freed, so its stores land in cache; impls given rotated buffers would
@@ -240,8 +264,8 @@ class Bench:
         first_in = problem.make_inputs(seed_for(cfg.seed, problem.name, "time", index, 0))
         outputs = problem.make_outputs(first_in)
         set_bytes = sum(t.numel() * t.element_size() for t in first_in.values())
-        n = timing.rotation_count(set_bytes, self.device.cache_bytes, limit_bytes=cfg.rotation_limit_bytes) \
-            if cfg.rotate else 1
+        n = timing.rotation_count(set_bytes, self.device.cache_bytes, limit_bytes=cfg.rotation_limit_bytes,
+                                  least=cfg.iterations) if cfg.rotate else 1
         sets = [(first_in, outputs)]
         for k in range(1, n):
             sets.append((problem.make_inputs(seed_for(cfg.seed, problem.name, "time", index, k)), outputs))
@@ -258,3 +282,17 @@ def describe_samples(result: dict[str, Any]) -> str:
         return f"ERROR {result['error']}"
     text = "  ".join(f"{m} {median(v):.2f}us" for m, v in result["samples_us"].items())
     return text if result["passed"] else f"{text}  VALIDATION FAILED"
+
+
+class HarnessPatched(RuntimeError):
+    """Contender code replaced part of the harness's own timing or validation code."""
+
+
+def _unpatched(case: Case) -> None:
+    patched = integrity.verify()
+    if patched:
+        raise HarnessPatched(f"the harness's own code was replaced while {case.impl.name!r} was loaded or run: "
+                             f"{patched}; nothing it measured can be trusted")
+
+
+integrity.seal()  # before any contender is imported: the registry imports them after this module

@@ -12,7 +12,9 @@
   number of rotated sets, and enough calls for 2 ms of work per replay).
 
 Calls cycle through rotated input sets so that repeated calls do not read from cache; they write one
-output set, as a torch op writes the block its allocator recycles.
+output set, as a torch op writes the block its allocator recycles. Around every sample, outside the
+clock, a ``Batch`` writes fresh contents into the inputs the sample's calls use and poisons the outputs,
+then checks the last call's outputs; host counters around it record what disturbed it (``noise``).
 Every mode returns microseconds per call, one value per sample.
 """
 
@@ -22,6 +24,9 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
+
+from . import noise, threads
 
 GPU_MODES = ("gpu_throughput", "gpu_latency", "e2e_throughput", "e2e_latency", "graph_throughput")
 CPU_MODES = ("e2e_throughput", "e2e_latency")
@@ -54,6 +59,7 @@ class Device:
             self.modes = CPU_MODES
         self._flush_buf = None
         self._cycles_per_us = None
+        self.probe = noise.HostProbe()
 
     def hold(self, us: float) -> None:
         """Queue a spin kernel of about ``us`` microseconds on the current stream: what is queued after it
@@ -82,6 +88,8 @@ class Device:
             torch.cuda.synchronize()
 
     def sync(self) -> None:
+        """Wait for the device and for every host thread the measured contender started (``threads``)."""
+        threads.settle()
         if self.kind == "cuda":
             self.torch.cuda.synchronize()
 
@@ -111,98 +119,149 @@ def cpu_last_level_cache_bytes() -> int:
     return best or 32 * 2**20
 
 
-def rotation_count(set_bytes: int, cache_bytes: int, *, limit_bytes: int, max_sets: int = 4096) -> int:
-    """Enough input sets that their working set exceeds twice the cache, within a memory limit."""
+def rotation_count(set_bytes: int, cache_bytes: int, *, limit_bytes: int, max_sets: int = 4096,
+                   least: int = 1) -> int:
+    """Enough input sets that their working set exceeds twice the cache (and at least ``least``), within
+    a memory limit."""
     if set_bytes <= 0:
         return 1
-    want = -(-2 * cache_bytes // set_bytes) + 1
+    want = max(-(-2 * cache_bytes // set_bytes) + 1, least)
     fit = max(1, limit_bytes // set_bytes)
     return max(1, min(want, fit, max_sets))
 
 
+class Batch(Protocol):
+    """What the runner does around every timed batch, outside the clock: fresh input contents for the
+    calls about to run and poisoned outputs (``before``), then the outputs of the batch's last call
+    checked against the truth of its inputs (``after``). Every batch is treated alike, so nothing
+    tells a contender a checked call from a timed one."""
+
+    def before(self, first: int, count: int) -> None: ...
+
+    def after(self, last: int, result: object) -> None: ...
+
+
+class _NoBatch:
+    def before(self, first: int, count: int) -> None:
+        pass
+
+    def after(self, last: int, result: object) -> None:
+        pass
+
+
 def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *, samples: int,
-            iterations: int) -> list[float]:
-    """Time one mode; returns ``samples`` values in microseconds per call."""
+            iterations: int, batch: Batch | None = None, marks: list[dict] | None = None) -> list[float]:
+    """Time one mode; returns ``samples`` values in microseconds per call. ``batch`` runs around every
+    sample (see ``Batch``); ``marks``, where given, receives what disturbed each sample (``noise``)."""
     if mode not in device.modes:
         raise ValueError(f"mode {mode!r} is not available on {device.kind}; modes: {device.modes}")
     if samples < 1 or iterations < 1:
         raise ValueError(f"samples and iterations must be >= 1, got {samples} and {iterations}")
     n = len(calls)
     out: list[float] = []
+    batch = batch or _NoBatch()
+    probe = device.probe
     torch = device.torch
+
+    def mark(before: tuple) -> None:
+        if marks is not None:
+            marks.append(probe.delta(before, probe.read()))
+
     if mode == "gpu_throughput":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         k, hold = 0, HOLD_MIN_US
         for _ in range(samples):
             for _ in range(HOLD_TRIES):
+                batch.before(k, iterations)
                 device.sync()
+                before = probe.read()
                 device.hold(hold)
                 start.record()
                 t0 = time.perf_counter_ns()
-                for _ in range(iterations):
-                    calls[k % n]()
-                    k += 1
+                for i in range(iterations):
+                    result = calls[(k + i) % n]()
                 end.record()
                 queued = (time.perf_counter_ns() - t0) / 1e3
                 held = not start.query()  # the GPU had not passed the hold when the last call was queued
                 end.synchronize()
+                device.sync()
                 hold = max(HOLD_MIN_US, 2 * queued, hold if held else 2 * hold)
                 if held:
                     break
             else:
                 raise RuntimeError(f"gpu_throughput: {iterations} calls could not be queued behind a hold of "
                                    f"{hold / 2:.0f} us (a launch queue fills up?); use fewer iterations")
+            mark(before)
             out.append(start.elapsed_time(end) * 1e3 / iterations)
+            batch.after(k + iterations - 1, result)
+            k += iterations
     elif mode == "gpu_latency":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for s in range(samples):
+            batch.before(s, 1)
             device.flush()
             device.sync()
+            before = probe.read()
             start.record()
-            calls[s % n]()
+            result = calls[s % n]()
             end.record()
             end.synchronize()
+            device.sync()
+            mark(before)
             out.append(start.elapsed_time(end) * 1e3)
+            batch.after(s, result)
     elif mode == "e2e_throughput":
         k = 0
         for _ in range(samples):
+            batch.before(k, iterations)
             device.sync()
+            before = probe.read()
             t0 = time.perf_counter_ns()
-            for _ in range(iterations):
-                calls[k % n]()
-                k += 1
+            for i in range(iterations):
+                result = calls[(k + i) % n]()
             device.sync()
             out.append((time.perf_counter_ns() - t0) / 1e3 / iterations)
+            mark(before)
+            batch.after(k + iterations - 1, result)
+            k += iterations
     elif mode == "e2e_latency":
         for s in range(samples):
+            batch.before(s, 1)
             device.flush()
             device.sync()
+            before = probe.read()
             t0 = time.perf_counter_ns()
-            calls[s % n]()
+            result = calls[s % n]()
             device.sync()
             out.append((time.perf_counter_ns() - t0) / 1e3)
+            mark(before)
+            batch.after(s, result)
     elif mode == "graph_throughput":
-        graph, length = graph_of(calls, device, iterations)
+        graph, length, result = graph_of(calls, device, iterations)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for _ in range(samples):
+            batch.before(0, length)
             device.sync()
+            before = probe.read()
             start.record()
             graph.replay()
             end.record()
             end.synchronize()
+            mark(before)
             out.append(start.elapsed_time(end) * 1e3 / length)
+            batch.after(length - 1, result)
         del graph
     return out
 
 
 def graph_of(calls: Sequence[Callable[[], object]], device: Device, iterations: int):
-    """(graph, calls in it) for graph_throughput: at least ``iterations`` calls and every rotated set (so
+    """(graph, calls in it, the last captured call's result) for graph_throughput: at least ``iterations`` calls and every rotated set (so
     none stays in cache), lengthened until one replay does GRAPH_REPLAY_US of work, so that what each
     replay costs beyond its calls (its launch, the restart after the synchronize) is spread thin."""
     torch = device.torch
     length = max(iterations, len(calls))
     while True:
-        graph = capture(calls, device, length)
+        graph, result = capture(calls, device, length)
         graph.replay()  # the first replay uploads the graph
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -211,13 +270,14 @@ def graph_of(calls: Sequence[Callable[[], object]], device: Device, iterations: 
         end.synchronize()
         took = start.elapsed_time(end) * 1e3
         if took >= GRAPH_REPLAY_US or length >= MAX_GRAPH_CALLS:
-            return graph, length
-        del graph
+            return graph, length, result
+        del graph, result
         length = min(MAX_GRAPH_CALLS, max(2 * length, math.ceil(length * 1.2 * GRAPH_REPLAY_US / max(took, 1.0))))
 
 
 def capture(calls: Sequence[Callable[[], object]], device: Device, iterations: int):
-    """A CUDA graph of ``iterations`` calls cycling through the rotated sets (warmed on a side stream)."""
+    """A CUDA graph of ``iterations`` calls cycling through the rotated sets (warmed on a side stream), and
+    what the last captured call returned (its tensors are the graph's: each replay rewrites them)."""
     torch = device.torch
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -229,6 +289,6 @@ def capture(calls: Sequence[Callable[[], object]], device: Device, iterations: i
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for i in range(iterations):
-            calls[i % len(calls)]()
+            result = calls[i % len(calls)]()
     device.sync()
-    return graph
+    return graph, result

@@ -91,25 +91,15 @@ def compare(result: Tensors, truth: Tensors, rtol: float, atol: float, slack: Te
     return report
 
 
-def validate_call(problem: Problem, call: Call, seed: int) -> dict[str, Any]:
-    """One validation: fresh inputs from ``seed``, poisoned outputs, truth, and inputs unchanged."""
+def validate_call(problem: Problem, call: Call, seed: int, keep: bool = False):
+    """One validation: fresh inputs from ``seed``, poisoned outputs, truth, and inputs unchanged. With
+    ``keep``, (report, the call's result, its inputs) so that the result can be checked elsewhere too."""
     inputs = problem.make_inputs(seed)
-    return _check(problem, call, inputs, problem.make_outputs(inputs), seed)
+    report, result = _check(problem, call, inputs, problem.make_outputs(inputs), seed)
+    return (report, result, inputs) if keep else report
 
 
-def validate_in_place(problem: Problem, call: Call, inputs: Tensors, outputs: Tensors, seed: int) -> dict[str, Any]:
-    """Fresh inputs written into buffers the call has already seen, poisoned outputs, truth.
-
-    Run after each timed batch, this catches a kernel that skips work after its first calls or
-    caches results by buffer address, which fresh allocations alone could miss.
-    """
-    fresh = problem.make_inputs(seed)
-    for k, t in inputs.items():
-        t.copy_(fresh[k])
-    return _check(problem, call, inputs, outputs, seed) | {"in_place": True}
-
-
-def _check(problem: Problem, call: Call, inputs: Tensors, outputs: Tensors, seed: int) -> dict[str, Any]:
+def _check(problem: Problem, call: Call, inputs: Tensors, outputs: Tensors, seed: int) -> tuple[dict[str, Any], Tensors]:
     """Poison the outputs, call, compare with the float64 truth of the inputs as they were before."""
     before = snapshot(inputs)
     poison(outputs)
@@ -124,7 +114,7 @@ def _check(problem: Problem, call: Call, inputs: Tensors, outputs: Tensors, seed
         report["passed"] = False
         report["error"] = f"the call wrote its inputs {mutated}"
     report["seed"] = seed
-    return report
+    return report, result
 
 
 def validate_graph_replay(problem: Problem, call: Call, seed: int, changed_seed: int) -> dict[str, Any]:
@@ -159,7 +149,111 @@ def validate_graph_replay(problem: Problem, call: Call, seed: int, changed_seed:
 
 
 def _sync(problem: Problem) -> None:
+    """The call is over: every host thread its contender started has ended, and the device is idle."""
+    from . import threads
+
+    threads.settle()
     if problem.device == "cuda":
         import torch
 
         torch.cuda.synchronize()
+
+
+class BatchCheck:
+    """The ``timing.Batch`` of one case and mode: before every sample, fresh random contents (a new seed
+    each time) are written into the input sets its calls will read and the outputs are poisoned; after
+    it, the last call's result is checked against the float64 truth of that call's inputs, and the
+    inputs against what was written. A result kept from an earlier call, or work done only when the
+    outputs look poisoned, fails here; so does work left for after the clock stopped."""
+
+    def __init__(self, problem: Problem, sets: list, seed: int):
+        from .case import seed_for
+
+        self.problem, self.sets, self.seed = problem, sets, seed
+        self._seed_for = seed_for
+        self._written: dict[int, tuple[int, Tensors]] = {}  # set index -> (seed, the contents written)
+        self._count = 0
+        self.checked = self.failed = 0
+        self.first_failure: dict | None = None
+        self.last: tuple[int, Tensors, Tensors] | None = None  # (seed, result, inputs after) of the last sample
+
+    def before(self, first: int, count: int) -> None:
+        n = len(self.sets)
+        for index in sorted({(first + i) % n for i in range(min(count, n))}):
+            seed = self._seed_for(self.seed, self._count)
+            self._count += 1
+            fresh = self.problem.make_inputs(seed)
+            for k, t in self.sets[index][0].items():
+                t.copy_(fresh[k])
+            self._written[index] = (seed, fresh)
+        poison(self.sets[0][1])
+        _sync(self.problem)
+
+    def after(self, last: int, result) -> None:
+        index = last % len(self.sets)
+        seed, fresh = self._written[index]
+        inputs = self.sets[index][0]
+        _sync(self.problem)
+        tol = self.problem.tolerance()
+        report = compare(result, self.problem.reference(fresh), tol.rtol, tol.atol, self.problem.slack(fresh))
+        mutated = sorted(k for k in inputs if not _same(inputs[k], fresh[k]))
+        if mutated:
+            report["passed"] = False
+            report["error"] = f"the call wrote its inputs {mutated}"
+        self.checked += 1
+        self.last = (seed, result, inputs)
+        if not report["passed"]:
+            self.failed += 1
+            if self.first_failure is None:
+                self.first_failure = report | {"seed": seed, "batch": self.checked}
+
+    def record(self) -> dict[str, Any]:
+        """The validation record of every timed batch of the mode."""
+        out: dict[str, Any] = {"timed_batches": True, "checked": self.checked, "failed_batches": self.failed,
+                               "passed": self.failed == 0 and self.checked > 0, "outputs": {}}
+        if self.first_failure is not None:
+            out["outputs"] = self.first_failure.get("outputs", {})
+            out["error"] = (f"{self.failed} of {self.checked} timed batches gave wrong results; first: "
+                            + (self.first_failure.get("error") or _first_bad(self.first_failure)))
+        return out
+
+
+def _first_bad(report: dict) -> str:
+    bad = {k: o for k, o in report.get("outputs", {}).items() if not o.get("passed")}
+    return "; ".join(f"{k}: {o.get('violations', '?')} of {o.get('elements', '?')} elements wrong "
+                     f"({o.get('unwritten_or_nan', 0)} unwritten or NaN)" for k, o in bad.items()) or "failed"
+
+
+# ---- outputs checked outside the process that runs contender code ------------------------------
+SHIP_LIMIT_BYTES = 64 * 2**20  # results larger than this are checked in the worker only
+
+
+def ship(path, seed: int, result: Tensors, inputs: Tensors) -> dict[str, Any] | None:
+    """Write one call's result and its inputs as they were after it, for ``check_shipped`` in the driver;
+    None where they exceed SHIP_LIMIT_BYTES."""
+    import torch
+
+    tensors = {**{f"result.{k}": v for k, v in result.items()}, **{f"input.{k}": v for k, v in inputs.items()}}
+    if sum(t.numel() * t.element_size() for t in tensors.values()) > SHIP_LIMIT_BYTES:
+        return None
+    torch.save({k: v.detach().to("cpu").clone() for k, v in tensors.items()}, path)
+    return {"file": str(path), "seed": int(seed)}
+
+
+def check_shipped(problem: Problem, shipped: dict[str, Any]) -> dict[str, Any]:
+    """In the driver, which never imports contender code: the inputs remade from their seed, the
+    float64 truth, and the shipped result and inputs compared against them."""
+    import torch
+
+    data = torch.load(shipped["file"], map_location=problem.device, weights_only=True)
+    inputs = problem.make_inputs(shipped["seed"])
+    result = {k.split(".", 1)[1]: v for k, v in data.items() if k.startswith("result.")}
+    after = {k.split(".", 1)[1]: v for k, v in data.items() if k.startswith("input.")}
+    tol = problem.tolerance()
+    report = compare(result, problem.reference(inputs), tol.rtol, tol.atol, problem.slack(inputs))
+    mutated = sorted(k for k in inputs if k not in after or not _same(after[k], inputs[k]))
+    if mutated:
+        report["passed"] = False
+        report["error"] = f"the call wrote its inputs {mutated} (checked outside the worker)"
+    report["seed"] = shipped["seed"]
+    return report

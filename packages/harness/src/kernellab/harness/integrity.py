@@ -1,0 +1,81 @@
+"""The harness's own timing and validation code, checked unpatched around every case.
+
+Contender code runs in the same process as the timing loop, so it could replace a function of the
+harness (the comparison, a timing mode, a clock) or a method the harness relies on. ``seal`` records
+every function and method of the harness modules that time and validate, and the clocks and tensor
+methods they call, when this module is first imported (before any contender is imported); ``verify``
+names whatever has been replaced since, by object or by code. The comparison against the truth is
+also repeated outside this process (``validate.check_shipped``), which no patch here can reach.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import resource
+import threading
+import time
+import types
+
+MODULES = ("case", "integrity", "noise", "runner", "stats", "threads", "timing", "validate", "worker")
+
+
+def _external() -> dict[str, object]:
+    """Objects outside the harness that its clocks and checks call."""
+    import torch
+
+    found = {
+        "time.perf_counter_ns": time.perf_counter_ns, "time.perf_counter": time.perf_counter,
+        "time.monotonic": time.monotonic, "resource.getrusage": resource.getrusage,
+        "threading.enumerate": threading.enumerate, "threading.Thread.join": threading.Thread.join,
+        "torch.equal": torch.equal, "torch.isnan": torch.isnan, "torch.where": torch.where,
+        "torch.Tensor.copy_": torch.Tensor.copy_, "torch.Tensor.fill_": torch.Tensor.fill_,
+        "torch.Tensor.to": torch.Tensor.to, "torch.Tensor.clone": torch.Tensor.clone,
+        "torch.randn": torch.randn, "torch.cuda.synchronize": torch.cuda.synchronize,
+        "torch.cuda.Event": torch.cuda.Event,
+    }
+    for name in ("record", "synchronize", "elapsed_time", "query"):
+        found[f"torch.cuda.Event.{name}"] = getattr(torch.cuda.Event, name)
+    return found
+
+
+def _harness() -> dict[str, object]:
+    found: dict[str, object] = {}
+    for short in MODULES:
+        module = importlib.import_module(f"kernellab.harness.{short}")
+        for name, obj in vars(module).items():
+            if isinstance(obj, types.FunctionType) and obj.__module__ == module.__name__:
+                found[f"{short}.{name}"] = obj
+            elif inspect.isclass(obj) and obj.__module__ == module.__name__:
+                for attr, member in vars(obj).items():
+                    if isinstance(member, (types.FunctionType, staticmethod, classmethod, property)):
+                        found[f"{short}.{name}.{attr}"] = member
+    return found
+
+
+def _snapshot() -> dict[str, tuple[object, object]]:
+    out = {}
+    for name, obj in {**_external(), **_harness()}.items():
+        fn = obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
+        out[name] = (obj, getattr(fn, "__code__", None))
+    return out
+
+
+_SEALED: dict[str, tuple[object, object]] = {}
+
+
+def seal() -> None:
+    """Record the harness as it is now (first call only: a later call cannot bless a patch)."""
+    if not _SEALED:
+        _SEALED.update(_snapshot())
+
+
+def verify() -> list[str]:
+    """Names of the sealed functions, methods and clocks replaced since ``seal`` (by object or code)."""
+    now = _snapshot()
+    bad = []
+    for name, (obj, code) in _SEALED.items():
+        got = now.get(name)
+        if got is None or got[0] is not obj or got[1] is not code:
+            bad.append(name)
+    return sorted(bad)
