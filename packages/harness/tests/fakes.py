@@ -82,20 +82,20 @@ def works_when_poisoned(problem):
     return call
 
 
-def memoizes_on_fingerprint(hits: list):
-    """Keeps results keyed on the input's address and three sampled elements; ``hits`` counts the calls
-    it served from the memo."""
+def memoizes_on_fingerprint(stale: list):
+    """Keeps results keyed on the input's address and three sampled elements; ``stale`` collects the
+    calls it served from a memo made before the input was last written (torch's version counter)."""
     def bind(problem):
         cache = {}
 
         def call(i, o):
             x = i["x"]
             key = (x.data_ptr(), float(x[0, 0]), float(x[-1, -1]), float(x[x.shape[0] // 2, x.shape[1] // 2]))
-            if key in cache:
-                hits.append(key)
-            else:
-                cache[key] = x * 2 + 1
-            o["y"].copy_(cache[key])
+            if key in cache and cache[key][0] != x._version:
+                stale.append(key)
+            if key not in cache:
+                cache[key] = (x._version, x * 2 + 1)
+            o["y"].copy_(cache[key][1])
             return o
         return call
     return bind

@@ -36,11 +36,11 @@ def test_timed_batches_catch_work_done_only_on_poisoned_outputs():
 
 
 def test_a_memo_of_earlier_inputs_never_matches_a_timed_call():
-    hits = []
-    result = _run(memoizes_on_fingerprint(hits))
+    stale = []
+    result = _run(memoizes_on_fingerprint(stale))
     assert result["passed"]
-    # validations use fresh buffers; every timed call sees contents written just before its batch
-    assert hits == [], f"{len(hits)} timed calls were served from the memo"
+    # every timed batch reads contents written just before it, one set per call: no memo key survives them
+    assert stale == [], f"{len(stale)} calls were served from a memo of contents since overwritten"
 
 
 def test_work_finished_in_a_thread_is_inside_the_clock():

@@ -25,7 +25,12 @@ def test_bench_measures_every_case_in_every_mode():
     for result in data.values():
         assert result["passed"]
         assert set(result["samples_us"]) == set(timing.CPU_MODES)
-        assert all(len(v) == 3 and all(x > 0 for x in v) for v in result["samples_us"].values())
+        for mode, kept in result["samples_us"].items():  # disturbed samples dropped, and said so
+            record = result["disturbance"][mode]
+            assert record["samples"] == 3 and len(kept) + len(record["dropped_us"]) == 3
+            assert kept and all(x > 0 for x in kept)
+        timed = [v for v in result["validations"] if v.get("timed_batches")]
+        assert [v["mode"] for v in timed] == list(timing.CPU_MODES) and all(v["checked"] == 3 for v in timed)
 
 
 def test_impl_order_alternates_between_rounds():

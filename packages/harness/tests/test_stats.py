@@ -113,3 +113,14 @@ def test_percentile_extremes(values):
     assert stats.percentile(values, 0) == min(values)
     assert stats.percentile(values, 100) == max(values)
     assert not math.isnan(stats.median(values))
+
+
+def test_disturbed_samples_are_dropped_while_most_are_clean():
+    from kernellab.harness import noise
+
+    quiet, hit = {"disturbed": False}, {"disturbed": True, "involuntary_switches": 2}
+    kept, record = noise.split([10.0, 4010.0, 11.0, 12.0], [quiet, hit, quiet, quiet])
+    assert kept == [10.0, 11.0, 12.0] and record["dropped_us"] == [4010.0] and not record["disturbed"]
+    assert record["involuntary_switches"] == 2 and record["disturbed_samples"] == 1
+    kept, record = noise.split([4010.0, 4011.0, 12.0], [hit, hit, quiet])  # most disturbed: kept, flagged
+    assert kept == [4010.0, 4011.0, 12.0] and record["disturbed"] and record["dropped_us"] == []
