@@ -17,9 +17,9 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernellab.harness import assemble
+from kernellab.harness import assemble, provenance
 from kernellab.harness import report as report_io
-from kernellab.harness.revision import RevisionError, run_sides
+from kernellab.harness.revision import Extension, RevisionError, run_sides
 
 from . import trees, verdict
 
@@ -34,6 +34,8 @@ class Options:
     samples: int | None = None
     tolerance: float = 0.10  # how far a claim may sit outside the replay's interval, besides drift
     progress: bool = True
+    max_rounds: int | None = None  # extra replay rounds for wide intervals (None: three times the rounds)
+    time_limit_s: float = 600.0  # no extra replay round starts after this
 
 
 class Audit:
@@ -101,8 +103,29 @@ class Audit:
             bad = {k: v for k, v in changes.items() if v}
             self.check(f"{side} sources unchanged since the report", not bad, {"tree": tree["source"], **changes},
                        fail=f"{side}: source files differ from the report ({tree['source']}): {bad}")
+            self._check_impl_sources(side, rep, tree["root"])
             roots[side] = tree["root"]
         return None if self.failures else roots
+
+    def _check_impl_sources(self, side: str, report: dict, root) -> None:
+        """Every contender's code as the report hashed it, wherever it is installed."""
+        recorded = report["provenance"].get("impl_sources")
+        if recorded is None:
+            self.check(f"{side} contenders' code unchanged", None, "the report predates per-impl source hashes",
+                       doubt=f"{side}: the report does not hash its contenders' code (made by an older harness)")
+            return
+        changes = provenance.impl_source_changes(recorded, root)
+        absent = sorted(n for n, c in changes.items() if c["missing"] and not c["changed"] and
+                        len(c["missing"]) == len(recorded[n].get("files", {})))
+        bad = {n: c for n, c in changes.items() if n not in absent and any(c.values())}
+        if bad:
+            self.check(f"{side} contenders' code unchanged", False, changes,
+                       fail=f"{side}: contender code differs from the report: {bad}")
+        elif absent:
+            self.check(f"{side} contenders' code unchanged", None, changes,
+                       doubt=f"{side}: the code of {absent} is not installed here to re-check or replay")
+        else:
+            self.check(f"{side} contenders' code unchanged", True, changes)
 
     def _replay(self, reports: dict, roots: dict) -> None:
         cand = reports["candidate"]
@@ -112,14 +135,21 @@ class Audit:
                 config[field] = getattr(self.options, field)
         names = sorted({c["name"] for c in cand["cases"]} & {c["name"] for c in reports["reference"]["cases"]})
         impls = sorted({c["impl"] for c in cand["cases"]})
+        if not names:  # an empty pattern would match the whole suite
+            self.check("replay", None, "the two reports share no case",
+                       doubt="the two reports share no case: nothing to replay or compare")
+            return
         request = {"suite": cand["suite"], "config": config, "cases": ",".join(names), "impls": ",".join(impls)}
         try:
-            sides = run_sides(roots, request, config["rounds"], progress=self.options.progress)
+            sides = run_sides(roots, request, config["rounds"], progress=self.options.progress,
+                              extension=Extension(max_rounds=self.options.max_rounds or 3 * config["rounds"],
+                                                  time_limit_s=self.options.time_limit_s))
         except RevisionError as e:
             self.check("replay", False, str(e), fail=f"replay failed: {e}")
             return
         self._check_artifacts(reports, sides)
         self._check_validations(sides)
+        self._check_replayed_impls(cand, sides["candidate"])
         suite = types.SimpleNamespace(name=cand["suite"], device=cand.get("suite_device", "cpu"),
                                       control=cand.get("control", "torch"))
         for side, rep in reports.items():
@@ -127,6 +157,7 @@ class Audit:
         replay = assemble.comparison_report(suite, config, sides["reference"], sides["candidate"])
         self._judge_claims(reports, replay)
         raw = {side: sides[side]["rounds"] for side in ("reference", "candidate")}
+        self.out["replay_stopping"] = sides["candidate"].get("stopping")
         self.out.update({
             "replay_sha256": hashlib.sha256(json.dumps(raw, sort_keys=True, separators=(",", ":"),
                                                        default=str).encode()).hexdigest(),
@@ -137,6 +168,18 @@ class Audit:
             "replay_config": config,
             "replay_provenance": {side: sides[side]["provenance"] for side in sides},
         })
+
+    def _check_replayed_impls(self, report: dict, replayed: dict) -> None:
+        """Every case the candidate report measured is replayed, or the verdict says why not."""
+        ran = {c["id"]: c for c in replayed["cases"]}
+        missing = []
+        for case in report["cases"]:
+            got = ran.get(case["id"])
+            if case["status"] in ("ok", "failed") and (got is None or got["status"] != "ok"):
+                why = "not offered by the replay's suite" if got is None else f"{got['status']}: {got.get('reason')}"
+                missing.append(f"{case['id']} ({why})")
+        self.check("every measured case replayed", None if missing else True, missing,
+                   doubt=f"{len(missing)} measured case(s) not replayed, first: {missing[0]}" if missing else None)
 
     def _check_artifacts(self, reports: dict, sides: dict) -> None:
         unchanged, checked = 0, True
@@ -183,8 +226,15 @@ class Audit:
                 if mode in rec and (rec["name"], mode) in claimed:
                     judged = verdict.judge(claimed[(rec["name"], mode)], rec[mode], self.options.tolerance)
                     rec[mode].update(judged)
-                    outcomes[judged["claim"]].append(f"{rec['name']} {mode}: claimed {judged['claimed_gain']:.3f}, "
-                                                     f"replayed {rec[mode]['gain']:.3f}")
+                    outcomes[judged["claim"]].append(
+                        f"{rec['name']} {mode}: claimed {judged['claimed_gain']:.3f}, replayed {rec[mode]['gain']:.3f} "
+                        f"(band {judged['replay_band'][0]:.3g}-{judged['replay_band'][1]:.3g}"
+                        + (f"; {'; '.join(judged['uninformative_because'])}" if judged["uninformative_because"] else "")
+                        + ")")
+        replayed = {(rec["name"], mode) for rec in replay["records"] for mode in replay["summaries"] if mode in rec}
+        for name, mode in sorted(set(claimed) - replayed):
+            outcomes[verdict.UNDECIDED].append(f"{name} {mode}: claimed {claimed[(name, mode)]['claimed_gain']:.3f}, "
+                                               "not replayed")
         detail = {k: v for k, v in outcomes.items()}
         if outcomes[verdict.CONTRADICTED]:
             self.check("claims reproduced", False, detail,
@@ -192,7 +242,8 @@ class Audit:
                             f"{outcomes[verdict.CONTRADICTED][0]}")
         elif outcomes[verdict.UNDECIDED]:
             self.check("claims reproduced", None, detail,
-                       doubt=f"{len(outcomes[verdict.UNDECIDED])} claim(s) undecided (noise or drift too large), "
+                       doubt=f"{len(outcomes[verdict.UNDECIDED])} claim(s) undecided (the replay could not decide: "
+                             f"interval wider than {verdict.INFORMATIVE_WIDTH}x, drift, disturbance, or no replay), "
                              f"first: {outcomes[verdict.UNDECIDED][0]}")
         elif not outcomes[verdict.REPRODUCED]:
             self.check("claims reproduced", None, detail,
@@ -203,7 +254,9 @@ class Audit:
     def _finish(self) -> dict:
         status = FAIL if self.failures else INCONCLUSIVE if self.doubts else PASS
         self.out.update(status=status, reasons=self.failures + self.doubts, checks=self.checks,
-                        created_at=assemble.now_iso(), tolerance=self.options.tolerance)
+                        created_at=assemble.now_iso(), tolerance=self.options.tolerance,
+                        rules={"informative_width": verdict.INFORMATIVE_WIDTH, "decisive_width": verdict.DECISIVE_WIDTH,
+                               "drift_limit": verdict.DRIFT_LIMIT})
         self.out[HASH_FIELD] = report_io.report_hash(self.out, HASH_FIELD)
         return self.out
 

@@ -12,6 +12,8 @@ from . import report as report_io
 from . import stats
 from .timing import ALL_MODES, THROUGHPUT_MODES
 
+IDENTICAL_NOTICE = ("the two sides have identical sources and built artifacts: every difference below is noise, "
+                    "and a significant one is a false alarm of the statistics")
 CONTROL_DRIFT_TOLERANCE = 0.10  # a pair whose control moved more than 10% between runs is flagged
 FAMILY_ERROR = 0.05  # the chance that any of a comparison's intervals misses, split over its pairs
 
@@ -59,12 +61,14 @@ def case_table(cases: list[dict], rounds: list[dict], ceiling_op: str | None = N
             "modes": {},
         }
         per_mode: dict[str, list[list[float]]] = {}
+        noise_of: dict[str, list[dict]] = {}
         for r, data in enumerate(rounds):
             if cid not in data:
                 continue
             entry["validations"].append(_compact_validation(r, data[cid]))
             for mode, samples in data[cid].get("samples_us", {}).items():
                 per_mode.setdefault(mode, []).append(samples)
+                noise_of.setdefault(mode, []).append(data[cid].get("disturbance", {}).get(mode, {}))
         for mode in ALL_MODES:
             if mode in per_mode and len(per_mode[mode]) == len(entry["validations"]) and per_mode[mode]:
                 pooled = [s for rr in per_mode[mode] for s in rr]
@@ -72,6 +76,8 @@ def case_table(cases: list[dict], rounds: list[dict], ceiling_op: str | None = N
                     "rounds_us": per_mode[mode],
                     "round_medians_us": stats.round_medians(per_mode[mode]),
                     "summary_us": stats.summary(pooled),
+                    "disturbance": noise_of[mode],
+                    "disturbed_rounds": sum(1 for d in noise_of[mode] if d.get("disturbed")),
                 }
         if entry["status"] == "ok" and entry["validations"]:
             failed = [v for v in entry["validations"] if not v["passed"]]
@@ -149,6 +155,7 @@ def run_report(suite, config: dict, side: dict) -> dict:
         "config": config,
         "revision": side.get("revision"),
         "provenance": side["provenance"],
+        "stopping": side.get("stopping"),
         "cases": cases,
         "versus_control": versus_control(cases, suite.control),
     }
@@ -187,8 +194,10 @@ def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, 
                 continue
             torch_rounds = cand_ctrl["modes"][mode]["rounds_us"] if cand_ctrl and mode in cand_ctrl["modes"] else None
             seed = int(hashlib.sha256(f"{name}/{mode}".encode()).hexdigest()[:8], 16)
+            disturbed = bool(ref["modes"][mode].get("disturbed_rounds") or cand["modes"][mode].get("disturbed_rounds"))
             rec[mode] = stats.compare(ref["modes"][mode]["rounds_us"], cand["modes"][mode]["rounds_us"], torch_rounds,
-                                      bootstrap_seed=seed, resamples=resamples, confidence=confidence)
+                                      bootstrap_seed=seed, resamples=resamples, confidence=confidence,
+                                      disturbed=disturbed)
             if ref_ctrl and cand_ctrl and mode in ref_ctrl["modes"] and mode in cand_ctrl["modes"]:
                 ctrl = [a / b for a, b in zip(ref_ctrl["modes"][mode]["round_medians_us"],
                                               cand_ctrl["modes"][mode]["round_medians_us"], strict=True)]
@@ -207,6 +216,8 @@ def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, 
             summaries[mode] = stats.summary_counts(mode_records)
             summaries[mode]["not_significant"] = sum(1 for r in mode_records if not r["significant"])
             summaries[mode]["control_flagged"] = sum(1 for r in mode_records if r.get("control_flagged"))
+            summaries[mode]["disturbed"] = sum(1 for r in mode_records if r.get("disturbed"))
+    identical = identical_sides(reference["provenance"], candidate["provenance"])
     return {
         "schema": report_io.SCHEMA,
         "kind": "comparison",
@@ -222,9 +233,22 @@ def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, 
                           "cases": list(cand_cases.values())},
         },
         "torch_probe_control_ratio_range": [min(drift), max(drift)] if drift else None,
+        "stopping": candidate.get("stopping"),
+        "identical_sides": identical,
+        "notice": IDENTICAL_NOTICE if identical else None,
         "summaries": summaries,
         "records": records,
     }
+
+
+def identical_sides(reference: dict, candidate: dict) -> bool:
+    """Whether two sides' provenance records the same measured sources and the same built artifacts (by
+    content: a materialized tree builds the same file at another path)."""
+    same_sources = reference.get("sources_sha256") == candidate.get("sources_sha256")
+    same_impls = reference.get("impl_sources") == candidate.get("impl_sources")
+    ref_arts = sorted(reference.get("artifacts_sha256", {}).values())
+    cand_arts = sorted(candidate.get("artifacts_sha256", {}).values())
+    return bool(same_sources and same_impls and ref_arts == cand_arts)
 
 
 def before_after_report(comparison: dict, mode: str = "e2e_throughput") -> dict:
@@ -233,22 +257,27 @@ def before_after_report(comparison: dict, mode: str = "e2e_throughput") -> dict:
     sides = comparison["sides"]
     ref_cases = {c["id"]: c for c in sides["reference"]["cases"]}
     records = []
+    contenders = _contenders(sides["candidate"]["cases"], comparison["control"])
     for cand in sides["candidate"]["cases"]:
         ref = ref_cases.get(cand["id"])
         if ref is None or mode not in cand["modes"] or mode not in ref["modes"]:
             continue
-        if cand["impl"] not in _contenders(sides["candidate"]["cases"], comparison["control"]):
+        if cand["impl"] not in contenders:
             continue
         before = [sorted(r) for r in ref["modes"][mode]["rounds_us"]]
         after = [sorted(r) for r in cand["modes"][mode]["rounds_us"]]
-        before_ms = stats.median([s for r in before for s in r]) / 1e3
-        after_ms = stats.median([s for r in after for s in r]) / 1e3
+        name = cand["name"] if len(contenders) == 1 else f"{cand['name']}/{cand['impl']}"
+        paired = next((r[mode] for r in comparison["records"] if r["name"] == name and mode in r), None)
+        if paired is None:
+            continue
         records.append({
             "operation": _operation(cand["problem"]),
             "impl": cand["impl"],
-            "before_ms": before_ms,
-            "after_ms": after_ms,
-            "speedup": before_ms / after_ms,
+            "before_ms": paired["reference_us"] / 1e3,
+            "after_ms": paired["candidate_us"] / 1e3,
+            "speedup": paired["gain"],
+            "speedup_ci": paired["gain_ci"],
+            "significant": paired["significant"],
             "before_samples_ms": [s / 1e3 for r in before for s in r],
             "after_samples_ms": [s / 1e3 for r in after for s in r],
         })
@@ -267,9 +296,14 @@ def before_after_report(comparison: dict, mode: str = "e2e_throughput") -> dict:
             "warmup": cfg["warmup"],
             "iterations_per_sample": cfg["iterations"],
             "method": (f"kernellab-bench {mode}: each revision in its own process, revision order alternating "
-                       f"every round; median of {cfg['rounds'] * cfg['samples']} {cfg['iterations']}-call "
-                       "averages; backward includes clearing its output buffers; no affinity, thermal or power "
-                       "control."),
+                       f"every round; {cfg['samples']} samples of {cfg['iterations']}-call averages a round "
+                       "(samples disturbed by preemption, steal or throttling dropped while most are clean); "
+                       "before_ms and after_ms are medians of the per-round medians, speedup the median over "
+                       "rounds of the paired per-round ratio, with its Bonferroni-adjusted bootstrap interval; "
+                       "every timed batch's outputs checked; backward includes clearing its output buffers; no "
+                       "affinity, thermal or power control."),
+            "identical_sides": comparison.get("identical_sides"),
+            "notice": comparison.get("notice"),
             "baseline": ref_rev,
             "candidate": cand_rev,
             "baseline_source_zip_sha256": ref_rev.get("zip_sha256"),

@@ -151,7 +151,8 @@ class Impl:
     """A contender. ``bind`` turns a problem into a call, or raises ``Unsupported`` with the reason.
 
     ``artifacts`` lists built files (shared objects, cubins) whose sha256 goes into provenance.
-    ``graphable`` says whether the call can be captured in a CUDA graph.
+    ``graphable`` says whether the call can be captured in a CUDA graph. Where it came from (``origin``)
+    and every source file of its package go into provenance (``provenance.impl_sources``).
     """
 
     name: str
@@ -160,6 +161,7 @@ class Impl:
     artifacts: Callable[[], list[str]] = lambda: []
     graphable: bool = True
     description: str = ""
+    origin: dict = dataclasses.field(default_factory=dict)  # entry point and distribution (the registry's)
 
 
 class Unsupported(Exception):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from . import assemble, plot, provenance, registry, table
 from . import report as report_io
-from .revision import RevisionError, materialize, run_sides
-from .runner import Bench, Config, Progress
+from .revision import Extension, RevisionError, materialize, run_sides
+from .runner import Config
 
 EXIT_OK, EXIT_FAILED_VALIDATION, EXIT_USAGE = 0, 1, 2
 
@@ -50,6 +50,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=positive_int, help="calls per throughput sample")
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of every input")
     p.add_argument("--baseline", metavar="REV", help="compare against a git revision or a source .zip")
+    p.add_argument("--max-rounds", type=positive_int, help="with --baseline: run more rounds (up to this many) for the "
+                   "pairs whose gain interval is wider than --target-width, until --time-limit")
+    p.add_argument("--target-width", type=float, default=1.10, help="gain interval width (hi/lo) that stops the "
+                   "extra rounds (default 1.10)")
+    p.add_argument("--time-limit", type=float, default=600.0, help="seconds after which no extra round starts "
+                   "(default 600)")
     p.add_argument("--out", default="reports/runs", help="output directory, or a .json file for one suite")
     p.add_argument("--no-plot", action="store_true", help="do not draw the PNG plot")
     p.add_argument("--list", action="store_true", help="list suites, impls and cases, then exit")
@@ -113,18 +119,18 @@ def out_path(args, suite_name: str, kind: str, multiple: bool) -> Path:
 
 
 def run_single(suite, config: Config, args) -> dict:
-    bench = Bench(suite, config, cases=args.cases, impls=args.impls)
+    """One revision, measured in a worker process: this process checks the results the worker ships
+    without importing any contender code (``revision.run_sides``)."""
     root = provenance.find_repo_root(Path(__file__))
-    prov = provenance.collect(suite.device, root, bench.artifacts(), bench.measured_packages())
-    runnable = sum(1 for c in bench.cases if c.call is not None)
-    progress = Progress(runnable * config.rounds, enabled=not args.quiet)
-    rounds = [bench.run_round(r, progress) for r in range(config.rounds)]
-    prov["clocks_end"] = provenance.clocks(suite.device)
-    prov["artifacts_sha256"] = provenance.artifact_hashes(bench.artifacts())
-    side = {"cases": bench.describe(), "rounds": rounds, "provenance": prov,
-            "revision": {"revision": "working tree", "kind": "local", "commit": prov["git"]["commit"],
-                         "dirty": prov["git"]["dirty"]}}
+    request = {"suite": suite.name, "config": config.to_json(), "cases": args.cases, "impls": args.impls}
+    side = run_sides({"candidate": root}, request, config.rounds, progress=not args.quiet)["candidate"]
+    git = side["provenance"]["git"]
+    side["revision"] = {"revision": "working tree", "kind": "local", "commit": git["commit"], "dirty": git["dirty"]}
     return assemble.run_report(suite, config.to_json(), side)
+
+
+def extension_for(args) -> Extension:
+    return Extension(target_width=args.target_width, max_rounds=args.max_rounds or 0, time_limit_s=args.time_limit)
 
 
 def run_ab(suite, config: Config, args) -> tuple[dict, dict | None]:
@@ -138,7 +144,7 @@ def run_ab(suite, config: Config, args) -> tuple[dict, dict | None]:
                 "root": str(repo)}
         request = {"suite": suite.name, "config": config.to_json(), "cases": args.cases, "impls": args.impls}
         sides = run_sides({"reference": base["root"], "candidate": repo}, request, config.rounds,
-                          progress=not args.quiet)
+                          progress=not args.quiet, extension=extension_for(args))
         sides["reference"]["revision"], sides["candidate"]["revision"] = base, cand
     comparison = report_io.seal(assemble.comparison_report(suite, config.to_json(), sides["reference"],
                                                            sides["candidate"]))

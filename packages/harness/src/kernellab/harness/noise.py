@@ -116,7 +116,20 @@ class GpuProbe:
         if self.handle is None:
             return {"nvml": False}
         nv = self.nvml
-        get = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        get = (getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+               or nv.nvmlDeviceGetCurrentClocksThrottleReasons)
         reasons = int(get(self.handle))
         return {"nvml": True, "sm_mhz": int(nv.nvmlDeviceGetClockInfo(self.handle, nv.NVML_CLOCK_SM)),
                 "slowdown": sorted(name for bit, name in NVML_SLOWDOWN.items() if reasons & bit)}
+
+
+def gpu_record(before: dict, after: dict) -> dict:
+    """A mode's GPU clock record: SM clock at its start and end and any slowdown NVML reported then; a
+    slowdown marks the mode's round disturbed."""
+    if not before.get("nvml"):
+        return {"gpu": {"nvml": False}}
+    slowdown = sorted(set(before["slowdown"]) | set(after["slowdown"]))
+    record = {"gpu": {"nvml": True, "sm_mhz": [before["sm_mhz"], after["sm_mhz"]], "slowdown": slowdown}}
+    if slowdown:
+        record["disturbed"] = True
+    return record

@@ -206,8 +206,71 @@ def device_info(device: str) -> dict:
     return info
 
 
+def impl_code_root(impl) -> Path | None:
+    """The package directory (or single module file) that holds an impl's code: for ``kernellab.<x>`` the
+    ``<x>`` directory, for any other module its top-level package, wherever it is installed."""
+    import sys
+
+    module = getattr(impl.bind, "__module__", None) or ""
+    top = ".".join(module.split(".")[:2]) if module.startswith("kernellab.") else module.split(".")[0]
+    mod = sys.modules.get(top)
+    path = getattr(mod, "__file__", None)
+    if not path:
+        return None
+    path = Path(path).resolve()
+    return path.parent if path.name == "__init__.py" else path
+
+
+def impl_sources(impls: list, root: str | os.PathLike | None) -> dict[str, dict]:
+    """Per impl: its entry point and distribution, where its code lies (relative to the tree ``root`` when
+    inside it, else absolute) and the sha256 of each of its source files, whatever its module name."""
+    out: dict[str, dict] = {}
+    tree = Path(root).resolve() if root else None
+    for impl in impls:
+        code = impl_code_root(impl)
+        record = {**getattr(impl, "origin", {}), "module": getattr(impl.bind, "__module__", None)}
+        if code is None:
+            out[impl.name] = record | {"code": None, "files": {}}
+            continue
+        inside = tree is not None and tree in code.parents
+        files = [code] if code.is_file() else [f for f in sorted(code.rglob("*")) if f.is_file()
+                                                  and f.suffix in SOURCE_SUFFIXES and "__pycache__" not in f.parts]
+        base = code.parent if code.is_file() else code
+        out[impl.name] = record | {
+            "code": code.relative_to(tree).as_posix() if inside else str(code),
+            "in_tree": inside,
+            "files": {f.relative_to(base).as_posix(): sha256_file(f) for f in files},
+        }
+    return out
+
+
+def impl_source_changes(recorded: dict[str, dict], root: str | os.PathLike) -> dict[str, dict[str, list[str]]]:
+    """Per recorded impl, its files changed, missing or added since the record (``code`` read relative
+    to the tree ``root`` where the record says it was in the tree); an impl whose code is absent here
+    has every file missing."""
+    out = {}
+    for name, rec in recorded.items():
+        if not rec.get("code"):
+            continue
+        code = Path(root) / rec["code"] if rec.get("in_tree") else Path(rec["code"])
+        base = code.parent if code.is_file() else code
+        present = {}
+        if code.is_file():
+            present = {code.name: sha256_file(code)}
+        elif code.is_dir():
+            present = {f.relative_to(base).as_posix(): sha256_file(f) for f in sorted(code.rglob("*"))
+                       if f.is_file() and f.suffix in SOURCE_SUFFIXES and "__pycache__" not in f.parts}
+        files = rec.get("files", {})
+        out[name] = {
+            "changed": sorted(k for k in files if k in present and present[k] != files[k]),
+            "missing": sorted(k for k in files if k not in present),
+            "added": sorted(k for k in present if k not in files),
+        }
+    return out
+
+
 def collect(device: str, root: str | os.PathLike | None, artifacts: list[str],
-            packages: list[str] | None = None) -> dict:
+            packages: list[str] | None = None, impls: list | None = None) -> dict:
     """Everything but the end clocks, which the runner adds when the run is over.
 
     Sources are those of the measured ``packages`` (all where None), taken from the tree ``root`` the
@@ -222,6 +285,7 @@ def collect(device: str, root: str | os.PathLike | None, artifacts: list[str],
         "measured_packages": sorted(roots),
         "sources_sha256": source_hashes(roots),
         "artifacts_sha256": artifact_hashes(artifacts),
+        "impl_sources": impl_sources(impls or [], root),
         "clocks_start": clocks(device),
     }
 

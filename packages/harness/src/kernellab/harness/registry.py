@@ -16,6 +16,7 @@ import os
 import tomllib
 from pathlib import Path
 
+from . import threads
 from .case import Impl, Suite, control_impl
 
 GROUP = "kernellab.suites"
@@ -25,17 +26,28 @@ class SuiteError(LookupError):
     """No such suite, or a suite that cannot run here; the message says which and why."""
 
 
-def _entry_points_from_tree(root: Path) -> list[tuple[str, str]]:
+def _entry_points_from_tree(root: Path) -> list[tuple[str, str, str]]:
     found = []
     for pyproject in sorted(root.glob("packages/*/pyproject.toml")):
         data = tomllib.loads(pyproject.read_text())
+        dist = data.get("project", {}).get("name", pyproject.parent.name)
         table = data.get("project", {}).get("entry-points", {}).get(GROUP, {})
-        found.extend(sorted(table.items()))
+        found.extend((name, value, dist) for name, value in sorted(table.items()))
     return found
 
 
-def _entry_points_installed() -> list[tuple[str, str]]:
-    return sorted({(ep.name, ep.value) for ep in importlib.metadata.entry_points(group=GROUP)})
+def _entry_points_installed(skip: set[str] = frozenset()) -> list[tuple[str, str, str]]:
+    """Installed entry points (name, value, distribution), less those of the distributions in ``skip``."""
+    out = set()
+    for ep in importlib.metadata.entry_points(group=GROUP):
+        dist = ep.dist.name if ep.dist is not None else "?"
+        if _normal(dist) not in skip:
+            out.add((ep.name, ep.value, dist))
+    return sorted(out)
+
+
+def _normal(dist: str) -> str:
+    return dist.lower().replace("_", "-").replace(".", "-")
 
 
 def _load(value: str):
@@ -48,22 +60,29 @@ def _load(value: str):
     return obj()
 
 
-def entry_points(root: str | os.PathLike | None = None) -> list[tuple[str, str]]:
+def entry_points(root: str | os.PathLike | None = None) -> list[tuple[str, str, str]]:
+    """(name, value, distribution) of every entry point: a tree's own from its pyproject files plus those
+    of installed distributions that are not the tree's (contenders installed from elsewhere are measured,
+    hashed and replayed like the tree's own); without a tree, the installed ones."""
     root = root or os.environ.get("KERNELLAB_SOURCE_ROOT")
-    return _entry_points_from_tree(Path(root)) if root else _entry_points_installed()
+    if not root:
+        return _entry_points_installed()
+    own = _entry_points_from_tree(Path(root))
+    return own + _entry_points_installed({_normal(dist) for _, _, dist in own})
 
 
-def discover(root: str | os.PathLike | None = None) -> tuple[dict[str, Suite], dict[str, str]]:
-    """All suites with their impls merged in, and the suites that failed to load with the reason.
-    Impl parts that fail to import are skipped with the reason kept in ``suite.unavailable`` (e.g.
-    the CuTe impl on a machine without CuTe DSL)."""
+def discover(root: str | os.PathLike | None = None, impls: bool = True) -> tuple[dict[str, Suite], dict[str, str]]:
+    """All suites with their impls merged in (with ``impls`` False: the suites' problems and control only,
+    no contender imported), and the suites that failed to load with the reason. Impl parts that fail to
+    import are skipped with the reason kept in ``suite.unavailable`` (e.g. the CuTe impl on a machine
+    without CuTe DSL). Each impl's ``origin`` names its entry point and distribution."""
     suites: dict[str, Suite] = {}
     broken: dict[str, str] = {}
-    parts: list[tuple[str, str, str]] = []
-    for name, value in entry_points(root):
+    parts: list[tuple[str, str, str, str]] = []
+    for name, value, dist in entry_points(root):
         base, dot, _ = name.partition(".")
         if dot:
-            parts.append((base, name, value))
+            parts.append((base, name, value, dist))
             continue
         try:
             suite = _load(value)
@@ -76,11 +95,11 @@ def discover(root: str | os.PathLike | None = None) -> tuple[dict[str, Suite], d
             suite.impls.insert(0, control_impl())
         suite.unavailable = {}
         suites[suite.name] = suite
-    for base, name, value in parts:
+    for base, name, value, dist in parts if impls else []:
         if base not in suites:
             continue  # an impl for a suite this installation does not have
         try:
-            contributed = _load(value)
+            contributed = threads.own(name.partition(".")[2], lambda value=value: _load(value))
         except Exception as e:  # noqa: BLE001 - one broken contender must not hide the others
             suites[base].unavailable[name.partition(".")[2]] = f"import failed: {type(e).__name__}: {e}"
             continue
@@ -90,12 +109,13 @@ def discover(root: str | os.PathLike | None = None) -> tuple[dict[str, Suite], d
                 raise SuiteError(f"entry point {name} = {value} gives {type(impl).__name__}, not an Impl")
             if any(i.name == impl.name for i in suites[base].impls):
                 raise SuiteError(f"suite {base!r} has two impls named {impl.name!r}")
+            impl.origin = {"entry_point": f"{name} = {value}", "distribution": dist}
             suites[base].impls.append(impl)
     return suites, broken
 
 
-def get(name: str, root: str | os.PathLike | None = None) -> Suite:
-    suites, broken = discover(root)
+def get(name: str, root: str | os.PathLike | None = None, impls: bool = True) -> Suite:
+    suites, broken = discover(root, impls)
     if name in broken:
         raise SuiteError(f"suite {name!r} failed to load: {broken[name]}")
     if name not in suites:

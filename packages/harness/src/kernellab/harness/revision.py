@@ -3,16 +3,21 @@ worker subprocess per revision so that two versions of the same package never sh
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import io
 import json
 import os
 import subprocess
 import sys
 import tarfile
+import tempfile
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
 
+from . import stats, validate
 from .provenance import sha256_file
 from .runner import Progress, describe_samples
 
@@ -85,14 +90,18 @@ def worker_pythonpath(root: str | os.PathLike, inherited: str | None) -> str:
 class Worker:
     """A subprocess that imports only the code of one tree and answers JSON requests line by line."""
 
-    def __init__(self, root: str | os.PathLike, label: str):
-        self.root = Path(root).resolve()
+    def __init__(self, root: str | os.PathLike | None, label: str):
+        """``root``: the tree whose packages the worker imports; None: the installed packages."""
+        self.root = Path(root).resolve() if root is not None else None
         self.label = label
         env = dict(os.environ)
-        env["PYTHONPATH"] = worker_pythonpath(self.root, os.environ.get("PYTHONPATH"))
-        env["KERNELLAB_SOURCE_ROOT"] = str(self.root)
         env["KERNELLAB_WORKER_LABEL"] = label
         env["PYTHONDONTWRITEBYTECODE"] = "1"
+        if self.root is not None:
+            env["PYTHONPATH"] = worker_pythonpath(self.root, os.environ.get("PYTHONPATH"))
+            env["KERNELLAB_SOURCE_ROOT"] = str(self.root)
+        else:
+            env.pop("KERNELLAB_SOURCE_ROOT", None)
         self.proc = subprocess.Popen([sys.executable, "-m", "kernellab.harness.worker"], cwd=self.root, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
 
@@ -134,29 +143,136 @@ def revision_order(round_index: int) -> list[str]:
     return ["reference", "candidate"] if round_index % 2 == 0 else ["candidate", "reference"]
 
 
-def run_sides(roots: dict[str, str | os.PathLike], request: dict, rounds: int, *, progress: bool = True) -> dict:
-    """Run one suite in two trees, one worker each: every case by both sides back to back, the side
-    order alternating by round. Returns per side its cases, provenance and per-round measurements."""
-    with Worker(roots["reference"], "reference") as ref_w, Worker(roots["candidate"], "candidate") as cand_w:
-        workers = {"reference": ref_w, "candidate": cand_w}
+@dataclasses.dataclass
+class Extension:
+    """More rounds for the pairs whose gain interval is still wide: until every interval is at most
+    ``target_width`` (hi / lo), ``max_rounds`` rounds were run, or ``time_limit_s`` has passed; the
+    report says which stopped it."""
+
+    target_width: float = 1.10
+    max_rounds: int = 0  # 0: no extension
+    time_limit_s: float = 600.0
+    resamples: int = 200
+
+
+def _wide_pairs(sides: dict, ids: list[str], width: float, resamples: int) -> list[str]:
+    """Case ids of which some mode's gain interval between the two sides is wider than ``width``."""
+    wide = []
+    for cid in ids:
+        per_side = []
+        for name in ("reference", "candidate"):
+            rounds = [r[cid] for r in sides[name]["rounds"] if cid in r]
+            per_side.append({m: [r["samples_us"][m] for r in rounds if m in r.get("samples_us", {})]
+                             for m in (rounds[0].get("samples_us", {}) if rounds else {})})
+        for mode, ref in per_side[0].items():
+            cand = per_side[1].get(mode)
+            if not cand or len(cand) != len(ref) or not all(ref) or not all(cand):
+                continue
+            lo, hi = stats.bootstrap_gain_ci(ref, cand, resamples=resamples)
+            if hi / lo > width:
+                wide.append(cid)
+                break
+    return wide
+
+
+def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds: int, *, progress: bool = True,
+              extension: Extension | None = None) -> dict:
+    """Run one suite in one or two trees, one worker each: every case by each side back to back, the
+    side order alternating by round (A B, B A, ...). Returns per side its cases, provenance and per-round
+    measurements, and how the rounds stopped.
+
+    Each worker writes a result of every validation and of each mode's last timed batch to a folder of
+    this process's; this process, which imports no contender code, checks them against the float64
+    truth of inputs it remakes from their seeds (``validate.check_shipped``), so that a contender that
+    patched the harness inside its worker cannot pass its own results."""
+    names = [n for n in ("reference", "candidate") if n in roots]
+    checker = ShippedChecker(request["suite"])
+    with tempfile.TemporaryDirectory(prefix="kernellab-shipped-") as ship_dir, contextlib.ExitStack() as stack:
+        workers = {n: stack.enter_context(Worker(roots[n], n)) for n in names}
         sides: dict[str, dict] = {}
         schedules = {}
         for name, w in workers.items():
             setup = w.request("setup", **request)
             schedules[name] = setup["schedule"]
-            sides[name] = {"cases": setup["cases"], "provenance": setup["provenance"],
-                           "rounds": [{} for _ in range(rounds)]}
-        plan = [[cid for cid in schedules["candidate"][r] if cid in set(schedules["reference"][r])]
-                for r in range(rounds)]
-        bar = Progress(2 * sum(map(len, plan)), enabled=progress)
-        for r, ids in enumerate(plan):
+            sides[name] = {"cases": setup["cases"], "provenance": setup["provenance"], "rounds": []}
+        common = [[cid for cid in schedules[names[-1]][r] if all(cid in set(schedules[n][r]) for n in names)]
+                  for r in range(rounds)]
+        bar = Progress(len(names) * sum(map(len, common)), enabled=progress)
+        started = time.monotonic()
+
+        def one_round(r: int, ids: list[str]) -> None:
+            for name in names:
+                sides[name]["rounds"].append({})
             for cid in ids:
-                for name in revision_order(r):
-                    data = workers[name].request("case", id=cid, round=r)["data"]
+                for name in [n for n in revision_order(r) if n in workers]:
+                    data = workers[name].request("case", id=cid, round=r, ship_dir=ship_dir)["data"]
+                    checker.check(cid, data)
                     sides[name]["rounds"][r][cid] = data
                     bar.step(f"round {r + 1} {name}: {cid}  {describe_samples(data)}")
+
+        for r, ids in enumerate(common):
+            one_round(r, ids)
+        stop = {"rounds": rounds, "reason": "the configured rounds"}
+        ext = extension or Extension()
+        if len(names) == 2 and ext.max_rounds > rounds:
+            r = rounds
+            while True:
+                wide = _wide_pairs(sides, common[-1], ext.target_width, ext.resamples)
+                if not wide:
+                    stop = {"rounds": r, "reason": f"every gain interval is at most {ext.target_width}x wide"}
+                    break
+                if r >= ext.max_rounds:
+                    stop = {"rounds": r, "reason": f"max rounds {ext.max_rounds} reached with {len(wide)} wide pairs",
+                            "wide": wide}
+                    break
+                if time.monotonic() - started > ext.time_limit_s:
+                    stop = {"rounds": r, "reason": f"time limit {ext.time_limit_s:.0f} s reached with {len(wide)} "
+                                                   "wide pairs", "wide": wide}
+                    break
+                bar.total += 2 * len(wide)
+                one_round(r, wide)
+                r += 1
         for name, w in workers.items():
             fin = w.request("finish")
             sides[name]["provenance"]["clocks_end"] = fin["clocks_end"]
             sides[name]["provenance"]["artifacts_sha256"] = fin["artifacts_sha256"]
+            sides[name]["stopping"] = stop
     return sides
+
+
+class ShippedChecker:
+    """The driver's check of the results its workers shipped (see ``run_sides``). It loads the suite's
+    problems only, never its contenders."""
+
+    def __init__(self, suite: str):
+        from . import registry
+
+        try:
+            self.problems = {p.name: p for p in registry.get(suite, impls=False).make_problems()}
+            self.why = None
+        except Exception as e:  # noqa: BLE001 - the records say why nothing could be checked
+            self.problems, self.why = {}, f"{type(e).__name__}: {e}"
+
+    def check(self, case_id: str, data: dict) -> None:
+        """Append each shipped result's check to the case's validations (``external: True``)."""
+        shipped = data.pop("shipped", None)
+        if shipped is None:
+            data["external_checks"] = "the worker shipped no results (a tree older than this driver)"
+            return
+        problem = self.problems.get(case_id.rsplit("/", 1)[0])
+        for item in shipped:
+            if "file" not in item:
+                data.setdefault("unshipped", []).append(item)
+                continue
+            if problem is None:
+                report = {"passed": False, "error": f"the driver cannot check {case_id}: "
+                                                    f"{self.why or 'its suite here has no such problem'}"}
+            else:
+                try:
+                    report = validate.check_shipped(problem, item)
+                except Exception as e:  # noqa: BLE001 - an unreadable result fails its case
+                    report = {"passed": False, "error": f"shipped result unreadable: {type(e).__name__}: {e}"}
+            Path(item["file"]).unlink(missing_ok=True)
+            data.setdefault("validations", []).append(report | {"external": True, "tag": item["tag"]})
+            if not report["passed"]:
+                data["passed"] = False

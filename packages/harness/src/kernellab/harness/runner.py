@@ -154,6 +154,10 @@ class Bench:
                 names.add(parts[1])
         return sorted(names)
 
+    def runnable_impls(self) -> list[Impl]:
+        """Each impl with a runnable case, once (their code is hashed into provenance)."""
+        return list({id(c.impl): c.impl for c in self.cases if c.call is not None}.values())
+
     def describe(self) -> list[dict]:
         return [c.describe() for c in self.cases]
 
@@ -221,9 +225,13 @@ class Bench:
                 check = validate.BatchCheck(problem, sets, seed_for(cfg.seed, problem.name, case.impl.name, "batch",
                                                                     mode, index))
                 marks: list[dict] = []
+                gpu = self.device.gpu_probe
+                gpu_before = gpu.read() if gpu else None
                 raw = timing.measure(mode, calls, self.device, samples=cfg.samples, iterations=cfg.iterations,
                                      batch=check, marks=marks)
                 result["samples_us"][mode], result["disturbance"][mode] = noise.split(raw, marks)
+                if gpu:
+                    result["disturbance"][mode] |= noise.gpu_record(gpu_before, gpu.read())
                 result["validations"].append(check.record() | {"mode": mode})
                 if check.last is not None:
                     ship(mode, *check.last)

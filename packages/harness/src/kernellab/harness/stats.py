@@ -136,8 +136,10 @@ def compare(
     bootstrap_seed: int = 0,
     resamples: int = 1000,
     confidence: float = 0.95,
+    disturbed: bool = False,
 ) -> dict:
-    """One record of the example audit: reference vs candidate (and vs torch), per round."""
+    """One record of the example audit: reference vs candidate (and vs torch), per round. A record whose
+    rounds were ``disturbed`` (see ``noise``) keeps its interval but claims no significance."""
     ref_meds = round_medians(reference_rounds)
     cand_meds = round_medians(candidate_rounds)
     gain = ratio_stats(reference_rounds, candidate_rounds)
@@ -153,7 +155,8 @@ def compare(
         "gain_max": gain["max"],
         "gain_ci": [lo, hi],
         "ci_level": confidence,
-        "significant": not (lo <= 1.0 <= hi),
+        "significant": not (lo <= 1.0 <= hi) and not disturbed,
+        "disturbed": disturbed,
     }
     if torch_rounds is not None:
         torch_meds = round_medians(torch_rounds)

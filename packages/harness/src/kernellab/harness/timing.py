@@ -60,6 +60,7 @@ class Device:
         self._flush_buf = None
         self._cycles_per_us = None
         self.probe = noise.HostProbe()
+        self.gpu_probe = noise.GpuProbe() if kind == "cuda" else None
 
     def hold(self, us: float) -> None:
         """Queue a spin kernel of about ``us`` microseconds on the current stream: what is queued after it
@@ -255,9 +256,10 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
 
 
 def graph_of(calls: Sequence[Callable[[], object]], device: Device, iterations: int):
-    """(graph, calls in it, the last captured call's result) for graph_throughput: at least ``iterations`` calls and every rotated set (so
-    none stays in cache), lengthened until one replay does GRAPH_REPLAY_US of work, so that what each
-    replay costs beyond its calls (its launch, the restart after the synchronize) is spread thin."""
+    """(graph, calls in it, the last captured call's result) for graph_throughput: at least ``iterations``
+    calls and every rotated set (so none stays in cache), lengthened until one replay does GRAPH_REPLAY_US
+    of work, so that what each replay costs beyond its calls (its launch, the restart after the
+    synchronize) is spread thin."""
     torch = device.torch
     length = max(iterations, len(calls))
     while True:

@@ -99,7 +99,8 @@ def validate_call(problem: Problem, call: Call, seed: int, keep: bool = False):
     return (report, result, inputs) if keep else report
 
 
-def _check(problem: Problem, call: Call, inputs: Tensors, outputs: Tensors, seed: int) -> tuple[dict[str, Any], Tensors]:
+def _check(problem: Problem, call: Call, inputs: Tensors, outputs: Tensors,
+           seed: int) -> tuple[dict[str, Any], Tensors]:
     """Poison the outputs, call, compare with the float64 truth of the inputs as they were before."""
     before = snapshot(inputs)
     poison(outputs)

@@ -28,7 +28,8 @@ def _foreign_modules(root: Path) -> list[str]:
 
 
 def serve(inp, out) -> None:
-    root = Path(os.environ.get("KERNELLAB_SOURCE_ROOT", ".")).resolve()
+    source_root = os.environ.get("KERNELLAB_SOURCE_ROOT")
+    root = Path(source_root).resolve() if source_root else None
     label = os.environ.get("KERNELLAB_WORKER_LABEL", "worker")
     bench: Bench | None = None
 
@@ -47,18 +48,18 @@ def serve(inp, out) -> None:
                 suite = registry.get(req["suite"], root)
                 config = Config(**req["config"])
                 bench = Bench(suite, config, cases=req.get("cases"), impls=req.get("impls"))
-                foreign = _foreign_modules(root)
+                foreign = _foreign_modules(root) if root is not None else []
                 if foreign:
                     raise RuntimeError(f"modules imported from outside {root}: {foreign}")
                 bench.device.warm_up()
                 reply(cases=bench.describe(), modes=list(bench.modes), label=label,
                       schedule=[bench.schedule(r) for r in range(config.rounds)],
                       provenance=provenance.collect(suite.device, root, bench.artifacts(),
-                                                      bench.measured_packages()))
+                                                    bench.measured_packages(), bench.runnable_impls()))
             elif cmd == "case":
                 if bench is None:
                     raise RuntimeError("case before setup")
-                reply(data=bench.run_case(req["id"], int(req["round"])))
+                reply(data=bench.run_case(req["id"], int(req["round"]), req.get("ship_dir")))
             elif cmd == "finish":
                 if bench is None:
                     raise RuntimeError("finish before setup")
