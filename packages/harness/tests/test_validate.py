@@ -71,3 +71,22 @@ def test_graph_replay_with_changed_inputs_on_gpu():
     p = Affine((64, 128), "fp32", "cuda")
     assert validate.validate_graph_replay(p, honest(p), 1, 2)["replay_changed_input"]
     assert not validate.validate_graph_replay(p, caches_by_pointer(p), 1, 2)["replay_changed_input"]
+
+
+def test_shipped_results_are_checked_by_a_process_that_runs_no_contender(tmp_path):
+    """What a worker ships is judged by the driver's own comparison against inputs remade from the seed,
+    so a contender that patched the worker's comparison still fails there."""
+    import torch
+
+    seed = 5
+    inputs = PROBLEM.make_inputs(seed)
+    right = {"y": inputs["x"].double().mul(2).add(1).float()}
+    ok = validate.ship(tmp_path / "ok.pt", seed, right, inputs)
+    assert validate.check_shipped(PROBLEM, ok)["passed"]
+    wrong = validate.ship(tmp_path / "wrong.pt", seed, {"y": torch.zeros_like(right["y"])}, inputs)
+    assert not validate.check_shipped(PROBLEM, wrong)["passed"]
+    stale = validate.ship(tmp_path / "stale.pt", seed + 1, right, inputs)  # an answer to other inputs
+    assert not validate.check_shipped(PROBLEM, stale)["passed"]
+    mutated = {"x": inputs["x"] + 1}
+    report = validate.check_shipped(PROBLEM, validate.ship(tmp_path / "mut.pt", seed, right, mutated))
+    assert not report["passed"] and "wrote its inputs" in report["error"]

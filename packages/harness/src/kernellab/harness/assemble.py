@@ -32,6 +32,7 @@ def _compact_validation(index: int, data: dict) -> dict:
         "inputs_unchanged": all(v.get("inputs_unchanged", True) for v in vals),
         "max_abs_error": max((o.get("max_abs_error", 0.0) for o in worst), default=None),
         "violations": sum(o.get("violations", 0) for o in worst),
+        "checked_outside_worker": sum(1 for v in vals if v.get("external")),
         "timed_batches_checked": sum(v.get("checked", 0) for v in vals if v.get("timed_batches")),
         "timed_batches_failed": sum(v.get("failed_batches", 0) for v in vals if v.get("timed_batches")),
     }

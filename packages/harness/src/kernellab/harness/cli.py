@@ -49,6 +49,8 @@ def parser() -> argparse.ArgumentParser:
                    help="warmup passes over the rotated calls before each mode (at least 20 ms of them)")
     p.add_argument("--iterations", type=positive_int, help="calls per throughput sample")
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of every input")
+    p.add_argument("--rotation-limit", type=positive_int, metavar="MIB", help="memory for the rotated input sets "
+                   "(default 4096 MiB; fewer sets than twice the cache read some inputs from cache)")
     p.add_argument("--baseline", metavar="REV", help="compare against a git revision or a source .zip")
     p.add_argument("--max-rounds", type=positive_int, help="with --baseline: run more rounds (up to this many) for the "
                    "pairs whose gain interval is wider than --target-width, until --time-limit")
@@ -74,6 +76,8 @@ def config_for(suite, args) -> Config:
         if value is not None:
             base[field] = value
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip()) if args.modes else None
+    if args.rotation_limit:
+        base["rotation_limit_bytes"] = args.rotation_limit * 2**20
     return Config(seed=args.seed, modes=modes, **base)
 
 

@@ -62,13 +62,15 @@ def _load(value: str):
 
 def entry_points(root: str | os.PathLike | None = None) -> list[tuple[str, str, str]]:
     """(name, value, distribution) of every entry point: a tree's own from its pyproject files plus those
-    of installed distributions that are not the tree's (contenders installed from elsewhere are measured,
-    hashed and replayed like the tree's own); without a tree, the installed ones."""
+    of installed distributions outside the ``kernellab`` namespace (contenders installed from elsewhere
+    are measured, hashed and replayed like the tree's own); without a tree, the installed ones."""
     root = root or os.environ.get("KERNELLAB_SOURCE_ROOT")
     if not root:
         return _entry_points_installed()
     own = _entry_points_from_tree(Path(root))
-    return own + _entry_points_installed({_normal(dist) for _, _, dist in own})
+    outside = _entry_points_installed({_normal(dist) for _, _, dist in own})
+    # kernellab.* code installed elsewhere would shadow or mix with the tree's own: never taken from outside
+    return own + [e for e in outside if not e[1].strip().startswith("kernellab.")]
 
 
 def discover(root: str | os.PathLike | None = None, impls: bool = True) -> tuple[dict[str, Suite], dict[str, str]]:

@@ -1,4 +1,5 @@
-"""A softmax contender for the cpu-ops suite with one planted behaviour (tests rewrite BEHAVIOUR)."""
+"""A softmax contender for the cpu-ops suite with one planted behaviour (tests rewrite BEHAVIOUR): honest,
+or one of the cheats the harness and the audit must catch."""
 
 from pathlib import Path
 
@@ -15,11 +16,23 @@ def impls():
             raise Unsupported("planted: softmax only")
         state = {"calls": 0, "cache": {}}
 
+        if BEHAVIOUR == "patches_the_comparison":  # every check in this process passes from now on
+            from kernellab.harness import validate
+
+            validate.compare = lambda *a, **k: {"passed": True, "outputs": {}}
+        if BEHAVIOUR == "patches_its_samples":  # every sample of this process 50 times smaller
+            from kernellab.harness import timing
+
+            real = timing.measure
+            timing.measure = lambda *a, **k: [s / 50 for s in real(*a, **k)]
+
         def call(i, o):
             x, y = i["x"], o["y"]
             state["calls"] += 1
             if BEHAVIOUR == "skips_after_first_call" and state["calls"] > 1:
                 return o
+            if BEHAVIOUR in ("works_when_poisoned", "patches_the_comparison") and not bool(y.isnan().any()):
+                return o  # a validation poisons the outputs; a timed call, it hopes, does not
             if BEHAVIOUR == "stale_graph" and torch.cuda.is_current_stream_capturing():
                 y.copy_(state["last"])  # the graph records a copy of an old answer
             elif BEHAVIOUR == "caches_by_pointer":

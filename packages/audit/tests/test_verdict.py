@@ -1,0 +1,126 @@
+"""The verdict logic on synthetic samples: deterministic whatever the load of the machine running it.
+
+``noisy`` is the noise injector: round samples around a median, with Gaussian jitter and, for a share
+of samples, a scheduler preemption of whole 4 ms slices (the disturbance a loaded 2-core machine adds).
+"""
+
+import math
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kernellab.audit import verdict
+from kernellab.harness import stats
+
+
+def noisy(rng, median_us, *, rounds=3, samples=30, jitter=0.01, preempt=0.0, slice_us=4000.0, drift=1.0):
+    """``rounds`` rounds of samples: median x (1 + jitter), a ``preempt`` share of them plus 1-3 slices;
+    round r scaled by drift**r (a machine slowing down over the run)."""
+    out = []
+    for r in range(rounds):
+        row = []
+        for _ in range(samples):
+            x = median_us * (drift ** r) * max(0.05, 1.0 + rng.gauss(0.0, jitter))
+            if rng.random() < preempt:
+                x += slice_us * rng.randint(1, 3)
+            row.append(x)
+        out.append(row)
+    return out
+
+
+def replay_record(rng, true_gain, **noise):
+    """A replay's record of one (case, mode) pair, as the audit's comparison makes it."""
+    ref = noisy(rng, 100.0, **noise)
+    cand = noisy(rng, 100.0 / true_gain, **noise)
+    ctrl_a, ctrl_b = noisy(rng, 50.0, **noise), noisy(rng, 50.0, **noise)
+    rec = stats.compare(ref, cand, bootstrap_seed=1, resamples=300)
+    ctrl = [a / b for a, b in zip(stats.round_medians(ctrl_a), stats.round_medians(ctrl_b), strict=True)]
+    rec["control_ratio_range"] = [min(ctrl), max(ctrl)]
+    return rec
+
+
+def claim(gain):
+    return {"claimed_gain": gain, "claimed_range": [gain, gain], "control_normalized": True}
+
+
+def test_a_true_claim_on_a_quiet_replay_is_reproduced():
+    rec = replay_record(random.Random(0), 1.3)
+    judged = verdict.judge(claim(1.3), rec, 0.10)
+    assert judged["claim"] == verdict.REPRODUCED and judged["informative"]
+
+
+@pytest.mark.parametrize("factor", [1.5, 50.0, 1 / 50.0])
+def test_a_false_claim_on_a_quiet_replay_is_contradicted(factor):
+    rec = replay_record(random.Random(1), 1.3)
+    assert verdict.judge(claim(1.3 * factor), rec, 0.10)["claim"] == verdict.CONTRADICTED
+
+
+def test_a_replay_the_scheduler_wrecked_decides_nothing_small():
+    """The reported failure: 4 ms preemption steps on 5 us calls give a band like 0.001-829; no claim
+    near it is reproduced, so the verdict cannot be pass."""
+    rec = replay_record(random.Random(2), 1.0, samples=8, preempt=0.45, slice_us=4000.0, jitter=0.3)
+    for gain in (1.0, 1.3, 3.0):
+        assert verdict.judge(claim(gain), rec, 0.10)["claim"] != verdict.REPRODUCED
+
+
+def test_a_noisy_but_bounded_replay_still_contradicts_a_claim_far_beyond_its_width():
+    rec = replay_record(random.Random(3), 1.0, samples=10, jitter=0.35)
+    band, width, why = verdict.replay_band(rec, 0.10)
+    assert why and width < verdict.DECISIVE_WIDTH  # not informative, but bounded
+    assert verdict.judge(claim(500.0), rec, 0.10)["claim"] == verdict.CONTRADICTED
+    assert verdict.judge(claim(1.0), rec, 0.10)["claim"] == verdict.UNDECIDED
+
+
+def test_control_drift_beyond_the_limit_leaves_near_claims_undecided():
+    rec = replay_record(random.Random(4), 1.2)
+    rec["control_ratio_range"] = [0.001, 67.0]  # the reported torch_probe_control_ratio_range
+    for gain in (1.0, 1.2, 1.5):
+        assert verdict.judge(claim(gain), rec, 0.10)["claim"] == verdict.UNDECIDED
+
+
+def test_a_disturbed_replay_confirms_nothing():
+    rec = replay_record(random.Random(5), 1.2) | {"disturbed": True}
+    assert verdict.judge(claim(1.2), rec, 0.10)["claim"] == verdict.UNDECIDED
+
+
+def test_a_gain_claimed_in_two_rounds_of_three_is_the_claim():
+    """A report whose candidate is 50x faster in two rounds of three claims 50x, not 'somewhere in 1-50'."""
+    def report(rounds_us):
+        cases = []
+        for impl, meds in (("torch", [10.0, 10.0, 10.0]), ("ours", rounds_us)):
+            cases.append({"id": f"p/{impl}", "name": "p", "impl": impl,
+                          "modes": {"e2e_throughput": {"round_medians_us": meds}}})
+        return {"control": "torch", "cases": cases}
+    claimed = verdict.claims(report([5.0, 5.0, 5.0]), report([0.1, 0.1, 5.0]))[("p", "e2e_throughput")]
+    assert claimed["claimed_gain"] == pytest.approx(50.0)
+    rec = replay_record(random.Random(6), 1.0)
+    assert verdict.judge(claimed, rec, 0.10)["claim"] == verdict.CONTRADICTED
+
+
+@given(seed=st.integers(0, 2**31), gain=st.floats(0.2, 5.0), jitter=st.floats(0.0, 0.5),
+       preempt=st.floats(0.0, 0.6), factor=st.floats(0.01, 100.0))
+def test_reproduced_only_when_informative_and_inside(seed, gain, jitter, preempt, factor):
+    rec = replay_record(random.Random(seed), gain, samples=10, jitter=jitter, preempt=preempt)
+    judged = verdict.judge(claim(gain * factor), rec, 0.10)
+    band, width, why = verdict.replay_band(rec, 0.10)
+    inside = band[0] <= gain * factor <= band[1]
+    if judged["claim"] == verdict.REPRODUCED:
+        assert not why and width <= verdict.INFORMATIVE_WIDTH and inside
+    if judged["claim"] == verdict.CONTRADICTED:
+        assert not inside
+    if not why and not inside:
+        assert judged["claim"] == verdict.CONTRADICTED
+
+
+@given(seed=st.integers(0, 2**31), gain=st.floats(0.3, 3.0), jitter=st.floats(0.0, 0.05))
+def test_quiet_honest_replays_never_contradict_the_truth(seed, gain, jitter):
+    """Same distribution, claim = the true gain: a quiet replay may be undecided, never contradicting."""
+    rec = replay_record(random.Random(seed), gain, jitter=jitter)
+    assert verdict.judge(claim(gain), rec, 0.10)["claim"] != verdict.CONTRADICTED
+
+
+def test_the_rules_are_stated():
+    assert 1.0 < verdict.INFORMATIVE_WIDTH < verdict.DECISIVE_WIDTH and verdict.DRIFT_LIMIT > 1.0
+    assert math.isfinite(verdict.DECISIVE_WIDTH)
