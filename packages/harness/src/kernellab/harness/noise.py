@@ -88,9 +88,15 @@ def split(samples: list[float], marks: list[dict]) -> tuple[list[float], dict]:
 
 
 def cpu_mhz() -> list[float]:
+    """The cores' clocks now, where the OS says (cpufreq, else /proc/cpuinfo)."""
     from .provenance import cpu_clocks_mhz
 
     return cpu_clocks_mhz()
+
+
+def clock_range(mhz: list[float]) -> list[float] | None:
+    """[lowest, highest] of the clocks read at a mode's start and end: a frequency change shows here."""
+    return [min(mhz), max(mhz)] if mhz else None
 
 
 class GpuProbe:

@@ -227,9 +227,11 @@ class Bench:
                 marks: list[dict] = []
                 gpu = self.device.gpu_probe
                 gpu_before = gpu.read() if gpu else None
+                mhz_before = noise.cpu_mhz()
                 raw = timing.measure(mode, calls, self.device, samples=cfg.samples, iterations=cfg.iterations,
                                      batch=check, marks=marks)
                 result["samples_us"][mode], result["disturbance"][mode] = noise.split(raw, marks)
+                result["disturbance"][mode]["cpu_mhz"] = noise.clock_range(mhz_before + noise.cpu_mhz())
                 if gpu:
                     result["disturbance"][mode] |= noise.gpu_record(gpu_before, gpu.read())
                 result["validations"].append(check.record() | {"mode": mode})

@@ -71,7 +71,8 @@ def comparison_table(report: dict, fmt: str = "simple") -> str:
             lo, hi = m["gain_ci"]
             rows.append([
                 r["name"], mode, _fmt(m["reference_us"]), _fmt(m["candidate_us"]),
-                f"{m['gain']:.3f} [{lo:.3f}, {hi:.3f}]" + ("" if m["significant"] else " n.s."),
+                f"{m['gain']:.3f} [{lo:.3f}, {hi:.3f}]" + ("" if m["significant"] else
+                                                           " disturbed" if m.get("disturbed") else " n.s."),
                 f"{m['gain_min']:.3f}..{m['gain_max']:.3f}",
                 _fmt(m.get("native_torch_ratio"), ".3f"),
                 "drift!" if m.get("control_flagged") else "",
@@ -87,13 +88,20 @@ def comparison_table(report: dict, fmt: str = "simple") -> str:
 
 
 def before_after_table(report: dict, fmt: str = "simple") -> str:
-    rows = [[r["operation"], r["impl"], f"{r['before_ms']:.4f}", f"{r['after_ms']:.4f}", f"{r['speedup']:.3f}"]
-            for r in report["records"]]
-    return tabulate(rows, headers=["operation", "impl", "before ms", "after ms", "speedup"], disable_numparse=True,
-                    tablefmt=fmt)
+    rows = []
+    for r in report["records"]:
+        ci = r.get("speedup_ci")
+        interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+        mark = "" if r.get("significant", True) else " n.s."
+        rows.append([r["operation"], r["impl"], f"{r['before_ms']:.4f}", f"{r['after_ms']:.4f}",
+                     f"{r['speedup']:.3f}{interval}{mark}"])
+    return tabulate(rows, headers=["operation", "impl", "before ms", "after ms", "speedup [CI]"],
+                    disable_numparse=True, tablefmt=fmt)
 
 
 def render(report: dict, fmt: str = "simple") -> str:
     """The report's table; ``fmt`` is a tabulate format ("github" for a README)."""
     tables = {"run": run_table, "comparison": comparison_table, "before_after": before_after_table}
-    return tables[report["kind"]](report, fmt)
+    notice = report.get("notice") or (report.get("metadata") or {}).get("notice")
+    body = tables[report["kind"]](report, fmt)
+    return f"NOTE: {notice}\n{body}" if notice else body
