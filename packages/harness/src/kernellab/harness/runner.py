@@ -221,19 +221,9 @@ class Bench:
             for mode in self.modes:
                 if mode == "graph_throughput" and not case.impl.graphable:
                     continue
-                self._warm(calls)
                 check = validate.BatchCheck(problem, sets, seed_for(cfg.seed, problem.name, case.impl.name, "batch",
                                                                     mode, index))
-                marks: list[dict] = []
-                gpu = self.device.gpu_probe
-                gpu_before = gpu.read() if gpu else None
-                mhz_before = noise.cpu_mhz()
-                raw = timing.measure(mode, calls, self.device, samples=cfg.samples, iterations=cfg.iterations,
-                                     batch=check, marks=marks)
-                result["samples_us"][mode], result["disturbance"][mode] = noise.split(raw, marks)
-                result["disturbance"][mode]["cpu_mhz"] = noise.clock_range(mhz_before + noise.cpu_mhz())
-                if gpu:
-                    result["disturbance"][mode] |= noise.gpu_record(gpu_before, gpu.read())
+                result["samples_us"][mode], result["disturbance"][mode] = self._measure(mode, calls, check)
                 result["validations"].append(check.record() | {"mode": mode})
                 if check.last is not None:
                     ship(mode, *check.last)
@@ -250,6 +240,21 @@ class Bench:
             passed &= result["graph_replay"]["passed"]
         result["passed"] = passed
         return result
+
+    def _measure(self, mode: str, calls: list[Callable[[], Any]], check: validate.BatchCheck) -> tuple[list, dict]:
+        """Warm up, then one mode's samples, every batch checked: (samples kept, what disturbed them)."""
+        self._warm(calls)
+        marks: list[dict] = []
+        gpu = self.device.gpu_probe
+        gpu_before = gpu.read() if gpu else None
+        mhz = noise.cpu_mhz()
+        raw = timing.measure(mode, calls, self.device, samples=self.config.samples, iterations=self.config.iterations,
+                             batch=check, marks=marks)
+        kept, disturbance = noise.split(raw, marks)
+        disturbance["cpu_mhz"] = noise.clock_range(mhz + noise.cpu_mhz())
+        if gpu:
+            disturbance |= noise.gpu_record(gpu_before, gpu.read())
+        return kept, disturbance
 
     def _warm(self, calls: list[Callable[[], Any]]) -> None:
         """``warmup`` passes over the rotated calls, continued until WARM_MS of wall time have passed:
