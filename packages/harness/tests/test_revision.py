@@ -81,3 +81,22 @@ def test_a_worker_keeps_the_callers_pythonpath_after_its_tree(tmp_path):
                      "/opt/site", "/opt/site/dsl"]
     assert worker_pythonpath(tmp_path, None).split(os.pathsep) == parts[:2]
     assert worker_pythonpath(tmp_path, "").split(os.pathsep) == parts[:2]
+
+
+def test_extra_rounds_go_to_whole_problems_whose_interval_is_wide_and_never_to_failed_cases():
+    from kernellab.harness.revision import _wide_pairs
+
+    def side(spread):
+        def data(k, passed=True):
+            return {"passed": passed, "samples_us": {"e2e_throughput": [10.0 + spread * ((k * 7) % 5) for _ in [0]]
+                                                    + [10.0 + spread * ((k * 3) % 4)] * 5}}
+        return {"rounds": [{"p/torch": data(r), "p/ours": data(r + 1), "q/torch": data(r),
+                            "q/ours": data(r, passed=False), "s/torch": data(r), "s/ours": data(r)}
+                           for r in range(3)]}
+    quiet, loud = side(0.0), side(8.0)
+    sides = {"reference": quiet, "candidate": {"rounds": [dict(r) for r in quiet["rounds"]]}}
+    for r in range(3):  # only p/ours is noisy on the candidate side
+        sides["candidate"]["rounds"][r]["p/ours"] = loud["rounds"][r]["p/ours"]
+        sides["candidate"]["rounds"][r]["q/ours"] = loud["rounds"][r]["q/ours"]
+    ids = ["p/torch", "p/ours", "q/torch", "q/ours", "s/torch", "s/ours"]
+    assert _wide_pairs(sides, ids, 1.10, 100) == ["p/torch", "p/ours"]  # its control too; q failed; s is quiet

@@ -34,6 +34,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, help="replay samples per round (default: the candidate report's)")
     p.add_argument("--tolerance", type=float, default=0.10,
                    help="how far a claimed gain may sit outside the replay's interval, as a fraction (default 0.10)")
+    p.add_argument("--max-rounds", type=int, help="replay rounds at most, extra ones going to pairs whose interval is "
+                   "still wide (default: three times the report's rounds)")
+    p.add_argument("--time-limit", type=float, default=600.0, help="seconds after which no extra replay round "
+                   "starts (default 600)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
 
@@ -70,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             reference, candidate = newest_pair(repo / "reports")
         else:
             raise UsageError(f"give two reports (REFERENCE CANDIDATE) or none, got {len(args.reports)}")
-        for name in ("rounds", "samples"):
+        for name in ("rounds", "samples", "max_rounds"):
             value = getattr(args, name)
             if value is not None and value < 1:
                 raise UsageError(f"--{name} must be >= 1, got {value}")
@@ -81,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     print(f"auditing {reference} (reference) against {candidate} (candidate)", file=sys.stderr)
     result = Audit(reference, candidate, repo, Options(rounds=args.rounds, samples=args.samples,
-                                                       tolerance=args.tolerance, progress=not args.quiet)).run()
+                                                       tolerance=args.tolerance, progress=not args.quiet,
+                                                       max_rounds=args.max_rounds, time_limit_s=args.time_limit)).run()
     out = Path(args.out) if args.out else repo / "reports" / "runs" / f"audit-{candidate.stem}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report_io.clean(result), indent=1, sort_keys=True) + "\n")

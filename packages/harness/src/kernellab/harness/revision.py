@@ -156,10 +156,14 @@ class Extension:
 
 
 def _wide_pairs(sides: dict, ids: list[str], width: float, resamples: int) -> list[str]:
-    """Case ids of which some mode's gain interval between the two sides is wider than ``width``."""
-    wide = []
+    """Case ids of the problems (every impl of one, so that each stays paired with its control round by
+    round) of which some passing case's gain interval between the two sides is wider than ``width``."""
+    wide = set()
     for cid in ids:
         per_side = []
+        results = [r[cid] for name in ("reference", "candidate") for r in sides[name]["rounds"] if cid in r]
+        if not all(r.get("passed") for r in results):
+            continue  # a failed case is failed: more rounds decide nothing
         for name in ("reference", "candidate"):
             rounds = [r[cid] for r in sides[name]["rounds"] if cid in r]
             per_side.append({m: [r["samples_us"][m] for r in rounds if m in r.get("samples_us", {})]
@@ -170,9 +174,9 @@ def _wide_pairs(sides: dict, ids: list[str], width: float, resamples: int) -> li
                 continue
             lo, hi = stats.bootstrap_gain_ci(ref, cand, resamples=resamples)
             if hi / lo > width:
-                wide.append(cid)
+                wide.add(cid.rsplit("/", 1)[0])
                 break
-    return wide
+    return [cid for cid in ids if cid.rsplit("/", 1)[0] in wide]
 
 
 def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds: int, *, progress: bool = True,
