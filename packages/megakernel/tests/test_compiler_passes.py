@@ -5,8 +5,10 @@ import dataclasses
 
 import pytest
 
-from kernellab.megakernel import compiler_checks, ir, passes, planning
-from kernellab.megakernel.ir import Block, Program
+from kernellab.megakernel import planning
+from kernellab.megakernel.compiler import checks as compiler_checks
+from kernellab.megakernel.compiler import ir, passes
+from kernellab.megakernel.compiler.ir import Block, Program
 
 
 @pytest.mark.parametrize("case", compiler_checks.PASS_CASES, ids=lambda c: c.name)
@@ -98,7 +100,7 @@ def test_ir_checks_the_chosen_engine_is_the_first_that_fits():
 
 
 def test_codegen_needs_a_planned_program():
-    from kernellab.megakernel import codegen
+    from kernellab.megakernel.compiler import codegen
 
     with pytest.raises(passes.PassError, match="fully planned program"):
         codegen.generate(Program(blocks=(Block(8, 8, "gelu"),), rows=1))

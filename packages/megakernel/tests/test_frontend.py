@@ -5,8 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernellab.megakernel import frontend, model, passes, planning
-from kernellab.megakernel.ir import Block
+from kernellab.megakernel import model, planning
+from kernellab.megakernel.compiler import frontend, passes
+from kernellab.megakernel.compiler.ir import Block
 
 
 class ResidualBlock(nn.Module):

@@ -5,7 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from kernellab.megakernel import compile_model, compiler_checks, frontend, model, planning
+from kernellab.megakernel import compile_model, model, planning
+from kernellab.megakernel.compiler import checks as compiler_checks
+from kernellab.megakernel.compiler import frontend
 
 pytestmark = pytest.mark.gpu
 

@@ -402,7 +402,7 @@ def build_report(run: Run, previous: dict | None, partial: dict | None = None) -
     done and what is not) marks a checkpoint written before the end: it skips the compiler checks."""
     import torch
 
-    from . import compiler_checks
+    from .compiler import checks as compiler_checks
 
     args = run.args
     sections = merge_sections(run.results, {shape: kind for kind, shape in run.shapes}, previous)

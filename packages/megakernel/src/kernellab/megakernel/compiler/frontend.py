@@ -19,7 +19,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from . import model
+from .. import model
 from .ir import Block
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from . import model, passes, planning, validation
+from .. import model, planning, validation
+from . import passes
 from .ir import Block, Program
 
 SMALL_SHAPE = model.Shape(33, 32, 64)
@@ -134,7 +135,7 @@ def small_output_check(seed: int = 0, shape: model.Shape = SMALL_SHAPE) -> dict:
     same plan, same kernel, so the outputs must be identical."""
     import torch
 
-    from . import engines
+    from .. import engines
     from .runner import compile_model
 
     compiled = compile_model({"channels": shape.channels, "blocks": [{"hidden": shape.hidden, "activation": "gelu"}]},

@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from . import ir, planning
+from .. import planning
+from . import ir
 from .ir import Block, Candidate, Program
 
 MAX_ELEMENTS = 2**31 - 1

@@ -62,7 +62,7 @@ def compile_model(source, *, rows: int, engine: str = "persistent-tc", tile_rows
     spec's weights."""
     import torch
 
-    from . import planning
+    from .. import planning
 
     if isinstance(source, dict):
         blocks, parameters = frontend.from_spec(source, seed=seed, device="cuda")

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .model import ACTIVATIONS
-from .planning import FALLBACK_CHAINS, H200, DeviceSpec, Plan, Refusal, SharedMemory, Tile, round_up
+from ..model import ACTIVATIONS
+from ..planning import FALLBACK_CHAINS, H200, DeviceSpec, Plan, Refusal, SharedMemory, Tile, round_up
 
 INPUT_DTYPES = ("float16", "float32")
 PROLOGUES = ("none", "cast", "rmsnorm")

@@ -27,8 +27,8 @@ class BlockStep:
 def generate(program: Program) -> list[BlockStep]:
     if "owners" not in program.properties:
         raise PassError("codegen: needs a fully planned program (run passes.run_pipeline first)")
-    from . import engines
-    from .engines import prologue as prologue_kernels
+    from .. import engines
+    from ..engines import prologue as prologue_kernels
 
     steps = []
     for i, b in enumerate(program.blocks):
