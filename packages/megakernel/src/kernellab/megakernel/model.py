@@ -34,6 +34,13 @@ def check_activation(name: str) -> str:
     return name
 
 
+def check_positive_int(name: str, value) -> int:
+    """``value`` itself when it is an integer >= 1 (not a bool, not a float), else a ValueError naming ``name``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class Shape:
     """One residual-MLP problem: ``rows`` independent rows of ``channels``, a ``hidden`` layer."""
@@ -44,9 +51,7 @@ class Shape:
 
     def __post_init__(self):
         for field in ("rows", "channels", "hidden"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{field} must be an integer >= 1, got {value!r}")
+            check_positive_int(field, getattr(self, field))
 
     def as_dict(self) -> dict[str, int]:
         return {"rows": self.rows, "channels": self.channels, "hidden": self.hidden}

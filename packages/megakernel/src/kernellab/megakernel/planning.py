@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from .model import check_positive_int
+
 # ---- engines and their fallback chains ----------------------------------------------------------
 
 KERNEL_ENGINES = ("persistent-tc", "persistent", "persistent-global", "conventional-tc", "conventional")
@@ -636,6 +638,11 @@ def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpe
     (``stages``), instruction (``mma``), hidden split (``split``), weight loads (``loads``), weight
     multicast (``multicast``, which loads by TMA), chunk schedule (``overlap``) and register form (``registers``;
     none of the other persistent-tc choices applies to it)."""
+    _check_sizes(rows=rows, channels=channels, hidden=hidden)
+    for name, value in (("tile_rows", tile_rows), ("grid", grid), ("stages", stages), ("split", split),
+                        ("multicast", multicast)):
+        if value is not None:
+            check_positive_int(name, value)
     if any(v is not None for v in (mma, split, multicast, loads, overlap, registers)) and engine != "persistent-tc":
         raise ValueError(f"{engine} has no mma, split, loads, multicast, overlap or registers choice")
     shared_form_choice = any(v is not None for v in (split, multicast, loads, overlap, stages))
@@ -774,10 +781,17 @@ class Choice:
         return self.plan.engine
 
 
+def _check_sizes(**sizes) -> None:
+    """Planning's entry points take problem sizes from users: each must be an integer >= 1."""
+    for name, value in sizes.items():
+        check_positive_int(name, value)
+
+
 def choose(requested: str, rows: int, channels: int, hidden: int, device: DeviceSpec | None = None) -> Choice:
     """Walk ``requested``'s fallback chain; the last engine (conventional) serves every shape."""
     if requested not in FALLBACK_CHAINS:
         raise ValueError(f"unknown engine {requested!r}; engines with kernels are {sorted(FALLBACK_CHAINS)}")
+    _check_sizes(rows=rows, channels=channels, hidden=hidden)
     device = device or current_device()
     skipped: list[Refusal] = []
     for engine in FALLBACK_CHAINS[requested]:
