@@ -9,6 +9,7 @@ from kernellab.megakernel import planning
 from kernellab.megakernel.compiler import checks as compiler_checks
 from kernellab.megakernel.compiler import ir, passes
 from kernellab.megakernel.compiler.ir import Block, Program
+from kernellab.megakernel.stack import Norm
 
 
 @pytest.mark.parametrize("case", compiler_checks.PASS_CASES, ids=lambda c: c.name)
@@ -50,7 +51,7 @@ def test_ir_rejects_a_split_grid_of_partial_clusters():
 
 
 def test_stack_plan():
-    blocks = [Block(32, 64, "gelu"), Block(32, 64, "relu", norm=True), Block(32, 48, "silu")]
+    blocks = [Block(32, 64, "gelu"), Block(32, 64, "relu", norm=Norm("rmsnorm")), Block(32, 48, "silu")]
     program = passes.plan(blocks, rows=100, engine="persistent", device=planning.H200)
     assert [(b.prologue, b.residual, b.plan.engine) for b in program.blocks] == [
         ("none", "float16", "persistent"), ("rmsnorm", "float32", "persistent"), ("cast", "float32", "persistent")]

@@ -5,9 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from kernellab.megakernel import compile_model, model, planning
+from kernellab.megakernel import compile_model, model, planning, stack
 from kernellab.megakernel.compiler import checks as compiler_checks
-from kernellab.megakernel.compiler import frontend
 
 pytestmark = pytest.mark.gpu
 
@@ -38,9 +37,7 @@ def test_stack_with_norms_matches_the_stack_reference(engine):
     compiled = compile_model(spec, rows=300, engine=engine, seed=3)
     x = model.make_input(300, 64, seed=9, device="cuda")
     y = compiled(x)
-    blocks, _ = frontend.from_spec(spec, seed=3)
-    truth = model.reference_model(x, compiled.parameters, [b.activation for b in blocks],
-                                  [b.eps if b.norm else None for b in blocks])
+    truth = stack.reference_stack(x, compiled.program.blocks, compiled.parameters)
     torch.testing.assert_close(y.double(), truth, rtol=2e-3, atol=2e-3)
 
 
@@ -67,7 +64,8 @@ def test_module_compiles_and_matches_its_reference():
     compiled = compile_model(nn.Sequential(PlainBlock(), NormBlock()), rows=77)
     x = torch.randn(77, 48, device="cuda").half()
     y = compiled(x)
-    truth = model.reference_model(x, compiled.parameters, ["gelu", "gelu"], [None, torch.finfo(torch.float32).eps])
+    assert compiled.program.blocks[1].norm.eps == torch.finfo(torch.float32).eps
+    truth = stack.reference_stack(x, compiled.program.blocks, compiled.parameters)
     torch.testing.assert_close(y.double(), truth, rtol=2e-3, atol=2e-3)
 
 
