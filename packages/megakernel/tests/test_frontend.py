@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernellab.megakernel import model, planning, stack
+from kernellab.megakernel import model, planning
 from kernellab.megakernel.compiler import frontend, passes
 from kernellab.megakernel.compiler.ir import Block
 from kernellab.megakernel.stack import Norm

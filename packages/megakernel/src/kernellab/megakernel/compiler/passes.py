@@ -74,16 +74,19 @@ class ValidateModel(Pass):
 
 
 def kernel_refusal(block: Block, target: str) -> str | None:
-    """Why no kernel engine computes ``block``'s form on ``target``, or None when the block kernels do."""
+    """Why no kernel engine computes ``block``'s form on ``target`` (every reason), or None when the block
+    kernels do."""
     if target != "cuda":
         return f"the kernels need a CUDA device; this program targets {target!r}"
+    reasons = []
     if block.gated:
-        return "gated blocks (act(W1 u) * (W3 u)) have no block kernel yet"
+        reasons.append("gated blocks (act(W1 u) * (W3 u)) have no block kernel yet")
     if block.activation not in model.ACTIVATIONS:
-        return f"activation {block.activation!r} has no kernel (the kernels compute {', '.join(model.ACTIVATIONS)})"
+        reasons.append(f"activation {block.activation!r} has no kernel (the kernels compute "
+                       f"{', '.join(model.ACTIVATIONS)})")
     if block.norm is not None and block.norm.kind != "rmsnorm":
-        return f"{block.norm.kind} has no prologue kernel (the prologue kernel computes rmsnorm)"
-    return None
+        reasons.append(f"{block.norm.kind} has no prologue kernel (the prologue kernel computes rmsnorm)")
+    return "; ".join(reasons) or None
 
 
 class ServableForms(Pass):
