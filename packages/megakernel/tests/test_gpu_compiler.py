@@ -154,3 +154,16 @@ def test_report_models_compile_and_plan():
         compiled = compile_model(case.spec, rows=16)
         text = str(compiled.plan())
         assert len(compiled.plan().blocks) == len(case.spec["blocks"]) and "form:" in text
+
+
+def test_models_contenders_pass_the_engines_validation():
+    """Every contender of the report's models section, on a small model of the same forms, passes the engines'
+    protocol (poisoned output, fresh input, changed-input graph replay)."""
+    from kernellab.megakernel import validation
+
+    case = models.ModelCase("small-swiglu", {"channels": 64, "final_norm": "rmsnorm", "blocks": [
+        {"hidden": 128, "activation": "silu", "norm": "rmsnorm", "gated": True, "bias": False},
+        {"hidden": 96, "activation": "gelu", "norm": "rmsnorm"}]}, fits_l2=True)
+    for name, contender in models.contenders(case, 33).items():
+        result = validation.check(contender.problem, name, contender.call, seed=5)
+        assert result["passed"] and result["replay_changed_input"], (name, result)

@@ -345,9 +345,9 @@ def test_report_models_are_the_issues_four():
 
 def _complete_section() -> dict:
     summary = dict.fromkeys(models.SUMMARY_KEYS, 1.0)
-    contender = {"stream": summary, "host": summary, "validation": {"passed": True, "poisoned_output": True,
-                                                                    "replay_changed_input": True,
-                                                                    "max_abs_error": 0.0}}
+    contender = {"stream_summary": summary, "host_summary": summary,
+                 "validation": {"passed": True, "replay_changed_input": True, "inputs_unchanged": True,
+                                "max_abs_error": 0.0}}
     return {"entries": [{"model": m.name, "rows": rows, "contenders": dict.fromkeys(models.CONTENDERS, contender),
                          "floor": {"launch_floor_us": 2.0, "weight_bytes": m.weight_bytes(), "copy_bandwidth_gbs": 4e3,
                                    "weight_floor_us": 1.0}}
@@ -359,9 +359,90 @@ def test_models_section_schema():
     assert len(models.check_models_section({})) == len(models.REPORT_MODELS) * len(models.REPORT_ROWS)
     broken = _complete_section()
     entry = broken["entries"][0]
-    entry["contenders"] = {**entry["contenders"], "torch-eager": {"stream": {}, "host": entry["contenders"][
-        "torch-eager"]["host"], "validation": {**entry["contenders"]["torch-eager"]["validation"], "passed": False}}}
+    eager = entry["contenders"]["torch-eager"]
+    entry["contenders"] = {**entry["contenders"], "torch-eager": {
+        "stream_summary": {}, "host_summary": eager["host_summary"],
+        "validation": {**eager["validation"], "passed": False}}}
     entry["floor"] = {**entry["floor"], "weight_bytes": 1}
     problems = models.check_models_section(broken)
     assert len(problems) == len(models.SUMMARY_KEYS) + 2
     assert any("did not pass validation" in p for p in problems) and any("weight_bytes 1" in p for p in problems)
+
+
+SMALL_CASE = models.ModelCase("small-swiglu", {"channels": 16, "final_norm": "rmsnorm", "blocks": [
+    {"hidden": 24, "activation": "silu", "norm": "rmsnorm", "gated": True, "bias": False},
+    {"hidden": 40, "activation": "gelu", "norm": {"kind": "layernorm", "bias": True}}]}, fits_l2=True)
+
+
+def _cpu_chain(case, rows):
+    compiled = runner.compile_model(case.spec, rows=rows, target="cpu")
+
+    def call(inputs, outputs):
+        compiled(inputs["x"], out=outputs["y"])
+        return outputs
+    return call
+
+
+def test_stack_problem_validates_a_contender_and_catches_wrong_ones():
+    from kernellab.harness import validate
+
+    problem = models.StackProblem(SMALL_CASE, 9, device="cpu")
+    assert problem.shape == (9, 16) and problem.make_inputs(1)["x"].dtype == torch.float16
+    assert validate.validate_call(problem, _cpu_chain(SMALL_CASE, 9), seed=3)["passed"]
+
+    def skips_the_final_norm(inputs, outputs):
+        s = problem.source
+        outputs["y"].copy_(stack.reference_stack(inputs["x"], s.blocks, s.parameters))
+        return outputs
+
+    def writes_nothing(inputs, outputs):
+        return outputs
+
+    for wrong in (skips_the_final_norm, writes_nothing):
+        assert not validate.validate_call(problem, wrong, seed=3)["passed"], wrong.__name__
+
+
+def test_models_section_validates_times_and_records_failures():
+    """``models.section`` with the CPU torch chain as every contender, a fake clock and the harness's
+    validation: a complete section passes the schema; a contender that fails validation is not timed; a model
+    whose contenders cannot be built is recorded with the error."""
+    from kernellab.harness import validate
+
+    def make(case, rows):
+        if case.name == "broken":
+            raise RuntimeError("cannot build")
+        problem = models.StackProblem(case, rows, device="cpu")
+        built = {name: models.Contender(_cpu_chain(case, rows), problem) for name in models.CONTENDERS}
+        built["torch-eager"] = models.Contender(lambda inputs, outputs: outputs, problem)  # leaves y poisoned
+        return built
+
+    timed = []
+
+    def measure(contender):
+        timed.append(contender)
+        summary = dict.fromkeys(models.SUMMARY_KEYS, 0.5)
+        return {"stream_summary": summary, "host_summary": summary}
+
+    def check(name, contender):
+        result = validate.validate_call(contender.problem, contender.call, seed=7)
+        return {"passed": result["passed"], "replay_changed_input": result["passed"],
+                "inputs_unchanged": result.get("inputs_unchanged"),
+                "max_abs_error": result["outputs"]["y"]["max_abs_error"]}
+
+    broken = models.ModelCase("broken", SMALL_CASE.spec, fits_l2=True)
+    got = models.section(measure, check, lambda case: models.floor_entry(case, 2.0, 4000.0),
+                         cases=(SMALL_CASE, broken), row_counts=(1, 5), make=make)
+    assert len(timed) == 2 * (len(models.CONTENDERS) - 1)
+    problems = models.check_models_section(got, cases=(SMALL_CASE,), row_counts=(1, 5))
+    expected = [f"small-swiglu rows={r}: torch-eager {clock} lacks {k}" for r in (1, 5)
+                for clock in ("stream_summary", "host_summary") for k in models.SUMMARY_KEYS]
+    expected += [f"small-swiglu rows={r}: torch-eager did not pass validation" for r in (1, 5)]
+    assert sorted(problems) == sorted(expected)
+    assert [e.get("error") for e in got["entries"] if e["model"] == "broken"] == ["RuntimeError: cannot build"] * 2
+
+
+def test_floor_entry_is_weight_bytes_over_the_copy_bandwidth():
+    floor = models.floor_entry(models.REPORT_MODELS[3], 2.5, 4000.0)
+    assert floor["weight_bytes"] == 402653184
+    assert floor["weight_floor_us"] == pytest.approx(402653184 / 4000e9 * 1e6)  # about 100 us
+    assert floor["launch_floor_us"] == 2.5

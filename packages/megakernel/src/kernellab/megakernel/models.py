@@ -14,6 +14,9 @@ import dataclasses
 import torch
 from torch import nn
 
+from kernellab.harness.case import Problem, Tolerance
+
+from . import model, stack
 from .compiler import frontend
 
 ACTIVATION_MODULES = {"relu": nn.ReLU, "gelu": lambda: nn.GELU(approximate="tanh"), "gelu_erf": nn.GELU,
@@ -120,18 +123,19 @@ CONTENDERS = ("persistent-stack", "persistent-stack-graph", "block-chain-graph",
               "torch-compile-max-autotune-graph")
 """The fused engine and its graph, today's per-block chain in a graph, the nn.Module eagerly and
 under torch.compile(mode="max-autotune") captured in a CUDA graph."""
-SUMMARY_KEYS = ("count", "p50", "p95", "min", "max", "mean")
-VALIDATION_KEYS = ("passed", "poisoned_output", "replay_changed_input", "max_abs_error")
+SUMMARY_KEYS = ("count", "p50_ms", "p95_ms", "min_ms", "max_ms", "mean_ms")
+"""An engine's summary in the report (``report._ms_summary``)."""
+VALIDATION_KEYS = ("passed", "replay_changed_input", "inputs_unchanged", "max_abs_error")
 FLOOR_KEYS = ("launch_floor_us", "weight_bytes", "copy_bandwidth_gbs", "weight_floor_us")
 
 
-def check_models_section(section: dict) -> list[str]:
+def check_models_section(section: dict, cases=REPORT_MODELS, row_counts=REPORT_ROWS) -> list[str]:
     """What is wrong with a report's ``models`` section (empty when nothing): every model and row
     count, every contender with stream and host summaries and a validation, and the floor."""
     problems = []
     entries = {(m.get("model"), m.get("rows")): m for m in section.get("entries", [])}
-    for case in REPORT_MODELS:
-        for rows in REPORT_ROWS:
+    for case in cases:
+        for rows in row_counts:
             where = f"{case.name} rows={rows}"
             entry = entries.get((case.name, rows))
             if entry is None:
@@ -147,7 +151,7 @@ def check_models_section(section: dict) -> list[str]:
                 if got is None:
                     problems.append(f"{where}: {contender} missing")
                     continue
-                for clock in ("stream", "host"):
+                for clock in ("stream_summary", "host_summary"):
                     summary = got.get(clock, {})
                     problems += [f"{where}: {contender} {clock} lacks {k}" for k in SUMMARY_KEYS if k not in summary]
                 validation = got.get("validation", {})
@@ -156,3 +160,145 @@ def check_models_section(section: dict) -> list[str]:
                 if validation.get("passed") is not True:
                     problems.append(f"{where}: {contender} did not pass validation")
     return problems
+
+
+# ---- the contenders and their validation (the report's models section) -------------------------------------
+
+STACK_TOLERANCE = 5e-3
+"""rtol = atol for the compiled stack against the float64 reference with the kernels' rounding points: fp32
+accumulation is far below it, an fp16 hidden value rounded to the other neighbour a few 1e-4."""
+TORCH_FP16_TOLERANCE = 3e-2
+"""rtol = atol for the nn.Module run by torch in fp16 (eagerly or compiled): its stream and norms are fp16, so
+it rounds at every op where the kernels keep fp32; the same reference, a wider band."""
+
+
+class StackProblem(Problem):
+    """A model of ``REPORT_MODELS`` (or any ``ModelCase``) at ``rows`` rows, as a harness problem: the input x
+    (fp16) is the only input, y (fp32) the only output, the truth ``stack.reference_stack`` of the weights
+    ``frontend.from_spec(case.spec, seed=weights_seed)`` makes (the contenders hold the same weights)."""
+
+    op = "stack"
+
+    def __init__(self, case: ModelCase, rows: int, *, tolerance: float = STACK_TOLERANCE, weights_seed: int = 0,
+                 device: str = "cuda"):
+        self.case, self.source = case, frontend.from_spec(case.spec, seed=weights_seed, device=device)
+        super().__init__((rows, self.source.blocks[0].channels), "fp16", device, model=case.name)
+        self._tolerance = tolerance
+
+    def name_suffix(self) -> str:
+        return f"_{self.case.name}"
+
+    def make_inputs(self, seed: int):
+        return {"x": model.make_input(*self.shape, seed=seed, device=self.device)}
+
+    def make_outputs(self, inputs):
+        return {"y": torch.empty(self.shape, dtype=torch.float32, device=self.device)}
+
+    def reference(self, inputs):
+        s = self.source
+        return {"y": stack.reference_stack(inputs["x"], s.blocks, s.parameters, s.final_norm, s.final_parameters)}
+
+    def bytes_moved(self) -> int:
+        return self.case.weight_bytes() + self.shape[0] * self.shape[1] * (2 + 4)
+
+    def flops(self) -> int:
+        return sum(2 * (3 if b.gated else 2) * self.shape[0] * b.channels * b.hidden for b in self.source.blocks)
+
+    def tolerance(self) -> Tolerance:
+        return Tolerance(self._tolerance, self._tolerance)
+
+
+@dataclasses.dataclass
+class Contender:
+    """One way to run a model: a harness call writing ``outputs["y"]``, the problem that validates it (its
+    tolerance), and where it is served by something else than its name says, by what and why."""
+
+    call: object
+    problem: StackProblem
+    served_by: str | None = None
+    reason: str | None = None
+
+
+def contenders(case: ModelCase, rows: int, *, weights_seed: int = 0) -> dict[str, Contender]:
+    """The ``CONTENDERS`` of ``case`` at ``rows`` on the GPU. torch.compile runs with
+    ``mode="max-autotune-no-cudagraphs"`` and is captured in a CUDA graph as every other graph contender is
+    (``max-autotune`` is that mode plus torch's own graphs)."""
+    from .compiler.runner import compile_model
+    from .engines.graph import GraphCall
+
+    compiled = compile_model(case.spec, rows=rows, seed=weights_seed)
+    module = build_module(case.spec, seed=weights_seed, dtype=torch.float16, device="cuda")
+    autotuned = torch.compile(module, mode="max-autotune-no-cudagraphs")
+    ours = StackProblem(case, rows, weights_seed=weights_seed)
+    theirs = StackProblem(case, rows, tolerance=TORCH_FP16_TOLERANCE, weights_seed=weights_seed)
+
+    def chain(inputs, outputs):
+        compiled(inputs["x"], out=outputs["y"])
+        return outputs
+
+    def torch_call(run):
+        def call(inputs, outputs):
+            outputs["y"].copy_(run(inputs["x"]))
+            return outputs
+        return call
+
+    plan = compiled.plan()
+    fallback = f"{plan.form}: {plan.form_reason}"
+    return {
+        "persistent-stack": Contender(chain, ours, "block-chain", fallback),
+        "persistent-stack-graph": Contender(GraphCall(chain), ours, "block-chain-graph", fallback),
+        "block-chain-graph": Contender(GraphCall(chain), ours),
+        "torch-eager": Contender(torch_call(module), theirs),
+        "torch-compile-max-autotune-graph": Contender(GraphCall(torch_call(autotuned)), theirs),
+    }
+
+
+def copy_bandwidth_gbs(megabytes: int = 1024, repeats: int = 20) -> float:
+    """Device-to-device copy bandwidth (bytes read plus written per second, median of ``repeats``), in GB/s."""
+    src = torch.empty(megabytes << 20, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats + 1):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    seconds = sorted(times[1:])[repeats // 2]
+    return 2 * src.numel() / seconds / 1e9
+
+
+def floor_entry(case: ModelCase, launch_floor_us: float, bandwidth_gbs: float) -> dict:
+    """The least a call can take: a launch, and streaming the weights once at the copy bandwidth."""
+    weight_bytes = case.weight_bytes()
+    return {"launch_floor_us": launch_floor_us, "weight_bytes": weight_bytes, "copy_bandwidth_gbs": bandwidth_gbs,
+            "weight_floor_us": weight_bytes / (bandwidth_gbs * 1e9) * 1e6}
+
+
+def section(measure, validate, floor_of, cases=REPORT_MODELS, row_counts=REPORT_ROWS, make=contenders) -> dict:
+    """The report's ``models`` section: for each case and row count, each contender validated
+    (``validate(name, contender)`` -> the validation block) and, where it passed, timed
+    (``measure(contender)`` -> stream and host summaries); ``floor_of(case)`` the floor block. A contender
+    that cannot be built or fails is recorded with its error; the section goes on."""
+    entries = []
+    for case in cases:
+        for rows in row_counts:
+            entry = {"model": case.name, "rows": rows, "contenders": {}, "floor": floor_of(case)}
+            try:
+                built = make(case, rows)
+            except Exception as e:  # noqa: BLE001 - the section records why and goes on
+                entry["error"] = f"{type(e).__name__}: {e}"
+                entries.append(entry)
+                continue
+            for name, contender in built.items():
+                got = {k: v for k, v in (("served_by", contender.served_by), ("reason", contender.reason)) if v}
+                try:
+                    got["validation"] = validate(name, contender)
+                    if got["validation"].get("passed"):
+                        got.update(measure(contender))
+                except Exception as e:  # noqa: BLE001 - as above
+                    got["error"] = f"{type(e).__name__}: {e}"
+                entry["contenders"][name] = got
+            entries.append(entry)
+    return {"contenders": list(CONTENDERS), "row_counts": list(row_counts), "entries": entries}

@@ -121,6 +121,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sanitizers", help="JSON written by python -m kernellab.megakernel.sanitize")
     p.add_argument("--resume", help="a report to extend: its (shape, engine) results are kept unless re-measured")
     p.add_argument("--no-compiler", action="store_true", help="skip the compiler block (kept from --resume if any)")
+    p.add_argument("--models", action="store_true",
+                   help="add the models section: the four whole models at rows 1..4096, every contender validated "
+                        "and timed (torch.compile max-autotune for each: long); kept from --resume otherwise")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--show", metavar="REPORT", help="verify a report's sha256 and print its table, then exit")
     p.add_argument("--format", default="simple", help="table format for --show (tabulate's; 'github' for READMEs)")
@@ -266,6 +269,34 @@ class Run:
                 self.results[key].update(_clock_summaries(got))
             self.log(f"round {r + 1}/{args.rounds} done")
             after_round(r + 1)
+
+    def models_section(self) -> dict:
+        """The report's ``models`` section (``models.section``): each contender validated with the engines'
+        protocol and timed for --rounds rounds as the engines are; the floor from this run's launch floor
+        and a copy-bandwidth measurement."""
+        from kernellab.harness.case import seed_for
+
+        from . import models, validation
+
+        if not self.floor_samples["direct"]["stream"]:
+            self.time_floor()
+        floor = self.launch_floor()
+        launch_us = floor["stream_summary"]["p50_ms"] * 1e3 if "stream_summary" in floor else None
+        bandwidth = models.copy_bandwidth_gbs()
+
+        def validate(name, contender):
+            return validation.check(contender.problem, name, contender.call, self.args.seed)
+
+        def measure(contender):
+            problem = contender.problem
+            inputs = problem.make_inputs(seed_for(self.args.seed, problem.name, "time"))
+            outputs = problem.make_outputs(inputs)
+            got = {"stream": [], "host": []}
+            for _ in range(self.args.rounds):
+                self.time_call(lambda: contender.call(inputs, outputs), got)
+            return _clock_summaries(got)
+
+        return models.section(measure, validate, lambda case: models.floor_entry(case, launch_us, bandwidth))
 
     def launch_floor(self) -> dict:
         """The report's ``launch_floor`` block: the direct call's summaries as an engine's, the graph's
@@ -437,6 +468,11 @@ def build_report(run: Run, previous: dict | None, partial: dict | None = None) -
     else:
         run.log("compiler checks ...")
         report["compiler"] = {"source_commit": prov["source_commit"], **compiler_checks.report_block(args.seed)}
+    if args.models and not partial:
+        run.log("models section ...")
+        report["models"] = run.models_section()
+    elif previous and "models" in previous:
+        report["models"] = previous["models"]
     return report
 
 
