@@ -5,8 +5,11 @@ import dataclasses
 
 import pytest
 
-from kernellab.megakernel import compiler_checks, ir, passes, planning
-from kernellab.megakernel.ir import Block, Program
+from kernellab.megakernel import planning
+from kernellab.megakernel.compiler import checks as compiler_checks
+from kernellab.megakernel.compiler import ir, passes
+from kernellab.megakernel.compiler.ir import Block, Program
+from kernellab.megakernel.stack import Norm
 
 
 @pytest.mark.parametrize("case", compiler_checks.PASS_CASES, ids=lambda c: c.name)
@@ -48,7 +51,7 @@ def test_ir_rejects_a_split_grid_of_partial_clusters():
 
 
 def test_stack_plan():
-    blocks = [Block(32, 64, "gelu"), Block(32, 64, "relu", norm=True), Block(32, 48, "silu")]
+    blocks = [Block(32, 64, "gelu"), Block(32, 64, "relu", norm=Norm("rmsnorm")), Block(32, 48, "silu")]
     program = passes.plan(blocks, rows=100, engine="persistent", device=planning.H200)
     assert [(b.prologue, b.residual, b.plan.engine) for b in program.blocks] == [
         ("none", "float16", "persistent"), ("rmsnorm", "float32", "persistent"), ("cast", "float32", "persistent")]
@@ -98,7 +101,7 @@ def test_ir_checks_the_chosen_engine_is_the_first_that_fits():
 
 
 def test_codegen_needs_a_planned_program():
-    from kernellab.megakernel import codegen
+    from kernellab.megakernel.compiler import codegen
 
     with pytest.raises(passes.PassError, match="fully planned program"):
         codegen.generate(Program(blocks=(Block(8, 8, "gelu"),), rows=1))

@@ -5,8 +5,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernellab.megakernel import frontend, model, passes, planning
-from kernellab.megakernel.ir import Block
+from kernellab.megakernel import model, planning
+from kernellab.megakernel.compiler import frontend, passes
+from kernellab.megakernel.compiler.ir import Block
+from kernellab.megakernel.stack import Norm
 
 
 class ResidualBlock(nn.Module):
@@ -38,9 +40,11 @@ def test_module_stack_to_blocks_and_parameters():
                         ResidualBlock(32, 48, nn.SiLU(), norm=True),
                         FunctionalBlock(32, 80),
                         ResidualBlock(32, 16, nn.ReLU()))
-    blocks, params = frontend.from_module(net)
-    assert blocks == [Block(32, 64, "gelu"), Block(32, 48, "silu", norm=True, eps=1e-5), Block(32, 80, "gelu"),
-                      Block(32, 16, "relu")]
+    source = frontend.from_module(net)
+    blocks, params = source.blocks, source.parameters
+    assert blocks == [Block(32, 64, "gelu"), Block(32, 48, "silu", norm=Norm("rmsnorm", 1e-5)),
+                      Block(32, 80, "gelu", bias2=False), Block(32, 16, "relu")]
+    assert source.final_norm is None
     p = params[1]
     assert p["w1"].dtype == torch.float16 and p["b1"].dtype == torch.float32
     assert torch.equal(p["w1"], net[1].fc1.weight.detach().half())
@@ -55,7 +59,8 @@ def test_module_parameters_reproduce_the_module():
     the fp16 rounding of the weights and hidden)."""
     torch.manual_seed(1)
     net = ResidualBlock(24, 40, nn.GELU(approximate="tanh"))
-    blocks, params = frontend.from_module(net)
+    source = frontend.from_module(net)
+    blocks, params = source.blocks, source.parameters
     x = torch.randn(7, 24).half()
     ours = model.reference(x, **params[0], activation=blocks[0].activation)
     theirs = net.double()(x.double())
@@ -63,7 +68,6 @@ def test_module_parameters_reproduce_the_module():
 
 
 @pytest.mark.parametrize("net,message", [
-    (ResidualBlock(8, 16, nn.GELU()), "approximate='tanh'"),
     (ResidualBlock(8, 16, nn.Tanh()), "does not fit the pattern"),
     (nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8)), "must return the residual stream"),
     (nn.Linear(8, 8), "does not fit the pattern"),
@@ -90,17 +94,25 @@ def test_module_with_mismatched_second_linear_is_rejected():
 
 def test_spec_to_blocks_and_parameters():
     spec = {"channels": 16, "blocks": [{"hidden": 32, "activation": "relu"}, {"hidden": 8, "norm": True}]}
-    blocks, params = frontend.from_spec(spec, seed=7)
-    assert blocks == [Block(16, 32, "relu"), Block(16, 8, "gelu", norm=True)]
+    source = frontend.from_spec(spec, seed=7)
+    blocks, params = source.blocks, source.parameters
+    assert blocks == [Block(16, 32, "relu"), Block(16, 8, "gelu", norm=Norm("rmsnorm"))]
     assert params[0]["w1"].shape == (32, 16) and params[1]["norm_weight"].shape == (16,)
-    again, params_again = frontend.from_spec(spec, seed=7)
-    assert torch.equal(params[0]["w2"], params_again[0]["w2"])
+    again = frontend.from_spec(spec, seed=7)
+    assert torch.equal(params[0]["w2"], again.parameters[0]["w2"])
 
 
 @pytest.mark.parametrize("spec,message", [
     ([{"hidden": 8}], "a spec is a dict"),
     ({"channels": 8, "blocks": []}, "at least one block"),
     ({"channels": 8, "blocks": [{"hidden": 8, "activation": "tanh"}]}, "activation must be one of"),
+    ({"channels": 8, "blocks": [{"hidden": 8}], "final": "rmsnorm"}, "unknown keys \\['final'\\]"),
+    ({"channels": 8, "blocks": [{"hidden": 8, "norm": "batchnorm"}]}, "norm kind must be one of"),
+    ({"channels": 8, "blocks": [{"hidden": 8, "norm": {"kind": "rmsnorm", "bias": True}}]}, "only a layernorm"),
+    ({"channels": 8, "blocks": [{"hidden": 8, "norm": "rmsnorm", "eps": 0}]}, "eps must be a number > 0"),
+    ({"channels": 8, "blocks": [{"hidden": 8, "gated": 1}]}, "must be bools"),
+    ({"channels": 8, "blocks": [{"hidden": 8}], "final_norm": {"kind": "layernorm", "eps": -1.0}}, "final_norm"),
+    ({"channels": 8, "blocks": {"hidden": 8}}, "at least one block"),
     ({"channels": 8, "blocks": [{"hiden": 8}]}, "unknown keys"),
     ({"blocks": [{"hidden": 8}]}, "needs 'hidden' and 'channels'"),
 ])

@@ -8,7 +8,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernellab.megakernel import model
+from kernellab.megakernel import model, stack
+from kernellab.megakernel.compiler.ir import Block
+from kernellab.megakernel.stack import Norm
 
 
 def numpy_reference(x, w1, b1, w2, b2, activation):
@@ -87,7 +89,7 @@ def test_stack_reference_first_block_is_the_single_block_model():
     t = model.make_problem_tensors(shape, seed=2)
     params = {k: t[k] for k in ("w1", "b1", "w2", "b2")}
     single = model.reference(t["x"], **params, activation="silu")
-    stacked = model.reference_model(t["x"], [params], ["silu"], [None])
+    stacked = stack.reference_stack(t["x"], [Block(16, 24, "silu")], [params])
     assert torch.equal(single, stacked)
 
 
@@ -95,7 +97,7 @@ def test_stack_reference_norm_and_stream_rounding():
     shape = model.Shape(6, 16, 24)
     x = model.make_input(shape.rows, shape.channels, seed=0)
     blocks = [model.make_block_parameters(16, 24, seed=1, norm=True), model.make_block_parameters(16, 40, seed=2)]
-    got = model.reference_model(x, blocks, ["gelu", "relu"], [1e-6, None])
+    got = stack.reference_stack(x, [Block(16, 24, "gelu", norm=Norm("rmsnorm", 1e-6)), Block(16, 40, "relu")], blocks)
     # by hand: block 0 normalizes the fp16 input, block 1 casts the fp32 stream to fp16
     f64 = torch.float64
     s = x.to(f64)

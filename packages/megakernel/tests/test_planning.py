@@ -27,6 +27,26 @@ def test_fallback_choice(shape, expected):
             planning.FALLBACK_CHAINS[requested][: planning.FALLBACK_CHAINS[requested].index(served)])
 
 
+BAD_SIZES = [0, -3, 2.0, True, "4", None]
+
+
+@pytest.mark.parametrize("argument", ["rows", "channels", "hidden"])
+@pytest.mark.parametrize("value", BAD_SIZES, ids=repr)
+def test_choose_and_forced_reject_bad_sizes_naming_the_argument(argument, value):
+    sizes = {"rows": 33, "channels": 32, "hidden": 64, argument: value}
+    with pytest.raises(ValueError, match=f"^{argument} must be an integer >= 1, got {value!r}"):
+        planning.choose("persistent-tc", sizes["rows"], sizes["channels"], sizes["hidden"], H200)
+    with pytest.raises(ValueError, match=f"^{argument} must be an integer >= 1, got {value!r}"):
+        planning.forced("persistent", sizes["rows"], sizes["channels"], sizes["hidden"], H200)
+
+
+@pytest.mark.parametrize("argument", ["grid", "tile_rows", "stages"])
+@pytest.mark.parametrize("value", BAD_SIZES[:4], ids=repr)
+def test_forced_rejects_bad_grid_and_tile_naming_the_argument(argument, value):
+    with pytest.raises(ValueError, match=f"^{argument} must be an integer >= 1, got {value!r}"):
+        planning.forced("persistent", 64, 32, 64, H200, **{argument: value})
+
+
 def test_refusal_reasons_say_why():
     odd = planning.choose("conventional-tc", 129, 31, 47, H200)
     assert "multiples of 8" in odd.skipped[0].reason
@@ -421,6 +441,7 @@ def test_split_exchange_pairs_each_element_with_one_slot(count):
     """A hidden split's exchange (persistent_tc): each CTA finishes whole pairs of neighbouring columns (so its
     y stores stay 8-byte vectors), the two CTAs finish disjoint halves of a fragment, and the elements a CTA
     finishes, like those it sends, fill its peer-sized buffer's slots 0 .. count / 2 - 1 once each."""
+    pytest.importorskip("cutlass", reason="engines.tensorcore needs nvidia-cutlass-dsl")
     from kernellab.megakernel.engines.tensorcore import split_owner, split_slot
 
     assert all(split_owner(i, 1) == 0 for i in range(count))

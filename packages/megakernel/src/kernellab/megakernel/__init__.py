@@ -3,8 +3,9 @@ accumulation and output.
 
 - engines (``engines.bind``): conventional, persistent, persistent-global, conventional-tc,
   persistent-tc (CuTe DSL), torch-cublas, torch-compile, and each as ``<name>-graph``;
-- the compiler: ``compile_model(nn.Module or spec, rows=...)`` (frontend -> IR -> passes -> codegen
-  -> runner), with the fallback persistent-tc -> persistent -> persistent-global -> conventional;
+- the compiler (``compiler``: frontend -> ir -> passes -> codegen -> runner):
+  ``compile_model(nn.Module or spec, rows=...)``, with the fallback persistent-tc -> persistent ->
+  persistent-global -> conventional;
 - ``compile_all(arch="sm_90a")``: every kernel variant ahead of time, no GPU needed;
 - ``python -m kernellab.megakernel.report`` and ``... .sanitize``: the engine report, compute-sanitizer.
 
@@ -28,7 +29,7 @@ def compile_all(arch: str = "sm_90a", representative: bool = False, log=None) ->
 
 def compile_model(source, *, rows: int, **options):
     """Compile an nn.Module or a spec for ``rows`` rows; see ``runner.compile_model``."""
-    from .runner import compile_model as compile_source
+    from .compiler.runner import compile_model as compile_source
 
     return compile_source(source, rows=rows, **options)
 

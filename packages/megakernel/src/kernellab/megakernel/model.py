@@ -34,6 +34,13 @@ def check_activation(name: str) -> str:
     return name
 
 
+def check_positive_int(name: str, value) -> int:
+    """``value`` itself when it is an integer >= 1 (not a bool, not a float), else a ValueError naming ``name``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class Shape:
     """One residual-MLP problem: ``rows`` independent rows of ``channels``, a ``hidden`` layer."""
@@ -44,9 +51,7 @@ class Shape:
 
     def __post_init__(self):
         for field in ("rows", "channels", "hidden"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{field} must be an integer >= 1, got {value!r}")
+            check_positive_int(field, getattr(self, field))
 
     def as_dict(self) -> dict[str, int]:
         return {"rows": self.rows, "channels": self.channels, "hidden": self.hidden}
@@ -55,7 +60,7 @@ class Shape:
         return f"{self.rows}x{self.channels}x{self.hidden}"
 
 
-def _generator(seed: int, device):
+def seeded_generator(seed: int, device):
     import torch
 
     g = torch.Generator(device=device)
@@ -63,7 +68,7 @@ def _generator(seed: int, device):
     return g
 
 
-def _randn(shape, gen, device, scale: float, shift: float = 0.0):
+def scaled_randn(shape, gen, device, scale: float, shift: float = 0.0):
     import torch
 
     t = torch.randn(tuple(shape), generator=gen, device=device, dtype=torch.float32)
@@ -75,15 +80,15 @@ def make_block_parameters(channels: int, hidden: int, *, seed: int, device="cpu"
     ~ N(0, 0.1^2), the norm weight ~ 1 + N(0, 0.1^2). Never zeros (a zero weight hides bugs)."""
     import torch
 
-    g = _generator(seed, device)
+    g = seeded_generator(seed, device)
     params = {
-        "w1": _randn((hidden, channels), g, device, 1.0 / math.sqrt(channels)).to(torch.float16),
-        "b1": _randn((hidden,), g, device, 0.1),
-        "w2": _randn((channels, hidden), g, device, 1.0 / math.sqrt(hidden)).to(torch.float16),
-        "b2": _randn((channels,), g, device, 0.1),
+        "w1": scaled_randn((hidden, channels), g, device, 1.0 / math.sqrt(channels)).to(torch.float16),
+        "b1": scaled_randn((hidden,), g, device, 0.1),
+        "w2": scaled_randn((channels, hidden), g, device, 1.0 / math.sqrt(hidden)).to(torch.float16),
+        "b2": scaled_randn((channels,), g, device, 0.1),
     }
     if norm:
-        params["norm_weight"] = _randn((channels,), g, device, 0.1, 1.0)
+        params["norm_weight"] = scaled_randn((channels,), g, device, 0.1, 1.0)
     return params
 
 
@@ -91,7 +96,7 @@ def make_input(rows: int, channels: int, *, seed: int, device="cpu"):
     """x ~ N(0, 1) rounded to fp16."""
     import torch
 
-    return _randn((rows, channels), _generator(seed, device), device, 1.0).to(torch.float16)
+    return scaled_randn((rows, channels), seeded_generator(seed, device), device, 1.0).to(torch.float16)
 
 
 def make_problem_tensors(shape: Shape, *, seed: int, device="cpu") -> dict:
@@ -108,7 +113,7 @@ def make_dyadic_problem_tensors(shape: Shape, *, seed: int, device="cpu") -> dic
     practice exactly), which makes tight checks meaningful (the compiler's fallback check)."""
     import torch
 
-    g = _generator(seed, device)
+    g = seeded_generator(seed, device)
 
     def grid(shape_, low, high, scale, dtype, nonzero=False):
         t = torch.randint(low, high + 1, shape_, generator=g, device=device)
@@ -202,33 +207,6 @@ def hidden_rounding_slack(u, w1, b1, w2, activation: str):
     every_flip_aligned = gap @ w2_64.abs().T
     random_signs = FLIP_SIGMAS * torch.sqrt(gap.square() @ w2_64.square().T)
     return torch.minimum(every_flip_aligned, random_signs)
-
-
-def rmsnorm_operand_float64(s, weight, eps: float):
-    """fp16(s / sqrt(mean(s^2) + eps) * g) computed in float64, as float64."""
-    import torch
-
-    s64 = s.to(torch.float64)
-    normed = s64 * torch.rsqrt(s64.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.to(torch.float64)
-    return _round_fp16(normed)
-
-
-def reference_model(x, blocks: list[dict], activations: list[str], norms: list[float | None]):
-    """A stack of blocks in float64. ``norms[i]`` is the RMSNorm eps of block i, or None for no norm.
-    The stream is rounded to fp32 between blocks (the kernels store it fp32) and the GEMM operand
-    to fp16 (norm output, or the fp32 stream itself for a later block without a norm)."""
-    import torch
-
-    s = x.to(torch.float64)
-    for index, (params, activation, eps) in enumerate(zip(blocks, activations, norms, strict=True)):
-        if index > 0:
-            s = s.to(torch.float32).to(torch.float64)
-        if eps is not None:
-            u = rmsnorm_operand_float64(s, params["norm_weight"], eps)
-        else:
-            u = _round_fp16(s)
-        s = reference_block(u, s, params["w1"], params["b1"], params["w2"], params["b2"], activation)
-    return s
 
 
 # ---- plain torch ------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ def child() -> int:
     import torch
 
     from . import bench, engines, planning, validation
-    from .runner import compile_model
+    from .compiler.runner import compile_model
 
     failures = 0
     device = planning.current_device()

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from .model import ACTIVATIONS
-from .planning import FALLBACK_CHAINS, H200, DeviceSpec, Plan, Refusal, SharedMemory, Tile, round_up
+from ..planning import FALLBACK_CHAINS, H200, DeviceSpec, Plan, Refusal, SharedMemory, Tile, round_up
+from ..stack import NORMS, STACK_ACTIVATIONS, Norm
 
 INPUT_DTYPES = ("float16", "float32")
-PROLOGUES = ("none", "cast", "rmsnorm")
-PROPERTIES = ("validated", "prologues", "tiles", "smem", "engine", "owners")
+PROLOGUES = ("none", "cast", "rmsnorm", "layernorm")
+TARGETS = ("cuda", "cpu")
+TORCH_CHAIN = "torch-chain"
+"""The engine of a block no kernel serves: ``stack.torch_block``, the same rounding points in torch."""
+PROPERTIES = ("validated", "forms", "prologues", "tiles", "smem", "engine", "owners")
 """In pipeline order; ``passes`` maps each to the pass that ensures it."""
 
 
@@ -41,18 +44,23 @@ class Candidate:
 
 @dataclasses.dataclass(frozen=True)
 class Block:
-    """``s' = s + W2 act(W1 u + b1) + b2`` with ``u`` the fp16 operand of ``s`` (normalized if ``norm``)."""
+    """``s' = s + W2 h + b2`` with ``h = act(W1 u + b1)``, or ``act(W1 u + b1) * (W3 u + b3)`` when
+    ``gated``, and ``u`` the fp16 operand of ``s`` (normalized if ``norm``); ``stack`` has the math."""
 
     channels: int
     hidden: int
     activation: str
-    norm: bool = False
-    eps: float = 1e-6
+    norm: Norm | None = None
+    gated: bool = False
+    bias1: bool = True  # whether the model has each Linear's bias (absent ones are zeros in the parameters)
+    bias2: bool = True
+    bias3: bool = False  # the gate's Linear (gated blocks only)
     # filled in by the passes
+    kernel_refusal: str | None = None  # why no kernel engine serves this block's form (then: the torch chain)
     prologue: str | None = None  # how u is made from the stream: none (u = x), cast, rmsnorm
     residual: str | None = None  # dtype of the stream s entering the block
     candidates: tuple[Candidate, ...] = ()
-    chosen: str | None = None  # the first candidate that fits
+    chosen: str | None = None  # the first candidate that fits, or TORCH_CHAIN
     skipped: tuple[Refusal, ...] = ()  # why the candidates before it could not serve
     plan: Plan | None = None  # the chosen candidate with its grid
 
@@ -65,6 +73,8 @@ class Program:
     engine: str = "persistent-tc"  # the engine asked for; its fallback chain is what the passes walk
     tile_rows: int | None = None  # force rows per tile (tests, tuning); None lets planning choose
     device: DeviceSpec = H200
+    final_norm: Norm | None = None  # a norm after the last block (its output is the model's, fp32)
+    target: str = "cuda"  # where the compiled model runs; on "cpu" every block takes the torch chain
     properties: frozenset[str] = frozenset()
 
     def with_blocks(self, blocks, *added: str) -> Program:
@@ -72,11 +82,15 @@ class Program:
 
     def describe(self) -> dict:
         """A JSON-friendly dump (the report's compiler block, debugging)."""
-        out = {"rows": self.rows, "input_dtype": self.input_dtype, "engine": self.engine,
+        out = {"rows": self.rows, "input_dtype": self.input_dtype, "engine": self.engine, "target": self.target,
+               "final_norm": self.final_norm.describe() if self.final_norm else None,
                "properties": sorted(self.properties, key=PROPERTIES.index), "blocks": []}
         for b in self.blocks:
-            entry = {"channels": b.channels, "hidden": b.hidden, "activation": b.activation, "norm": b.norm,
-                     "prologue": b.prologue, "residual": b.residual}
+            entry = {"channels": b.channels, "hidden": b.hidden, "activation": b.activation, "gated": b.gated,
+                     "norm": b.norm.describe() if b.norm else None, "biases": [b.bias1, b.bias2, b.bias3],
+                     "prologue": b.prologue, "residual": b.residual, "engine": b.chosen}
+            if b.kernel_refusal is not None:
+                entry["kernel_refusal"] = b.kernel_refusal
             if b.plan is not None:
                 entry["plan"] = b.plan.describe()
                 entry["skipped"] = [dataclasses.asdict(r) for r in b.skipped]
@@ -93,6 +107,26 @@ def _positive_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def _check_norm(norm, where: str) -> None:
+    if norm is None:
+        return
+    _require(isinstance(norm, Norm), where, f"a norm must be a stack.Norm or None, got {type(norm).__name__}")
+    _require(norm.kind in NORMS, where, f"norm kind must be one of {NORMS}, got {norm.kind!r}")
+    _require(isinstance(norm.eps, float) and norm.eps > 0, where, f"norm eps must be a float > 0, got {norm.eps!r}")
+    _require(norm.kind == "layernorm" or not norm.bias, where, "only a LayerNorm has a bias")
+
+
+def _check_torch_block(b: Block, where: str, props) -> None:
+    """A block no kernel serves: no candidates, no plan, the torch chain chosen once engines are."""
+    if "prologues" in props:
+        _require(b.prologue in PROLOGUES and b.residual in INPUT_DTYPES, where, "has no prologue or residual dtype")
+    _require(b.candidates == () and b.plan is None and b.skipped == (), where,
+             "a torch-chain block has no kernel candidates, skipped engines or plan")
+    if "engine" in props:
+        _require(b.chosen == TORCH_CHAIN, where,
+                 f"a block no kernel serves must choose {TORCH_CHAIN!r}, got {b.chosen!r}")
+
+
 def validate(program: Program) -> Program:
     """Structure always; then the fields each property in ``program.properties`` promises."""
     _require(isinstance(program, Program), "program", f"expected a Program, got {type(program).__name__}")
@@ -106,6 +140,8 @@ def validate(program: Program) -> Program:
     _require(program.tile_rows is None or _positive_int(program.tile_rows), "program",
              f"tile_rows must be None or an integer >= 1, got {program.tile_rows!r}")
     _require(isinstance(program.device, DeviceSpec), "program", "device must be a planning.DeviceSpec")
+    _require(program.target in TARGETS, "program", f"target must be one of {TARGETS}, got {program.target!r}")
+    _check_norm(program.final_norm, "program: final_norm")
     unknown = set(program.properties) - set(PROPERTIES)
     _require(not unknown, "program", f"unknown properties {sorted(unknown)}")
     chain = FALLBACK_CHAINS[program.engine]
@@ -115,7 +151,18 @@ def validate(program: Program) -> Program:
         _require(isinstance(b, Block), where, f"expected a Block, got {type(b).__name__}")
         _require(_positive_int(b.channels) and _positive_int(b.hidden), where,
                  f"channels and hidden must be integers >= 1, got {b.channels!r} and {b.hidden!r}")
-        _require(b.activation in ACTIVATIONS, where, f"activation must be one of {ACTIVATIONS}, got {b.activation!r}")
+        _require(b.activation in STACK_ACTIVATIONS, where,
+                 f"activation must be one of {STACK_ACTIVATIONS}, got {b.activation!r}")
+        _check_norm(b.norm, where)
+        _require(all(isinstance(f, bool) for f in (b.gated, b.bias1, b.bias2, b.bias3)), where,
+                 "gated, bias1, bias2 and bias3 must be bools")
+        _require(b.gated or not b.bias3, where, "bias3 (the gate's bias) needs a gated block")
+        if "forms" in props:
+            _require(b.kernel_refusal is None or isinstance(b.kernel_refusal, str) and b.kernel_refusal, where,
+                     f"kernel_refusal must be None or a reason, got {b.kernel_refusal!r}")
+        if b.kernel_refusal is not None:
+            _check_torch_block(b, where, props)
+            continue
         if "prologues" in props:
             _require(b.prologue in PROLOGUES, where, f"prologue must be one of {PROLOGUES}, got {b.prologue!r}")
             _require(b.residual in INPUT_DTYPES, where, f"residual must be one of {INPUT_DTYPES}, got {b.residual!r}")

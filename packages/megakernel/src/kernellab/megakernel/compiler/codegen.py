@@ -3,20 +3,24 @@ on first use) with the tile, shared memory and grid its plan chose, and its prol
 
 The block kernels come from ``engines.launcher``, exactly what the hand-written engines bind, so a
 compiled block and its engine run the same kernel with the same parameters: bit-identical output.
+A block the plan gave to the torch chain runs ``stack.torch_block`` (nothing is compiled for it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
-from .ir import Program
+from .. import stack
+from .ir import TORCH_CHAIN, Program
 from .passes import PassError
 
 
 @dataclasses.dataclass
 class BlockStep:
-    """One block: optionally make its fp16 operand, then run its engine."""
+    """One block: optionally make its fp16 operand, then run its engine. A torch-chain block has no
+    prologue and ``block`` is run(stream, parameters, out)."""
 
     index: int
     engine: str
@@ -27,14 +31,22 @@ class BlockStep:
 def generate(program: Program) -> list[BlockStep]:
     if "owners" not in program.properties:
         raise PassError("codegen: needs a fully planned program (run passes.run_pipeline first)")
-    from . import engines
-    from .engines import prologue as prologue_kernels
-
     steps = []
     for i, b in enumerate(program.blocks):
+        if b.chosen == TORCH_CHAIN:
+            steps.append(BlockStep(i, TORCH_CHAIN, None, functools.partial(_torch_chain_block, b)))
+            continue
+        from .. import engines
+        from ..engines import prologue as prologue_kernels
+
         make_operand = None
         if b.prologue != "none":
-            make_operand = prologue_kernels.launcher(norm=b.prologue == "rmsnorm", eps=b.eps, stream=b.residual)
+            make_operand = prologue_kernels.launcher(norm=b.prologue == "rmsnorm", eps=b.norm.eps if b.norm else 0.0,
+                                                     stream=b.residual)
         run = engines.launcher(b.plan.engine, b.plan, b.activation, residual=b.residual)
         steps.append(BlockStep(i, b.plan.engine, make_operand, run))
     return steps
+
+
+def _torch_chain_block(block, stream, parameters, out):
+    return stack.torch_block(stream, block, parameters, out)

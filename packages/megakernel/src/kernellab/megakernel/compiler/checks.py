@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from . import model, passes, planning, validation
-from .ir import Block, Program
+from .. import model, planning, validation
+from ..stack import Norm
+from . import passes
+from .ir import TORCH_CHAIN, Block, Program
 
 SMALL_SHAPE = model.Shape(33, 32, 64)
 FALLBACK_SHAPE = model.Shape(128, 1024, 14336)
@@ -44,6 +46,8 @@ def _all_refused(program: Program) -> Program:
         blocks.append(dataclasses.replace(b, candidates=candidates))
     return ready.with_blocks(blocks)
 
+
+RMSNORM = Norm("rmsnorm")
 
 CRAMPED_DEVICE = planning.DeviceSpec(name="inconsistent device", sm_count=4, smem_per_block=232448, smem_per_sm=65536)
 """Claims 227 KB per block but only 64 KB per SM: no 200 KB CTA could ever be resident."""
@@ -79,18 +83,31 @@ def _gelu(c, h, **kw):
 
 PASS_CASES = (
     PassCase("validate accepts a residual stack", "validate",
-             lambda: _program(_gelu(32, 64), _gelu(32, 128, norm=True)),
+             lambda: _program(_gelu(32, 64), _gelu(32, 128, norm=RMSNORM)),
              expect=lambda p: "validated" in p.properties),
     PassCase("validate rejects a stack that changes width", "validate",
              lambda: _program(_gelu(32, 64), _gelu(48, 64)), error="must keep the width"),
-    PassCase("validate rejects a non-positive RMSNorm eps", "validate",
-             lambda: _program(_gelu(32, 64, norm=True, eps=0.0)), error="eps must be > 0"),
-    PassCase("prologues: fp16 input used as is, norm and later blocks get prologues", "prologues",
-             lambda: run_to("prologues", _program(_gelu(32, 64), _gelu(32, 64, norm=True), _gelu(32, 64))),
-             expect=lambda p: [(b.prologue, b.residual) for b in p.blocks]
-             == [("none", "float16"), ("rmsnorm", "float32"), ("cast", "float32")]),
-    PassCase("prologues rejects a program that was not validated", "prologues",
+    PassCase("validate rejects a non-positive norm eps", "validate",
+             lambda: _program(_gelu(32, 64, norm=Norm("rmsnorm", 0.0))), error="norm eps must be a float > 0"),
+    PassCase("validate rejects a weight past 32-bit indexing", "validate",
+             lambda: _program(_gelu(65536, 65536), rows=1), error="65536 x 65536 weight"),
+    PassCase("forms: kernel forms stay with the kernels, the others go to the torch chain with the reason", "forms",
+             lambda: run_to("forms", _program(_gelu(32, 64, norm=RMSNORM), _gelu(32, 64, gated=True),
+                                              Block(32, 64, "gelu_erf"), _gelu(32, 64, norm=Norm("layernorm")))),
+             expect=lambda p: p.blocks[0].kernel_refusal is None
+             and [b.kernel_refusal.split()[0] for b in p.blocks[1:]] == ["gated", "activation", "layernorm"]),
+    PassCase("forms: a CPU target sends every block to the torch chain", "forms",
+             lambda: run_to("forms", _program(_gelu(32, 64), target="cpu")),
+             expect=lambda p: "need a CUDA device" in p.blocks[0].kernel_refusal),
+    PassCase("forms rejects a program that was not validated", "forms",
              lambda: _program(_gelu(32, 64)), error="requires ['validated']"),
+    PassCase("prologues: fp16 input used as is, norm and later blocks get prologues", "prologues",
+             lambda: run_to("prologues", _program(_gelu(32, 64), _gelu(32, 64, norm=RMSNORM), _gelu(32, 64),
+                                                  _gelu(32, 64, norm=Norm("layernorm", bias=True)))),
+             expect=lambda p: [(b.prologue, b.residual) for b in p.blocks]
+             == [("none", "float16"), ("rmsnorm", "float32"), ("cast", "float32"), ("layernorm", "float32")]),
+    PassCase("prologues rejects a program whose forms were not decided", "prologues",
+             lambda: run_to("forms", _program(_gelu(32, 64))), error="requires ['forms']"),
     PassCase("tiles: odd sizes get element loads on tensor cores, scalar engines tile them", "tiles",
              lambda: run_to("tiles", _program(_gelu(31, 47), rows=129)),
              expect=lambda p: p.blocks[0].candidates[0].tile.vector == 1
@@ -110,6 +127,10 @@ PASS_CASES = (
     PassCase("engine: falls back along the chain and records why", "engine",
              lambda: run_to("engine", _program(_gelu(1024, 14336), rows=128)),
              expect=lambda p: p.blocks[0].chosen == "persistent-global" and len(p.blocks[0].skipped) == 2),
+    PassCase("engine: a block no kernel computes is served by the torch chain, kernel blocks by the kernels", "engine",
+             lambda: run_to("engine", _program(_gelu(32, 64, gated=True), _gelu(32, 64))),
+             expect=lambda p: [b.chosen for b in p.blocks] == [TORCH_CHAIN, "persistent-tc"]
+             and p.blocks[0].candidates == ()),
     PassCase("engine rejects a block no engine can serve", "engine",
              lambda: _all_refused(_program(_gelu(32, 64))), error="no engine of the chain can serve it"),
     PassCase("owners: persistent grid is min(tiles, resident CTAs)", "owners",
@@ -134,7 +155,7 @@ def small_output_check(seed: int = 0, shape: model.Shape = SMALL_SHAPE) -> dict:
     same plan, same kernel, so the outputs must be identical."""
     import torch
 
-    from . import engines
+    from .. import engines
     from .runner import compile_model
 
     compiled = compile_model({"channels": shape.channels, "blocks": [{"hidden": shape.hidden, "activation": "gelu"}]},

@@ -1,12 +1,14 @@
 """The compiler's passes: a linear pipeline, each pass declaring what it requires and ensures.
 
-    validate -> prologues -> tiles -> smem -> engine -> owners
+    validate -> forms -> prologues -> tiles -> smem -> engine -> owners
 
 Running a pass (``Pass.__call__``) validates the IR going in, checks the pass's requirements
 against the program's properties (naming the pass that would provide a missing one), runs it,
 adds what it ensures and validates the IR coming out. A pass that cannot accept a program raises
 ``PassError`` with the block and the reason. The numbers all come from ``planning``, the same
-functions the hand-written engines bind with.
+functions the hand-written engines bind with. A block whose form no kernel computes (``forms``) is
+served by the torch chain (``stack.torch_block``): the planning passes leave it alone and ``engine``
+records it as ``ir.TORCH_CHAIN`` with the reason.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from . import ir, planning
-from .ir import Block, Candidate, Program
+from .. import model, planning
+from . import ir
+from .ir import TORCH_CHAIN, Block, Candidate, Program
 
 MAX_ELEMENTS = 2**31 - 1
 """Kernels index with 32-bit integers."""
@@ -50,7 +53,7 @@ class Pass:
 
 class ValidateModel(Pass):
     """The model is one the engines can compute: a residual stream of constant width, row-wise
-    blocks, a positive norm epsilon, and tensors addressable with 32-bit indices."""
+    blocks, and activations and weights addressable with 32-bit indices."""
 
     name = "validate"
     ensures = frozenset({"validated"})
@@ -61,30 +64,59 @@ class ValidateModel(Pass):
             if b.channels != width:
                 raise self.fail(f"block {i}", f"has {b.channels} channels but the residual stream has {width}: "
                                               "every block of a stack must keep the width")
-            if b.norm and not b.eps > 0:
-                raise self.fail(f"block {i}", f"RMSNorm eps must be > 0, got {b.eps}")
-            elements = program.rows * max(b.channels, b.hidden)
-            if elements > MAX_ELEMENTS:
-                raise self.fail(f"block {i}", f"{program.rows} rows x {max(b.channels, b.hidden)} = {elements} "
-                                              f"elements exceed the kernels' 32-bit indexing ({MAX_ELEMENTS})")
+            for what, elements in ((f"{program.rows} rows x {max(b.channels, b.hidden)}",
+                                    program.rows * max(b.channels, b.hidden)),
+                                   (f"a {b.hidden} x {b.channels} weight", b.hidden * b.channels)):
+                if elements > MAX_ELEMENTS:
+                    raise self.fail(f"block {i}", f"{what} = {elements} elements exceed the kernels' 32-bit "
+                                                  f"indexing ({MAX_ELEMENTS})")
         return program.with_blocks(program.blocks, *self.ensures)
+
+
+def kernel_refusal(block: Block, target: str) -> str | None:
+    """Why no kernel engine computes ``block``'s form on ``target`` (every reason), or None when the block
+    kernels do."""
+    if target != "cuda":
+        return f"the kernels need a CUDA device; this program targets {target!r}"
+    reasons = []
+    if block.gated:
+        reasons.append("gated blocks (act(W1 u) * (W3 u)) have no block kernel yet")
+    if block.activation not in model.ACTIVATIONS:
+        reasons.append(f"activation {block.activation!r} has no kernel (the kernels compute "
+                       f"{', '.join(model.ACTIVATIONS)})")
+    if block.norm is not None and block.norm.kind != "rmsnorm":
+        reasons.append(f"{block.norm.kind} has no prologue kernel (the prologue kernel computes rmsnorm)")
+    return "; ".join(reasons) or None
+
+
+class ServableForms(Pass):
+    """Which blocks a kernel engine can compute at all; the others are recorded, with the reason, for
+    the torch chain (never run by a kernel that computes a different form)."""
+
+    name = "forms"
+    requires = frozenset({"validated"})
+    ensures = frozenset({"forms"})
+
+    def run(self, program):
+        blocks = [dataclasses.replace(b, kernel_refusal=kernel_refusal(b, program.target)) for b in program.blocks]
+        return program.with_blocks(blocks, *self.ensures)
 
 
 class AssignPrologues(Pass):
     """How each block's fp16 operand is made, and the dtype of the stream it adds to: block 0 with
-    an fp16 input and no norm uses the input itself; otherwise a prologue kernel casts (or
-    RMS-normalizes and casts) the stream; after block 0 the stream is fp32."""
+    an fp16 input and no norm uses the input itself; otherwise a prologue casts (or normalizes and
+    casts) the stream; after block 0 the stream is fp32 (the torch chain keeps the same stream)."""
 
     name = "prologues"
-    requires = frozenset({"validated"})
+    requires = frozenset({"forms"})
     ensures = frozenset({"prologues"})
 
     def run(self, program):
         blocks = []
         for i, b in enumerate(program.blocks):
             stream = program.input_dtype if i == 0 else "float32"
-            if b.norm:
-                prologue = "rmsnorm"
+            if b.norm is not None:
+                prologue = b.norm.kind
             else:
                 prologue = "none" if stream == "float16" else "cast"
             blocks.append(dataclasses.replace(b, prologue=prologue, residual=stream))
@@ -103,6 +135,9 @@ class PlanTiles(Pass):
         chain = planning.FALLBACK_CHAINS[program.engine]
         blocks = []
         for i, b in enumerate(program.blocks):
+            if b.kernel_refusal is not None:
+                blocks.append(b)
+                continue
             candidates = []
             for engine in chain:
                 tile = planning.plan_tile(engine, program.rows, b.channels, b.hidden, program.device, program.tile_rows)
@@ -154,6 +189,9 @@ class ChooseEngine(Pass):
     def run(self, program):
         blocks = []
         for i, b in enumerate(program.blocks):
+            if b.kernel_refusal is not None:
+                blocks.append(dataclasses.replace(b, chosen=TORCH_CHAIN))
+                continue
             chosen = next((c for c in b.candidates if c.fits), None)
             if chosen is None:
                 reasons = "; ".join(f"{c.engine}: {c.refusal.reason if c.refusal else 'no plan'}" for c in b.candidates)
@@ -174,6 +212,9 @@ class PlanOwners(Pass):
         device = program.device
         blocks = []
         for i, b in enumerate(program.blocks):
+            if b.chosen == TORCH_CHAIN:
+                blocks.append(b)
+                continue
             chosen = next(c for c in b.candidates if c.engine == b.chosen)
             needed = chosen.smem.bytes + device.reserved_smem_per_block
             if needed > device.smem_per_sm:
@@ -185,8 +226,8 @@ class PlanOwners(Pass):
         return program.with_blocks(blocks, *self.ensures)
 
 
-PIPELINE: tuple[Pass, ...] = (ValidateModel(), AssignPrologues(), PlanTiles(), PlanSharedMemory(), ChooseEngine(),
-                              PlanOwners())
+PIPELINE: tuple[Pass, ...] = (ValidateModel(), ServableForms(), AssignPrologues(), PlanTiles(), PlanSharedMemory(),
+                              ChooseEngine(), PlanOwners())
 PROVIDERS = {prop: p.name for p in PIPELINE for prop in p.ensures}
 
 
@@ -197,5 +238,6 @@ def run_pipeline(program: Program, passes: tuple[Pass, ...] = PIPELINE) -> Progr
 
 
 def plan(blocks: list[Block], rows: int, **options) -> Program:
-    """A fresh program through the whole pipeline (``options``: input_dtype, engine, tile_rows, device)."""
+    """A fresh program through the whole pipeline (``options``: input_dtype, engine, tile_rows, device,
+    final_norm, target)."""
     return run_pipeline(Program(blocks=tuple(blocks), rows=rows, **options))

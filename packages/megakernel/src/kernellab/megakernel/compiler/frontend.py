@@ -1,0 +1,396 @@
+"""From a model to the IR: a torch ``nn.Module`` (traced with torch.fx) or a spec.
+
+Both give a ``Source``: the IR blocks (``ir.Block``), per block the tensors the kernels take
+(``w1 w2 [w3]`` fp16; ``b1 b2 [b3]`` fp32, zeros where the model has no bias; ``norm_weight``
+(ones where the norm has none) and ``norm_bias`` fp32), and the optional final norm with its own.
+
+An nn.Module is accepted when its traced graph is a chain of residual blocks, each
+
+    s -> [norm] -> Linear(C -> H) -> act ------------------------> Linear(H -> C) -> add(s, .)
+                \\-> Linear(C -> H) (gated blocks) -> mul(act, .) /
+
+then optionally a final norm whose output the module returns. Norms: ``nn.RMSNorm``,
+``nn.LayerNorm`` (bias or not), ``F.rms_norm``, ``F.layer_norm``, over the last dimension only.
+Activations: ReLU, GELU (``approximate="tanh"``: ``gelu``; exact: ``gelu_erf``), SiLU, as modules
+or as functions. Linears may lack biases; hidden may differ per block. Anything else is rejected
+with the node that does not fit.
+
+A spec is ``{"channels": C, "blocks": [{"hidden": H, ...}, ...], "final_norm": ...}``; a block's keys
+are in ``SPEC_BLOCK_KEYS`` (a norm is ``"rmsnorm"``, ``"layernorm"``, ``True`` (rmsnorm) or a dict
+``{"kind", "eps", "bias"}``). Sizes are checked before anything is allocated; weights come from a seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any
+
+from .. import model, stack
+from ..stack import Norm
+from .ir import Block
+from .passes import MAX_ELEMENTS
+
+
+class FrontendError(ValueError):
+    """The model is not one the compiler understands; the message names the part that is not."""
+
+
+@dataclasses.dataclass
+class Source:
+    """What the frontend read: IR blocks, their parameters, and the final norm with its parameters."""
+
+    blocks: list[Block]
+    parameters: list[dict]
+    final_norm: Norm | None = None
+    final_parameters: dict = dataclasses.field(default_factory=dict)
+
+
+# ---- spec -------------------------------------------------------------------------------------------
+
+SPEC_KEYS = {"channels", "blocks", "final_norm"}
+SPEC_BLOCK_KEYS = {"channels", "hidden", "activation", "norm", "eps", "gated", "bias"}
+SPEC_NORM_KEYS = {"kind", "eps", "bias"}
+MAX_SPEC_BYTES = 2**36
+"""A spec's weights are allocated from a seed: a spec asking for more than 64 GiB is refused before."""
+
+
+def _spec_size(where: str, name: str, value) -> int:
+    try:
+        return model.check_positive_int(name, value)
+    except ValueError as e:
+        raise FrontendError(f"{where}: {e}") from None
+
+
+def _spec_norm(where: str, value, eps) -> Norm | None:
+    """A spec's norm: None/False, True or a kind name (with the block's ``eps``), or a dict."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        value = "rmsnorm"
+    if isinstance(value, str):
+        value = {"kind": value}
+    if not isinstance(value, dict) or set(value) - SPEC_NORM_KEYS:
+        raise FrontendError(f"{where}: a norm is 'rmsnorm', 'layernorm', True, or a dict with keys "
+                            f"{sorted(SPEC_NORM_KEYS)}; got {value!r}")
+    kind = value.get("kind")
+    if kind not in stack.NORMS:
+        raise FrontendError(f"{where}: norm kind must be one of {stack.NORMS}, got {kind!r}")
+    eps = value.get("eps", model.DEFAULT_NORM_EPS if eps is None else eps)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise FrontendError(f"{where}: norm eps must be a number > 0, got {eps!r}")
+    bias = value.get("bias", False)
+    if not isinstance(bias, bool) or (bias and kind != "layernorm"):
+        raise FrontendError(f"{where}: norm bias must be a bool, and only a layernorm has one; got {bias!r}")
+    return Norm(kind, float(eps), bias)
+
+
+def _spec_block(i: int, entry, channels) -> Block:
+    where = f"spec block {i}"
+    if not isinstance(entry, dict):
+        raise FrontendError(f"{where} must be a dict, got {entry!r}")
+    unknown = set(entry) - SPEC_BLOCK_KEYS
+    if unknown:
+        raise FrontendError(f"{where} has unknown keys {sorted(unknown)}; known: {sorted(SPEC_BLOCK_KEYS)}")
+    c = entry.get("channels", channels)
+    if "hidden" not in entry or c is None:
+        raise FrontendError(f"{where} needs 'hidden' and 'channels' (its own or the spec's)")
+    c, hidden = _spec_size(where, "channels", c), _spec_size(where, "hidden", entry["hidden"])
+    activation = entry.get("activation", "gelu")
+    if activation not in stack.STACK_ACTIVATIONS:
+        raise FrontendError(f"{where}: activation must be one of {stack.STACK_ACTIVATIONS}, got {activation!r}")
+    gated, bias = entry.get("gated", False), entry.get("bias", True)
+    if not isinstance(gated, bool) or not isinstance(bias, bool):
+        raise FrontendError(f"{where}: 'gated' and 'bias' must be bools, got {gated!r} and {bias!r}")
+    norm = _spec_norm(where, entry.get("norm"), entry.get("eps"))
+    return Block(channels=c, hidden=hidden, activation=activation, norm=norm, gated=gated, bias1=bias, bias2=bias,
+                 bias3=bias and gated)
+
+
+def _check_spec_sizes(blocks: list[Block]) -> None:
+    """Each weight addressable with 32-bit indices and all of them under ``MAX_SPEC_BYTES``, before any allocation."""
+    total = 0
+    for i, b in enumerate(blocks):
+        if b.channels * b.hidden > MAX_ELEMENTS:
+            raise FrontendError(f"spec block {i}: a {b.hidden} x {b.channels} weight has {b.channels * b.hidden} "
+                                f"elements, more than the kernels' 32-bit indexing allows ({MAX_ELEMENTS})")
+        total += (3 if b.gated else 2) * 2 * b.channels * b.hidden
+    if total > MAX_SPEC_BYTES:
+        raise FrontendError(f"the spec's weights take {total} bytes, more than {MAX_SPEC_BYTES}")
+
+
+def read_spec(spec: dict) -> tuple[list[Block], Norm | None]:
+    """A spec's IR blocks and final norm, every size checked; nothing is allocated."""
+    if not isinstance(spec, dict) or "blocks" not in spec:
+        raise FrontendError(f"a spec is a dict with 'channels' and 'blocks', got {spec!r}")
+    unknown = set(spec) - SPEC_KEYS
+    if unknown:
+        raise FrontendError(f"the spec has unknown keys {sorted(unknown)}; known: {sorted(SPEC_KEYS)}")
+    if not isinstance(spec["blocks"], (list, tuple)) or not spec["blocks"]:
+        raise FrontendError("a spec needs at least one block (a list of dicts under 'blocks')")
+    blocks = [_spec_block(i, entry, spec.get("channels")) for i, entry in enumerate(spec["blocks"])]
+    final_norm = _spec_norm("spec final_norm", spec.get("final_norm"), None)
+    _check_spec_sizes(blocks)
+    return blocks, final_norm
+
+
+def from_spec(spec: dict, *, seed: int = 0, device="cpu") -> Source:
+    """A spec read (``read_spec``) and its parameters made from ``seed`` on ``device``."""
+    blocks, final_norm = read_spec(spec)
+    params = [stack.make_parameters(b, seed=seed + 1000 * i, device=device) for i, b in enumerate(blocks)]
+    final_params = {}
+    if final_norm is not None:
+        final_params = stack.make_norm_parameters(final_norm, blocks[-1].channels, seed=seed - 1, device=device)
+    return Source(blocks, params, final_norm, final_params)
+
+
+# ---- nn.Module ----------------------------------------------------------------------------------------
+
+def _activation_of(node, modules) -> str | None:
+    """The activation a node applies, or None if it is not one."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    def gelu(approximate) -> str:
+        if approximate not in ("none", "tanh"):
+            raise FrontendError(f"node {node.name}: gelu(approximate={approximate!r}) is not one of 'none', 'tanh'")
+        return "gelu" if approximate == "tanh" else "gelu_erf"
+
+    if node.op == "call_module":
+        mod = modules[node.target]
+        if isinstance(mod, nn.ReLU):
+            return "relu"
+        if isinstance(mod, nn.SiLU):
+            return "silu"
+        if isinstance(mod, nn.GELU):
+            return gelu(mod.approximate)
+        return None
+    if node.op in ("call_function", "call_method"):
+        target = node.target
+        if target in (F.relu, torch.relu, "relu"):
+            return "relu"
+        if target in (F.silu, "silu"):
+            return "silu"
+        if target in (F.gelu, "gelu"):
+            return gelu(node.kwargs.get("approximate", "none"))
+    return None
+
+
+def _linear_of(node, modules):
+    from torch import nn
+
+    if node.op == "call_module" and isinstance(modules[node.target], nn.Linear):
+        return modules[node.target]
+    return None
+
+
+def _attribute(graph_module, node, what: str):
+    """The tensor a get_attr node names (a function-form norm's weight or bias), None for None."""
+    if node is None:
+        return None
+    if getattr(node, "op", None) != "get_attr":
+        raise FrontendError(f"the {what} must be a parameter of the module, got {node}")
+    value = graph_module
+    for part in node.target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _arguments(node, names: tuple[str, ...]) -> dict:
+    """A call's positional and keyword arguments by parameter name."""
+    bound = dict(zip(names, node.args, strict=False))
+    bound.update(node.kwargs)
+    return bound
+
+
+def _norm_of(node, modules, graph_module):
+    """(Norm, weight or None, bias or None, width) of a norm node over the last dimension, or None."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    if node.op == "call_module" and isinstance(modules[node.target], (nn.RMSNorm, nn.LayerNorm)):
+        mod = modules[node.target]
+        kind = "rmsnorm" if isinstance(mod, nn.RMSNorm) else "layernorm"
+        shape, eps, weight = tuple(mod.normalized_shape), mod.eps, mod.weight
+        bias = getattr(mod, "bias", None) if kind == "layernorm" else None
+    elif node.op == "call_function" and node.target in (F.rms_norm, F.layer_norm):
+        kind = "rmsnorm" if node.target is F.rms_norm else "layernorm"
+        names = ("input", "normalized_shape", "weight", "eps") if kind == "rmsnorm" else (
+            "input", "normalized_shape", "weight", "bias", "eps")
+        args = _arguments(node, names)
+        shape = tuple(args.get("normalized_shape", ()))
+        eps = args.get("eps", None if kind == "rmsnorm" else 1e-5)
+        weight = _attribute(graph_module, args.get("weight"), f"weight of {node.name}")
+        bias = _attribute(graph_module, args.get("bias"), f"bias of {node.name}")
+    else:
+        return None
+    if len(shape) != 1 or not isinstance(shape[0], int):
+        raise FrontendError(f"node {node.name}: a norm must normalize the last dimension only, with a constant "
+                            f"width; it normalizes {shape}")
+    if eps is None:  # torch's default for RMSNorm: the epsilon of the input's dtype (fp32 here)
+        eps = torch.finfo(torch.float32).eps
+    return Norm(kind, float(eps), bias is not None), weight, bias, shape[0]
+
+
+def _is_call(node, functions, method: str) -> bool:
+    if node.op == "call_method":
+        return node.target == method and not node.kwargs
+    return node.op == "call_function" and node.target in functions and not node.kwargs
+
+
+def _is_add(node) -> bool:
+    import torch
+
+    return _is_call(node, (operator.add, torch.add), "add") and len(node.args) == 2
+
+
+def _is_mul(node) -> bool:
+    import torch
+
+    return _is_call(node, (operator.mul, torch.mul), "mul") and len(node.args) == 2
+
+
+@dataclasses.dataclass
+class _Partial:
+    """A block being read: the stream it started from, its operand's norm, and what is known so far."""
+
+    stream: Any
+    operand: Any  # the node whose fp16 rounding is u (the stream itself, or its norm)
+    norm: tuple | None = None  # (Norm, weight, bias)
+    first: Any = None  # Linear W1 (the one the activation is applied to)
+    gate: Any = None  # Linear W3
+    activation: str | None = None
+    second: Any = None  # Linear W2
+
+
+PATTERN = ("[RMSNorm|LayerNorm] -> Linear -> ReLU/GELU/SiLU [* Linear] -> Linear -> residual add, "
+           "then an optional final norm")
+
+
+def from_module(module, *, device="cpu") -> Source:
+    """Trace ``module`` with torch.fx and read its residual blocks and final norm."""
+    import torch.fx
+
+    try:
+        graph_module = torch.fx.symbolic_trace(module)
+    except Exception as e:  # noqa: BLE001 - tracing errors come in many types; report them as one
+        raise FrontendError(f"torch.fx could not trace {type(module).__name__}: {e}") from e
+    modules = dict(graph_module.named_modules())
+    nodes = list(graph_module.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    if len(placeholders) != 1:
+        raise FrontendError(f"the model must take one input (the rows), it takes {len(placeholders)}")
+    stream = placeholders[0]
+    roles: dict[Any, tuple[str, _Partial]] = {}  # node -> (role, the block it belongs to)
+    final = None  # (node, (Norm, weight, bias, width)) of the latest norm of the stream: maybe the final norm
+    source = Source([], [])
+
+    def role(node, *names):
+        entry = roles.get(node)
+        return entry[1] if entry is not None and entry[0] in names and entry[1].stream is stream else None
+
+    for node in nodes:
+        if node.op in ("placeholder", "get_attr"):
+            continue
+        if node.op == "output":
+            returned = node.args[0]
+            if final is not None and returned is final[0] and source.blocks:
+                source.final_norm = final[1][0]
+                source.final_parameters = _norm_parameters(final[1], source.blocks[-1].channels, final[0], device)
+            elif returned is not stream:
+                raise FrontendError(f"the model must return the residual stream (or its final norm); it returns "
+                                    f"{returned}")
+            break
+        first = node.args[0] if node.args else None
+        linear = _linear_of(node, modules)
+        activation = _activation_of(node, modules)
+        norm = _norm_of(node, modules, graph_module) if first is stream else None
+        if norm is not None:
+            roles[node] = ("operand", _Partial(stream, node, norm))
+            final = (node, norm)
+        elif linear is not None and (first is stream or role(first, "operand")):
+            block = role(first, "operand") or _Partial(stream, stream)
+            roles[node] = ("pre", dataclasses.replace(block, first=linear))
+        elif activation is not None and role(first, "pre"):
+            roles[node] = ("act", dataclasses.replace(role(first, "pre"), activation=activation))
+        elif _is_mul(node) and _gated(node, role):
+            roles[node] = ("hidden", _gated(node, role))
+        elif linear is not None and role(first, "act", "hidden"):
+            roles[node] = ("post", dataclasses.replace(role(first, "act", "hidden"), second=linear))
+        elif _is_add(node) and stream in node.args:
+            other = node.args[1] if node.args[0] is stream else node.args[0]
+            block = role(other, "post")
+            if block is None:
+                raise FrontendError(f"node {node.name}: the residual add must add the block's second Linear to the "
+                                    f"stream, it adds {other}")
+            b, p = _block(len(source.blocks), block, device)
+            source.blocks.append(b)
+            source.parameters.append(p)
+            stream, final = node, None
+        else:
+            raise FrontendError(f"node {node.name} ({node.op} {getattr(node.target, '__name__', node.target)}) does "
+                                f"not fit the pattern {PATTERN}")
+    if not source.blocks:
+        raise FrontendError(f"no residual block found: expected {PATTERN}")
+    return source
+
+
+def _gated(node, role):
+    """The block of ``act(W1 u) * (W3 u)`` (either order, the same operand u), or None."""
+    a, b = node.args
+    for act_node, gate_node in ((a, b), (b, a)):
+        act, gate = role(act_node, "act"), role(gate_node, "pre")
+        if act is not None and gate is not None and act.operand is gate.operand and act.gate is None:
+            return dataclasses.replace(act, gate=gate.first)
+    return None
+
+
+def _norm_parameters(norm, channels: int, node, device) -> dict:
+    """fp32 ``norm_weight`` (ones when the norm has none) and, for a LayerNorm with one, ``norm_bias``."""
+    import torch
+
+    _, weight, bias, width = norm
+    if width != channels:
+        raise FrontendError(f"node {node}: the norm normalizes {width} channels, the stream has {channels}")
+    params = {"norm_weight": torch.ones(channels, device=device) if weight is None else
+              weight.detach().to(device=device, dtype=torch.float32).contiguous()}
+    if bias is not None:
+        params["norm_bias"] = bias.detach().to(device=device, dtype=torch.float32).contiguous()
+    return params
+
+
+def _block(index: int, block: _Partial, device) -> tuple[Block, dict]:
+    import torch
+
+    first, second, gate = block.first, block.second, block.gate
+    channels, hidden = first.in_features, first.out_features
+    if (second.in_features, second.out_features) != (hidden, channels):
+        raise FrontendError(f"block {index}: the second Linear is {second.in_features} -> {second.out_features}, "
+                            f"expected {hidden} -> {channels}")
+    if gate is not None and (gate.in_features, gate.out_features) != (channels, hidden):
+        raise FrontendError(f"block {index}: the gate Linear is {gate.in_features} -> {gate.out_features}, "
+                            f"expected {channels} -> {hidden}")
+
+    def f16(t):
+        return t.detach().to(device=device, dtype=torch.float16).contiguous()
+
+    def f32(t, n):
+        if t is None:
+            return torch.zeros(n, dtype=torch.float32, device=device)
+        return t.detach().to(device=device, dtype=torch.float32).contiguous()
+
+    params = {"w1": f16(first.weight), "b1": f32(first.bias, hidden), "w2": f16(second.weight),
+              "b2": f32(second.bias, channels)}
+    if gate is not None:
+        params.update(w3=f16(gate.weight), b3=f32(gate.bias, hidden))
+    norm = None
+    if block.norm is not None:
+        norm = block.norm[0]
+        params.update(_norm_parameters(block.norm, channels, block.operand, device))
+    ir_block = Block(channels=channels, hidden=hidden, activation=block.activation, norm=norm, gated=gate is not None,
+                     bias1=first.bias is not None, bias2=second.bias is not None,
+                     bias3=gate is not None and gate.bias is not None)
+    return ir_block, params
+

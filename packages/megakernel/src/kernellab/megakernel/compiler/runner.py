@@ -1,0 +1,179 @@
+"""Running a compiled model: ``compile_model(...)(x)``.
+
+``compile_model`` is the compiler's driver: frontend (nn.Module or spec) -> IR -> passes ->
+codegen. The ``CompiledModel`` it returns keeps the parameters on its device and the buffers
+between blocks (the fp16 operand, two fp32 stream buffers), launches each block's steps in order
+and applies the final norm; ``plan()`` says, per block, which engine serves it, with what tile and why.
+
+Where it runs: ``target="cuda"`` (the default) needs a CUDA device and says so when there is none;
+``target="cpu"`` runs every block through the torch chain (the kernels' rounding points in torch),
+a slow but exact-to-the-contract path for checking models on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .. import stack
+from . import codegen, frontend, passes
+from .ir import TORCH_CHAIN, Program
+
+
+class NeedsGPUError(RuntimeError):
+    """compile_model was asked for CUDA kernels on a machine without a CUDA device."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockPlan:
+    """One row of a model's plan: what serves a block and why."""
+
+    index: int
+    form: str
+    engine: str
+    tile: str
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelPlan:
+    """A compiled model's plan, printable: the form the stack runs in, then one row per block."""
+
+    rows: int
+    target: str
+    form: str
+    form_reason: str
+    blocks: tuple[BlockPlan, ...]
+    final_norm: str | None
+
+    def describe(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        lines = [f"{len(self.blocks)}-block stack, planned for {self.rows} rows on {self.target}",
+                 f"form: {self.form} ({self.form_reason})"]
+        header = ("block", "form", "engine", "tile", "why")
+        rows = [header] + [(str(b.index), b.form, b.engine, b.tile, b.why) for b in self.blocks]
+        widths = [max(len(r[k]) for r in rows) for k in range(4)]
+        for r in rows:
+            lines.append("  ".join(cell.ljust(w) for cell, w in zip(r[:4], widths, strict=True)) + "  " + r[4])
+        if self.final_norm is not None:
+            lines.append(f"final norm: {self.final_norm}, torch (no final-norm kernel)")
+        return "\n".join(lines)
+
+
+def _form(b) -> str:
+    norm = f"{b.norm.kind}, " if b.norm is not None else ""
+    body = f"{b.activation} gated" if b.gated else b.activation
+    return f"{norm}{b.channels}->{b.hidden} {body}"
+
+
+def _tile(plan) -> str:
+    if plan is None:
+        return "-"
+    t = plan.tile
+    extra = "".join(f" {name}={value}" for name, value, default in (
+        ("split", t.split, 1), ("multicast", t.multicast, 1), ("stages", t.stages, 1)) if value != default)
+    return f"{t.rows}x{t.channels_tile} rows x channels, grid {plan.owners.grid}{extra}"
+
+
+def _why(b) -> str:
+    if b.chosen == TORCH_CHAIN:
+        return f"torch chain: {b.kernel_refusal}"
+    if not b.skipped:
+        return "first engine of the chain that fits"
+    return "; ".join(f"{r.engine}: {r.reason}" for r in b.skipped)
+
+
+def describe_plan(program: Program) -> ModelPlan:
+    blocks = tuple(BlockPlan(i, _form(b), b.chosen, _tile(b.plan), _why(b)) for i, b in enumerate(program.blocks))
+    if program.target == "cpu":
+        form, reason = "torch chain", "target 'cpu': every block in torch, with the kernels' rounding points"
+    else:
+        form = "per-block chain"
+        reason = "no persistent-stack engine yet: one launch per block, a prologue per normed block"
+    return ModelPlan(program.rows, program.target, form, reason, blocks,
+                     program.final_norm.describe() if program.final_norm else None)
+
+
+class CompiledModel:
+    def __init__(self, program: Program, parameters: list[dict], final_parameters: dict | None = None):
+        self.program = program
+        self.parameters = parameters
+        self.final_parameters = final_parameters or {}
+        self.steps = codegen.generate(program)
+        self._buffers: dict = {}
+
+    @property
+    def engines(self) -> list[str]:
+        return [step.engine for step in self.steps]
+
+    def plan(self) -> ModelPlan:
+        """Per block: the engine that serves it, its tile and why (``print(model.plan())``)."""
+        return describe_plan(self.program)
+
+    def _buffer(self, name: str, rows: int, dtype, device):
+        import torch
+
+        key = (name, rows, dtype, device)
+        if key not in self._buffers:
+            self._buffers[key] = torch.empty((rows, self.program.blocks[0].channels), dtype=dtype, device=device)
+        return self._buffers[key]
+
+    def __call__(self, x, out=None):
+        """y (fp32) for rows ``x`` (the program's input dtype), written into ``out`` if given."""
+        import torch
+
+        expected = getattr(torch, self.program.input_dtype)
+        if x.dtype != expected or x.dim() != 2 or x.shape[1] != self.program.blocks[0].channels:
+            raise ValueError(f"x must be (rows, {self.program.blocks[0].channels}) {expected}, "
+                             f"got {tuple(x.shape)} {x.dtype}")
+        x = x.contiguous()
+        rows, device = x.shape[0], x.device
+        if out is None:
+            out = torch.empty((rows, x.shape[1]), dtype=torch.float32, device=device)
+        final_norm = self.program.final_norm
+        stream = x
+        for step, params in zip(self.steps, self.parameters, strict=True):
+            last = step.index == len(self.steps) - 1 and final_norm is None
+            target = out if last else self._buffer(f"stream{step.index % 2}", rows, torch.float32, device)
+            if step.engine == TORCH_CHAIN:
+                step.block(stream, params, target)
+            else:
+                operand = stream
+                if step.prologue is not None:
+                    operand = self._buffer("operand", rows, torch.float16, device)
+                    step.prologue(stream, params.get("norm_weight"), operand)
+                step.block(operand, stream, params["w1"], params["b1"], params["w2"], params["b2"], target)
+            stream = target
+        if final_norm is not None:
+            out.copy_(stack.torch_norm(stream, final_norm, self.final_parameters.get("norm_weight"),
+                                       self.final_parameters.get("norm_bias")))
+        return out
+
+
+def compile_model(source, *, rows: int, engine: str = "persistent-tc", tile_rows: int | None = None,
+                  input_dtype: str = "float16", device=None, seed: int = 0, target: str = "cuda") -> CompiledModel:
+    """Compile an ``nn.Module`` or a spec dict for ``rows`` rows per call (any row count runs; the
+    plan is tuned for this one). ``engine`` picks the fallback chain to walk; ``device`` is the
+    ``planning.DeviceSpec`` to plan for (default: the current GPU's); ``seed`` makes a spec's
+    weights; ``target`` is "cuda" (needs a CUDA device) or "cpu" (the torch chain for every block)."""
+    import torch
+
+    from .. import planning
+
+    if target not in ("cuda", "cpu"):
+        raise ValueError(f"target must be 'cuda' or 'cpu', got {target!r}")
+    if target == "cuda" and not torch.cuda.is_available():
+        raise NeedsGPUError("compile_model(target='cuda') needs a CUDA device and none is available; "
+                            "target='cpu' runs the model through the torch chain instead (slow, for checking)")
+    if isinstance(source, dict):
+        read = frontend.from_spec(source, seed=seed, device=target)
+    elif isinstance(source, torch.nn.Module):
+        read = frontend.from_module(source, device=target)
+    else:
+        raise frontend.FrontendError(f"compile_model takes an nn.Module or a spec dict, got {type(source).__name__}")
+    if device is None:
+        device = planning.current_device() if target == "cuda" else planning.H200
+    program = passes.plan(read.blocks, rows, engine=engine, tile_rows=tile_rows, input_dtype=input_dtype,
+                          device=device, final_norm=read.final_norm, target=target)
+    return CompiledModel(program, read.parameters, read.final_parameters)
