@@ -65,24 +65,33 @@ def case_table(cases: list[dict], rounds: list[dict], ceiling_op: str | None = N
                 per_mode.setdefault(mode, []).append(samples)
         for mode in ALL_MODES:
             if mode in per_mode and len(per_mode[mode]) == len(entry["validations"]) and per_mode[mode]:
-                pooled = [s for rr in per_mode[mode] for s in rr]
-                entry["modes"][mode] = {
-                    "rounds_us": per_mode[mode],
-                    "round_medians_us": stats.round_medians(per_mode[mode]),
-                    "summary_us": stats.summary(pooled),
-                }
-        if entry["status"] == "ok" and entry["validations"]:
-            failed = [v for v in entry["validations"] if not v["passed"]]
-            if failed:
-                entry["status"] = "failed"
-                entry["reason"] = "; ".join(e for v in failed for e in v.get("errors", [])) or \
-                    f"validation failed in rounds {[v['round'] for v in failed]}"
+                entry["modes"][mode] = mode_entry(per_mode[mode])
+        settle_status(entry)
         out.append(entry)
-    _bandwidth(out, ceiling_op, control)
+    bandwidth(out, ceiling_op, control)
     return out
 
 
-def _bandwidth(cases: list[dict], ceiling_op: str | None, control: str) -> None:
+def mode_entry(rounds_us: list[list[float]]) -> dict:
+    """One mode of a case: its raw samples per round, their per-round medians and pooled summary."""
+    return {
+        "rounds_us": rounds_us,
+        "round_medians_us": stats.round_medians(rounds_us),
+        "summary_us": stats.summary([s for r in rounds_us for s in r]),
+    }
+
+
+def settle_status(entry: dict) -> None:
+    """A runnable case (status ``ok``) whose validations failed in any round becomes ``failed``."""
+    if entry["status"] == "ok" and entry["validations"]:
+        failed = [v for v in entry["validations"] if not v["passed"]]
+        if failed:
+            entry["status"] = "failed"
+            entry["reason"] = "; ".join(e for v in failed for e in v.get("errors", [])) or \
+                f"validation failed in rounds {[v['round'] for v in failed]}"
+
+
+def bandwidth(cases: list[dict], ceiling_op: str | None, control: str) -> None:
     """GB/s per mode by the problem's minimum bytes, and, where the suite has a ceiling problem, the
     fraction of the same-shape ceiling (a copy) that the control measured.
 
@@ -164,9 +173,34 @@ def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, 
     the runner), ``rounds`` (per round, case id -> measured data), ``provenance`` and ``revision``.
     """
     ceiling = getattr(suite, "ceiling_op", None)
-    ref_cases = {c["id"]: c for c in case_table(reference["cases"], reference["rounds"], ceiling, suite.control)}
-    cand_cases = {c["id"]: c for c in case_table(candidate["cases"], candidate["rounds"], ceiling, suite.control)}
-    contenders = _contenders(list(cand_cases.values()), suite.control)
+    ref_cases = case_table(reference["cases"], reference["rounds"], ceiling, suite.control)
+    cand_cases = case_table(candidate["cases"], candidate["rounds"], ceiling, suite.control)
+    return {
+        "schema": report_io.SCHEMA,
+        "kind": "comparison",
+        "suite": suite.name,
+        "suite_device": suite.device,
+        "control": suite.control,
+        "ceiling_op": ceiling,
+        "created_at": now_iso(),
+        "config": config,
+        "resamples": resamples,
+        "sides": {
+            "reference": {"revision": reference.get("revision"), "provenance": reference["provenance"],
+                          "cases": ref_cases},
+            "candidate": {"revision": candidate.get("revision"), "provenance": candidate["provenance"],
+                          "cases": cand_cases},
+        },
+        **compare_cases(ref_cases, cand_cases, suite.control, resamples),
+    }
+
+
+def compare_cases(reference: list[dict], candidate: list[dict], control: str, resamples: int) -> dict:
+    """A comparison's derived part from the two sides' case tables: ``records`` per contender case
+    and mode, ``summaries`` per mode and the control probe's ``torch_probe_control_ratio_range``."""
+    ref_cases = {c["id"]: c for c in reference}
+    cand_cases = {c["id"]: c for c in candidate}
+    contenders = _contenders(candidate, control)
     pairs = sum(1 for cid, c in cand_cases.items() if c["impl"] in contenders and cid in ref_cases
                 for m in c["modes"] if m in ref_cases[cid]["modes"])
     confidence = 1.0 - FAMILY_ERROR / max(1, pairs)  # Bonferroni: every interval holds at once at 95%
@@ -176,8 +210,8 @@ def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, 
         if cand["impl"] not in contenders or ref is None:
             continue
         name = cand["name"] if len(contenders) == 1 else f"{cand['name']}/{cand['impl']}"
-        ref_ctrl = ref_cases.get(f"{cand['name']}/{suite.control}")
-        cand_ctrl = cand_cases.get(f"{cand['name']}/{suite.control}")
+        ref_ctrl = ref_cases.get(f"{cand['name']}/{control}")
+        cand_ctrl = cand_cases.get(f"{cand['name']}/{control}")
         rec: dict[str, Any] = {"name": name, "impl": cand["impl"],
                                "reference_status": ref["status"], "candidate_status": cand["status"]}
         for mode in ALL_MODES:
@@ -206,19 +240,6 @@ def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, 
             summaries[mode]["not_significant"] = sum(1 for r in mode_records if not r["significant"])
             summaries[mode]["control_flagged"] = sum(1 for r in mode_records if r.get("control_flagged"))
     return {
-        "schema": report_io.SCHEMA,
-        "kind": "comparison",
-        "suite": suite.name,
-        "suite_device": suite.device,
-        "control": suite.control,
-        "created_at": now_iso(),
-        "config": config,
-        "sides": {
-            "reference": {"revision": reference.get("revision"), "provenance": reference["provenance"],
-                          "cases": list(ref_cases.values())},
-            "candidate": {"revision": candidate.get("revision"), "provenance": candidate["provenance"],
-                          "cases": list(cand_cases.values())},
-        },
         "torch_probe_control_ratio_range": [min(drift), max(drift)] if drift else None,
         "summaries": summaries,
         "records": records,
@@ -237,19 +258,8 @@ def before_after_report(comparison: dict, mode: str = "e2e_throughput") -> dict:
             continue
         if cand["impl"] not in _contenders(sides["candidate"]["cases"], comparison["control"]):
             continue
-        before = [sorted(r) for r in ref["modes"][mode]["rounds_us"]]
-        after = [sorted(r) for r in cand["modes"][mode]["rounds_us"]]
-        before_ms = stats.median([s for r in before for s in r]) / 1e3
-        after_ms = stats.median([s for r in after for s in r]) / 1e3
-        records.append({
-            "operation": _operation(cand["problem"]),
-            "impl": cand["impl"],
-            "before_ms": before_ms,
-            "after_ms": after_ms,
-            "speedup": before_ms / after_ms,
-            "before_samples_ms": [s / 1e3 for r in before for s in r],
-            "after_samples_ms": [s / 1e3 for r in after for s in r],
-        })
+        records.append(before_after_record(_operation(cand["problem"]), cand["impl"], ref["modes"][mode]["rounds_us"],
+                                           cand["modes"][mode]["rounds_us"]))
     ref_rev, cand_rev = sides["reference"]["revision"] or {}, sides["candidate"]["revision"] or {}
     binaries = sorted(set(sides["reference"]["provenance"].get("artifacts_sha256", {}).values())
                       | set(sides["candidate"]["provenance"].get("artifacts_sha256", {}).values()))
@@ -276,6 +286,23 @@ def before_after_report(comparison: dict, mode: str = "e2e_throughput") -> dict:
             "binary_sha256": binaries,
         },
         "records": records,
+    }
+
+
+def before_after_record(operation: str, impl: str, before_us: list[list[float]], after_us: list[list[float]]) -> dict:
+    """One before/after record: the medians of all samples of each side in ms, their ratio, the samples."""
+    before = [sorted(r) for r in before_us]
+    after = [sorted(r) for r in after_us]
+    before_ms = stats.median([s for r in before for s in r]) / 1e3
+    after_ms = stats.median([s for r in after for s in r]) / 1e3
+    return {
+        "operation": operation,
+        "impl": impl,
+        "before_ms": before_ms,
+        "after_ms": after_ms,
+        "speedup": before_ms / after_ms,
+        "before_samples_ms": [s / 1e3 for r in before for s in r],
+        "after_samples_ms": [s / 1e3 for r in after for s in r],
     }
 
 
