@@ -129,12 +129,18 @@ def _edit(path: Path, change, reseal: bool) -> None:
 
 
 def _scale_planted(factor):
+    """The planted contender's samples scaled, and every number derived from them recomputed: a forgery
+    consistent with itself, which only the replay can tell from a real measurement."""
     def change(data):
+        from kernellab.harness import assemble, consistency
+
         for case in data["cases"]:
             if case["impl"] == "planted":
                 for mode in case["modes"].values():
                     mode["rounds_us"] = [[x * factor for x in r] for r in mode["rounds_us"]]
-                    mode["round_medians_us"] = [x * factor for x in mode["round_medians_us"]]
+        data["cases"] = consistency.recompute_cases(data["cases"], data["ceiling_op"], data["control"])
+        data["versus_control"] = assemble.versus_control(data["cases"], data["control"])
+        assert consistency.check(data) == []
     return change
 
 
@@ -260,3 +266,169 @@ def test_usage_errors(tmp_path):
 
     assert main(["only-one.json", "--repo", str(ROOT)]) == 64
     assert main(["--repo", str(tmp_path)]) == 64
+
+
+# ---- forged reports caught before any replay: one real report, edited and resealed -------------------
+
+SMALL = ["--suite", "cpu-ops", "--cases", "softmax_*", "--impls", "planted", "--modes", "e2e_throughput",
+         "--rounds", "2", "--samples", "3", "--warmup", "0", "--iterations", "1", "--quiet", "--no-plot"]
+
+
+@pytest.fixture(scope="module")
+def benched(tmp_path_factory):
+    """One honest report of the planted contender; every test below forges copies of it."""
+    tmp = tmp_path_factory.mktemp("forged")
+    repo = Repo(tmp / "repo", SMALL)
+    return repo, repo.bench(repo.git("rev-parse", "HEAD"), tmp / "honest.json")
+
+
+def _copy(src: Path, dst: Path, change=None, reseal: bool = True) -> Path:
+    shutil.copy(src, dst)
+    if change is not None:
+        _edit(dst, change, reseal)
+    return dst
+
+
+def _planted_p50_over_50(data):
+    i = next(k for k, c in enumerate(data["cases"]) if c["impl"] == "planted")
+    data["cases"][i]["modes"]["e2e_throughput"]["summary_us"]["p50"] /= 50
+    return i
+
+
+def test_resealed_p50_over_50_fails_naming_the_field(benched, tmp_path):
+    repo, honest = benched
+    i = _planted_p50_over_50(json.loads(honest.read_text()))
+    forged = _copy(honest, tmp_path / "cand.json", _planted_p50_over_50)
+    code, audit = repo.audit(honest, forged)
+    assert code == 1 and audit["status"] == "fail"
+    assert any(r.startswith("candidate report internally consistent: inconsistent: "
+                            f"cases[{i}].modes.e2e_throughput.summary_us.p50: recorded") for r in audit["reasons"]), \
+        audit["reasons"]
+    assert "replay_pairs" not in audit  # a report that contradicts itself is not replayed
+
+
+def _load_only(repo, reference, candidate, **options):
+    from kernellab.audit.audit import Audit, Options
+
+    audit = Audit(reference, candidate, repo.path, Options(progress=False, **options))
+    loaded = audit._load_reports()
+    return loaded, audit._finish()
+
+
+def test_signatures_of_both_reports(benched, tmp_path):
+    pytest.importorskip("cryptography")
+    from kernellab.harness import signing
+
+    repo, honest = benched
+    key = signing.load_private_key(signing.generate_keypair(tmp_path / "keys" / "lab")[0])
+    stranger = signing.load_private_key(signing.generate_keypair(tmp_path / "stranger")[0])
+    signed = tmp_path / "signed.json"
+    report.write(signing.sign(report.load(honest), key), signed)
+    loaded, audit = _load_only(repo, signed, signed, trusted_keys=tmp_path / "keys")
+    assert loaded is not None and audit["status"] == "pass", audit["reasons"]
+    assert [c["passed"] for c in audit["checks"] if c["name"].endswith("signature")] == [True, True]
+
+    loaded, audit = _load_only(repo, signed, signed)  # no trusted keys: noted, not verified, not a doubt
+    notes = [c for c in audit["checks"] if c["name"].endswith("signature")]
+    assert [c["passed"] for c in notes] == [None, None] and "not verified" in notes[0]["detail"]
+    assert loaded is not None and audit["status"] == "pass"
+
+    by_stranger = tmp_path / "stranger.json"
+    report.write(signing.sign(report.load(honest), stranger), by_stranger)
+    loaded, audit = _load_only(repo, signed, by_stranger, trusted_keys=tmp_path / "keys")
+    assert loaded is None and audit["status"] == "fail"
+    assert any(r.startswith("candidate report signature: ") and "not among the trusted keys" in r
+               for r in audit["reasons"]), audit["reasons"]
+
+    loaded, audit = _load_only(repo, honest, signed, trusted_keys=tmp_path / "keys")
+    assert loaded is None and any("reference report signature: the report is unsigned" in r for r in audit["reasons"])
+
+    tampered = _copy(signed, tmp_path / "tampered.json",
+                     lambda d: d["provenance"]["device"].update(host="elsewhere"))  # consistent, but not as signed
+    loaded, audit = _load_only(repo, signed, tampered, trusted_keys=tmp_path / "keys")
+    assert loaded is None and any("does not match its content" in r for r in audit["reasons"])
+
+
+def test_a_report_from_another_device_is_inconclusive(benched, tmp_path):
+    repo, honest = benched
+
+    def elsewhere(data):
+        data["provenance"]["device"].update(name="Another CPU 1000", cpu="Another CPU 1000")
+    moved = _copy(honest, tmp_path / "moved.json", elsewhere)
+    loaded, audit = _load_only(repo, honest, moved)
+    assert loaded is not None and audit["status"] == "inconclusive"
+    assert any(r.startswith("candidate report was made on cpu 'Another CPU 1000'; this machine is cpu ")
+               and r.endswith("its timing claims cannot be judged here") for r in audit["reasons"]), audit["reasons"]
+
+
+def test_claims_off_by_50x_fail_here_and_are_doubted_from_another_device(benched):
+    """The replay's timing contradicts a 50x claim; made on another device, that is a doubt, not a fail."""
+    from kernellab.audit.audit import Audit, Options
+    from kernellab.harness import assemble, consistency
+
+    _, honest = benched
+    ref = report.load(honest)
+    cand = json.loads(json.dumps(ref))
+    for case in cand["cases"]:
+        if case["impl"] == "planted":
+            for m in case["modes"].values():
+                m["rounds_us"] = [[s / 50 for s in r] for r in m["rounds_us"]]
+    cand["cases"] = consistency.recompute_cases(cand["cases"], cand["ceiling_op"], "torch")
+    replay = assemble.compare_cases(ref["cases"], ref["cases"], "torch", resamples=50)
+    for foreign, status in ((False, "fail"), (True, "inconclusive")):
+        audit = Audit(honest, honest, ROOT, Options(progress=False))
+        audit.foreign_device = foreign
+        audit._judge_claims({"reference": ref, "candidate": cand}, replay)
+        assert audit._finish()["status"] == status
+
+
+def test_check_reports_of_any_kind_without_replaying(benched, tmp_path, capsys):
+    from kernellab.audit.cli import main
+
+    _, honest = benched
+    forged = _copy(honest, tmp_path / "forged.json", _planted_p50_over_50)
+    edited = _copy(honest, tmp_path / "edited.json", _planted_p50_over_50, reseal=False)
+    assert main(["--check", str(honest)]) == 0
+    assert "[ok  ] internally consistent" in capsys.readouterr().out
+    assert main(["--check", str(honest), str(forged)]) == 1
+    assert "modes.e2e_throughput.summary_us.p50: recorded" in capsys.readouterr().out
+    assert main(["--check", str(edited)]) == 1
+    assert "sha256 mismatch" in capsys.readouterr().out
+    assert main(["--check", str(honest), "--trusted-keys", str(tmp_path / "absent")]) == 64
+    assert "--trusted-keys: trusted keys" in capsys.readouterr().err
+
+
+def test_check_a_comparison_and_its_before_after(tmp_path, capsys):
+    """Reports assembled from synthetic rounds (no timing): the before/after report is checked
+    against the comparison it was made from when both are given."""
+    import types
+
+    from kernellab.audit.cli import main
+    from kernellab.harness import assemble
+
+    def side(scale):
+        problem = {"name": "softmax_4x4_fp32", "op": "softmax", "shape": [4, 4], "dtype": "fp32", "bytes": 128}
+        cases = [{"id": f"softmax_4x4_fp32/{i}", "problem": problem, "impl": i, "status": "ok"} for i in ("torch", "x")]
+        ok = {"validations": [{"passed": True, "outputs": {}, "inputs_unchanged": True}], "passed": True}
+        rounds = [{c["id"]: {**ok, "samples_us": {"e2e_throughput": [(k + r + 1.0) * (scale if c["impl"] == "x" else 1)
+                                                                     for k in range(3)]}}
+                   for c in cases} for r in range(2)]
+        return {"cases": cases, "rounds": rounds, "provenance": {"device": {"kind": "cpu"}}, "revision": {}}
+
+    suite = types.SimpleNamespace(name="s", device="cpu", control="torch", ceiling_op=None)
+    config = {"rounds": 2, "samples": 3, "warmup": 0, "iterations": 1}
+    comparison = report.seal(assemble.comparison_report(suite, config, side(1.0), side(0.5), resamples=20))
+    before_after = report.seal(assemble.before_after_report(comparison))
+    paths = [report.write(comparison, tmp_path / "ab.json"), report.write(before_after, tmp_path / "ba.json")]
+    assert main(["--check", *map(str, paths)]) == 0
+    assert "against its comparison: [ok  ]" in capsys.readouterr().out
+    before_after["records"][0]["after_samples_ms"] = [s / 50 for s in before_after["records"][0]["after_samples_ms"]]
+    before_after["records"][0].update(assemble.before_after_record(  # consistent with itself, not with the comparison
+        "softmax_4x4", "x", [[s * 1e3 for s in before_after["records"][0]["before_samples_ms"]]],
+        [[s * 1e3 for s in before_after["records"][0]["after_samples_ms"]]]))
+    before_after["sha256"] = report.report_hash(before_after)
+    report.write(before_after, paths[1])
+    assert main(["--check", *map(str, paths)]) == 1
+    out = capsys.readouterr().out
+    assert "[ok  ] internally consistent" in out and "against its comparison: [FAIL] " in out
+    assert "records[0].after_ms: recorded" in out

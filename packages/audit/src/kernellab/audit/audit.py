@@ -1,6 +1,8 @@
 """The audit: every check in order, each recorded with its outcome, then a verdict with reasons.
 
-1. reports: schema and canonical-JSON sha256 of both (``source_reports_sha256``);
+1. reports: schema and canonical-JSON sha256 of both (``source_reports_sha256``), every derived number
+   against the raw data it is derived from, the signatures (against ``--trusted-keys``), and the
+   device each was made on against this one;
 2. sources: the recorded source sha256s against the files present now;
 3. replay: every (case, mode) pair of both revisions, alternately, each in its own process, with
    output validation after every batch and changed-input graph replay where graphs apply;
@@ -17,7 +19,7 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernellab.harness import assemble, provenance
+from kernellab.harness import assemble, consistency, provenance, signing
 from kernellab.harness import report as report_io
 from kernellab.harness.revision import Extension, RevisionError, run_sides
 
@@ -26,6 +28,7 @@ from . import trees, verdict
 SCHEMA = "kernellab.audit/1"
 HASH_FIELD = "audit_sha256"
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+INCONSISTENCIES_SHOWN = 5  # named in a check's detail and its fail reason; the rest are counted
 
 
 @dataclass
@@ -36,6 +39,7 @@ class Options:
     progress: bool = True
     max_rounds: int | None = None  # extra replay rounds for wide intervals (None: three times the rounds)
     time_limit_s: float = 600.0  # no extra replay round starts after this
+    trusted_keys: Path | None = None  # public keys that must have signed both reports (a PEM file or directory)
 
 
 class Audit:
@@ -47,6 +51,7 @@ class Audit:
         self.failures: list[str] = []
         self.doubts: list[str] = []
         self.out: dict = {"schema": SCHEMA, "status": None}
+        self.foreign_device = False  # a report made on another device: its timings cannot be judged here
 
     def check(self, name: str, passed: bool | None, detail, *, fail: str | None = None, doubt: str | None = None):
         """Record one check; ``passed`` None means it could not be decided."""
@@ -68,6 +73,11 @@ class Audit:
 
     def _load_reports(self) -> dict | None:
         reports, hashes = {}, {}
+        try:
+            trusted = signing.load_trusted(self.options.trusted_keys) if self.options.trusted_keys else None
+        except signing.SigningError as e:
+            self.check("trusted keys", False, str(e), fail=f"--trusted-keys: {e}")
+            return None
         for side, path in self.paths.items():
             try:
                 reports[side] = report_io.load(path)
@@ -75,6 +85,10 @@ class Audit:
                 self.check(f"{side} report hash and schema", True, str(path))
             except report_io.ReportError as e:
                 self.check(f"{side} report hash and schema", False, str(e), fail=str(e))
+                continue
+            for name, passed, detail in integrity(reports[side], trusted):
+                self.check(f"{side} report {name}", passed, detail,
+                           fail=f"{side} report {name}: {detail}" if passed is False else None)
         self.out["source_reports_sha256"] = hashes
         if len(reports) < 2:
             return None
@@ -89,7 +103,13 @@ class Audit:
             self.check("same suite", False, msg, fail=msg)
             return None
         self.out["suite"] = reports["candidate"]["suite"]
-        return reports
+        for side, rep in reports.items():
+            reason = device_mismatch(rep)
+            self.foreign_device |= reason is not None
+            self.check(f"{side} report made on this device", None if reason else True,
+                       reason or "the recorded device is this one",
+                       doubt=f"{side} report {reason}: its timing claims cannot be judged here" if reason else None)
+        return None if self.failures else reports
 
     def _check_sources(self, reports: dict, tmp: Path) -> dict | None:
         roots = {}
@@ -236,10 +256,14 @@ class Audit:
             outcomes[verdict.UNDECIDED].append(f"{name} {mode}: claimed {claimed[(name, mode)]['claimed_gain']:.3f}, "
                                                "not replayed")
         detail = {k: v for k, v in outcomes.items()}
-        if outcomes[verdict.CONTRADICTED]:
+        if outcomes[verdict.CONTRADICTED] and not self.foreign_device:
             self.check("claims reproduced", False, detail,
                        fail=f"{len(outcomes[verdict.CONTRADICTED])} claim(s) contradicted by the replay, first: "
                             f"{outcomes[verdict.CONTRADICTED][0]}")
+        elif outcomes[verdict.CONTRADICTED]:
+            self.check("claims reproduced", None, detail,
+                       doubt=f"{len(outcomes[verdict.CONTRADICTED])} claim(s) differ from a replay on another "
+                             f"device than the report's, first: {outcomes[verdict.CONTRADICTED][0]}")
         elif outcomes[verdict.UNDECIDED]:
             self.check("claims reproduced", None, detail,
                        doubt=f"{len(outcomes[verdict.UNDECIDED])} claim(s) undecided (the replay could not decide: "
@@ -259,6 +283,34 @@ class Audit:
                                "drift_limit": verdict.DRIFT_LIMIT})
         self.out[HASH_FIELD] = report_io.report_hash(self.out, HASH_FIELD)
         return self.out
+
+
+def integrity(report: dict, trusted: dict | None) -> list[tuple[str, bool | None, str]]:
+    """(check, passed, detail) of what a report shows without a replay: every derived number against its
+    raw data, and its signature (verified against ``trusted`` keys; None: a signature is only noted)."""
+    found = consistency.check(report)
+    shown = "; ".join(map(str, found[:INCONSISTENCIES_SHOWN]))
+    more = f"; and {len(found) - INCONSISTENCIES_SHOWN} more" if len(found) > INCONSISTENCIES_SHOWN else ""
+    out = [("internally consistent", not found,
+            f"inconsistent: {shown}{more}" if found else "every derived number matches its raw data")]
+    if trusted is not None:
+        try:
+            out.append(("signature", True, f"signed by trusted key {signing.verify(report, trusted)}"))
+        except signing.SigningError as e:
+            out.append(("signature", False, str(e)))
+    elif signing.signer(report):
+        out.append(("signature", None, f"signed by key {signing.signer(report)}, not verified (no trusted keys)"))
+    return out
+
+
+def device_mismatch(report: dict) -> str | None:
+    """Why a report's timings were not made on this machine, or None where its device is this one."""
+    kind = ((report.get("provenance") or {}).get("device") or {}).get("kind") or report.get("suite_device", "cpu")
+    try:
+        here = provenance.device_info(kind)
+    except Exception as e:  # noqa: BLE001 - no such device here (no CUDA): that is the mismatch
+        return f"was made on a {kind} device; this machine cannot describe one ({type(e).__name__}: {e})"
+    return consistency.check_device(report, here)
 
 
 def _why(v: dict) -> str:

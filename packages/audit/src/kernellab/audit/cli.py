@@ -1,6 +1,7 @@
-"""``kernellab-audit REFERENCE.json CANDIDATE.json [--out AUDIT.json]``
+"""``kernellab-audit REFERENCE.json CANDIDATE.json [--out AUDIT.json]``, or
+``kernellab-audit --check REPORT...`` to check reports of any kind without replaying them.
 
-Exit codes: 0 pass, 1 fail, 2 inconclusive, 64 bad arguments.
+Exit codes: 0 pass, 1 fail, 2 inconclusive, 64 bad arguments (--check: 0 every report holds, 1 not).
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ import json
 import sys
 from pathlib import Path
 
-from kernellab.harness import provenance
+from kernellab.harness import consistency, provenance, signing
 from kernellab.harness import report as report_io
 
-from .audit import FAIL, INCONCLUSIVE, PASS, Audit, Options
+from .audit import FAIL, INCONCLUSIVE, PASS, Audit, Options, integrity
 
 EXIT = {PASS: 0, FAIL: 1, INCONCLUSIVE: 2}
 EXIT_USAGE = 64
+MARKS = {True: "ok  ", False: "FAIL", None: "??  "}
 
 
 class UsageError(Exception):
@@ -39,6 +41,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, default=600.0, help="seconds after which no extra replay round "
                    "starts (default 600)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--trusted-keys", metavar="PATH", help="Ed25519 public keys (a PEM file, or a directory of "
+                   ".pem/.pub files) one of which must have signed each report; unsigned reports then fail")
+    p.add_argument("--check", nargs="+", metavar="REPORT", help="check reports of any kind without replaying: "
+                   "hash, schema, internal consistency, signature; exit 0 when all hold, 1 when not")
     return p
 
 
@@ -62,8 +68,45 @@ def newest_pair(root: Path) -> tuple[Path, Path]:
     return same[-2][2], same[-1][2]
 
 
+def check_reports(paths: list[Path], trusted: dict | None) -> bool:
+    """Print each report's checks; True when every one holds. A before/after report given with the
+    comparison it was made from is also checked against that comparison."""
+    ok, loaded = True, {}
+    for path in paths:
+        try:
+            rep = report_io.load(path)
+        except report_io.ReportError as e:
+            print(f"{path}: [FAIL] hash and schema: {e}")
+            ok = False
+            continue
+        loaded[rep[report_io.HASH_FIELD]] = rep
+        print(f"{path}: {rep['kind']} report, [ok  ] hash and schema")
+        for name, passed, detail in integrity(rep, trusted):
+            print(f"  [{MARKS[passed]}] {name}: {detail}")
+            ok &= passed is not False
+    for rep in loaded.values():
+        comparison = loaded.get(rep.get("comparison_sha256")) if rep["kind"] == "before_after" else None
+        if comparison is not None:
+            found = consistency.check_before_after(rep, comparison)
+            print(f"before/after {rep[report_io.HASH_FIELD][:16]} against its comparison: "
+                  + ("[ok  ]" if not found else "[FAIL] " + "; ".join(map(str, found))))
+            ok &= not found
+    return ok
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    try:
+        trusted = signing.load_trusted(args.trusted_keys) if args.trusted_keys else None
+    except signing.SigningError as e:
+        print(f"kernellab-audit: error: --trusted-keys: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.check:
+        if args.reports:
+            print("kernellab-audit: error: --check takes the reports to check; give no other reports",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        return 0 if check_reports([Path(p) for p in args.check], trusted) else 1
     try:
         repo = Path(args.repo) if args.repo else provenance.find_repo_root(Path.cwd())
         if repo is None or not (repo / "packages").is_dir():
@@ -84,9 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kernellab-audit: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     print(f"auditing {reference} (reference) against {candidate} (candidate)", file=sys.stderr)
+    keys = Path(args.trusted_keys) if args.trusted_keys else None
     result = Audit(reference, candidate, repo, Options(rounds=args.rounds, samples=args.samples,
                                                        tolerance=args.tolerance, progress=not args.quiet,
-                                                       max_rounds=args.max_rounds, time_limit_s=args.time_limit)).run()
+                                                       max_rounds=args.max_rounds, time_limit_s=args.time_limit,
+                                                       trusted_keys=keys)).run()
     out = Path(args.out) if args.out else repo / "reports" / "runs" / f"audit-{candidate.stem}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report_io.clean(result), indent=1, sort_keys=True) + "\n")
@@ -98,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 def summary(result: dict) -> str:
     lines = [f"status: {result['status']}"]
     for c in result["checks"]:
-        mark = {True: "ok  ", False: "FAIL", None: "??  "}[c["passed"]]
+        mark = MARKS[c["passed"]]
         lines.append(f"  [{mark}] {c['name']}")
     for field in ("replay_pairs", "executed_output_validations", "recorded_unchanged_artifacts",
                   "current_artifacts_checked", "torch_probe_control_ratio_range"):

@@ -72,26 +72,38 @@ def case_table(cases: list[dict], rounds: list[dict], ceiling_op: str | None = N
                 noise_of.setdefault(mode, []).append(data[cid].get("disturbance", {}).get(mode, {}))
         for mode in ALL_MODES:
             if mode in per_mode and len(per_mode[mode]) == len(entry["validations"]) and per_mode[mode]:
-                pooled = [s for rr in per_mode[mode] for s in rr]
-                entry["modes"][mode] = {
-                    "rounds_us": per_mode[mode],
-                    "round_medians_us": stats.round_medians(per_mode[mode]),
-                    "summary_us": stats.summary(pooled),
-                    "disturbance": noise_of[mode],
-                    "disturbed_rounds": sum(1 for d in noise_of[mode] if d.get("disturbed")),
-                }
-        if entry["status"] == "ok" and entry["validations"]:
-            failed = [v for v in entry["validations"] if not v["passed"]]
-            if failed:
-                entry["status"] = "failed"
-                entry["reason"] = "; ".join(e for v in failed for e in v.get("errors", [])) or \
-                    f"validation failed in rounds {[v['round'] for v in failed]}"
+                entry["modes"][mode] = mode_entry(per_mode[mode], noise_of[mode])
+        settle_status(entry)
         out.append(entry)
-    _bandwidth(out, ceiling_op, control)
+    bandwidth(out, ceiling_op, control)
     return out
 
 
-def _bandwidth(cases: list[dict], ceiling_op: str | None, control: str) -> None:
+def mode_entry(rounds_us: list[list[float]], disturbance: list[dict] | None = None) -> dict:
+    """One mode of a case: its samples per round (disturbed ones dropped, see ``noise``), their per-round
+    medians and pooled summary, and per round what disturbed them."""
+    entry = {
+        "rounds_us": rounds_us,
+        "round_medians_us": stats.round_medians(rounds_us),
+        "summary_us": stats.summary([s for r in rounds_us for s in r]),
+    }
+    if disturbance is not None:
+        entry["disturbance"] = disturbance
+        entry["disturbed_rounds"] = sum(1 for d in disturbance if d.get("disturbed"))
+    return entry
+
+
+def settle_status(entry: dict) -> None:
+    """A runnable case (status ``ok``) whose validations failed in any round becomes ``failed``."""
+    if entry["status"] == "ok" and entry["validations"]:
+        failed = [v for v in entry["validations"] if not v["passed"]]
+        if failed:
+            entry["status"] = "failed"
+            entry["reason"] = "; ".join(e for v in failed for e in v.get("errors", [])) or \
+                f"validation failed in rounds {[v['round'] for v in failed]}"
+
+
+def bandwidth(cases: list[dict], ceiling_op: str | None, control: str) -> None:
     """GB/s per mode by the problem's minimum bytes, and, where the suite has a ceiling problem, the
     fraction of the same-shape ceiling (a copy) that the control measured.
 
@@ -156,7 +168,6 @@ def run_report(suite, config: dict, side: dict) -> dict:
         "config": config,
         "revision": side.get("revision"),
         "provenance": side["provenance"],
-        "stopping": side.get("stopping"),
         "cases": cases,
         "versus_control": versus_control(cases, suite.control),
     }
@@ -174,9 +185,38 @@ def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, 
     the runner), ``rounds`` (per round, case id -> measured data), ``provenance`` and ``revision``.
     """
     ceiling = getattr(suite, "ceiling_op", None)
-    ref_cases = {c["id"]: c for c in case_table(reference["cases"], reference["rounds"], ceiling, suite.control)}
-    cand_cases = {c["id"]: c for c in case_table(candidate["cases"], candidate["rounds"], ceiling, suite.control)}
-    contenders = _contenders(list(cand_cases.values()), suite.control)
+    ref_cases = case_table(reference["cases"], reference["rounds"], ceiling, suite.control)
+    cand_cases = case_table(candidate["cases"], candidate["rounds"], ceiling, suite.control)
+    identical = identical_sides(reference["provenance"], candidate["provenance"])
+    return {
+        "schema": report_io.SCHEMA,
+        "kind": "comparison",
+        "suite": suite.name,
+        "suite_device": suite.device,
+        "control": suite.control,
+        "ceiling_op": ceiling,
+        "created_at": now_iso(),
+        "config": config,
+        "resamples": resamples,
+        "stopping": candidate.get("stopping"),
+        "identical_sides": identical,
+        "notice": IDENTICAL_NOTICE if identical else None,
+        "sides": {
+            "reference": {"revision": reference.get("revision"), "provenance": reference["provenance"],
+                          "cases": ref_cases},
+            "candidate": {"revision": candidate.get("revision"), "provenance": candidate["provenance"],
+                          "cases": cand_cases},
+        },
+        **compare_cases(ref_cases, cand_cases, suite.control, resamples),
+    }
+
+
+def compare_cases(reference: list[dict], candidate: list[dict], control: str, resamples: int) -> dict:
+    """A comparison's derived part from the two sides' case tables: ``records`` per contender case
+    and mode, ``summaries`` per mode and the control probe's ``torch_probe_control_ratio_range``."""
+    ref_cases = {c["id"]: c for c in reference}
+    cand_cases = {c["id"]: c for c in candidate}
+    contenders = _contenders(candidate, control)
     pairs = sum(1 for cid, c in cand_cases.items() if c["impl"] in contenders and cid in ref_cases
                 for m in c["modes"] if m in ref_cases[cid]["modes"])
     confidence = 1.0 - FAMILY_ERROR / max(1, pairs)  # Bonferroni: every interval holds at once at 95%
@@ -186,8 +226,8 @@ def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, 
         if cand["impl"] not in contenders or ref is None:
             continue
         name = cand["name"] if len(contenders) == 1 else f"{cand['name']}/{cand['impl']}"
-        ref_ctrl = ref_cases.get(f"{cand['name']}/{suite.control}")
-        cand_ctrl = cand_cases.get(f"{cand['name']}/{suite.control}")
+        ref_ctrl = ref_cases.get(f"{cand['name']}/{control}")
+        cand_ctrl = cand_cases.get(f"{cand['name']}/{control}")
         rec: dict[str, Any] = {"name": name, "impl": cand["impl"],
                                "reference_status": ref["status"], "candidate_status": cand["status"]}
         for mode in ALL_MODES:
@@ -218,25 +258,8 @@ def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, 
             summaries[mode]["not_significant"] = sum(1 for r in mode_records if not r["significant"])
             summaries[mode]["control_flagged"] = sum(1 for r in mode_records if r.get("control_flagged"))
             summaries[mode]["disturbed"] = sum(1 for r in mode_records if r.get("disturbed"))
-    identical = identical_sides(reference["provenance"], candidate["provenance"])
     return {
-        "schema": report_io.SCHEMA,
-        "kind": "comparison",
-        "suite": suite.name,
-        "suite_device": suite.device,
-        "control": suite.control,
-        "created_at": now_iso(),
-        "config": config,
-        "sides": {
-            "reference": {"revision": reference.get("revision"), "provenance": reference["provenance"],
-                          "cases": list(ref_cases.values())},
-            "candidate": {"revision": candidate.get("revision"), "provenance": candidate["provenance"],
-                          "cases": list(cand_cases.values())},
-        },
         "torch_probe_control_ratio_range": [min(drift), max(drift)] if drift else None,
-        "stopping": candidate.get("stopping"),
-        "identical_sides": identical,
-        "notice": IDENTICAL_NOTICE if identical else None,
         "summaries": summaries,
         "records": records,
     }
@@ -261,27 +284,14 @@ def before_after_report(comparison: dict, mode: str = "e2e_throughput") -> dict:
     contenders = _contenders(sides["candidate"]["cases"], comparison["control"])
     for cand in sides["candidate"]["cases"]:
         ref = ref_cases.get(cand["id"])
-        if ref is None or mode not in cand["modes"] or mode not in ref["modes"]:
+        if ref is None or mode not in cand["modes"] or mode not in ref["modes"] or cand["impl"] not in contenders:
             continue
-        if cand["impl"] not in contenders:
-            continue
-        before = [sorted(r) for r in ref["modes"][mode]["rounds_us"]]
-        after = [sorted(r) for r in cand["modes"][mode]["rounds_us"]]
         name = cand["name"] if len(contenders) == 1 else f"{cand['name']}/{cand['impl']}"
         paired = next((r[mode] for r in comparison["records"] if r["name"] == name and mode in r), None)
-        if paired is None:
-            continue
-        records.append({
-            "operation": _operation(cand["problem"]),
-            "impl": cand["impl"],
-            "before_ms": paired["reference_us"] / 1e3,
-            "after_ms": paired["candidate_us"] / 1e3,
-            "speedup": paired["gain"],
-            "speedup_ci": paired["gain_ci"],
-            "significant": paired["significant"],
-            "before_samples_ms": [s / 1e3 for r in before for s in r],
-            "after_samples_ms": [s / 1e3 for r in after for s in r],
-        })
+        if paired is not None:
+            records.append(before_after_record(_operation(cand["problem"]), cand["impl"],
+                                               ref["modes"][mode]["rounds_us"], cand["modes"][mode]["rounds_us"],
+                                               paired))
     ref_rev, cand_rev = sides["reference"]["revision"] or {}, sides["candidate"]["revision"] or {}
     binaries = sorted(set(sides["reference"]["provenance"].get("artifacts_sha256", {}).values())
                       | set(sides["candidate"]["provenance"].get("artifacts_sha256", {}).values()))
@@ -313,6 +323,25 @@ def before_after_report(comparison: dict, mode: str = "e2e_throughput") -> dict:
             "binary_sha256": binaries,
         },
         "records": records,
+    }
+
+
+def before_after_record(operation: str, impl: str, before_us: list[list[float]], after_us: list[list[float]],
+                        paired: dict) -> dict:
+    """One before/after record: each side's median of per-round medians in ms and the paired gain of the
+    comparison record ``paired`` (with its interval), and the samples."""
+    before = [sorted(r) for r in before_us]
+    after = [sorted(r) for r in after_us]
+    return {
+        "operation": operation,
+        "impl": impl,
+        "before_ms": paired["reference_us"] / 1e3,
+        "after_ms": paired["candidate_us"] / 1e3,
+        "speedup": paired["gain"],
+        "speedup_ci": paired["gain_ci"],
+        "significant": paired["significant"],
+        "before_samples_ms": [s / 1e3 for r in before for s in r],
+        "after_samples_ms": [s / 1e3 for r in after for s in r],
     }
 
 

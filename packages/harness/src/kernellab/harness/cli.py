@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import assemble, plot, provenance, registry, table
+from . import assemble, plot, provenance, registry, signing, table
 from . import report as report_io
 from .revision import Extension, RevisionError, materialize, run_sides
 from .runner import Config
@@ -66,6 +66,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pivot", metavar="MODE", nargs="?", const="", help="with --show: one row per problem, one "
                    "column per impl, in MODE (default: the primary mode)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--sign", metavar="KEYFILE", help="sign the reports written with this Ed25519 private key (PEM)")
+    p.add_argument("--keygen", metavar="PATH", help="write a new Ed25519 key pair (PATH, PATH.pub), then exit")
     return p
 
 
@@ -150,10 +152,17 @@ def run_ab(suite, config: Config, args) -> tuple[dict, dict | None]:
         sides = run_sides({"reference": base["root"], "candidate": repo}, request, config.rounds,
                           progress=not args.quiet, extension=extension_for(args))
         sides["reference"]["revision"], sides["candidate"]["revision"] = base, cand
-    comparison = report_io.seal(assemble.comparison_report(suite, config.to_json(), sides["reference"],
-                                                           sides["candidate"]))
-    before_after = report_io.seal(assemble.before_after_report(comparison)) if suite.device == "cpu" else None
+    comparison = seal(assemble.comparison_report(suite, config.to_json(), sides["reference"], sides["candidate"]),
+                      args)
+    before_after = seal(assemble.before_after_report(comparison), args) if suite.device == "cpu" else None
     return comparison, before_after
+
+
+def seal(report: dict, args) -> dict:
+    """Seal a report, signed first where ``--sign`` gave a key (the hash then covers the signature)."""
+    sealed = report_io.seal(report)
+    key = getattr(args, "signing_key", None)
+    return signing.sign(sealed, key) if key is not None else sealed
 
 
 def emit(report: dict, path: Path, args) -> bool:
@@ -189,6 +198,14 @@ def main(argv: list[str] | None = None) -> int:
             return _usage(str(e))
         return EXIT_OK
     try:
+        if args.keygen:
+            private, public = signing.generate_keypair(args.keygen)
+            print(f"private key: {private} (keep it secret)\npublic key: {public} (give it to auditors)")
+            return EXIT_OK
+        args.signing_key = signing.load_private_key(args.sign) if args.sign else None
+    except signing.SigningError as e:
+        return _usage(f"{'--keygen' if args.keygen else '--sign'}: {e}")
+    try:
         suites, broken = registry.discover()
     except registry.SuiteError as e:
         return _usage(str(e))
@@ -219,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                     print()
                     emit(before_after, out_path(args, suite.name, "before_after", len(chosen) > 1), args)
             else:
-                report = report_io.seal(run_single(suite, config, args))
+                report = seal(run_single(suite, config, args), args)
                 ok &= emit(report, out_path(args, suite.name, "run", len(chosen) > 1), args)
         except (ValueError, RevisionError, registry.SuiteError) as e:
             return _usage(str(e))
