@@ -246,42 +246,45 @@ def _sum_rows(t, n: int):
     return t.reshape(-1, n).sum(0)
 
 
-def softmax_backward(x, grad):
-    """dx of y = softmax(x) given dy, computed in fp32 from x."""
-    y = torch.softmax(x.float(), dim=-1)
-    g = grad.float()
-    return (y * (g - (g * y).sum(-1, keepdim=True))).to(x.dtype)
+def softmax_backward(y, dy):
+    """dx of y = softmax(x) given y and dy, in fp32: y * (dy - sum(dy * y))."""
+    yf, g = y.float(), dy.float()
+    return (yf * (g - (g * yf).sum(-1, keepdim=True))).to(y.dtype)
 
 
-def rmsnorm_backward(x, residual, weight, eps, grad_y, grad_h):
-    """(dx, dresidual, dweight) of (y, h) = rmsnorm(x [+ residual]); grad_h is the gradient of h (or None)."""
+def rmsnorm_backward(x, weight, dy, rstd):
+    """(dx, dweight) of y = x * rstd * weight given the forward's rstd (fp32, one per row)."""
     n = x.shape[-1]
-    h = x.float() if residual is None else x.float() + residual.float()
-    rstd = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    xhat = h * rstd
-    g = grad_y.float()
+    xhat = x.float() * rstd.reshape(*x.shape[:-1], 1)
+    g = dy.float()
     gw = g if weight is None else g * weight.float()
-    dh = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
-    if grad_h is not None:
-        dh = dh + grad_h.float()
+    dx = rstd.reshape(*x.shape[:-1], 1) * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
     dweight = None if weight is None else _sum_rows(g * xhat, n).to(weight.dtype)
-    dres = None if residual is None else dh.to(residual.dtype)
-    return dh.to(x.dtype), dres, dweight
+    return dx.to(x.dtype), dweight
 
 
-def layernorm_backward(x, weight, bias, eps, grad):
-    """(dx, dweight, dbias) of y = layernorm(x)."""
+def layernorm_backward(x, weight, dy, mean, rstd, bias=True):
+    """(dx, dweight, dbias) of y = (x - mean) * rstd * weight + bias given the forward's mean and rstd
+    (fp32, one per row); dbias is None when ``bias`` is false."""
     n = x.shape[-1]
-    xf = x.float()
-    xc = xf - xf.mean(-1, keepdim=True)
-    rstd = torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
-    xhat = xc * rstd
-    g = grad.float()
+    rows = (*x.shape[:-1], 1)
+    xhat = (x.float() - mean.reshape(rows)) * rstd.reshape(rows)
+    g = dy.float()
     gw = g if weight is None else g * weight.float()
-    dx = rstd * (gw - gw.mean(-1, keepdim=True) - xhat * (gw * xhat).mean(-1, keepdim=True))
+    dx = rstd.reshape(rows) * (gw - gw.mean(-1, keepdim=True) - xhat * (gw * xhat).mean(-1, keepdim=True))
     dweight = None if weight is None else _sum_rows(g * xhat, n).to(weight.dtype)
-    dbias = None if bias is None else _sum_rows(g, n).to(bias.dtype)
+    dbias = _sum_rows(g, n).to(x.dtype if weight is None else weight.dtype) if bias else None
     return dx.to(x.dtype), dweight, dbias
+
+
+def _rms_rstd(h, eps):
+    return torch.rsqrt(h.float().pow(2).mean(-1) + eps)
+
+
+def _ln_stats(x, eps):
+    xf = x.float()
+    mean = xf.mean(-1)
+    return mean, torch.rsqrt((xf - mean[..., None]).pow(2).mean(-1) + eps)
 
 
 def _setup(ctx, inputs, output):
@@ -291,23 +294,28 @@ def _setup(ctx, inputs, output):
 
 
 def _softmax_grad(ctx, grad):
-    return softmax_backward(ctx.saved_tensors[0], grad)
+    x = ctx.saved_tensors[0]
+    return softmax_backward(torch.softmax(x.float(), dim=-1).to(x.dtype), grad)
 
 
 def _rmsnorm_grad(ctx, grad):
     x, weight = ctx.saved_tensors
-    dx, _, dweight = rmsnorm_backward(x, None, weight, ctx.eps, grad, None)
-    return dx, dweight, None
+    return (*rmsnorm_backward(x, weight, grad, _rms_rstd(x, ctx.eps)), None)
 
 
 def _rmsnorm_residual_grad(ctx, grad_y, grad_h):
     x, residual, weight = ctx.saved_tensors
-    return (*rmsnorm_backward(x, residual, weight, ctx.eps, grad_y, grad_h), None)
+    h = x.float() + residual.float()
+    dh, dweight = rmsnorm_backward(h, weight, grad_y, _rms_rstd(h, ctx.eps))
+    if grad_h is not None:
+        dh = dh + grad_h.float()
+    return dh.to(x.dtype), dh.to(residual.dtype), dweight, None
 
 
 def _layernorm_grad(ctx, grad):
     x, weight, bias = ctx.saved_tensors
-    return (*layernorm_backward(x, weight, bias, ctx.eps, grad), None)
+    dx, dweight, dbias = layernorm_backward(x, weight, grad, *_ln_stats(x, ctx.eps), bias=bias is not None)
+    return dx, dweight, None if bias is None else dbias.to(bias.dtype), None
 
 
 _softmax.register_autograd(_softmax_grad, setup_context=_setup)
