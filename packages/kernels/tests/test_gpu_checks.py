@@ -229,12 +229,43 @@ def _torch_kernel(variant):
                 h.copy_(hh)
             yy = hh * torch.rsqrt(hh.pow(2).mean(-1, keepdim=True) + eps)
             y.copy_(yy if w is None else yy * w.double())
-        else:
+        elif variant.op == "layernorm":
             x, w, b, y, eps = args
             y.copy_(torch.nn.functional.layer_norm(x.double(), (x.shape[-1],), None if w is None else w.double(),
                                                    None if b is None else b.double(), eps))
+        elif variant.op == "softmax_backward":
+            y, dy, dx = args
+            yd, g = y.double(), dy.double()
+            dx.copy_(yd * (g - (g * yd).sum(-1, keepdim=True)))
+        else:
+            _torch_norm_backward(variant, *args)
 
     return run
+
+
+def _torch_norm_backward(variant, x, w, dy, *rest):
+    """The norm backwards' stand-in: dx, and each row's vector-gradient terms added into the partials row of
+    the CTA (grid-strided over row blocks) and thread row that the kernel would give it."""
+    if variant.op == "rmsnorm_backward":
+        rstd, dh, dx, pw, grid = rest
+        mean, pb = None, None
+    else:
+        mean, rstd, dx, pw, pb, grid = rest
+        dh = None
+    rows = torch.arange(x.shape[0])
+    xhat = (x.double() - (0 if mean is None else mean.double()[:, None])) * rstd.double()[:, None]
+    g = dy.double() * (1 if w is None else w.double())
+    n = x.shape[1]
+    if mean is None:
+        d = rstd.double()[:, None] * (g - xhat * (g * xhat).sum(-1, keepdim=True) / n)
+    else:
+        d = rstd.double()[:, None] * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
+    dx.copy_(d if dh is None else d + dh.double())
+    for partials, terms in ((pw, dy.double() * xhat), (pb, dy.double())):
+        if partials is not None:
+            per_cta = partials.shape[0] // grid
+            slot = (rows // per_cta) % grid * per_cta + rows % per_cta
+            partials.zero_().index_add_(0, slot, terms.float())
 
 
 @pytest.fixture
@@ -255,6 +286,8 @@ def torch_kernels(monkeypatch):
     monkeypatch.setattr(compiler, "compiled", compiled)
     monkeypatch.setattr(ops, "_FUNCTIONS", {})
     monkeypatch.setattr(ops, "_FAST", {})
+    monkeypatch.setattr(ops, "_GRADS", {})
+    monkeypatch.setattr(ops, "wave", lambda variant, sms: (2, 3))  # 2 rows per CTA, 3 CTAs per wave
     return seen
 
 
@@ -347,3 +380,48 @@ def test_launch_rows_views_and_alignment_classes(torch_kernels):
     out = torch.full((5, 1), math.nan)
     ops._launch("softmax", column, out)
     assert torch.equal(out, torch.ones(5, 1)) and torch_kernels.calls[-1] == Variant("softmax", "float32", 1, 1)
+
+
+def _grads64(forward, inputs, dy):
+    leaves = [None if t is None else t.detach().double().requires_grad_() for t in inputs]
+    found = iter(torch.autograd.grad(forward(*leaves), [t for t in leaves if t is not None], dy.double()))
+    return [None if t is None else next(found) for t in leaves]
+
+
+def test_backward_host_side_views_grids_and_partials(torch_kernels):
+    """Leading dims, an expanded and a transposed dy, the persistent grid (3 CTAs over 7 row blocks), the
+    partials' host reduction and the gradients' dtypes, with the kernels replaced by torch."""
+    from kernellab.harness.suites import reference
+
+    x = torch.randn(2, 7, 40)
+    w, b = torch.randn(40) + 1, torch.randn(40)
+    xf = x.reshape(-1, 40)
+    mean = xf.mean(-1).view(2, 7)
+    rstd = torch.rsqrt((x - mean[..., None]).pow(2).mean(-1) + 1e-5)
+    for dy in (torch.randn(40).expand(2, 7, 40), torch.randn(2, 40, 7).transpose(1, 2)):
+        dx, dw, db = ops._grad_launch("layernorm_backward", x, dy, weight=w, mean=mean, rstd=rstd, dbias=True)
+        want = _grads64(lambda a, c, d: reference.layernorm(a, c, d, 1e-5), (x, w, b), dy)
+        for got, e in zip((dx, dw, db), want, strict=True):
+            torch.testing.assert_close(got.double(), e, rtol=1e-4, atol=1e-4)
+        assert dx.shape == x.shape and dx.is_contiguous()
+    assert torch_kernels.calls[-1] == Variant("layernorm_backward", "float32", 40, 4, weight="float32",
+                                              bias="float32")
+    rstd = torch.rsqrt(x.pow(2).mean(-1) + 1e-6)
+    dy, dh = torch.randn(2, 7, 40), torch.randn(2, 7, 40)
+    dx, dw, db = ops._grad_launch("rmsnorm_backward", x, dy, weight=None, dh=dh, rstd=rstd)
+    (want,) = _grads64(lambda a: reference.rmsnorm(a, None, 1e-6)[0], (x,), dy)
+    torch.testing.assert_close(dx.double(), want + dh.double(), rtol=1e-4, atol=1e-4)
+    assert dw is None and db is None
+    assert torch_kernels.calls[-1] == Variant("rmsnorm_backward", "float32", 40, 4, residual=True)
+    y = torch.softmax(torch.randn(5, 1), -1)
+    dx, _, _ = ops._grad_launch("softmax_backward", y, torch.randn(5, 1))
+    assert torch.equal(dx, torch.zeros(5, 1))  # softmax over one column: y = 1, dx = 0
+    assert torch_kernels.calls[-1] == Variant("softmax_backward", "float32", 1, 1)
+
+
+def test_backward_of_no_rows_gives_zero_vector_gradients(torch_kernels):
+    x = torch.empty(0, 16)
+    dx, dw, db = ops._grad_launch("layernorm_backward", x, x, weight=torch.ones(16), mean=torch.empty(0),
+                                  rstd=torch.empty(0), dbias=True)
+    assert dx.shape == (0, 16) and torch.equal(dw, torch.zeros(16)) and torch.equal(db, torch.zeros(16))
+    assert not torch_kernels.calls, "nothing to launch"
