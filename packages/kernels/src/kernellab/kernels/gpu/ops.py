@@ -487,6 +487,68 @@ _rmsnorm_residual.register_autograd(_rmsnorm_residual_grad, setup_context=_setup
 _layernorm.register_autograd(_layernorm_grad, setup_context=_setup_layernorm)
 
 
+# ---- eager autograd: the same kernels without the custom ops' dispatch -----------------------------------
+# Outside torch.compile a torch.autograd.Function calls the launches directly: a custom op's Python dispatch
+# costs more host time per call than the small shapes' kernels take.
+class _SoftmaxFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = _empty(x)
+        _launch("softmax", x, y)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _grad_launch("softmax_backward", ctx.saved_tensors[0], dy)[0]
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        y, rstd = _empty(x), _row_stats(x)
+        _launch("rmsnorm", x, y, weight=weight, eps=eps, rstd=rstd)
+        ctx.save_for_backward(x, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw, _ = _grad_launch("rmsnorm_backward", x, dy, weight=weight, rstd=rstd)
+        return dx, _cast(dw, weight), None
+
+
+class _RMSNormResidualFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps):
+        y, h, rstd = _empty(x), _empty(x), _row_stats(x)
+        _launch("rmsnorm", x, y, weight=weight, residual=residual, h=h, eps=eps, rstd=rstd)
+        ctx.save_for_backward(h, weight, rstd)
+        return y, h
+
+    @staticmethod
+    def backward(ctx, dy, dh):
+        h, weight, rstd = ctx.saved_tensors
+        dx, dw, _ = _grad_launch("rmsnorm_backward", h, _zeros_if_none(dy, h), weight=weight, dh=dh, rstd=rstd)
+        return dx, dx, _cast(dw, weight), None
+
+
+class _LayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y, mean, rstd = _empty(x), _row_stats(x), _row_stats(x)
+        _launch("layernorm", x, y, weight=weight, bias=bias, eps=eps, rstd=rstd, mean=mean)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        dx, dw, db = _grad_launch("layernorm_backward", x, dy, weight=weight, rstd=rstd, mean=mean,
+                                  dbias=bias is not None)
+        return dx, _cast(dw, weight), _cast(db, bias), None
+
+
 # ---- public functions ---------------------------------------------------------------------------------
 # Each first tries the fast path: the compiled function of N's widest alignment class, called directly once
 # _fast has tested the few conditions that function cannot test itself. The function checks everything else
@@ -557,8 +619,10 @@ def softmax(x, *, out=None):
         else:
             _launch("softmax", x, out)
         return out
-    if torch.compiler.is_compiling() or _needs_autograd(x):
+    if torch.compiler.is_compiling():
         return _softmax(x)
+    if _needs_autograd(x):
+        return _SoftmaxFunction.apply(x)
     y = _empty(x)
     _launch("softmax", x, y)
     return y
@@ -598,8 +662,12 @@ def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None, *, out=None, resid
         else:
             _launch("rmsnorm", x, y, weight=weight, residual=residual, h=h, eps=eps)
         return y if h is None else (y, h)
-    if torch.compiler.is_compiling() or _needs_autograd(x, weight, residual):
+    if torch.compiler.is_compiling():
         return _rmsnorm(x, weight, eps)[0] if residual is None else _rmsnorm_residual(x, residual, weight, eps)[:2]
+    if _needs_autograd(x, weight, residual):
+        if residual is None:
+            return _RMSNormFunction.apply(x, weight, eps)
+        return _RMSNormResidualFunction.apply(x, residual, weight, eps)
     y = _empty(x)
     if residual is None:
         _launch("rmsnorm", x, y, weight=weight, eps=eps)
@@ -637,8 +705,10 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
         else:
             _launch("layernorm", x, out, weight=weight, bias=bias, eps=eps)
         return out
-    if torch.compiler.is_compiling() or _needs_autograd(x, weight, bias):
+    if torch.compiler.is_compiling():
         return _layernorm(x, weight, bias, eps)[0]
+    if _needs_autograd(x, weight, bias):
+        return _LayerNormFunction.apply(x, weight, bias, eps)
     y = _empty(x)
     _launch("layernorm", x, y, weight=weight, bias=bias, eps=eps)
     return y
