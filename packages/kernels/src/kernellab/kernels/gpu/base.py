@@ -390,6 +390,16 @@ class GradKernel(RowKernel):
                 self.store(previous + values, dst, True, cols)
 
     @cute.jit
+    def prefetch(self, thr, tensors, frags, rows, block, cols):
+        """Load row block ``block`` of each tensor into its register fragment (zeros past M and N): issued a
+        row ahead, the next row's loads are in flight while this row reduces and stores."""
+        row_ok, _ = self.predicates(thr, rows, block, 0)
+        for src, frag in zip(tensors, frags, strict=True):
+            frag.fill(0.0)
+            if row_ok:
+                self._copy_chunks(self.part(thr, src, block, 0), frag, cols)
+
+    @cute.jit
     def accumulator(self, thr, m_partials):
         """A zeroed fp32 register accumulator of one tile (held rows and a partials tensor), else None."""
         acc = None

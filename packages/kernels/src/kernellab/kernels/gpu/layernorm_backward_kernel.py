@@ -48,22 +48,31 @@ class LayerNormBackward(GradKernel):
         if const_expr(self.tiles == 1):
             w = self.load_vector(thr, gW, 0, cols)
         dw, db = self.accumulator(thr, mDW), self.accumulator(thr, mDB)
-        for block in cutlass.range(bidx, blocks, grid):
-            stage = ((block - bidx) // grid) % 2 * 2
-            later = block != bidx
-            mean = self.load_row_value(thr, mMean, rows, block, 0, 0.0)
-            rstd = self.load_row_value(thr, mRstd, rows, block, 0, 1.0)
-            if const_expr(self.tiles == 1):
+        if const_expr(self.tiles == 1):
+            frags = [cute.make_rmem_tensor_like(self.part(thr, t, 0, 0)) for t in (mX, mDY)]
+            self.prefetch(thr, (mX, mDY), frags, rows, bidx, cols)
+            for block in cutlass.range(bidx, blocks, grid):
+                stage = ((block - bidx) // grid) % 2 * 2
+                mean = self.load_row_value(thr, mMean, rows, block, 0, 0.0)
+                rstd = self.load_row_value(thr, mRstd, rows, block, 0, 1.0)
                 row_ok, _ = self.predicates(thr, rows, block, 0)
-                x, dy, g = self.terms(thr, mX, mDY, w, mean, rstd, block, 0, row_ok, cols)
+                x = (frags[0].load().to(Float32) - mean) * rstd
+                dy = frags[1].load().to(Float32)
+                self.prefetch(thr, (mX, mDY), frags, rows, block + grid, cols)
+                g = dy if const_expr(w is None) else dy * w
                 mean_g = self.row_reduce(g.reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, stage, buffer, None)
                 mean_gx = self.row_reduce((g * x).reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, stage + 1,
                                           buffer, None)
                 dx = (g - mean_g / self.n - x * (mean_gx / self.n)) * rstd
                 self.store(dx, self.part(thr, mDX, block, 0), row_ok, cols)
-                self.partials(thr, mDW, bidx, 0, cols, later, dy * x, dw)
-                self.partials(thr, mDB, bidx, 0, cols, later, dy, db)
-            else:
+                self.partials(thr, mDW, bidx, 0, cols, block != bidx, dy * x, dw)
+                self.partials(thr, mDB, bidx, 0, cols, block != bidx, dy, db)
+        else:
+            for block in cutlass.range(bidx, blocks, grid):
+                stage = ((block - bidx) // grid) % 2 * 2
+                later = block != bidx
+                mean = self.load_row_value(thr, mMean, rows, block, 0, 0.0)
+                rstd = self.load_row_value(thr, mRstd, rows, block, 0, 1.0)
                 sum_g, sum_gx = Float32(0.0), Float32(0.0)
                 for t in cutlass.range(self.tiles):
                     row_ok, tcols = self.predicates(thr, rows, block, t)

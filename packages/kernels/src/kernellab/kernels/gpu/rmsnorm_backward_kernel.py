@@ -47,17 +47,24 @@ class RMSNormBackward(GradKernel):
         if const_expr(self.tiles == 1):
             w = self.load_vector(thr, gW, 0, cols)
         dw = self.accumulator(thr, mDW)
-        for block in cutlass.range(bidx, blocks, grid):
-            half = ((block - bidx) // grid) % 2
-            later = block != bidx
-            rstd = self.load_row_value(thr, mRstd, rows, block, 0, 1.0)
-            if const_expr(self.tiles == 1):
+        if const_expr(self.tiles == 1):
+            frags = [cute.make_rmem_tensor_like(self.part(thr, t, 0, 0)) for t in (mX, mDY)]
+            self.prefetch(thr, (mX, mDY), frags, rows, bidx, cols)
+            for block in cutlass.range(bidx, blocks, grid):
+                half = ((block - bidx) // grid) % 2
+                rstd = self.load_row_value(thr, mRstd, rows, block, 0, 1.0)
                 row_ok, _ = self.predicates(thr, rows, block, 0)
-                x, dy, g = self.terms(thr, mX, mDY, w, rstd, block, 0, row_ok, cols)
+                x = frags[0].load().to(Float32) * rstd
+                dy = frags[1].load().to(Float32)
+                self.prefetch(thr, (mX, mDY), frags, rows, block + grid, cols)
+                g = dy if const_expr(w is None) else dy * w
                 dot = self.row_reduce((g * x).reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, half, buffer, None)
                 self.store_dx(thr, mDH, mDX, x, g, rstd, dot / self.n, block, 0, row_ok, cols)
-                self.partials(thr, mDW, bidx, 0, cols, later, dy * x, dw)
-            else:
+                self.partials(thr, mDW, bidx, 0, cols, block != bidx, dy * x, dw)
+        else:
+            for block in cutlass.range(bidx, blocks, grid):
+                half = ((block - bidx) // grid) % 2
+                rstd = self.load_row_value(thr, mRstd, rows, block, 0, 1.0)
                 dot = Float32(0.0)
                 for t in cutlass.range(self.tiles):
                     row_ok, tcols = self.predicates(thr, rows, block, t)
@@ -70,7 +77,7 @@ class RMSNormBackward(GradKernel):
                     x, dy, g = self.terms(thr, mX, mDY, self.load_vector(thr, gW, t, tcols), rstd, block, t,
                                           row_ok, tcols)
                     self.store_dx(thr, mDH, mDX, x, g, rstd, dot, block, t, row_ok, tcols)
-                    self.partials(thr, mDW, bidx, t, tcols, later, dy * x, None)
+                    self.partials(thr, mDW, bidx, t, tcols, block != bidx, dy * x, None)
         self.store_accumulator(thr, mDW, dw, bidx, cols)
 
     @cute.jit
