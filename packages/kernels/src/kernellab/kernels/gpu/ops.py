@@ -294,10 +294,9 @@ def _grad_launch(op: str, x, dy, weight=None, dh=None, rstd=None, mean=None, dbi
     n = x.shape[-1]
     dx = _empty(x)
     m = x.numel() // n if n else 0
-    dw = None if weight is None else torch.zeros(n, dtype=torch.float32, device=x.device)
-    db = torch.zeros(n, dtype=torch.float32, device=x.device) if dbias else None
-    if m == 0 or n == 0:
-        return dx, dw, db
+    if m == 0 or n == 0:  # no rows: the vector gradients are zero
+        zeros = torch.zeros(n, dtype=torch.float32, device=x.device)
+        return dx, None if weight is None else zeros, zeros.clone() if dbias else None
     x2, dy2, dx2 = _as_rows(x, n), _as_rows(dy, n), dx.view(-1, n)
     dh2 = None if dh is None else _as_rows(dh, n)
     e = x.element_size()
