@@ -308,7 +308,7 @@ def _grad_launch(op: str, x, dy, weight=None, dh=None, rstd=None, mean=None, dbi
     fn, rows_per_cta, per_wave = _grad_function(op, x2, bits, weight, dh is not None, dbias)
     if op == "softmax_backward":
         fn(x2, dy2, dx2)
-        return dx, dw, db
+        return dx, None, None
     blocks = -(-m // rows_per_cta)
     grid = min(blocks, per_wave) if weight is not None or dbias else blocks
     pw = None if weight is None else x.new_empty((grid * rows_per_cta, n), dtype=torch.float32)
