@@ -223,14 +223,18 @@ def _torch_kernel(variant):
             x, y = args
             y.copy_(torch.softmax(x.double(), -1))
         elif variant.op == "rmsnorm":
-            x, w, r, y, h, eps = args
+            x, w, r, y, h, rstd, eps = args  # the compiled functions' arity: rstd is None unless stats
+            assert (rstd is not None) == variant.stats
             hh = x.double() if r is None else x.double() + r.double()
             if h is not None:
                 h.copy_(hh)
-            yy = hh * torch.rsqrt(hh.pow(2).mean(-1, keepdim=True) + eps)
-            y.copy_(yy if w is None else yy * w.double())
+            inv = torch.rsqrt(hh.pow(2).mean(-1, keepdim=True) + eps)
+            y.copy_(hh * inv if w is None else hh * inv * w.double())
+            if rstd is not None:
+                rstd.copy_(inv.squeeze(-1))
         elif variant.op == "layernorm":
-            x, w, b, y, eps = args
+            x, w, b, y, mean, rstd, eps = args
+            assert (rstd is not None) == (mean is not None) == variant.stats
             y.copy_(torch.nn.functional.layer_norm(x.double(), (x.shape[-1],), None if w is None else w.double(),
                                                    None if b is None else b.double(), eps))
         elif variant.op == "softmax_backward":

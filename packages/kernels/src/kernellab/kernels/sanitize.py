@@ -183,7 +183,8 @@ def explicit_plan(op: str, x, w, b, knobs: dict):
     n, dt = x.shape[1], name(x)
     fn = compiled(Variant(op, dt, n, widest_vector(n, dt), weight=name(w), bias=name(b), tuning=Tuning(**knobs)))
     y = torch.full_like(x, float("nan"))
-    fn(*{"softmax": (x, y), "rmsnorm": (x, w, None, y, None, 1e-6), "layernorm": (x, w, b, y, 1e-5)}[op])
+    fn(*{"softmax": (x, y), "rmsnorm": (x, w, None, y, None, None, 1e-6),
+         "layernorm": (x, w, b, y, None, None, 1e-5)}[op])
     return y
 
 

@@ -138,12 +138,7 @@ def _call(op: str, x, y, weight, bias, residual, h, eps, bits: int, rstd=None, m
     if op == "softmax":
         fn(x, y)
     elif op == "rmsnorm":
-        if rstd is None:
-            fn(x, weight, residual, y, h, eps)
-        else:
-            fn(x, weight, residual, y, h, rstd, eps)
-    elif rstd is None:
-        fn(x, weight, bias, y, eps)
+        fn(x, weight, residual, y, h, rstd, eps)
     else:
         fn(x, weight, bias, y, mean, rstd, eps)
 
@@ -635,7 +630,7 @@ def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None, *, out=None, resid
         if fn is not None:
             y = _empty(x) if out is None else out
             try:
-                fn(x, weight, None, y, None, eps)
+                fn(x, weight, None, y, None, None, eps)
                 return y
             except (TypeError, ValueError):  # not the widest class's call: the general path decides
                 pass
@@ -684,7 +679,7 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
         if fn is not None:
             y = _empty(x) if out is None else out
             try:
-                fn(x, weight, bias, y, eps)
+                fn(x, weight, bias, y, None, None, eps)
                 return y
             except (TypeError, ValueError):  # not the widest class's call: the general path decides
                 pass
