@@ -134,8 +134,8 @@ def run_backward_cases() -> int:
     from . import gpu
 
     forwards = {"softmax": (lambda x, w, b, r: gpu.softmax(x), lambda x, w, b, r: reference.softmax(x)),
-                "rmsnorm": (lambda x, w, b, r: gpu.rmsnorm(x, w, 1e-6, r),
-                            lambda x, w, b, r: reference.rmsnorm(x, w, 1e-6, r)),
+                "rmsnorm": (lambda x, w, b, r: gpu.rmsnorm(x, w, 1e-6, r),  # (y, h) with a residual, else y
+                            lambda x, w, b, r: reference.rmsnorm(x, w, 1e-6, r)[:1 if r is None else 2]),
                 "layernorm": (lambda x, w, b, r: gpu.layernorm(x, w, b, 1e-5),
                               lambda x, w, b, r: reference.layernorm(x, w, b, 1e-5))}
     failures = 0
