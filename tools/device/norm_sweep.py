@@ -59,8 +59,8 @@ def ours(op, fn):
     if op == "softmax":
         return lambda x, w, b, y: fn(x, y)
     if op == "rmsnorm":
-        return lambda x, w, b, y: fn(x, w, None, y, None, EPS[op])
-    return lambda x, w, b, y: fn(x, w, b, y, EPS[op])
+        return lambda x, w, b, y: fn(x, w, None, y, None, None, EPS[op])
+    return lambda x, w, b, y: fn(x, w, b, y, None, None, EPS[op])
 
 
 def quack_op(op, dname, m, n):

@@ -1,6 +1,6 @@
 """GPU backend tests that run without a GPU: argument checks (raised before any GPU work, naming the
 argument; CUDA tensors are faked), the alignment classes, the launch plans, the custom ops' fake
-implementations, and the fp32 backward formulas against float64 autograd."""
+implementations, and the backward functions' argument checks."""
 
 from __future__ import annotations
 
@@ -185,75 +185,33 @@ def test_custom_ops_have_fake_implementations(fake):
     with FakeTensorMode(allow_non_fake_inputs=False) as mode:
         x, r, w = (mode.from_tensor(t) for t in (x, r, w))
         assert torch.ops.kernellab.softmax(x).shape == x.shape
-        y, h = torch.ops.kernellab.rmsnorm_residual(x, r, w, 1e-6)
+        y, h, rstd = torch.ops.kernellab.rmsnorm_residual(x, r, w, 1e-6)
         assert y.shape == h.shape == x.shape and y.dtype == h.dtype == x.dtype
-        assert torch.ops.kernellab.rmsnorm(x, None, 1e-6).shape == x.shape
-        assert torch.ops.kernellab.layernorm(x, w, None, 1e-5).shape == x.shape
+        assert rstd.shape == x.shape[:-1] and rstd.dtype == torch.float32
+        y, rstd = torch.ops.kernellab.rmsnorm(x, None, 1e-6)
+        assert y.shape == x.shape and rstd.shape == x.shape[:-1]
+        y, mean, rstd = torch.ops.kernellab.layernorm(x, w, None, 1e-5)
+        assert y.shape == x.shape and mean.shape == rstd.shape == x.shape[:-1] and mean.dtype == torch.float32
         torch.ops.kernellab.softmax_out(x, torch.empty_like(x))
+        assert torch.ops.kernellab.softmax_backward(x, x).shape == x.shape
+        dx, dw = torch.ops.kernellab.rmsnorm_backward(x, w, x, rstd, None)
+        assert dx.shape == x.shape and dw.shape == w.shape and dw.dtype == w.dtype
+        dx, dw, db = torch.ops.kernellab.layernorm_backward(x, None, x, mean, rstd, w)
+        assert dw.numel() == 0 and db.shape == w.shape
 
 
-# ---- backward formulas (plain torch, fp32) against float64 autograd ------------------------------------
-def _grad64(fn, *tensors):
-    """float64 autograd of fn: (random output gradients, iterator over the input gradients)."""
-    leaves = [None if t is None else t.detach().double().requires_grad_() for t in tensors]
-    outs = fn(*leaves)
-    outs = outs if isinstance(outs, tuple) else (outs,)
-    g = torch.Generator().manual_seed(1)
-    grads = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in outs]
-    return grads, iter(torch.autograd.grad(outs, [t for t in leaves if t is not None], grads))
-
-
-def _close(a, b, tol=2e-4):
-    torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol)
-
-
-@pytest.mark.parametrize("shape", [(5, 33), (2, 3, 8), (1, 1)])
-def test_softmax_backward(shape):
-    x = torch.randn(shape) * 3
-    (g,), want = _grad64(lambda t: torch.softmax(t, -1), x)
-    _close(ops.softmax_backward(x, g.float()), next(want))
-
-
-def _rmsnorm64(x, r, w, eps):
-    h = x if r is None else x + r
-    y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    y = y if w is None else y * w
-    return y if r is None else (y, h)
-
-
-def _layernorm64(x, w, b, eps):
-    mean = x.mean(-1, keepdim=True)
-    y = (x - mean) * torch.rsqrt((x - mean).pow(2).mean(-1, keepdim=True) + eps)
-    y = y if w is None else y * w
-    return y if b is None else y + b
-
-
-@pytest.mark.parametrize("with_weight", [True, False])
-@pytest.mark.parametrize("with_residual", [True, False])
-def test_rmsnorm_backward(with_weight, with_residual):
-    x, r, w = torch.randn(6, 40), torch.randn(6, 40), torch.randn(40) + 1
-    r, w = (r if with_residual else None), (w if with_weight else None)
-    grads, want = _grad64(lambda a, b, c: _rmsnorm64(a, b, c, 1e-6), x, r, w)
-    gh = grads[1].float() if with_residual else None
-    dx, dr, dw = ops.rmsnorm_backward(x, r, w, 1e-6, grads[0].float(), gh)
-    _close(dx, next(want))
-    if with_residual:
-        _close(dr, next(want))
-    if with_weight:
-        _close(dw, next(want))
-
-
-@pytest.mark.parametrize("with_weight,with_bias", [(True, True), (False, True), (True, False), (False, False)])
-def test_layernorm_backward(with_weight, with_bias):
-    x, w, b = torch.randn(7, 24) * 2 + 0.5, torch.randn(24) + 1, torch.randn(24)
-    w, b = (w if with_weight else None), (b if with_bias else None)
-    (g,), want = _grad64(lambda a, c, d: _layernorm64(a, c, d, 1e-5), x, w, b)
-    dx, dw, db = ops.layernorm_backward(x, w, b, 1e-5, g.float())
-    _close(dx, next(want))
-    if with_weight:
-        _close(dw, next(want))
-    if with_bias:
-        _close(db, next(want))
+# ---- backward arguments ------------------------------------------------------------------------------
+def test_backward_arguments_are_refused_by_name(fake):
+    x, rstd = fake(4, 64), fake(4)
+    raises(ValueError, "dy", gpu.rmsnorm_backward, x, None, fake(3, 64), rstd)
+    raises(TypeError, "dy", gpu.rmsnorm_backward, x, None, fake(4, 64, dtype=torch.float16), rstd)
+    raises(ValueError, "rstd", gpu.rmsnorm_backward, x, None, x, fake(4, 1))
+    raises(TypeError, "rstd", gpu.rmsnorm_backward, x, None, x, fake(4, dtype=torch.float64))
+    raises(ValueError, "weight", gpu.rmsnorm_backward, x, fake(63), x, rstd)
+    raises(ValueError, "dh", gpu.rmsnorm_backward, x, None, x, rstd, dh=fake(4, 65))
+    raises(ValueError, "mean", gpu.layernorm_backward, x, None, x, fake(5), rstd)
+    raises(ValueError, "y", gpu.softmax_backward, torch.randn(4, 64), torch.randn(4, 64))
+    raises(TypeError, "dy", gpu.softmax_backward, x, "dy")
 
 
 # ---- the host side of a launch, with the compiled function replaced by torch -----------------------------
@@ -265,18 +223,53 @@ def _torch_kernel(variant):
             x, y = args
             y.copy_(torch.softmax(x.double(), -1))
         elif variant.op == "rmsnorm":
-            x, w, r, y, h, eps = args
+            x, w, r, y, h, rstd, eps = args  # the compiled functions' arity: rstd is None unless stats
+            assert (rstd is not None) == variant.stats
             hh = x.double() if r is None else x.double() + r.double()
             if h is not None:
                 h.copy_(hh)
-            yy = hh * torch.rsqrt(hh.pow(2).mean(-1, keepdim=True) + eps)
-            y.copy_(yy if w is None else yy * w.double())
-        else:
-            x, w, b, y, eps = args
+            inv = torch.rsqrt(hh.pow(2).mean(-1, keepdim=True) + eps)
+            y.copy_(hh * inv if w is None else hh * inv * w.double())
+            if rstd is not None:
+                rstd.copy_(inv.squeeze(-1))
+        elif variant.op == "layernorm":
+            x, w, b, y, mean, rstd, eps = args
+            assert (rstd is not None) == (mean is not None) == variant.stats
             y.copy_(torch.nn.functional.layer_norm(x.double(), (x.shape[-1],), None if w is None else w.double(),
                                                    None if b is None else b.double(), eps))
+        elif variant.op == "softmax_backward":
+            y, dy, dx = args
+            yd, g = y.double(), dy.double()
+            dx.copy_(yd * (g - (g * yd).sum(-1, keepdim=True)))
+        else:
+            _torch_norm_backward(variant, *args)
 
     return run
+
+
+def _torch_norm_backward(variant, x, w, dy, *rest):
+    """The norm backwards' stand-in: dx, and each row's vector-gradient terms added into the partials row of
+    the CTA (grid-strided over row blocks) and thread row that the kernel would give it."""
+    if variant.op == "rmsnorm_backward":
+        rstd, dh, dx, pw, grid = rest
+        mean, pb = None, None
+    else:
+        mean, rstd, dx, pw, pb, grid = rest
+        dh = None
+    rows = torch.arange(x.shape[0])
+    xhat = (x.double() - (0 if mean is None else mean.double()[:, None])) * rstd.double()[:, None]
+    g = dy.double() * (1 if w is None else w.double())
+    n = x.shape[1]
+    if mean is None:
+        d = rstd.double()[:, None] * (g - xhat * (g * xhat).sum(-1, keepdim=True) / n)
+    else:
+        d = rstd.double()[:, None] * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
+    dx.copy_(d if dh is None else d + dh.double())
+    for partials, terms in ((pw, dy.double() * xhat), (pb, dy.double())):
+        if partials is not None:
+            per_cta = partials.shape[0] // grid
+            slot = (rows // per_cta) % grid * per_cta + rows % per_cta
+            partials.zero_().index_add_(0, slot, terms.float())
 
 
 @pytest.fixture
@@ -297,6 +290,8 @@ def torch_kernels(monkeypatch):
     monkeypatch.setattr(compiler, "compiled", compiled)
     monkeypatch.setattr(ops, "_FUNCTIONS", {})
     monkeypatch.setattr(ops, "_FAST", {})
+    monkeypatch.setattr(ops, "_GRADS", {})
+    monkeypatch.setattr(ops, "wave", lambda variant, sms: (2, 3))  # 2 rows per CTA, 3 CTAs per wave
     return seen
 
 
@@ -305,7 +300,7 @@ def test_only_the_widest_class_joins_the_fast_path(torch_kernels):
     assert ("softmax", torch.float32, 4096, None, None) not in ops._FAST
     ops._launch("rmsnorm", torch.empty(3, 4096), torch.empty(3, 4096), weight=torch.empty(4096), eps=1e-6)
     assert ops._FAST[("rmsnorm", torch.float32, 4096, torch.float32, None)] is ops._FUNCTIONS[
-        ("rmsnorm", torch.float32, 4096, 16, torch.float32, None, False)]
+        ("rmsnorm", torch.float32, 4096, 16, torch.float32, None, False, False)]
     x, r = torch.empty(3, 4096), torch.empty(3, 4096)
     ops._launch("rmsnorm", x, torch.empty_like(x), residual=r, h=torch.empty_like(x), eps=1e-6)
     assert not [k for k in ops._FAST if k[3] is None and k[0] == "rmsnorm"], "residual calls have no fast path"
@@ -389,3 +384,48 @@ def test_launch_rows_views_and_alignment_classes(torch_kernels):
     out = torch.full((5, 1), math.nan)
     ops._launch("softmax", column, out)
     assert torch.equal(out, torch.ones(5, 1)) and torch_kernels.calls[-1] == Variant("softmax", "float32", 1, 1)
+
+
+def _grads64(forward, inputs, dy):
+    leaves = [None if t is None else t.detach().double().requires_grad_() for t in inputs]
+    found = iter(torch.autograd.grad(forward(*leaves), [t for t in leaves if t is not None], dy.double()))
+    return [None if t is None else next(found) for t in leaves]
+
+
+def test_backward_host_side_views_grids_and_partials(torch_kernels):
+    """Leading dims, an expanded and a transposed dy, the persistent grid (3 CTAs over 7 row blocks), the
+    partials' host reduction and the gradients' dtypes, with the kernels replaced by torch."""
+    from kernellab.harness.suites import reference
+
+    x = torch.randn(2, 7, 40)
+    w, b = torch.randn(40) + 1, torch.randn(40)
+    xf = x.reshape(-1, 40)
+    mean = xf.mean(-1).view(2, 7)
+    rstd = torch.rsqrt((x - mean[..., None]).pow(2).mean(-1) + 1e-5)
+    for dy in (torch.randn(40).expand(2, 7, 40), torch.randn(2, 40, 7).transpose(1, 2)):
+        dx, dw, db = ops._grad_launch("layernorm_backward", x, dy, weight=w, mean=mean, rstd=rstd, dbias=True)
+        want = _grads64(lambda a, c, d: reference.layernorm(a, c, d, 1e-5), (x, w, b), dy)
+        for got, e in zip((dx, dw, db), want, strict=True):
+            torch.testing.assert_close(got.double(), e, rtol=1e-4, atol=1e-4)
+        assert dx.shape == x.shape and dx.is_contiguous()
+    assert torch_kernels.calls[-1] == Variant("layernorm_backward", "float32", 40, 4, weight="float32",
+                                              bias="float32")
+    rstd = torch.rsqrt(x.pow(2).mean(-1) + 1e-6)
+    dy, dh = torch.randn(2, 7, 40), torch.randn(2, 7, 40)
+    dx, dw, db = ops._grad_launch("rmsnorm_backward", x, dy, weight=None, dh=dh, rstd=rstd)
+    (want,) = _grads64(lambda a: reference.rmsnorm(a, None, 1e-6)[0], (x,), dy)
+    torch.testing.assert_close(dx.double(), want + dh.double(), rtol=1e-4, atol=1e-4)
+    assert dw is None and db is None
+    assert torch_kernels.calls[-1] == Variant("rmsnorm_backward", "float32", 40, 4, residual=True)
+    y = torch.softmax(torch.randn(5, 1), -1)
+    dx, _, _ = ops._grad_launch("softmax_backward", y, torch.randn(5, 1))
+    assert torch.equal(dx, torch.zeros(5, 1))  # softmax over one column: y = 1, dx = 0
+    assert torch_kernels.calls[-1] == Variant("softmax_backward", "float32", 1, 1)
+
+
+def test_backward_of_no_rows_gives_zero_vector_gradients(torch_kernels):
+    x = torch.empty(0, 16)
+    dx, dw, db = ops._grad_launch("layernorm_backward", x, x, weight=torch.ones(16), mean=torch.empty(0),
+                                  rstd=torch.empty(0), dbias=True)
+    assert dx.shape == (0, 16) and torch.equal(dw, torch.zeros(16)) and torch.equal(db, torch.zeros(16))
+    assert not torch_kernels.calls, "nothing to launch"

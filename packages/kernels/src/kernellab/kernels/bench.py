@@ -62,8 +62,15 @@ def _gpu_problem(problem, impl: str) -> None:
         raise Unsupported(f"{impl} runs fp32, fp16 and bf16; {problem.name} is {problem.dtype}")
     if problem.op == "copy":
         raise Unsupported(_CEILING)
-    if problem.op not in ("softmax", "rmsnorm", "layernorm"):
+    base, _, kind = problem.op.partition("_")
+    if base not in ("softmax", "rmsnorm", "layernorm") or kind not in ("", "backward", "train"):
         raise Unsupported(f"{impl} has no {problem.op}")
+
+
+def _parts(problem) -> tuple[str, str]:
+    """(the op, "" for the forward, "backward" or "train" for fwd+bwd through autograd)."""
+    base, _, kind = problem.op.partition("_")
+    return base, kind
 
 
 def _cute_call(problem):
@@ -71,7 +78,10 @@ def _cute_call(problem):
     from .gpu import compiler
 
     _gpu_problem(problem, "cute")
-    op, n, dtype = problem.op, problem.shape[-1], _TORCH_NAMES[problem.dtype]
+    op, kind = _parts(problem)
+    if kind:
+        return _cute_gradients(problem, op, kind)
+    n, dtype = problem.shape[-1], _TORCH_NAMES[problem.dtype]
     # compile now, out of the timed loop: the suite's fresh contiguous buffers are in the widest class
     compiler.compiled(compiler.Variant(op, dtype, n, compiler.widest_vector(n, dtype),
                                        weight=None if op == "softmax" else dtype,
@@ -82,6 +92,30 @@ def _cute_call(problem):
     if op == "rmsnorm":
         return lambda i, o: {"y": gpu.rmsnorm(i["x"], i["weight"], eps, out=o["y"])}
     return lambda i, o: {"y": gpu.layernorm(i["x"], i["weight"], i["bias"], eps, out=o["y"])}
+
+
+def _cute_gradients(problem, op: str, kind: str):
+    """Backward alone (from the forward's saved y, rstd, mean) or forward+backward through autograd."""
+    from . import gpu
+
+    eps = problem.params.get("eps")
+    if kind == "train":
+        forward = {"softmax": lambda x: gpu.softmax(x),
+                   "rmsnorm": lambda x, weight: gpu.rmsnorm(x, weight, eps),
+                   "layernorm": lambda x, weight, bias: gpu.layernorm(x, weight, bias, eps)}[op]
+        return lambda i, o: problem.step(forward, i)
+    if op == "softmax":
+        return lambda i, o: {"dx": gpu.softmax_backward(i["y"], i["dy"])}
+    if op == "rmsnorm":
+        def rms(i, o):
+            dx, dw = gpu.rmsnorm_backward(i["x"], i["weight"], i["dy"], i["rstd"])
+            return {"dx": dx, "dweight": dw}
+        return rms
+
+    def ln(i, o):
+        dx, dw, db = gpu.layernorm_backward(i["x"], i["weight"], i["dy"], i["mean"], i["rstd"])
+        return {"dx": dx, "dweight": dw, "dbias": db}
+    return ln
 
 
 def _cute_available() -> str | None:
@@ -150,8 +184,11 @@ def _quack_call(problem):
     quack_softmax = importlib.import_module("quack.softmax")  # the modules (quack.softmax is the function)
     quack_norms = importlib.import_module("quack.rmsnorm")
 
-    op, n = problem.op, problem.shape[-1]
+    op, kind = _parts(problem)
+    n = problem.shape[-1]
     vec = 128 // (8 * problem.element_size())
+    if kind:
+        return _quack_gradients(problem, op, kind, n % vec == 0)
     if op == "softmax":
         if n % vec:  # its tiled copy asserts N % (128-bit vector) == 0
             raise Unsupported(f"quack 0.6.5 softmax needs N % {vec} == 0 for {problem.dtype}; N={n}")
@@ -172,6 +209,41 @@ def _quack_call(problem):
     return call
 
 
+def _quack_gradients(problem, op: str, kind: str, aligned: bool):
+    """QuACK's backward ops (dw/db as fp32 per-SM partials summed by torch, as its autograd does), or its
+    autograd functions for forward+backward."""
+    import importlib
+
+    from kernellab.harness.case import Unsupported
+
+    if not aligned:  # its tiled copies assert 128-bit vectors per row
+        raise Unsupported(f"quack 0.6.5 backward needs N % (128-bit vector) == 0; N={problem.shape[-1]}")
+    quack_softmax = importlib.import_module("quack.softmax")
+    quack_norms = importlib.import_module("quack.rmsnorm")
+    eps = problem.params.get("eps")
+    if kind == "train":
+        if op == "layernorm":
+            raise Unsupported("quack 0.6.5 has no autograd LayerNorm function")
+        forward = {"softmax": lambda x: quack_softmax.softmax(x),
+                   "rmsnorm": lambda x, weight: quack_norms.rmsnorm(x, weight, eps=eps)}[op]
+        return lambda i, o: problem.step(forward, i)
+    if op == "softmax":
+        def soft(i, o):
+            quack_softmax._softmax_backward(i["dy"], i["y"], o["dx"])
+            return {"dx": o["dx"]}
+        return soft
+    if op == "rmsnorm":
+        def rms(i, o):
+            dx, dw, _, _ = quack_norms.rmsnorm_bwd(i["x"], i["weight"], i["dy"], i["rstd"])
+            return {"dx": dx, "dweight": dw}
+        return rms
+
+    def ln(i, o):
+        dx, dw, db = quack_norms.layernorm_bwd(i["x"], i["weight"], i["dy"], i["rstd"], i["mean"], has_bias=True)
+        return {"dx": dx, "dweight": dw, "dbias": db}
+    return ln
+
+
 def _quack_available() -> str | None:
     try:
         import quack  # noqa: F401
@@ -184,4 +256,4 @@ def quack_impls():
     from kernellab.harness.case import Impl
 
     return [Impl(name="quack", bind=_quack_call, available=_quack_available,
-                 description="QuACK 0.6.5 softmax and norm forward ops into the harness outputs (comparison point)")]
+                 description="QuACK 0.6.5 softmax and norm forward and backward ops (comparison point)")]

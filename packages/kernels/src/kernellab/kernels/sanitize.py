@@ -3,8 +3,9 @@
     python -m kernellab.kernels.sanitize [--out DIR] [--tools memcheck,racecheck]
 
 Runs a small driver (``--driver``) that launches each op / dtype / N class / flag variant once at a
-small shape and checks its result against the float64 reference: once plainly (compiling every variant
-into the DSL's disk cache), then under each tool, the tools side by side in their own subprocesses.
+small shape, forward and (through autograd) backward, and checks its results against the float64
+reference: once plainly (compiling every variant into the DSL's disk cache), then under each tool, the
+tools side by side in their own subprocesses.
 Parses each tool's error (and racecheck hazard) counts, writes ``DIR/sanitize.json`` ({tool: {errors,
 warnings, returncode, driver_ok, log}}, and the run's provenance) and prints a table. Exit status: 0 clean,
 1 any error or failed driver, 2 no CUDA device or no compute-sanitizer here.
@@ -45,6 +46,20 @@ DRIVER_CASES = [
     ("rmsnorm", "float32", 3, 16384, "x", False, False, 0, {"tile_values": 8, "ctas_per_sm": 4}),  # streamed
     ("softmax", "bfloat16", 3, 16384, None, False, False, 0,
      {"accesses": 2, "register_values": 16, "resident_threads": 1536}),  # a cluster of two CTAs
+]
+# Backward variants, each reached through autograd (so the forwards that store rstd / mean run too):
+# (op, dtype, M, N, weight dtype, bias, residual, row stride pad). The N classes as above (140000: streamed
+# rows, the vector gradients' partials in global memory); 5000x64 and 300x20000 loop the persistent grid
+# over more row blocks than one wave holds (held and streamed rows).
+BACKWARD_CASES = [
+    *[(op, dt, 3, n, None if op == "softmax" else "x", op == "layernorm", False, 0)
+      for op in ("softmax", "rmsnorm", "layernorm") for dt in ("float32", "bfloat16") for n in N_CLASSES],
+    ("rmsnorm", "float16", 5, 2048, "float32", False, True, 8),
+    ("rmsnorm", "bfloat16", 4, 1537, None, False, True, 0),
+    ("layernorm", "float16", 5, 1000, None, True, False, 8),
+    ("layernorm", "bfloat16", 5000, 64, "float32", True, False, 0),
+    ("rmsnorm", "bfloat16", 300, 20000, "x", False, False, 0),
+    ("layernorm", "float32", 300, 20000, "x", True, False, 0),
 ]
 
 
@@ -100,12 +115,59 @@ def run_driver() -> int:
             if not torch.allclose(a.double(), e.to(a.device), rtol=tol, atol=tol):
                 failures += 1
                 print(f"MISMATCH {op} {dt} {m}x{n} w={wdt} b={has_bias} res={has_res} plan={plan}", flush=True)
+    failures += run_backward_cases()
     from .gpu import ops
 
     bounded = sum(any(fn is not plans.fn for fn in plans.by_rows.values()) for plans in ops._FUNCTIONS.values())
-    print(f"driver: {len(DRIVER_CASES)} variants ({bounded} under a launch bound for M), "
-          f"{failures} mismatches", flush=True)
+    print(f"driver: {len(DRIVER_CASES)} variants ({bounded} under a launch bound for M) and {len(BACKWARD_CASES)} "
+          f"backward cases, {failures} mismatches", flush=True)
     return 1 if failures else 0
+
+
+def run_backward_cases() -> int:
+    """Forward and backward through autograd for each backward case, against float64 autograd on the CPU;
+    returns the number of mismatching gradients."""
+    import torch
+
+    from kernellab.harness.suites import reference
+
+    from . import gpu
+
+    forwards = {"softmax": (lambda x, w, b, r: gpu.softmax(x), lambda x, w, b, r: reference.softmax(x)),
+                "rmsnorm": (lambda x, w, b, r: gpu.rmsnorm(x, w, 1e-6, r),  # (y, h) with a residual, else y
+                            lambda x, w, b, r: reference.rmsnorm(x, w, 1e-6, r)[:1 if r is None else 2]),
+                "layernorm": (lambda x, w, b, r: gpu.layernorm(x, w, b, 1e-5),
+                              lambda x, w, b, r: reference.layernorm(x, w, b, 1e-5))}
+    failures = 0
+    for op, dt, m, n, wdt, has_bias, has_res, pad in BACKWARD_CASES:
+        dtype = getattr(torch, dt)
+        g = torch.Generator(device="cuda").manual_seed(m * 1_000_033 + n)
+        x = torch.randn(m, n + pad, device="cuda", generator=g).to(dtype)[:, :n]
+        wdtype = None if wdt is None else dtype if wdt == "x" else getattr(torch, wdt)
+        w = None if wdtype is None else torch.randn(n, device="cuda", generator=g).to(wdtype)
+        b = torch.randn(n, device="cuda", generator=g).to(w.dtype if w is not None else dtype) if has_bias else None
+        r = torch.randn(m, n, device="cuda", generator=g).to(dtype) if has_res else None
+        inputs = (x, w, b, r)
+        given = [i for i, t in enumerate(inputs) if t is not None]
+        ours, truth = forwards[op]
+        leaves = [None if t is None else t.detach().requires_grad_() for t in inputs]
+        outs = ours(*leaves)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        grads_out = [torch.randn(o.shape, device="cuda", generator=g).to(o.dtype) for o in outs]
+        got = torch.autograd.grad(outs, [leaves[i] for i in given], grads_out)
+        host = [None if t is None else t.detach().cpu().double().requires_grad_() for t in inputs]
+        want_outs = truth(*host)
+        want_outs = want_outs if isinstance(want_outs, tuple) else (want_outs,)
+        want = torch.autograd.grad(want_outs, [host[i] for i in given], [t.cpu().double() for t in grads_out])
+        torch.cuda.synchronize()
+        tol = 1e-4 if dt == "float32" else 5e-2
+        for i, a, e in zip(given, got, want, strict=True):
+            scale = 1.0 if i in (0, 3) else m ** 0.5  # a vector gradient sums M rows
+            if not torch.allclose(a.double().cpu(), e, rtol=tol, atol=tol * scale):
+                failures += 1
+                print(f"MISMATCH backward {op} {dt} {m}x{n} w={wdt} b={has_bias} res={has_res} d{'xwbr'[i]}",
+                      flush=True)
+    return failures
 
 
 def explicit_plan(op: str, x, w, b, knobs: dict):
@@ -121,7 +183,8 @@ def explicit_plan(op: str, x, w, b, knobs: dict):
     n, dt = x.shape[1], name(x)
     fn = compiled(Variant(op, dt, n, widest_vector(n, dt), weight=name(w), bias=name(b), tuning=Tuning(**knobs)))
     y = torch.full_like(x, float("nan"))
-    fn(*{"softmax": (x, y), "rmsnorm": (x, w, None, y, None, 1e-6), "layernorm": (x, w, b, y, 1e-5)}[op])
+    fn(*{"softmax": (x, y), "rmsnorm": (x, w, None, y, None, None, 1e-6),
+         "layernorm": (x, w, b, y, None, None, 1e-5)}[op])
     return y
 
 

@@ -7,7 +7,20 @@ Other packages add contenders to them through ``kernellab.suites`` entry points 
 from __future__ import annotations
 
 from ..case import Suite
-from .problems import Copy, LayerNorm, LinearBackward, LinearForward, RMSNorm, Softmax
+from .problems import (
+    Copy,
+    LayerNorm,
+    LayerNormBackward,
+    LayerNormTrain,
+    LinearBackward,
+    LinearForward,
+    RMSNorm,
+    RMSNormBackward,
+    RMSNormTrain,
+    Softmax,
+    SoftmaxBackward,
+    SoftmaxTrain,
+)
 
 CPU_NORM_SHAPES = ((128, 512),)
 CPU_LINEAR_SHAPES = ((128, 512, 512),)  # (M, K, N)
@@ -16,6 +29,8 @@ CPU_LINEAR_SHAPES = ((128, 512, 512),)  # (M, K, N)
 GPU_NORM_SHAPES = ((37, 1537), (256, 3072), (768, 6144), (1024, 4096))
 GPU_BANDWIDTH_SHAPES = ((16384, 8192), (8192, 16384), (65536, 1024))
 GPU_DTYPES = ("fp32", "bf16")
+# Backward shapes no issue names: a mid-size aligned row and a long prime N (no vector width divides it).
+GPU_BACKWARD_EXTRA_SHAPES = ((4096, 2560), (1000, 12289))
 
 
 def cpu_ops() -> Suite:
@@ -53,4 +68,30 @@ def gpu_norm() -> Suite:
         make_problems=problems,
         ceiling_op="copy",
         defaults={"rounds": 3, "samples": 20, "warmup": 5, "iterations": 10},
+    )
+
+
+def gpu_norm_backward() -> Suite:
+    def problems():
+        out = []
+        for shape in GPU_NORM_SHAPES + GPU_BANDWIDTH_SHAPES + GPU_BACKWARD_EXTRA_SHAPES:
+            for dtype in GPU_DTYPES:
+                out += [SoftmaxBackward(shape, dtype, "cuda"), RMSNormBackward(shape, dtype, "cuda"),
+                        LayerNormBackward(shape, dtype, "cuda"), Copy(shape, dtype, "cuda")]
+        for shape in GPU_NORM_SHAPES:
+            for dtype in GPU_DTYPES:
+                out += [SoftmaxTrain(shape, dtype, "cuda"), RMSNormTrain(shape, dtype, "cuda"),
+                        LayerNormTrain(shape, dtype, "cuda")]
+        return out
+
+    return Suite(
+        name="gpu-norm-backward",
+        device="cuda",
+        description="CUDA softmax, RMSNorm, LayerNorm backward alone (from the forward's saved y, rstd, mean) at "
+                    "the example audit's shapes, the bandwidth shapes and two more, and forward+backward through "
+                    "autograd at the example shapes; fp32 and bf16, weights in the input dtype; a copy per shape "
+                    "as the bandwidth ceiling",
+        make_problems=problems,
+        ceiling_op="copy",
+        defaults={"rounds": 3, "samples": 10, "warmup": 3, "iterations": 5},
     )

@@ -205,3 +205,258 @@ class LinearBackward(Problem):
 
     def tolerance(self) -> Tolerance:
         return Tolerance(1e-5, 1e-5 * math.sqrt(max(self.shape)))
+
+
+# ---- backward: gradients of the row ops -------------------------------------------------------------------
+FP32_UNIT = 2.0 ** -24
+
+
+class RowBackward(RowProblem):
+    """Gradients of a row op given dy. Bytes: the minimum the backward must move, each row tensor it reads
+    (x, or y for softmax, and dy) and dx once, each weight once (the weight read and its gradient written)."""
+
+    vectors = 0  # weight-like (N,) vectors: each read once and its gradient written once
+
+    def bytes_moved(self) -> int:
+        m, n = self.shape
+        return 3 * m * n * self.element_size() + 2 * self.vectors * n * self.element_size()
+
+    def make_outputs(self, inputs: Tensors) -> Tensors:
+        import torch
+
+        out = {"dx": torch.empty_like(inputs["x" if "x" in inputs else "y"])}
+        for name in ("weight", "bias")[:self.vectors]:
+            out[f"d{name}"] = torch.empty_like(inputs[name])
+        return out
+
+    def slack(self, inputs: Tensors) -> Tensors:
+        """dweight and dbias sum M rows in fp32: allow twice the fp32 unit roundoff times the sum of the
+        terms' magnitudes, the rounding of an fp32 column sum whatever its blocking (torch's own backward
+        passed 16 units of the terms' root sum of squares on the H200 only for M up to a few thousand);
+        a column whose sum is near 0 is otherwise held to atol."""
+        terms = self.column_terms(inputs)
+        return {name: 2 * FP32_UNIT * t.abs().sum(dim=0) for name, t in terms.items()}
+
+    def column_terms(self, inputs: Tensors) -> Tensors:
+        """float64 (M, N) terms whose column sums are the vector gradients."""
+        return {}
+
+    def normalized(self, inputs: Tensors):
+        raise NotImplementedError
+
+
+class SoftmaxBackward(RowBackward):
+    """dx = y * (dy - sum(dy * y)) from the forward's output y."""
+
+    op = "softmax_backward"
+
+    def make_inputs(self, seed: int) -> Tensors:
+        import torch
+
+        g = self.generator(seed)
+        x = self.randn(self.shape, g, dtype="fp32", scale=2.0)
+        return {"y": torch.softmax(x, dim=-1).to(torch_dtype(self.dtype)), "dy": self.randn(self.shape, g)}
+
+    def reference(self, inputs: Tensors) -> Tensors:
+        return {"dx": reference.softmax_backward(inputs["y"], inputs["dy"])}
+
+    def control(self, inputs: Tensors, outputs: Tensors) -> Tensors:
+        import torch
+
+        y = inputs["y"]
+        return {"dx": torch.ops.aten._softmax_backward_data(inputs["dy"], y, -1, y.dtype)}
+
+    def flops(self) -> int:
+        return 4 * prod(self.shape)
+
+
+class RMSNormBackward(RowBackward):
+    """(dx, dweight) of y = x * rstd * w from x, w, dy and the forward's rstd (fp32, (M,))."""
+
+    op = "rmsnorm_backward"
+    vectors = 1
+
+    def __init__(self, shape, dtype, device, eps: float = 1e-6, **params):
+        super().__init__(shape, dtype, device, eps=eps, **params)
+
+    def make_inputs(self, seed: int) -> Tensors:
+        import torch
+
+        g = self.generator(seed)
+        n = self.shape[-1]
+        x = self.randn(self.shape, g)
+        rstd = torch.rsqrt(x.float().pow(2).mean(dim=-1) + self.params["eps"])
+        return {"x": x, "weight": self.randn((n,), g, scale=0.5, shift=1.0), "dy": self.randn(self.shape, g),
+                "rstd": rstd}
+
+    def reference(self, inputs: Tensors) -> Tensors:
+        _, dx, dw = reference.rmsnorm_train(inputs["x"], inputs["weight"], inputs["dy"], self.params["eps"])
+        return {"dx": dx, "dweight": dw}
+
+    def column_terms(self, inputs: Tensors) -> Tensors:
+        y, _ = reference.rmsnorm(inputs["x"], None, self.params["eps"])
+        return {"dweight": y * inputs["dy"].double()}
+
+    def control(self, inputs: Tensors, outputs: Tensors) -> Tensors:
+        import torch
+
+        x = inputs["x"]
+        dx, dw = torch.ops.aten._fused_rms_norm_backward(inputs["dy"], x, [x.shape[-1]], inputs["rstd"][:, None],
+                                                         inputs["weight"], [True, True])
+        return {"dx": dx, "dweight": dw}
+
+    def flops(self) -> int:
+        return 6 * prod(self.shape)
+
+
+class LayerNormBackward(RowBackward):
+    """(dx, dweight, dbias) of y = (x - mean) * rstd * w + b from x, w, dy and the forward's mean and rstd."""
+
+    op = "layernorm_backward"
+    vectors = 2
+
+    def __init__(self, shape, dtype, device, eps: float = 1e-5, **params):
+        super().__init__(shape, dtype, device, eps=eps, **params)
+
+    def make_inputs(self, seed: int) -> Tensors:
+        import torch
+
+        g = self.generator(seed)
+        n = self.shape[-1]
+        x = self.randn(self.shape, g, scale=1.5, shift=0.25)
+        xf = x.float()
+        mean = xf.mean(dim=-1)
+        rstd = torch.rsqrt((xf - mean[:, None]).pow(2).mean(dim=-1) + self.params["eps"])
+        return {"x": x, "weight": self.randn((n,), g, scale=0.5, shift=1.0), "bias": self.randn((n,), g, scale=0.5),
+                "dy": self.randn(self.shape, g), "mean": mean, "rstd": rstd}
+
+    def reference(self, inputs: Tensors) -> Tensors:
+        _, dx, dw, db = reference.layernorm_train(inputs["x"], inputs["weight"], inputs["bias"], inputs["dy"],
+                                                  self.params["eps"])
+        return {"dx": dx, "dweight": dw, "dbias": db}
+
+    def column_terms(self, inputs: Tensors) -> Tensors:
+        xhat = reference.layernorm(inputs["x"], None, None, self.params["eps"])
+        dy = inputs["dy"].double()
+        return {"dweight": xhat * dy, "dbias": dy}
+
+    def control(self, inputs: Tensors, outputs: Tensors) -> Tensors:
+        import torch
+
+        x = inputs["x"]
+        dx, dw, db = torch.ops.aten.native_layer_norm_backward(
+            inputs["dy"], x, [x.shape[-1]], inputs["mean"][:, None], inputs["rstd"][:, None], inputs["weight"],
+            inputs["bias"], [True, True, True])
+        return {"dx": dx, "dweight": dw, "dbias": db}
+
+    def flops(self) -> int:
+        return 8 * prod(self.shape)
+
+
+class RowTrain(RowBackward):
+    """Forward then backward through autograd (one training step of the op): the outputs are y and the
+    gradients. Bytes: the forward's minimum (x read, y written, each vector read) plus the backward's."""
+
+    def bytes_moved(self) -> int:
+        m, n = self.shape
+        return 5 * m * n * self.element_size() + 3 * self.vectors * n * self.element_size()
+
+    def make_outputs(self, inputs: Tensors) -> Tensors:
+        import torch
+
+        return {"y": torch.empty_like(inputs["x"]), **super().make_outputs(inputs)}
+
+    def leaves(self, inputs: Tensors) -> Tensors:
+        """Fresh autograd leaves of the inputs that get gradients (detached views: no copy)."""
+        return {k: inputs[k].detach().requires_grad_(True) for k in ("x", "weight", "bias")[:1 + self.vectors]}
+
+    def step(self, forward, inputs: Tensors) -> Tensors:
+        """y = forward(**leaves) and its gradients given dy, through torch.autograd."""
+        import torch
+
+        leaves = self.leaves(inputs)
+        y = forward(**leaves)
+        grads = torch.autograd.grad(y, list(leaves.values()), inputs["dy"])
+        return {"y": y.detach(), **{f"d{k}": gr for k, gr in zip(leaves, grads, strict=True)}}
+
+
+class SoftmaxTrain(RowTrain):
+    op = "softmax_train"
+
+    def make_inputs(self, seed: int) -> Tensors:
+        g = self.generator(seed)
+        return {"x": self.randn(self.shape, g, scale=2.0), "dy": self.randn(self.shape, g)}
+
+    def reference(self, inputs: Tensors) -> Tensors:
+        y, dx = reference.softmax_train(inputs["x"], inputs["dy"])
+        return {"y": y, "dx": dx}
+
+    def control(self, inputs: Tensors, outputs: Tensors) -> Tensors:
+        import torch
+
+        return self.step(lambda x: torch.softmax(x, dim=-1), inputs)
+
+    def flops(self) -> int:
+        return 8 * prod(self.shape)
+
+
+class RMSNormTrain(RowTrain):
+    op = "rmsnorm_train"
+    vectors = 1
+
+    def __init__(self, shape, dtype, device, eps: float = 1e-6, **params):
+        super().__init__(shape, dtype, device, eps=eps, **params)
+
+    def make_inputs(self, seed: int) -> Tensors:
+        g = self.generator(seed)
+        n = self.shape[-1]
+        return {"x": self.randn(self.shape, g), "weight": self.randn((n,), g, scale=0.5, shift=1.0),
+                "dy": self.randn(self.shape, g)}
+
+    def reference(self, inputs: Tensors) -> Tensors:
+        y, dx, dw = reference.rmsnorm_train(inputs["x"], inputs["weight"], inputs["dy"], self.params["eps"])
+        return {"y": y, "dx": dx, "dweight": dw}
+
+    def column_terms(self, inputs: Tensors) -> Tensors:
+        return RMSNormBackward.column_terms(self, inputs)
+
+    def control(self, inputs: Tensors, outputs: Tensors) -> Tensors:
+        import torch.nn.functional as F
+
+        eps, n = self.params["eps"], self.shape[-1]
+        return self.step(lambda x, weight: F.rms_norm(x, (n,), weight, eps), inputs)
+
+    def flops(self) -> int:
+        return 10 * prod(self.shape)
+
+
+class LayerNormTrain(RowTrain):
+    op = "layernorm_train"
+    vectors = 2
+
+    def __init__(self, shape, dtype, device, eps: float = 1e-5, **params):
+        super().__init__(shape, dtype, device, eps=eps, **params)
+
+    def make_inputs(self, seed: int) -> Tensors:
+        g = self.generator(seed)
+        n = self.shape[-1]
+        return {"x": self.randn(self.shape, g, scale=1.5, shift=0.25),
+                "weight": self.randn((n,), g, scale=0.5, shift=1.0), "bias": self.randn((n,), g, scale=0.5),
+                "dy": self.randn(self.shape, g)}
+
+    def reference(self, inputs: Tensors) -> Tensors:
+        y, dx, dw, db = reference.layernorm_train(inputs["x"], inputs["weight"], inputs["bias"], inputs["dy"],
+                                                  self.params["eps"])
+        return {"y": y, "dx": dx, "dweight": dw, "dbias": db}
+
+    def column_terms(self, inputs: Tensors) -> Tensors:
+        return LayerNormBackward.column_terms(self, inputs)
+
+    def control(self, inputs: Tensors, outputs: Tensors) -> Tensors:
+        import torch.nn.functional as F
+
+        eps, n = self.params["eps"], self.shape[-1]
+        return self.step(lambda x, weight, bias: F.layer_norm(x, (n,), weight, bias, eps), inputs)
+
+    def flops(self) -> int:
+        return 15 * prod(self.shape)

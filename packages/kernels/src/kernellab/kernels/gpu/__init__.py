@@ -7,7 +7,7 @@ serve) over shared tiling and reductions (``base``); ``compiler`` compiles each 
 process; ``ops`` holds the checked public functions and the torch custom ops.
 """
 
-from .ops import layernorm, rmsnorm, softmax
+from .ops import layernorm, layernorm_backward, rmsnorm, rmsnorm_backward, softmax, softmax_backward
 
 
 def compile_all(arch: str = "sm_90a") -> list[str]:
@@ -25,4 +25,5 @@ def artifacts() -> list[str]:
     return _artifacts()
 
 
-__all__ = ["artifacts", "compile_all", "layernorm", "rmsnorm", "softmax"]
+__all__ = ["artifacts", "compile_all", "layernorm", "layernorm_backward", "rmsnorm", "rmsnorm_backward", "softmax",
+           "softmax_backward"]

@@ -41,6 +41,11 @@ class Tuning:
     # passes after the first re-read x, mostly from L2, for fewer registers and more rows in flight); 0: stream
     # only rows that overflow a cluster's registers; None: the kernel's rule (RowKernel.stream_values)
 
+# The backward kernels hold two row tensors (x or y, and dy) and fp32 accumulators of the vector gradients:
+# 16 values per thread and tensor (two 128-bit accesses of a 16-bit row, four of an fp32 row), longer rows
+# streamed on one CTA in tiles of 16 (no cluster: a persistent CTA loops over rows), no launch bound.
+BACKWARD = Tuning(accesses=2, register_values=16, resident_threads=0, tile_values=16)
+
 ADD = operator.add
 
 
@@ -266,6 +271,29 @@ class RowKernel:
                 if not cols[k]:
                     frag[None, 0, k].fill(0.0)
 
+    @cute.jit
+    def row_coord(self, thr, rows, block, tile):
+        """(row, column) of this thread's first element at (row block, column tile)."""
+        return self.part(thr, cute.make_identity_tensor((rows, self.n)), block, tile)[0]
+
+    @cute.jit
+    def load_row_value(self, thr, m_rows, rows, block, tile, fill: float):
+        """This thread's row's entry of an (M,) fp32 tensor (rstd, mean); ``fill`` past M."""
+        row = self.row_coord(thr, rows, block, tile)[0]
+        value = Float32(fill)
+        if row < rows:
+            value = Float32(m_rows[row])
+        return value
+
+    @cute.jit
+    def store_row_value(self, thr, m_rows, rows, block, tile, value):
+        """Store one fp32 value per row (rstd, mean) from the thread that holds the row's column 0
+        (nothing where ``m_rows`` is None)."""
+        if const_expr(m_rows is not None):
+            crd = self.row_coord(thr, rows, block, tile)
+            if crd[0] < rows and crd[1] == 0:
+                m_rows[crd[0]] = value
+
     # ---- device side: reductions ------------------------------------------------------------------
     def reduction_storage(self):
         """Shared memory for the row reductions: one fp32 slot per warp (and per cluster CTA) and per
@@ -325,3 +353,62 @@ class RowKernel:
                     combined = op(combined, buffer[row, lane + i * WARP, stage])
             value = cute.arch.warp_reduction(combined, op, threads_in_group=WARP)
         return value
+
+
+class GradKernel(RowKernel):
+    """A backward kernel: the BACKWARD plan, and for the ones with vector gradients (dweight, dbias) a
+    persistent grid. Each CTA loops over row blocks ``bidx, bidx + grid, ...`` and sums its rows' terms of
+    each vector gradient in fp32 (in registers for held rows; in its own row of the partials for streamed
+    rows), then leaves one fp32 row per thread row in a (grid * rows_per_cta, N) partials tensor: no atomics,
+    and the host reduces the partials once. Successive rows use alternate halves of the reduction buffer
+    (``reductions`` stages each), so that a warp already in the next row never overwrites a value another warp
+    of the CTA is still reading."""
+
+    reductions = 1
+
+    def __init__(self, dtype, n: int, vec: int, tuning: Tuning | None = None):
+        super().__init__(dtype, n, vec, tuning or BACKWARD)
+        if self.ctas != 1:
+            raise ValueError(f"backward plans stream long rows on one CTA; N={n} asked for a cluster")
+        self.stages = 2 * self.reductions
+
+    def launch_persistent(self, kernel, grid, stream) -> None:
+        kernel.launch(grid=[grid, 1, 1], block=[self.num_threads, 1, 1], min_blocks_per_mp=self.min_ctas_per_sm,
+                      preferred_smem_carveout=-1 if const_expr(self.min_ctas_per_sm > 1) else None, stream=stream)
+
+    @cute.jit
+    def partials(self, thr, m_partials, block, tile, cols, later, values, held):
+        """Add a tile's fp32 terms of one vector gradient: into the register accumulator ``held`` (held
+        rows), or into this thread row's row of the partials (streamed rows: the CTA's first row block
+        stores, ``later`` ones add to what is there)."""
+        if const_expr(m_partials is not None):
+            if const_expr(self.tiles == 1):
+                held.store(held.load() + values)
+            else:
+                dst = self.part(thr, m_partials, block, tile)
+                previous = self.load(dst, later, cols, 0.0).load()
+                self.store(previous + values, dst, True, cols)
+
+    @cute.jit
+    def prefetch(self, thr, tensors, frags, rows, block, cols):
+        """Load row block ``block`` of each tensor into its register fragment (zeros past M and N): issued a
+        row ahead, the next row's loads are in flight while this row reduces and stores."""
+        row_ok, _ = self.predicates(thr, rows, block, 0)
+        for src, frag in zip(tensors, frags, strict=True):
+            frag.fill(0.0)
+            if row_ok:
+                self._copy_chunks(self.part(thr, src, block, 0), frag, cols)
+
+    @cute.jit
+    def accumulator(self, thr, m_partials):
+        """A zeroed fp32 register accumulator of one tile (held rows and a partials tensor), else None."""
+        acc = None
+        if const_expr(m_partials is not None and self.tiles == 1):
+            acc = cute.make_rmem_tensor_like(self.part(thr, m_partials, 0, 0))
+            acc.fill(0.0)
+        return acc
+
+    @cute.jit
+    def store_accumulator(self, thr, m_partials, acc, block, cols):
+        if const_expr(acc is not None):
+            self.store(acc.load(), self.part(thr, m_partials, block, 0), True, cols)

@@ -22,23 +22,25 @@ if TYPE_CHECKING:  # CuTe DSL is imported only when compiling
     from .base import Tuning
 
 DTYPES = {"float32": 32, "float16": 16, "bfloat16": 16}
+OPS = ("softmax", "rmsnorm", "layernorm", "softmax_backward", "rmsnorm_backward", "layernorm_backward")
 
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """One compiled kernel. Dtypes are torch dtype names ("float32", "float16", "bfloat16")."""
 
-    op: str  # "softmax", "rmsnorm" or "layernorm"
+    op: str  # one of OPS
     dtype: str
     n: int
     vec: int  # elements per access: the largest power of two (<= 128 bits) all tensors are aligned to
     weight: str | None = None
-    bias: str | None = None
-    residual: bool = False
+    bias: str | None = None  # layernorm_backward: the dbias partials are computed (their dtype is the host's)
+    residual: bool = False  # rmsnorm: h = x + residual; rmsnorm_backward: the gradient of h is added to dx
     tuning: Tuning | None = None  # None: the kernel's heuristic plan
+    stats: bool = False  # rmsnorm, layernorm: also store each row's rstd (and mean) for the backward
 
     def __post_init__(self):
-        if self.op not in ("softmax", "rmsnorm", "layernorm"):
+        if self.op not in OPS:
             raise ValueError(f"unknown op {self.op!r}")
         for name in (self.dtype, self.weight, self.bias):
             if name is not None and name not in DTYPES:
@@ -53,7 +55,12 @@ class Variant:
         knobs = (f"_t{t.accesses}-{t.register_values}-{t.min_threads}-{t.resident_threads}-{t.vectors}"
                  f"{f'-c{t.ctas_per_sm}' if t.ctas_per_sm else ''}"
                  f"{f'-s{t.tile_values}' if t.tile_values is not None else ''}" if t else "")
-        return f"{self.op}_{self.dtype}_n{self.n}_v{self.vec}{flags}{'_res' if self.residual else ''}{knobs}"
+        stats = "_stats" if self.stats else ""
+        return f"{self.op}_{self.dtype}_n{self.n}_v{self.vec}{flags}{'_res' if self.residual else ''}{stats}{knobs}"
+
+    @property
+    def backward(self) -> bool:
+        return self.op.endswith("_backward")
 
     def kernel(self):
         """The kernel object: its __init__ holds the launch plan for this N and dtype."""
@@ -66,6 +73,19 @@ class Variant:
             from .rmsnorm_kernel import RMSNorm
 
             return RMSNorm(x, self.n, self.vec, weight_dtype=w, residual=self.residual, tuning=self.tuning)
+        if self.op == "softmax_backward":
+            from .softmax_backward_kernel import SoftmaxBackward
+
+            return SoftmaxBackward(x, self.n, self.vec, self.tuning)
+        if self.op == "rmsnorm_backward":
+            from .rmsnorm_backward_kernel import RMSNormBackward
+
+            return RMSNormBackward(x, self.n, self.vec, weight_dtype=w, residual=self.residual, tuning=self.tuning)
+        if self.op == "layernorm_backward":
+            from .layernorm_backward_kernel import LayerNormBackward
+
+            return LayerNormBackward(x, self.n, self.vec, weight_dtype=w, bias=self.bias is not None,
+                                     tuning=self.tuning)
         from .layernorm_kernel import LayerNorm
 
         return LayerNorm(x, self.n, self.vec, weight_dtype=w, bias_dtype=b, tuning=self.tuning)
@@ -73,7 +93,7 @@ class Variant:
     def compile(self, arch: str | None = None):
         """cute.compile with fake tensors: M symbolic, row strides symbolic and divisible by vec."""
         import cutlass.cute as cute
-        from cutlass import Float32
+        from cutlass import Float32, Int32
 
         kernel = self.kernel()
         rows = cute.sym_int()
@@ -91,15 +111,35 @@ class Variant:
             return cute.runtime.make_fake_tensor(dt, (self.n,), stride=(1,),
                                                  assumed_align=min(16, self.vec * dt.width // 8))
 
+        def per_row():  # rstd, mean: (M,) fp32
+            return cute.runtime.make_fake_tensor(Float32, (rows,), stride=(1,), assumed_align=4)
+
+        def partials(wanted):  # (grid * rows_per_cta, N) fp32, rows as aligned as x's
+            if not wanted:
+                return None
+            return cute.runtime.make_fake_tensor(Float32, (cute.sym_int(), self.n),
+                                                 stride=(cute.sym_int64(divisibility=self.vec), 1),
+                                                 assumed_align=min(16, self.vec * 4))
+
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        stats = per_row() if self.stats else None
         if self.op == "softmax":
             args = (matrix(), matrix())
         elif self.op == "rmsnorm":
             res = self.residual
             args = (matrix(), vector(self.weight), matrix() if res else None, matrix(), matrix() if res else None,
-                    Float32(1e-6))
+                    stats, Float32(1e-6))
+        elif self.op == "layernorm":
+            args = (matrix(), vector(self.weight), vector(self.bias), matrix(), stats,
+                    per_row() if self.stats else None, Float32(1e-5))
+        elif self.op == "softmax_backward":
+            args = (matrix(), matrix(), matrix())
+        elif self.op == "rmsnorm_backward":
+            args = (matrix(), vector(self.weight), matrix(), per_row(), matrix() if self.residual else None, matrix(),
+                    partials(self.weight), Int32(1))
         else:
-            args = (matrix(), vector(self.weight), vector(self.bias), matrix(), Float32(1e-5))
+            args = (matrix(), vector(self.weight), matrix(), per_row(), per_row(), matrix(), partials(self.weight),
+                    partials(self.bias), Int32(1))
         options = "--enable-tvm-ffi" + (f" --gpu-arch {arch}" if arch else "")
         with tempfile.TemporaryDirectory() as dump:  # --keep-cubin wants a dump dir; we keep our own copy
             fn = cute.compile(kernel, *args, stream, options=f"{options} --keep-cubin --dump-dir={dump}")
@@ -215,6 +255,15 @@ class Plans:
         return self.bounded[k]
 
 
+def wave(variant: Variant, sms: int) -> tuple[int, int]:
+    """(rows per CTA, CTAs resident at once on ``sms`` SMs) of a compiled variant: the grid of a persistent
+    kernel. One CTA per SM where the registers are unknown (no cubin)."""
+    plan = variant.kernel().describe()
+    res = _RESOURCES.get(variant)
+    per_sm = resident_ctas(plan["num_threads"], res.registers) if res and res.registers else 1
+    return plan["rows_per_cta"], max(1, sms * per_sm)
+
+
 def call_of(fn):
     """The tvm_ffi.Function under the DSL's kwargs wrapper where there is one: the same positional
     arguments (the wrapper only fills defaults we always pass), a shorter host path per call."""
@@ -264,6 +313,7 @@ def artifacts() -> list[str]:
 # ---- ahead-of-time compile ---------------------------------------------------------------------
 SUITE_ROWS = (1537, 3072, 6144, 4096, 8192, 16384, 1024)  # N of the gpu-norm suite's shapes
 SUITE_DTYPES = ("float32", "bfloat16")
+BACKWARD_ROWS = SUITE_ROWS + (2560, 12289)  # N of the gpu-norm-backward suite's shapes
 
 
 def widest_vector(n: int, dtype: str) -> int:
@@ -282,12 +332,21 @@ def suite_variants() -> list[Variant]:
             v = widest_vector(n, dtype)
             out += [Variant("softmax", dtype, n, v), Variant("rmsnorm", dtype, n, v, weight=dtype),
                     Variant("layernorm", dtype, n, v, weight=dtype, bias=dtype)]
+    for dtype in SUITE_DTYPES:  # gpu-norm-backward: the backward alone, and the forwards behind autograd
+        for n in BACKWARD_ROWS:
+            v = widest_vector(n, dtype)
+            out += [Variant("softmax_backward", dtype, n, v), Variant("rmsnorm_backward", dtype, n, v, weight=dtype),
+                    Variant("layernorm_backward", dtype, n, v, weight=dtype, bias=dtype)]
+            if n in SUITE_ROWS[:4]:
+                out += [Variant("rmsnorm", dtype, n, v, weight=dtype, stats=True),
+                        Variant("layernorm", dtype, n, v, weight=dtype, bias=dtype, stats=True)]
     return out
 
 
 def representative_variants() -> list[Variant]:
     """One of each code path the suites do not reach: fp16, fp32 weights of a 16-bit input, no weight,
-    the residual add, tiny and odd N, a narrower alignment class, cluster rows and streamed rows."""
+    the residual add, tiny and odd N, a narrower alignment class, cluster rows and streamed rows; forwards
+    that store their statistics and backwards with and without vector gradients."""
     return [
         Variant("softmax", "float16", 1, 1),
         Variant("softmax", "float16", 1000, 4),
@@ -303,6 +362,18 @@ def representative_variants() -> list[Variant]:
         Variant("layernorm", "float32", 20, 2, bias="float32"),
         Variant("layernorm", "float32", 65536, 4, weight="float32", bias="float32"),
         Variant("layernorm", "bfloat16", 300000, 8, weight="bfloat16", bias="bfloat16"),
+        Variant("rmsnorm", "float16", 4096, 8, weight="float16", residual=True, stats=True),
+        Variant("rmsnorm", "float32", 65536, 4, stats=True),  # cluster
+        Variant("layernorm", "bfloat16", 300000, 8, stats=True),  # streamed
+        Variant("softmax_backward", "float16", 1, 1),
+        Variant("softmax_backward", "bfloat16", 300000, 8),  # streamed
+        Variant("rmsnorm_backward", "float16", 2048, 8, weight="float32"),
+        Variant("rmsnorm_backward", "bfloat16", 4096, 8, weight="bfloat16", residual=True),
+        Variant("rmsnorm_backward", "float32", 4097, 1),
+        Variant("rmsnorm_backward", "bfloat16", 300000, 8, weight="float32", residual=True),  # streamed
+        Variant("layernorm_backward", "float16", 768, 8, bias="float16"),
+        Variant("layernorm_backward", "float32", 20, 2, weight="float32"),
+        Variant("layernorm_backward", "bfloat16", 300000, 8, weight="bfloat16", bias="bfloat16"),  # streamed
     ]
 
 

@@ -3,7 +3,8 @@
 Exact two-pass statistics in fp32: the mean first, then the mean of squared deviations from it
 (no E[x^2] - E[x]^2 cancellation). Rows held in registers run both passes on the same registers;
 streamed rows read x once per pass. Columns past N are zeroed before the deviation sum, so the
-padding of a row tail never enters the variance.
+padding of a row tail never enters the variance. Given ``mean`` and ``rstd`` ((M,) fp32 tensors), the
+kernel also stores each row's mean and 1 / sqrt(var + eps) there, for the backward.
 """
 
 from __future__ import annotations
@@ -35,12 +36,12 @@ class LayerNorm(RowKernel):
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor | None, mB: cute.Tensor | None, mO: cute.Tensor,
-                 eps: Float32, stream: cuda.CUstream):
-        self.launch(self.kernel(mX, mW, mB, mO, eps), mX.shape[0], stream)
+                 mMean: cute.Tensor | None, mRstd: cute.Tensor | None, eps: Float32, stream: cuda.CUstream):
+        self.launch(self.kernel(mX, mW, mB, mO, mMean, mRstd, eps), mX.shape[0], stream)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor | None, mB: cute.Tensor | None, mO: cute.Tensor,
-               eps: Float32):
+               mMean: cute.Tensor | None, mRstd: cute.Tensor | None, eps: Float32):
         rows = mX.shape[0]
         thr, block, first = self.thread_slice()
         buffer, mbar = self.reduction_storage()
@@ -52,7 +53,10 @@ class LayerNorm(RowKernel):
             mean = self.row_reduce(x.reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, 0, buffer, mbar) / self.n
             d = self.deviation(x, mean, cols)
             ss = self.row_reduce((d * d).reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, 1, buffer, mbar)
-            y = d * cute.math.rsqrt(ss / self.n + eps, fastmath=True)
+            rstd = cute.math.rsqrt(ss / self.n + eps, fastmath=True)
+            self.store_row_value(thr, mMean, rows, block, first, mean)
+            self.store_row_value(thr, mRstd, rows, block, first, rstd)
+            y = d * rstd
             if const_expr(self.vectors == "late"):
                 self.store_affine(y, thr, gW, gB, first, self.part(thr, mO, block, first), row_ok, cols)
             else:
@@ -71,6 +75,8 @@ class LayerNorm(RowKernel):
                 d = self.deviation(x, mean, cols)
                 ss = ss + (d * d).reduce(cute.ReductionOp.ADD, 0.0, 0)
             rstd = cute.math.rsqrt(self.row_reduce(ss, ADD, 0.0, 1, buffer, mbar) / self.n + eps, fastmath=True)
+            self.store_row_value(thr, mMean, rows, block, first, mean)
+            self.store_row_value(thr, mRstd, rows, block, first, rstd)
             for t in cutlass.range(self.tiles):
                 row_ok, cols = self.predicates(thr, rows, block, first + t)
                 x = self.load(self.part(thr, mX, block, first + t), row_ok, cols, 0.0).load().to(Float32)

@@ -3,8 +3,9 @@
 Every argument is checked before any GPU work. The eager path calls the compiled TVM-FFI function
 directly (a dict lookup and the call: host cost close to a bare launch); under torch.compile, or
 when autograd needs a graph, calls go through the custom ops ``kernellab::*``, which torch.compile
-treats as opaque (their fake implementations give the output shapes). Backward passes are plain
-torch ops in fp32 (correct, not yet CuTe kernels).
+treats as opaque (their fake implementations give the output shapes). The forwards behind autograd
+also store each row's rstd (and mean), and the backward passes are CuTe kernels too, behind custom ops
+of their own (``kernellab::*_backward``), so that torch.compile traces fwd+bwd without a graph break.
 """
 
 from __future__ import annotations
@@ -12,19 +13,20 @@ from __future__ import annotations
 import torch
 
 from .. import checks
-from .compiler import Plans, Variant
+from . import compiler
+from .compiler import Plans, Variant, call_of, wave
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 # ---- argument checks (no GPU work) ---------------------------------------------------------------
-def _check_x(x) -> None:
-    checks.tensor("x", x)
-    checks.device_is("x", x, "cuda")
-    checks.dtype_in("x", x, FLOATS)
-    checks.ndim_at_least("x", x, 1)
-    checks.unit_last_stride("x", x)
+def _check_x(x, name: str = "x") -> None:
+    checks.tensor(name, x)
+    checks.device_is(name, x, "cuda")
+    checks.dtype_in(name, x, FLOATS)
+    checks.ndim_at_least(name, x, 1)
+    checks.unit_last_stride(name, x)
 
 
 def _check_vector(name: str, v, x) -> None:
@@ -93,23 +95,25 @@ def _sms(x) -> int:
     return _SMS[index]
 
 
-def _function(op: str, x, n: int, bits: int, weight, bias, residual: bool):
+def _function(op: str, x, n: int, bits: int, weight, bias, residual: bool, stats: bool = False):
     wdt = None if weight is None else weight.dtype
     bdt = None if bias is None else bias.dtype
-    key = (op, x.dtype, n, bits & -bits, wdt, bdt, residual)
+    key = (op, x.dtype, n, bits & -bits, wdt, bdt, residual, stats)
     plans = _FUNCTIONS.get(key)
     if plans is None:
         vec = (bits & -bits) // x.element_size()
-        variant = Variant(op, _NAME[x.dtype], n, vec, weight=_NAME.get(wdt), bias=_NAME.get(bdt), residual=residual)
+        variant = Variant(op, _NAME[x.dtype], n, vec, weight=_NAME.get(wdt), bias=_NAME.get(bdt), residual=residual,
+                          stats=stats)
         plans = _FUNCTIONS[key] = Plans(variant, _sms(x))
         widest = n * x.element_size() | 16
-        if not residual and bits & -bits == widest & -widest:
+        if not residual and not stats and bits & -bits == widest & -widest:
             _FAST[(op, x.dtype, n, wdt, bdt)] = plans
     return plans.for_rows(x.shape[0])
 
 
-def _run(op: str, x, y, weight=None, bias=None, residual=None, h=None, eps=None) -> None:
-    """One kernel over 2-D rows: y = op(x [+ residual]) (and h = x + residual for rmsnorm)."""
+def _run(op: str, x, y, weight=None, bias=None, residual=None, h=None, eps=None, rstd=None, mean=None) -> None:
+    """One kernel over 2-D rows: y = op(x [+ residual]) (and h = x + residual for rmsnorm; each row's rstd
+    and mean into the (M,) fp32 ``rstd`` and ``mean`` where given)."""
     m, n = x.shape
     if m == 0 or n == 0:
         return
@@ -119,10 +123,10 @@ def _run(op: str, x, y, weight=None, bias=None, residual=None, h=None, eps=None)
     bits = n * e | 16 | _matrix_bits(x, e) | _matrix_bits(y, e)
     if residual is not None:
         bits |= _matrix_bits(residual, e) | _matrix_bits(h, e)
-    _call(op, x, y, weight, bias, residual, h, eps, bits)
+    _call(op, x, y, weight, bias, residual, h, eps, bits, rstd, mean)
 
 
-def _call(op: str, x, y, weight, bias, residual, h, eps, bits: int) -> None:
+def _call(op: str, x, y, weight, bias, residual, h, eps, bits: int, rstd=None, mean=None) -> None:
     """The compiled function of the call's alignment class (``bits`` of the rows, narrowed here by the
     vectors), called."""
     e = x.element_size()
@@ -130,26 +134,28 @@ def _call(op: str, x, y, weight, bias, residual, h, eps, bits: int) -> None:
         bits |= _vector_bits(weight, e)
     if bias is not None:
         bits |= _vector_bits(bias, e)
-    fn = _function(op, x, x.shape[1], bits, weight, bias, residual is not None)
+    fn = _function(op, x, x.shape[1], bits, weight, bias, residual is not None, rstd is not None)
     if op == "softmax":
         fn(x, y)
     elif op == "rmsnorm":
-        fn(x, weight, residual, y, h, eps)
+        fn(x, weight, residual, y, h, rstd, eps)
     else:
-        fn(x, weight, bias, y, eps)
+        fn(x, weight, bias, y, mean, rstd, eps)
 
 
-def _launch(op: str, x, y, weight=None, bias=None, residual=None, h=None, eps=None) -> None:
+def _launch(op: str, x, y, weight=None, bias=None, residual=None, h=None, eps=None, rstd=None, mean=None) -> None:
     """_run on any leading shape: x and residual viewed (or copied) as (M, N) rows; an output that
-    cannot be viewed as rows is computed into a fresh buffer and copied back."""
+    cannot be viewed as rows is computed into a fresh buffer and copied back. rstd and mean are fresh
+    contiguous tensors of x's leading shape."""
+    rstd, mean = (None if t is None else t.view(-1) for t in (rstd, mean))
     if x.dim() == 2 and y.dim() == 2 and (h is None or h.dim() == 2):
-        return _run(op, x, y, weight, bias, residual, h, eps)
+        return _run(op, x, y, weight, bias, residual, h, eps, rstd, mean)
     n = x.shape[-1]
     rows = [None if t is None else _rows(t, n) for t in (y, h)]
     y2, h2 = (torch.empty(x.numel() // max(n, 1), n, dtype=x.dtype, device=x.device) if r is None and t is not None
               else r for t, r in zip((y, h), rows, strict=True))
     r2 = None if residual is None else residual.reshape(-1, n)
-    _run(op, x.reshape(-1, n), y2, weight, bias, r2, h2, eps)
+    _run(op, x.reshape(-1, n), y2, weight, bias, r2, h2, eps, rstd, mean)
     for t, row_view, fresh in zip((y, h), rows, (y2, h2), strict=True):
         if t is not None and row_view is None:
             t.copy_(fresh.view(t.shape))
@@ -181,19 +187,26 @@ def _softmax_out(x: torch.Tensor, out: torch.Tensor) -> None:
     _launch("softmax", x, out)
 
 
+def _row_stats(x):
+    """A fresh (leading shape) fp32 tensor: one value per row (rstd, mean)."""
+    return x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
 @torch.library.custom_op("kernellab::rmsnorm", mutates_args=(), device_types="cuda")
-def _rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    y = _empty(x)
-    _launch("rmsnorm", x, y, weight=weight, eps=eps)
-    return y
+def _rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, rstd): the forward behind autograd and torch.compile keeps each row's rstd for the backward."""
+    y, rstd = _empty(x), _row_stats(x)
+    _launch("rmsnorm", x, y, weight=weight, eps=eps, rstd=rstd)
+    return y, rstd
 
 
 @torch.library.custom_op("kernellab::rmsnorm_residual", mutates_args=(), device_types="cuda")
 def _rmsnorm_residual(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
-                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    y, h = _empty(x), _empty(x)
-    _launch("rmsnorm", x, y, weight=weight, residual=residual, h=h, eps=eps)
-    return y, h
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, h, rstd) with h = x + residual."""
+    y, h, rstd = _empty(x), _empty(x), _row_stats(x)
+    _launch("rmsnorm", x, y, weight=weight, residual=residual, h=h, eps=eps, rstd=rstd)
+    return y, h, rstd
 
 
 @torch.library.custom_op(
@@ -205,10 +218,11 @@ def _rmsnorm_out(x, weight, residual, eps, out, residual_out) -> None:
 
 @torch.library.custom_op("kernellab::layernorm", mutates_args=(), device_types="cuda")
 def _layernorm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-               eps: float) -> torch.Tensor:
-    y = _empty(x)
-    _launch("layernorm", x, y, weight=weight, bias=bias, eps=eps)
-    return y
+               eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, mean, rstd): the forward behind autograd and torch.compile keeps each row's statistics."""
+    y, mean, rstd = _empty(x), _row_stats(x), _row_stats(x)
+    _launch("layernorm", x, y, weight=weight, bias=bias, eps=eps, rstd=rstd, mean=mean)
+    return y, mean, rstd
 
 
 @torch.library.custom_op("kernellab::layernorm_out", mutates_args=("out",), device_types="cuda")
@@ -224,96 +238,309 @@ def _(x):
 
 @_rmsnorm.register_fake
 def _(x, weight, eps):
-    return _empty(x)
+    return _empty(x), _row_stats(x)
 
 
 @_rmsnorm_residual.register_fake
 def _(x, residual, weight, eps):
-    return _empty(x), _empty(x)
+    return _empty(x), _empty(x), _row_stats(x)
 
 
 @_layernorm.register_fake
 def _(x, weight, bias, eps):
-    return _empty(x)
+    return _empty(x), _row_stats(x), _row_stats(x)
 
 
 for _op in (_softmax_out, _rmsnorm_out, _layernorm_out):
     _op.register_fake(lambda *args: None)
 
 
-# ---- backward: plain torch in fp32 ------------------------------------------------------------------
-def _sum_rows(t, n: int):
-    return t.reshape(-1, n).sum(0)
+# ---- backward -----------------------------------------------------------------------------------------------
+_GRADS: dict[tuple, tuple] = {}  # (op, dtypes, N, alignment, flags) -> (function, rows per CTA, CTAs per wave)
 
 
-def softmax_backward(x, grad):
-    """dx of y = softmax(x) given dy, computed in fp32 from x."""
-    y = torch.softmax(x.float(), dim=-1)
-    g = grad.float()
-    return (y * (g - (g * y).sum(-1, keepdim=True))).to(x.dtype)
+def _grad_function(op: str, x, bits: int, weight, dh: bool, dbias: bool):
+    """The compiled backward of the call's alignment class, its rows per CTA, and how many of its CTAs one
+    wave holds on x's GPU (the persistent grid of the kernels with vector gradients)."""
+    n = x.shape[1]
+    wdt = None if weight is None else weight.dtype
+    key = (op, x.dtype, n, bits & -bits, wdt, dh, dbias)
+    found = _GRADS.get(key)
+    if found is None:
+        vec = (bits & -bits) // x.element_size()
+        name = _NAME[x.dtype]
+        variant = Variant(op, name, n, vec, weight=_NAME.get(wdt), bias=name if dbias else None, residual=dh)
+        found = _GRADS[key] = (call_of(compiler.compiled(variant)), *wave(variant, _sms(x)))
+    return found
 
 
-def rmsnorm_backward(x, residual, weight, eps, grad_y, grad_h):
-    """(dx, dresidual, dweight) of (y, h) = rmsnorm(x [+ residual]); grad_h is the gradient of h (or None)."""
+def _as_rows(t, n: int):
+    """t as (M, N) rows with unit column stride (a view where one exists; a copy otherwise: autograd may
+    hand over expanded or transposed gradients). A size-1 last dimension may carry any stride."""
+    rows = t.reshape(-1, n)
+    if n == 1:
+        return rows.as_strided(rows.shape, (rows.stride(0), 1))
+    return rows if rows.stride(1) == 1 else rows.contiguous()
+
+
+def _grad_launch(op: str, x, dy, weight=None, dh=None, rstd=None, mean=None, dbias: bool = False):
+    """dx (x's shape, dtype) and the fp32 sums of the vector gradients (dweight, dbias; None where not
+    asked for) of one backward kernel. x is y for softmax."""
     n = x.shape[-1]
-    h = x.float() if residual is None else x.float() + residual.float()
-    rstd = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    xhat = h * rstd
-    g = grad_y.float()
-    gw = g if weight is None else g * weight.float()
-    dh = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
-    if grad_h is not None:
-        dh = dh + grad_h.float()
-    dweight = None if weight is None else _sum_rows(g * xhat, n).to(weight.dtype)
-    dres = None if residual is None else dh.to(residual.dtype)
-    return dh.to(x.dtype), dres, dweight
+    dx = _empty(x)
+    m = x.numel() // n if n else 0
+    if m == 0 or n == 0:  # no rows: the vector gradients are zero
+        zeros = torch.zeros(n, dtype=torch.float32, device=x.device)
+        return dx, None if weight is None else zeros, zeros.clone() if dbias else None
+    x2, dy2, dx2 = _as_rows(x, n), _as_rows(dy, n), dx.view(-1, n)
+    dh2 = None if dh is None else _as_rows(dh, n)
+    e = x.element_size()
+    bits = n * e | 16 | _matrix_bits(x2, e) | _matrix_bits(dy2, e) | _matrix_bits(dx2, e)
+    if dh2 is not None:
+        bits |= _matrix_bits(dh2, e)
+    if weight is not None:
+        bits |= _vector_bits(weight, e)
+    fn, rows_per_cta, per_wave = _grad_function(op, x2, bits, weight, dh is not None, dbias)
+    if op == "softmax_backward":
+        fn(x2, dy2, dx2)
+        return dx, None, None
+    blocks = -(-m // rows_per_cta)
+    grid = min(blocks, per_wave) if weight is not None or dbias else blocks
+    pw = None if weight is None else x.new_empty((grid * rows_per_cta, n), dtype=torch.float32)
+    pb = x.new_empty((grid * rows_per_cta, n), dtype=torch.float32) if dbias else None
+    if op == "rmsnorm_backward":
+        fn(x2, weight, dy2, rstd.reshape(-1), dh2, dx2, pw, grid)
+    else:
+        fn(x2, weight, dy2, mean.reshape(-1), rstd.reshape(-1), dx2, pw, pb, grid)
+    return dx, None if pw is None else pw.sum(0), None if pb is None else pb.sum(0)
 
 
-def layernorm_backward(x, weight, bias, eps, grad):
-    """(dx, dweight, dbias) of y = layernorm(x)."""
-    n = x.shape[-1]
-    xf = x.float()
-    xc = xf - xf.mean(-1, keepdim=True)
-    rstd = torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
-    xhat = xc * rstd
-    g = grad.float()
-    gw = g if weight is None else g * weight.float()
-    dx = rstd * (gw - gw.mean(-1, keepdim=True) - xhat * (gw * xhat).mean(-1, keepdim=True))
-    dweight = None if weight is None else _sum_rows(g * xhat, n).to(weight.dtype)
-    dbias = None if bias is None else _sum_rows(g, n).to(bias.dtype)
-    return dx.to(x.dtype), dweight, dbias
+def _cast(t, like):
+    return None if t is None or like is None else t.to(like.dtype)
 
 
-def _setup(ctx, inputs, output):
-    """Save the tensor inputs (x first); the trailing float input, where there is one, is eps."""
-    ctx.save_for_backward(*(t for t in inputs if not isinstance(t, float)))
-    ctx.eps = inputs[-1] if isinstance(inputs[-1], float) else None
+def _no_vector(x):
+    """The schema's stand-in for an absent vector gradient: an empty fp32 tensor."""
+    return x.new_empty(0, dtype=torch.float32)
+
+
+@torch.library.custom_op("kernellab::softmax_backward", mutates_args=(), device_types="cuda")
+def _softmax_backward(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    return _grad_launch("softmax_backward", y, dy)[0]
+
+
+@torch.library.custom_op("kernellab::rmsnorm_backward", mutates_args=(), device_types="cuda")
+def _rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, rstd: torch.Tensor,
+                      dh: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx [+ dh], dweight; an empty tensor without a weight)."""
+    dx, dw, _ = _grad_launch("rmsnorm_backward", x, dy, weight=weight, dh=dh, rstd=rstd)
+    return dx, _no_vector(x) if dw is None else dw.to(weight.dtype)
+
+
+@torch.library.custom_op("kernellab::layernorm_backward", mutates_args=(), device_types="cuda")
+def _layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, mean: torch.Tensor,
+                        rstd: torch.Tensor, bias: torch.Tensor | None,
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dweight, dbias; empty tensors for an absent weight or bias). ``bias`` only gives dbias's dtype."""
+    dx, dw, db = _grad_launch("layernorm_backward", x, dy, weight=weight, rstd=rstd, mean=mean,
+                              dbias=bias is not None)
+    return dx, _no_vector(x) if dw is None else dw.to(weight.dtype), _no_vector(x) if db is None else db.to(bias.dtype)
+
+
+@_softmax_backward.register_fake
+def _(y, dy):
+    return _empty(y)
+
+
+@_rmsnorm_backward.register_fake
+def _(x, weight, dy, rstd, dh):
+    return _empty(x), _no_vector(x) if weight is None else torch.empty_like(weight)
+
+
+@_layernorm_backward.register_fake
+def _(x, weight, dy, mean, rstd, bias):
+    return tuple([_empty(x)] + [_no_vector(x) if v is None else torch.empty_like(v) for v in (weight, bias)])
+
+
+def _check_grad(name: str, t, x, x_name: str = "x") -> None:
+    """dy / dh: x's shape, dtype and device (any strides)."""
+    checks.tensor(name, t)
+    checks.same_device(name, t, x_name, x)
+    checks.dtype_in(name, t, (x.dtype,))
+    checks.shape_is(name, t, x.shape)
+
+
+def _check_stats(name: str, t, x) -> None:
+    """rstd / mean: fp32, x's leading shape, on x's device."""
+    checks.tensor(name, t)
+    checks.same_device(name, t, "x", x)
+    checks.dtype_in(name, t, (torch.float32,))
+    checks.shape_is(name, t, x.shape[:-1])
+
+
+def softmax_backward(y, dy):
+    """dx of y = softmax(x) given the forward's output y and dy: y * (dy - sum(dy * y)), fp32 inside."""
+    _check_x(y, "y")
+    _check_grad("dy", dy, y, "y")
+    if torch.compiler.is_compiling():
+        return _softmax_backward(y, dy)
+    return _grad_launch("softmax_backward", y, dy)[0]
+
+
+def rmsnorm_backward(x, weight, dy, rstd, *, dh=None):
+    """(dx, dweight) of y = x * rstd * weight given the forward's rstd (fp32, x's leading shape); dweight
+    is None without a weight, reduced in fp32 from per-CTA partials. ``dh``, the gradient of a residual
+    output h (x is then h), is added to dx."""
+    _check_x(x)
+    if weight is not None:
+        _check_vector("weight", weight, x)
+    _check_grad("dy", dy, x)
+    _check_stats("rstd", rstd, x)
+    if dh is not None:
+        _check_grad("dh", dh, x)
+    if torch.compiler.is_compiling():
+        dx, dw = _rmsnorm_backward(x, weight, dy, rstd, dh)
+        return dx, None if weight is None else dw
+    dx, dw, _ = _grad_launch("rmsnorm_backward", x, dy, weight=weight, dh=dh, rstd=rstd)
+    return dx, _cast(dw, weight)
+
+
+def layernorm_backward(x, weight, dy, mean, rstd, bias=True):
+    """(dx, dweight, dbias) of y = (x - mean) * rstd * weight + bias given the forward's mean and rstd (fp32,
+    x's leading shape). ``bias``: whether dbias is wanted (True: in weight's dtype, else x's; a tensor: in
+    its dtype); None where not wanted, as dweight is without a weight."""
+    _check_x(x)
+    if weight is not None:
+        _check_vector("weight", weight, x)
+    _check_grad("dy", dy, x)
+    _check_stats("mean", mean, x)
+    _check_stats("rstd", rstd, x)
+    like = bias if isinstance(bias, torch.Tensor) else (weight if weight is not None else x) if bias else None
+    if torch.compiler.is_compiling():
+        dx, dw, db = _layernorm_backward(x, weight, dy, mean, rstd, like)
+        return dx, None if weight is None else dw, None if like is None else db
+    dx, dw, db = _grad_launch("layernorm_backward", x, dy, weight=weight, rstd=rstd, mean=mean,
+                              dbias=like is not None)
+    return dx, _cast(dw, weight), _cast(db, like)
+
+
+# ---- autograd of the forward custom ops -------------------------------------------------------------------
+def _setup_softmax(ctx, inputs, output):
+    ctx.save_for_backward(output)
 
 
 def _softmax_grad(ctx, grad):
-    return softmax_backward(ctx.saved_tensors[0], grad)
+    return _softmax_backward(ctx.saved_tensors[0], grad)
 
 
-def _rmsnorm_grad(ctx, grad):
-    x, weight = ctx.saved_tensors
-    dx, _, dweight = rmsnorm_backward(x, None, weight, ctx.eps, grad, None)
-    return dx, dweight, None
+def _setup_rmsnorm(ctx, inputs, output):
+    x, weight, eps = inputs
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(x, weight, output[1])
 
 
-def _rmsnorm_residual_grad(ctx, grad_y, grad_h):
-    x, residual, weight = ctx.saved_tensors
-    return (*rmsnorm_backward(x, residual, weight, ctx.eps, grad_y, grad_h), None)
+def _rmsnorm_grad(ctx, grad, _grad_rstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = _rmsnorm_backward(x, weight, _zeros_if_none(grad, x), rstd, None)
+    return dx, None if weight is None else dw, None
 
 
-def _layernorm_grad(ctx, grad):
-    x, weight, bias = ctx.saved_tensors
-    return (*layernorm_backward(x, weight, bias, ctx.eps, grad), None)
+def _setup_rmsnorm_residual(ctx, inputs, output):
+    x, residual, weight, eps = inputs
+    y, h, rstd = output
+    ctx.mark_non_differentiable(rstd)
+    ctx.save_for_backward(h, weight, rstd)
 
 
-_softmax.register_autograd(_softmax_grad, setup_context=_setup)
-_rmsnorm.register_autograd(_rmsnorm_grad, setup_context=_setup)
-_rmsnorm_residual.register_autograd(_rmsnorm_residual_grad, setup_context=_setup)
-_layernorm.register_autograd(_layernorm_grad, setup_context=_setup)
+def _rmsnorm_residual_grad(ctx, grad_y, grad_h, _grad_rstd):
+    h, weight, rstd = ctx.saved_tensors
+    dh, dw = _rmsnorm_backward(h, weight, _zeros_if_none(grad_y, h), rstd, grad_h)
+    return dh, dh, None if weight is None else dw, None
+
+
+def _setup_layernorm(ctx, inputs, output):
+    x, weight, bias, eps = inputs
+    y, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.save_for_backward(x, weight, bias, mean, rstd)
+
+
+def _layernorm_grad(ctx, grad, _grad_mean, _grad_rstd):
+    x, weight, bias, mean, rstd = ctx.saved_tensors
+    dx, dw, db = _layernorm_backward(x, weight, _zeros_if_none(grad, x), mean, rstd, bias)
+    return dx, None if weight is None else dw, None if bias is None else db, None
+
+
+def _zeros_if_none(grad, x):
+    return torch.zeros_like(x) if grad is None else grad
+
+
+_softmax.register_autograd(_softmax_grad, setup_context=_setup_softmax)
+_rmsnorm.register_autograd(_rmsnorm_grad, setup_context=_setup_rmsnorm)
+_rmsnorm_residual.register_autograd(_rmsnorm_residual_grad, setup_context=_setup_rmsnorm_residual)
+_layernorm.register_autograd(_layernorm_grad, setup_context=_setup_layernorm)
+
+
+# ---- eager autograd: the same kernels without the custom ops' dispatch -----------------------------------
+# Outside torch.compile a torch.autograd.Function calls the launches directly: a custom op's Python dispatch
+# costs more host time per call than the small shapes' kernels take.
+class _SoftmaxFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = _empty(x)
+        _launch("softmax", x, y)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _grad_launch("softmax_backward", ctx.saved_tensors[0], dy)[0]
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        y, rstd = _empty(x), _row_stats(x)
+        _launch("rmsnorm", x, y, weight=weight, eps=eps, rstd=rstd)
+        ctx.save_for_backward(x, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw, _ = _grad_launch("rmsnorm_backward", x, dy, weight=weight, rstd=rstd)
+        return dx, _cast(dw, weight), None
+
+
+class _RMSNormResidualFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps):
+        y, h, rstd = _empty(x), _empty(x), _row_stats(x)
+        _launch("rmsnorm", x, y, weight=weight, residual=residual, h=h, eps=eps, rstd=rstd)
+        ctx.save_for_backward(h, weight, rstd)
+        return y, h
+
+    @staticmethod
+    def backward(ctx, dy, dh):
+        h, weight, rstd = ctx.saved_tensors
+        dx, dw, _ = _grad_launch("rmsnorm_backward", h, _zeros_if_none(dy, h), weight=weight, dh=dh, rstd=rstd)
+        return dx, dx, _cast(dw, weight), None
+
+
+class _LayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y, mean, rstd = _empty(x), _row_stats(x), _row_stats(x)
+        _launch("layernorm", x, y, weight=weight, bias=bias, eps=eps, rstd=rstd, mean=mean)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        dx, dw, db = _grad_launch("layernorm_backward", x, dy, weight=weight, rstd=rstd, mean=mean,
+                                  dbias=bias is not None)
+        return dx, _cast(dw, weight), _cast(db, bias), None
 
 
 # ---- public functions ---------------------------------------------------------------------------------
@@ -386,8 +613,10 @@ def softmax(x, *, out=None):
         else:
             _launch("softmax", x, out)
         return out
-    if torch.compiler.is_compiling() or _needs_autograd(x):
+    if torch.compiler.is_compiling():
         return _softmax(x)
+    if _needs_autograd(x):
+        return _SoftmaxFunction.apply(x)
     y = _empty(x)
     _launch("softmax", x, y)
     return y
@@ -401,7 +630,7 @@ def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None, *, out=None, resid
         if fn is not None:
             y = _empty(x) if out is None else out
             try:
-                fn(x, weight, None, y, None, eps)
+                fn(x, weight, None, y, None, None, eps)
                 return y
             except (TypeError, ValueError):  # not the widest class's call: the general path decides
                 pass
@@ -427,8 +656,12 @@ def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None, *, out=None, resid
         else:
             _launch("rmsnorm", x, y, weight=weight, residual=residual, h=h, eps=eps)
         return y if h is None else (y, h)
-    if torch.compiler.is_compiling() or _needs_autograd(x, weight, residual):
-        return _rmsnorm(x, weight, eps) if residual is None else _rmsnorm_residual(x, residual, weight, eps)
+    if torch.compiler.is_compiling():
+        return _rmsnorm(x, weight, eps)[0] if residual is None else _rmsnorm_residual(x, residual, weight, eps)[:2]
+    if _needs_autograd(x, weight, residual):
+        if residual is None:
+            return _RMSNormFunction.apply(x, weight, eps)
+        return _RMSNormResidualFunction.apply(x, residual, weight, eps)
     y = _empty(x)
     if residual is None:
         _launch("rmsnorm", x, y, weight=weight, eps=eps)
@@ -446,7 +679,7 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
         if fn is not None:
             y = _empty(x) if out is None else out
             try:
-                fn(x, weight, bias, y, eps)
+                fn(x, weight, bias, y, None, None, eps)
                 return y
             except (TypeError, ValueError):  # not the widest class's call: the general path decides
                 pass
@@ -466,8 +699,10 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
         else:
             _launch("layernorm", x, out, weight=weight, bias=bias, eps=eps)
         return out
-    if torch.compiler.is_compiling() or _needs_autograd(x, weight, bias):
-        return _layernorm(x, weight, bias, eps)
+    if torch.compiler.is_compiling():
+        return _layernorm(x, weight, bias, eps)[0]
+    if _needs_autograd(x, weight, bias):
+        return _LayerNormFunction.apply(x, weight, bias, eps)
     y = _empty(x)
     _launch("layernorm", x, y, weight=weight, bias=bias, eps=eps)
     return y

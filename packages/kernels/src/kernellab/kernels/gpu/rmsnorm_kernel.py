@@ -3,7 +3,8 @@
 One row reduction (the sum of squares, fp32). With a residual, h is written to ``residual_out`` in
 x's dtype as soon as it is formed, and y is computed from the fp32 h. Streamed rows re-read h in
 the output pass from ``residual_out`` (which this thread wrote) or from x, so an in-place residual
-update (residual_out aliasing x or residual) stays correct.
+update (residual_out aliasing x or residual) stays correct. Given ``rstd`` (an (M,) fp32 tensor), the
+kernel also stores each row's 1 / sqrt(mean(h^2) + eps) there, for the backward.
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ class RMSNorm(RowKernel):
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor | None, mR: cute.Tensor | None, mO: cute.Tensor,
-                 mRO: cute.Tensor | None, eps: Float32, stream: cuda.CUstream):
-        self.launch(self.kernel(mX, mW, mR, mO, mRO, eps), mX.shape[0], stream)
+                 mRO: cute.Tensor | None, mRstd: cute.Tensor | None, eps: Float32, stream: cuda.CUstream):
+        self.launch(self.kernel(mX, mW, mR, mO, mRO, mRstd, eps), mX.shape[0], stream)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor | None, mR: cute.Tensor | None, mO: cute.Tensor,
-               mRO: cute.Tensor | None, eps: Float32):
+               mRO: cute.Tensor | None, mRstd: cute.Tensor | None, eps: Float32):
         rows = mX.shape[0]
         thr, block, first = self.thread_slice()
         buffer, mbar = self.reduction_storage()
@@ -47,7 +48,9 @@ class RMSNorm(RowKernel):
             w = self.early_vector(thr, gW, first, cols)
             h = self.combine(thr, mX, mR, mRO, block, first, row_ok, cols)
             ss = self.row_reduce((h * h).reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, 0, buffer, mbar)
-            y = h * cute.math.rsqrt(ss / self.n + eps, fastmath=True)
+            rstd = cute.math.rsqrt(ss / self.n + eps, fastmath=True)
+            self.store_row_value(thr, mRstd, rows, block, first, rstd)
+            y = h * rstd
             if const_expr(self.vectors == "late"):
                 self.store_affine(y, thr, gW, None, first, self.part(thr, mO, block, first), row_ok, cols)
             else:
@@ -59,6 +62,7 @@ class RMSNorm(RowKernel):
                 h = self.combine(thr, mX, mR, mRO, block, first + t, row_ok, cols)
                 ss = ss + (h * h).reduce(cute.ReductionOp.ADD, 0.0, 0)
             rstd = cute.math.rsqrt(self.row_reduce(ss, ADD, 0.0, 0, buffer, mbar) / self.n + eps, fastmath=True)
+            self.store_row_value(thr, mRstd, rows, block, first, rstd)
             mH = mRO if const_expr(mRO is not None) else mX
             for t in cutlass.range(self.tiles):
                 row_ok, cols = self.predicates(thr, rows, block, first + t)

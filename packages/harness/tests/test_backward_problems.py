@@ -1,0 +1,67 @@
+"""The gpu-norm-backward suite's problems on the CPU: torch's own backward (the control) meets the float64
+truth within the tolerance, an output off by a little more than it does not, and the byte counts."""
+
+import pytest
+
+from kernellab.harness import validate
+from kernellab.harness.case import seed_for
+from kernellab.harness.suites import gpu_norm_backward
+from kernellab.harness.suites.problems import (
+    LayerNormBackward,
+    LayerNormTrain,
+    RMSNormBackward,
+    RMSNormTrain,
+    SoftmaxBackward,
+    SoftmaxTrain,
+)
+
+KINDS = [SoftmaxBackward, RMSNormBackward, LayerNormBackward, SoftmaxTrain, RMSNormTrain, LayerNormTrain]
+
+
+# torch has no CPU kernel of aten::_fused_rms_norm_backward (RMSNormBackward's control): CUDA only
+CPU_KINDS = [k for k in KINDS if k is not RMSNormBackward]
+
+
+@pytest.mark.parametrize("kind", CPU_KINDS)
+@pytest.mark.parametrize("shape", [(1, 7), (33, 257), (300, 64)])
+def test_torch_control_meets_the_float64_truth(kind, shape):
+    problem = kind(shape, "fp32", "cpu")
+    report = validate.validate_call(problem, problem.control, seed_for(problem.name, 0))
+    assert report["passed"], report
+
+
+@pytest.mark.parametrize("kind", CPU_KINDS)
+def test_a_wrong_gradient_fails(kind):
+    problem = kind((16, 96), "fp32", "cpu")
+
+    def off(i, o):
+        out = problem.control(i, o)
+        return {k: v * 1.001 if k.startswith("d") else v for k, v in out.items()}
+
+    assert not validate.validate_call(problem, off, seed_for(problem.name, 1))["passed"]
+
+
+def test_bytes_are_the_minimum_the_backward_moves():
+    m, n = 64, 1000
+    assert SoftmaxBackward((m, n), "bf16", "cpu").bytes_moved() == 3 * m * n * 2
+    assert RMSNormBackward((m, n), "fp32", "cpu").bytes_moved() == (3 * m * n + 2 * n) * 4
+    assert LayerNormBackward((m, n), "fp32", "cpu").bytes_moved() == (3 * m * n + 4 * n) * 4
+    assert LayerNormTrain((m, n), "bf16", "cpu").bytes_moved() == (5 * m * n + 6 * n) * 2
+
+
+def test_suite_has_backward_and_train_cases_at_the_example_shapes():
+    names = {p.name for p in gpu_norm_backward().make_problems()}
+    for op in ("softmax", "rmsnorm", "layernorm"):
+        for dtype in ("fp32", "bf16"):
+            assert f"{op}_backward_256x3072_{dtype}" in names
+            assert f"{op}_backward_16384x8192_{dtype}" in names
+            assert f"{op}_train_256x3072_{dtype}" in names
+    assert "copy_65536x1024_bf16" in names
+
+
+def test_slack_covers_only_the_vector_gradients():
+    problem = LayerNormBackward((8, 16), "fp32", "cpu")
+    slack = problem.slack(problem.make_inputs(3))
+    assert set(slack) == {"dweight", "dbias"}
+    assert all(s.shape == (16,) and bool((s > 0).all()) for s in slack.values())
+    assert SoftmaxBackward((8, 16), "fp32", "cpu").slack(SoftmaxBackward((8, 16), "fp32", "cpu").make_inputs(3)) == {}

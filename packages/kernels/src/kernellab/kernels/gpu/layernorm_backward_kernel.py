@@ -1,0 +1,101 @@
+"""LayerNorm backward from the forward's mean and rstd: with xhat = (x - mean) * rstd and g = dy * w,
+
+    dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+    dweight = sum over rows of dy * xhat,  dbias = sum over rows of dy (fp32 partials per CTA row)
+
+Two row reductions (mean(g), mean(g * xhat)). Columns past N load dy as 0, so g and both terms are 0
+there although xhat is not.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+
+from .base import ADD, GradKernel
+
+
+class LayerNormBackward(GradKernel):
+    reductions = 2
+    name = "layernorm_backward"
+
+    def __init__(self, dtype, n: int, vec: int, weight_dtype=None, bias: bool = False, tuning=None):
+        super().__init__(dtype, n, vec, tuning)
+        self.weight_dtype, self.bias = weight_dtype, bias
+
+    def __repr__(self) -> str:
+        w = self.weight_dtype.__name__ if self.weight_dtype else "none"
+        return f"{super().__repr__()}_w{w}{'_db' if self.bias else ''}"
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mW: cute.Tensor | None, mDY: cute.Tensor, mMean: cute.Tensor,
+                 mRstd: cute.Tensor, mDX: cute.Tensor, mDW: cute.Tensor | None, mDB: cute.Tensor | None,
+                 grid: Int32, stream: cuda.CUstream):
+        self.launch_persistent(self.kernel(mX, mW, mDY, mMean, mRstd, mDX, mDW, mDB, grid), grid, stream)
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mW: cute.Tensor | None, mDY: cute.Tensor, mMean: cute.Tensor,
+               mRstd: cute.Tensor, mDX: cute.Tensor, mDW: cute.Tensor | None, mDB: cute.Tensor | None, grid: Int32):
+        rows = mX.shape[0]
+        thr, bidx, _ = self.thread_slice()
+        buffer, _ = self.reduction_storage()
+        blocks = cute.ceil_div(rows, self.rows_per_cta)
+        gW = self.broadcast_rows(mW)
+        _, cols = self.predicates(thr, rows, bidx, 0)  # the columns of a held row (the same for every row)
+        w = None
+        if const_expr(self.tiles == 1):
+            w = self.load_vector(thr, gW, 0, cols)
+        dw, db = self.accumulator(thr, mDW), self.accumulator(thr, mDB)
+        if const_expr(self.tiles == 1):
+            frags = [cute.make_rmem_tensor_like(self.part(thr, t, 0, 0)) for t in (mX, mDY)]
+            self.prefetch(thr, (mX, mDY), frags, rows, bidx, cols)
+            for block in cutlass.range(bidx, blocks, grid):
+                stage = ((block - bidx) // grid) % 2 * 2
+                mean = self.load_row_value(thr, mMean, rows, block, 0, 0.0)
+                rstd = self.load_row_value(thr, mRstd, rows, block, 0, 1.0)
+                row_ok, _ = self.predicates(thr, rows, block, 0)
+                x = (frags[0].load().to(Float32) - mean) * rstd
+                dy = frags[1].load().to(Float32)
+                self.prefetch(thr, (mX, mDY), frags, rows, block + grid, cols)
+                g = dy if const_expr(w is None) else dy * w
+                mean_g = self.row_reduce(g.reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, stage, buffer, None)
+                mean_gx = self.row_reduce((g * x).reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, stage + 1,
+                                          buffer, None)
+                dx = (g - mean_g / self.n - x * (mean_gx / self.n)) * rstd
+                self.store(dx, self.part(thr, mDX, block, 0), row_ok, cols)
+                self.partials(thr, mDW, bidx, 0, cols, block != bidx, dy * x, dw)
+                self.partials(thr, mDB, bidx, 0, cols, block != bidx, dy, db)
+        else:
+            for block in cutlass.range(bidx, blocks, grid):
+                stage = ((block - bidx) // grid) % 2 * 2
+                later = block != bidx
+                mean = self.load_row_value(thr, mMean, rows, block, 0, 0.0)
+                rstd = self.load_row_value(thr, mRstd, rows, block, 0, 1.0)
+                sum_g, sum_gx = Float32(0.0), Float32(0.0)
+                for t in cutlass.range(self.tiles):
+                    row_ok, tcols = self.predicates(thr, rows, block, t)
+                    x, dy, g = self.terms(thr, mX, mDY, self.load_vector(thr, gW, t, tcols), mean, rstd, block, t,
+                                          row_ok, tcols)
+                    sum_g = sum_g + g.reduce(cute.ReductionOp.ADD, 0.0, 0)
+                    sum_gx = sum_gx + (g * x).reduce(cute.ReductionOp.ADD, 0.0, 0)
+                mean_g = self.row_reduce(sum_g, ADD, 0.0, stage, buffer, None) / self.n
+                mean_gx = self.row_reduce(sum_gx, ADD, 0.0, stage + 1, buffer, None) / self.n
+                for t in cutlass.range(self.tiles):
+                    row_ok, tcols = self.predicates(thr, rows, block, t)
+                    x, dy, g = self.terms(thr, mX, mDY, self.load_vector(thr, gW, t, tcols), mean, rstd, block, t,
+                                          row_ok, tcols)
+                    self.store((g - mean_g - x * mean_gx) * rstd, self.part(thr, mDX, block, t), row_ok, tcols)
+                    self.partials(thr, mDW, bidx, t, tcols, later, dy * x, None)
+                    self.partials(thr, mDB, bidx, t, tcols, later, dy, None)
+        self.store_accumulator(thr, mDW, dw, bidx, cols)
+        self.store_accumulator(thr, mDB, db, bidx, cols)
+
+    @cute.jit
+    def terms(self, thr, mX, mDY, w, mean, rstd, block, tile, row_ok, cols):
+        """(xhat, dy, g = dy * w) in fp32 for one tile; dy (so g) is 0 past N and past M."""
+        x = (self.load(self.part(thr, mX, block, tile), row_ok, cols, 0.0).load().to(Float32) - mean) * rstd
+        dy = self.load(self.part(thr, mDY, block, tile), row_ok, cols, 0.0).load().to(Float32)
+        g = dy if const_expr(w is None) else dy * w
+        return x, dy, g

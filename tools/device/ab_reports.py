@@ -1,0 +1,76 @@
+"""One revision A/B of a suite that also keeps each side as a run report, for kernellab-audit.
+
+    python3 tools/device/ab_reports.py --suite gpu-norm-backward --baseline COMMIT [--impls cute] [--rounds 3]
+                                       [--samples 10] [--cases ...] --out DIR
+
+What ``kernellab-bench --suite S --baseline COMMIT`` runs (one worker per revision, every case by both sides
+back to back, the side order alternating by round), with the baseline checked out as a git worktree, so
+that its worker records the baseline's commit as a checkout would (a materialized archive has no .git and
+records none, which the audit then cannot locate). Writes DIR/<suite>-ab.json (the comparison report),
+DIR/<suite>-reference.json and DIR/<suite>-candidate.json (the two sides as run reports, from the same
+rounds), then prints the comparison's table. Run it from a clean checkout on the GPU host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import tempfile
+from pathlib import Path
+
+from kernellab.harness import assemble, provenance, registry, table
+from kernellab.harness import report as report_io
+from kernellab.harness.cli import config_for
+from kernellab.harness.revision import run_sides
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", required=True)
+    ap.add_argument("--baseline", required=True, help="a commit of this checkout")
+    ap.add_argument("--impls")
+    ap.add_argument("--cases")
+    ap.add_argument("--modes")
+    for name in ("rounds", "samples", "warmup", "iterations"):
+        ap.add_argument(f"--{name}", type=int)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    repo = provenance.find_repo_root(Path.cwd())
+    suites, broken = registry.discover()
+    if args.suite not in suites:
+        raise SystemExit(f"unknown suite {args.suite!r} ({broken.get(args.suite, 'not registered')})")
+    suite = suites[args.suite]
+    config = config_for(suite, args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    commit = git(repo, "rev-parse", "--verify", f"{args.baseline}^{{commit}}")
+    state = provenance.git_state(repo)
+    with tempfile.TemporaryDirectory(prefix="kernellab-baseline-") as tmp:
+        base = Path(tmp) / "tree"
+        git(repo, "worktree", "add", "--detach", str(base), commit)
+        try:
+            request = {"suite": suite.name, "config": config.to_json(), "cases": args.cases, "impls": args.impls}
+            sides = run_sides({"reference": base, "candidate": repo}, request, config.rounds)
+        finally:
+            git(repo, "worktree", "remove", "--force", str(base))
+    sides["reference"]["revision"] = {"revision": args.baseline, "kind": "git", "commit": commit,
+                                      "zip_sha256": None, "root": str(base)}
+    sides["candidate"]["revision"] = {"revision": "working tree", "kind": "local", "commit": state["commit"],
+                                      "dirty": state["dirty"], "root": str(repo)}
+    cfg = config.to_json()
+    reports = {"ab": report_io.seal(assemble.comparison_report(suite, cfg, sides["reference"], sides["candidate"])),
+               "reference": report_io.seal(assemble.run_report(suite, cfg, sides["reference"])),
+               "candidate": report_io.seal(assemble.run_report(suite, cfg, sides["candidate"]))}
+    for name, report in reports.items():
+        report_io.write(report, out / f"{suite.name}-{name}.json")
+    print(table.render(reports["ab"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,164 @@
+"""Launch-plan sweep of the CuTe backward kernels on the GPU host: a few Tuning plans per case, each checked
+against torch and timed in graph throughput (inputs rotated past the L2, as the harness times) beside copy
+(the ceiling by the backward's minimum bytes: x or y, dy, dx, the weight once) and torch's own backward.
+
+    python3 tools/device/backward_sweep.py [--cases 'rmsnorm*bf16,*x4096*'] [--plans 'B0,B1'] [--rounds 2]
+
+Writes $OUT/backward_sweep.json (after every case) and prints one line per case: each plan as a fraction of
+the copy ceiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import functools
+import json
+import os
+import statistics
+
+import torch
+
+from kernellab.harness import timing
+from kernellab.kernels.gpu import compiler
+from kernellab.kernels.gpu.base import BACKWARD, Tuning
+from kernellab.kernels.gpu.compiler import Variant, widest_vector
+
+SHAPES = [(16384, 8192), (8192, 16384), (65536, 1024), (768, 6144), (1024, 4096), (256, 3072), (37, 1537)]
+PLANS = {
+    "B0": BACKWARD,
+    "B1": Tuning(accesses=4, register_values=32, resident_threads=0, tile_values=32),
+    "B2": Tuning(accesses=1, register_values=8, resident_threads=0, tile_values=8),
+    "B3": Tuning(accesses=2, register_values=16, resident_threads=0, tile_values=16, ctas_per_sm=2),
+    "B4": Tuning(accesses=2, register_values=16, resident_threads=0, tile_values=16, min_threads=256),
+    "B5": Tuning(accesses=4, register_values=16, resident_threads=0, tile_values=16, ctas_per_sm=3),
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def inputs(op, m, n, dt, g):
+    x = torch.randn(m, n, device="cuda", generator=g).to(dt)
+    dy = torch.randn(m, n, device="cuda", generator=g).to(dt)
+    if op == "softmax":
+        return {"x": torch.softmax(x.float(), -1).to(dt), "dy": dy}
+    xf = x.float()
+    mean = xf.mean(-1)
+    rstd = torch.rsqrt((xf - (mean[:, None] if op == "layernorm" else 0)).pow(2).mean(-1) + 1e-5)
+    return {"x": x, "dy": dy, "mean": mean, "rstd": rstd}
+
+
+def torch_backward(op, w, i):
+    x, dy = i["x"], i["dy"]
+    n = x.shape[-1]
+    if op == "softmax":
+        return torch.ops.aten._softmax_backward_data(dy, x, -1, x.dtype)
+    if op == "rmsnorm":
+        return torch.ops.aten._fused_rms_norm_backward(dy, x, [n], i["rstd"][:, None], w, [True, True])
+    return torch.ops.aten.native_layer_norm_backward(dy, x, [n], i["mean"][:, None], i["rstd"][:, None], w, w,
+                                                     [True, True, True])
+
+
+def ours(op, variant, w, sms):
+    fn = compiler.call_of(compiler.compiled(variant))
+    rows_per_cta, per_wave = compiler.wave(variant, sms)
+
+    def call(i):
+        x, dy = i["x"], i["dy"]
+        m, n = x.shape
+        dx = torch.empty_like(x)
+        if op == "softmax":
+            fn(x, dy, dx)
+            return (dx,)
+        grid = min(-(-m // rows_per_cta), per_wave)
+        pw = torch.empty(grid * rows_per_cta, n, device="cuda")
+        if op == "rmsnorm":
+            fn(x, w, dy, i["rstd"], None, dx, pw, grid)
+            return dx, pw.sum(0)
+        pb = torch.empty_like(pw)
+        fn(x, w, dy, i["mean"], i["rstd"], dx, pw, pb, grid)
+        return dx, pw.sum(0), pb.sum(0)
+
+    return call
+
+
+def time_case(op, dname, m, n, args, device, sms):
+    dt = DTYPES[dname]
+    e = dt.itemsize
+    set_bytes = 2 * m * n * e
+    sets = timing.rotation_count(set_bytes, device.cache_bytes, limit_bytes=16 << 30)
+    g = torch.Generator(device="cuda").manual_seed(m * 7 + n)
+    sets_in = [inputs(op, m, n, dt, g) for _ in range(sets)]
+    w = torch.randn(n, device="cuda", generator=g).to(dt)
+    y = torch.empty(m, n, device="cuda", dtype=dt)
+    contenders = {"copy": lambda i: y.copy_(i["x"]), "torch": functools.partial(torch_backward, op, w)}
+    want = torch_backward(op, w, sets_in[0])
+    want = (want,) if isinstance(want, torch.Tensor) else want
+    vec = widest_vector(n, {"fp32": "float32", "bf16": "bfloat16"}[dname])
+    name = {"fp32": "float32", "bf16": "bfloat16"}[dname]
+    case = f"{op}_{m}x{n}_{dname}"
+    plans = {}
+    for label in args.plans.split(","):
+        variant = Variant(f"{op}_backward", name, n, vec, weight=None if op == "softmax" else name,
+                          bias=name if op == "layernorm" else None, tuning=PLANS[label])
+        try:
+            fn = ours(op, variant, w, sms)
+            got = fn(sets_in[0])
+        except Exception as exc:  # noqa: BLE001 - a plan that does not compile or launch is reported, not fatal
+            print(f"{case} {label}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            continue
+        tol = 3e-2 if dt == torch.bfloat16 else 1e-3
+        bad = [float((a.float() - b.float()).abs().max() / (1 + b.float().abs().max()))
+               for a, b in zip(got, want, strict=True)]
+        if not max(bad) <= tol:
+            print(f"{case} {label}: WRONG {bad}", flush=True)
+            continue
+        contenders[label] = fn
+        plans[label] = variant.kernel().describe() | {"resources": str(compiler._RESOURCES.get(variant))}
+    iterations = max(20, int(3000 / (3 * m * n * e / 4e6 + 2)))
+    samples = {k: [] for k in contenders}
+    names = list(contenders)
+    for r in range(args.rounds):
+        for label in names if r % 2 == 0 else names[::-1]:
+            calls = [functools.partial(contenders[label], s) for s in sets_in]
+            samples[label] += timing.measure("graph_throughput", calls, device, samples=args.samples,
+                                             iterations=iterations)
+    copies = [functools.partial(contenders["copy"], s) for s in sets_in]
+    kernel_copy = timing.measure("gpu_throughput", copies, device, samples=args.samples, iterations=iterations)
+    p50 = {k: statistics.median(v) for k, v in samples.items()}
+    p50["copy"] = min(p50["copy"], statistics.median(kernel_copy))
+    # copy moves 2 M N; the backward's minimum is 3 M N (+ the weight and its gradient)
+    need = 3 * m * n * e + (0 if op == "softmax" else 2 * n * e * (2 if op == "layernorm" else 1))
+    ceiling_bps = 2 * m * n * e / p50["copy"]
+    of_copy = {k: need / v / ceiling_bps for k, v in p50.items() if k != "copy"}
+    return {"case": case, "sets": sets, "p50_us": p50, "of_copy": of_copy, "plans": plans}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="*")
+    ap.add_argument("--plans", default=",".join(PLANS))
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--samples", type=int, default=5)
+    ap.add_argument("--shapes", default=None)
+    args = ap.parse_args()
+    device = timing.Device("cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    shapes = SHAPES if not args.shapes else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
+    out = os.path.join(os.environ.get("OUT", "."), "backward_sweep.json")
+    results = []
+    for m, n in shapes:
+        for op in ("softmax", "rmsnorm", "layernorm"):
+            for dname in DTYPES:
+                case = f"{op}_{m}x{n}_{dname}"
+                if not any(fnmatch.fnmatch(case, p) for p in args.cases.split(",")):
+                    continue
+                r = time_case(op, dname, m, n, args, device, sms)
+                results.append(r)
+                with open(out, "w") as f:
+                    json.dump(results, f, indent=1)
+                line = " ".join(f"{k}={v:.2f}" for k, v in sorted(r["of_copy"].items()))
+                print(f"{case}: {line}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
