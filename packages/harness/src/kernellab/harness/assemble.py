@@ -257,7 +257,9 @@ def compare_cases(reference: list[dict], candidate: list[dict], control: str, re
             summaries[mode] = stats.summary_counts(mode_records)
             summaries[mode]["not_significant"] = sum(1 for r in mode_records if not r["significant"])
             summaries[mode]["control_flagged"] = sum(1 for r in mode_records if r.get("control_flagged"))
-            summaries[mode]["disturbed"] = sum(1 for r in mode_records if r.get("disturbed"))
+            disturbed = sum(1 for r in mode_records if r.get("disturbed"))
+            if disturbed:
+                summaries[mode]["disturbed"] = disturbed
     return {
         "torch_probe_control_ratio_range": [min(drift), max(drift)] if drift else None,
         "summaries": summaries,

@@ -156,8 +156,9 @@ def compare(
         "gain_ci": [lo, hi],
         "ci_level": confidence,
         "significant": not (lo <= 1.0 <= hi) and not disturbed,
-        "disturbed": disturbed,
     }
+    if disturbed:  # only then: a record from before disturbance was measured reads the same
+        out["disturbed"] = True
     if torch_rounds is not None:
         torch_meds = round_medians(torch_rounds)
         ratio = ratio_stats(candidate_rounds, torch_rounds)
