@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import sys
 import tempfile
 from pathlib import Path
@@ -15,7 +16,7 @@ from .runner import Bench, Config, Progress
 
 EXIT_OK, EXIT_FAILED_VALIDATION, EXIT_USAGE = 0, 1, 2
 EXIT_REGRESSION, EXIT_INCONCLUSIVE = 3, 4  # --fail-on-regression: a significant slowdown; control drift
-SUBCOMMANDS = ("history", "site", "tables")  # each with its own options: kernellab-bench history --help
+SUBCOMMANDS = {"history": "history", "site": "site", "tables": "readme"}  # command -> module with its main(argv)
 
 
 def positive_int(text: str) -> int:
@@ -229,9 +230,7 @@ def emit(report: dict, path: Path, args) -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in SUBCOMMANDS:
-        from . import history, site
-
-        return {"history": history.main, "site": site.main, "tables": site.tables_main}[argv[0]](argv[1:])
+        return importlib.import_module(f".{SUBCOMMANDS[argv[0]]}", __package__).main(argv[1:])
     args = parser().parse_args(argv)
     if args.show:
         try:
