@@ -44,7 +44,7 @@ SCALAR_REGISTER_WEIGHTS_OCCUPANCY = 1
 """CTAs per SM the persistent kernels that hold their weights in registers compile for (up to 255 registers a
 thread). Planning gives them 4-row tiles only up to one tile an SM, so one CTA an SM is all their grid uses. The
 form compiled for two (128 registers, with the fill's slots past K skipped as well) measured slower
-(``reports/h200/megakernel-sweep-register-weights-8-occupancy2.json``)."""
+(``reports/h200/sweeps/megakernel-sweep-register-weights-8-occupancy2.json``)."""
 SCALAR_WEIGHTS = ("smem", "global", "registers")
 """Where the persistent CUDA-core kernels read their weights from (``SharedMemory.weights``)."""
 SCALAR_K_CLASSES = 8
@@ -53,24 +53,24 @@ SCALAR_WEIGHT_REGISTERS = 8
 """Weight elements of one GEMM a lane of the persistent CUDA-core kernels holds in registers at most
 (``register_weights_fit``): the sums run unrolled from registers, and unrolled code for more elements cost more
 than the loads' latency it saved (H200 sweeps of forced placements: 32 lost at 8 of 10 shapes,
-``reports/h200/megakernel-sweep-register-weights-32.json``; 8 gained at 33x32x64 and 129x31x47,
-``megakernel-sweep-register-weights-8.json``)."""
+``reports/h200/sweeps/megakernel-sweep-register-weights-32.json``; 8 gained at 33x32x64 and 129x31x47,
+``sweeps/megakernel-sweep-register-weights-8.json``)."""
 SCALAR_REGISTER_WEIGHTS_MIN_STEPS = 4
 """K steps both sums need at least for the weights to be held in registers: with fewer there are few dependent
 loads to take off the sums' path, and the unrolled code costs more than it saves (1x7x13, one and two steps, lost
-to global memory in ``megakernel-sweep-register-weights-8.json``; 33x32x64, four and eight steps, gained)."""
+to global memory in ``sweeps/megakernel-sweep-register-weights-8.json``; 33x32x64, four and eight steps, gained)."""
 
 SCALAR_GLOBAL_WEIGHTS_MAX = 14 * 1024
 """Weight elements (W1 and W2) up to which a persistent CTA that reads each weight once (one tile of one row
 block: up to 4 x SMs rows) reads them from global memory (through L1) instead of staging them in shared
 memory first: staging costs a barrier and memory round trips that only reuse would amortize, and reading
 from L1 costs more per element than from shared memory. H200 sweep of both placements at such shapes
-(``reports/h200/megakernel-sweep-weights.json``): global memory faster up to 201x61x109 (13.3K elements),
+(``reports/h200/sweeps/megakernel-sweep-weights.json``): global memory faster up to 201x61x109 (13.3K elements),
 slower from 257x64x128 (16.4K) on. It holds where the weights are staged element by element (K not whole steps
 of SCALAR_K_CLASSES: ``scalar_weights_whole_steps``); where they are staged by 16-byte cp.async copies, all in
 flight with the first tile's row loads, staging was faster at every such shape of the sweep
-(``megakernel-sweep-staged-overlap.json``: 61x48x96, 97x40x80, 520x64x64), and a CTA stages them whatever
-their count. After the row-block change the two are about even at 61x48x96 (``megakernel-sweep-row-blocks.json``:
+(``sweeps/megakernel-sweep-staged-overlap.json``: 61x48x96, 97x40x80, 520x64x64), and a CTA stages them whatever
+their count. After the row-block change the two are about even at 61x48x96 (``sweeps/megakernel-sweep-row-blocks.json``:
 5.13 us staged, 5.03 from global memory): the rule is worth measuring again."""
 
 TC_THREADS = 256
@@ -90,14 +90,14 @@ tile (half the weight traffic per row) run on as many SMs as 32-row tiles would;
 TC_MULTICASTS = (1, 2, 4)
 """persistent-tc's weight multicast (wgmma form only): with m, a cluster of m CTAs owning different row
 tiles loads each weight chunk once by TMA, each CTA 1/m of it sent to all, so L2 serves every chunk once
-per cluster instead of once per CTA. Measured on the H200 (``reports/h200/megakernel-sweep-tma.json``) it
+per cluster instead of once per CTA. Measured on the H200 (``reports/h200/sweeps/megakernel-sweep-tma.json``) it
 lost to plain TMA loads at every swept shape (2: 0-12% slower; 4: up to twice as slow), since a cluster's
 CTAs wait for each other's share of every chunk: only ``forced(..., multicast=m)`` takes it."""
 TC_LOADS = ("cp.async", "tma")
 """How persistent-tc's weight chunks reach shared memory: cp.async, 16 bytes a thread with every thread
 issuing, or TMA, one thread issuing a chunk and mbarrier pipelines tracking it (the wgmma form with
 16-byte rows only; a multicast needs it). ``tc_loads`` gives 64-row wgmma tiles TMA: on the H200 it beat
-cp.async by 4-12% at every unsplit swept shape and tied with a split (``reports/h200/megakernel-sweep-tma.json``)."""
+cp.async by 4-12% at every unsplit swept shape and tied with a split (``reports/h200/sweeps/megakernel-sweep-tma.json``)."""
 TC_WEIGHT_ROWS = 16
 """``tc_cost``'s price of a tile's weight traffic, in rows of MMA work per chunk: a 32-row tile costs
 (32 + 16) per chunk, a 64-row tile (64 + 16), so at equal work per SM the 64-row tile wins by 1.2x, as
@@ -308,7 +308,7 @@ def register_slot(n_tile: int, s, padded: int):
 REGISTER_FORM_UNALIGNED = 512
 """Padded elements per weight up to which planning takes the register form for rows that are not 16-byte aligned,
 whose fragments load element by element. On the H200 (CUDA-graph throughput against the shared-memory form,
-``reports/h200/megakernel-sweep-tc-registers.json`` and ``megakernel-sweep-tc-registers-unaligned.json``) the
+``reports/h200/sweeps/megakernel-sweep-tc-registers.json`` and ``sweeps/megakernel-sweep-tc-registers-unaligned.json``) the
 form took 0.42-0.90x the time at every swept shape with 16-byte rows; with unaligned rows 0.81-0.83x at 16 x 16
 padded weights and 0.93-0.96x at 16 x 32, but 1.26x at 64 x 32 and 1.64x at 32 x 48 (about 150 element loads a
 thread)."""
@@ -342,7 +342,7 @@ def tc_loads(rows_per_tile: int, mma: str) -> str:
 
 TC_OVERLAP_CHANNELS = 512
 """Channel tile at which planning takes the overlapped chunk schedule (``Tile.overlap``). On the H200
-(``reports/h200/megakernel-sweep-overlap.json``) it gained 1-2% at the 512-channel tile (16384x512x2048,
+(``reports/h200/sweeps/megakernel-sweep-overlap.json``) it gained 1-2% at the 512-channel tile (16384x512x2048,
 8448x512x512, 16384x384x1536), where one buffer of each weight is all that fits; at 256 channels it tied
 or lost (up to 7% at 8192x256x1024, where two buffers fit), since the serial schedule loads the next W2
 chunk under GEMM1 and the activation, which the overlapped one runs beside GEMM2."""
