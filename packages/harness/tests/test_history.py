@@ -24,10 +24,10 @@ def engine_report(commit: str, persistent_ms: float) -> dict:
 @pytest.fixture
 def reports(tmp_path):
     root = tmp_path / "reports"
-    report_io.write(planted.run_report(commit="1" * 40), root / "cpu" / "affine.json")
+    report_io.write(planted.run_report(commit="1" * 40), root / "planted" / "affine.json")
     report_io.write(report_io.seal(assemble.comparison_report(
         planted.suite(), planted.CONFIG, planted.side(commit="2" * 40), planted.side(90.0, commit="3" * 40))),
-        root / "cpu" / "ab" / "affine-ab.json")
+        root / "planted" / "ab" / "affine-ab.json")
     (root / "h200").mkdir()
     (root / "h200" / "megakernel.json").write_text(json.dumps(engine_report("4" * 40, 0.005)))
     (root / "h200" / "sweep.json").write_text(json.dumps({"provenance": {}, "shapes": []}))  # not a run
@@ -40,10 +40,10 @@ def test_index_reads_runs_both_sides_of_comparisons_and_engine_reports(reports, 
     by_report = {}
     for r in rows:
         by_report.setdefault(r["report"], set()).add((r["commit"][0], r["side"]))
-    assert by_report == {"reports/cpu/affine.json": {("1", None)},
-                         "reports/cpu/ab/affine-ab.json": {("2", "reference"), ("3", "candidate")},
+    assert by_report == {"reports/planted/affine.json": {("1", None)},
+                         "reports/planted/ab/affine-ab.json": {("2", "reference"), ("3", "candidate")},
                          "reports/h200/megakernel.json": {("4", None)}}
-    run = [r for r in rows if r["report"] == "reports/cpu/affine.json"]
+    run = [r for r in rows if r["report"] == "reports/planted/affine.json"]
     assert len(run) == 2 * 2 * 2  # two shapes, two impls, two modes
     ours = next(r for r in run if r["impl"] == "ours" and r["case"] == "affine_64x64_fp32"
                 and r["mode"] == "e2e_latency")
@@ -59,7 +59,7 @@ def test_index_reads_runs_both_sides_of_comparisons_and_engine_reports(reports, 
 
 
 def test_an_edited_report_is_refused(reports, tmp_path):
-    path = reports / "cpu" / "affine.json"
+    path = reports / "planted" / "affine.json"
     path.write_text(path.read_text().replace('"rounds": 5', '"rounds": 6'))
     with pytest.raises(history.HistoryError, match="affine.json: sha256 mismatch"):
         history.index([reports], tmp_path)
@@ -102,7 +102,7 @@ def test_cli_index_check_and_list(reports, tmp_path, monkeypatch, capsys):
     store = str(tmp_path / "h.jsonl")
     assert history.main(["index", str(reports), "--store", store]) == 0
     assert history.main(["index", str(reports), "--store", store, "--check"]) == 0
-    report_io.write(planted.run_report(commit="6" * 40), reports / "cpu" / "affine-later.json")
+    report_io.write(planted.run_report(commit="6" * 40), reports / "planted" / "affine-later.json")
     assert history.main(["index", str(reports), "--store", store, "--check"]) == 1
     assert "is stale" in capsys.readouterr().err
     assert history.main(["list", "--store", store, "--suite", "megakernel", "--mode", "stream"]) == 0
