@@ -41,6 +41,14 @@ def test_control_drift_makes_a_slowdown_inconclusive():
     assert "the control (torch) drifted beyond 10%" in text and "(suspected: the control drifted)" in text
 
 
+def test_a_reference_from_another_machine_is_inconclusive():
+    result = report_io.seal(assemble.comparison_report(
+        planted.suite(), planted.CONFIG, planted.side(device="NVIDIA H200"), planted.side(110.0, seed=1)))
+    verdict = gate.evaluate(result, 5.0)
+    assert verdict.status == gate.INCONCLUSIVE and len(verdict.regressions) == 4
+    assert "the reference ran on 'NVIDIA H200' and this run on 'Planted CPU'" in verdict.reasons[0]
+
+
 def test_a_comparison_without_common_pairs_is_inconclusive():
     empty = comparison(100.0)
     empty["records"] = []
@@ -121,6 +129,24 @@ def test_cli_gate_exit_codes(fake_bench, tmp_path, capsys, ours, torch, code, sa
     assert written == ["affine", "affine-ab"]
     comparison_path = next((tmp_path / "out").glob("affine-ab-*.json"))
     assert report_io.load(comparison_path)["sides"]["reference"]["revision"]["report"] == str(ref)
+
+
+def test_cli_against_a_revision_gates_the_ab_comparison(fake_bench, monkeypatch, tmp_path, capsys):
+    """--against REV is --baseline REV: the A/B path runs both revisions, then the gate reads its comparison."""
+    asked = []
+
+    def run_ab(suite, config, args):
+        asked.append(args.baseline)
+        return comparison(110.0), None
+    monkeypatch.setattr(cli, "run_ab", run_ab)
+    summary = tmp_path / "s.md"
+    argv = ["--suite", "affine", "--against", "HEAD~1", "--out", str(tmp_path), "--no-plot", "--quiet"]
+    assert cli.main([*argv, "--fail-on-regression", "5"]) == cli.EXIT_REGRESSION
+    assert cli.main([*argv, "--fail-on-regression", "15"]) == cli.EXIT_OK
+    assert cli.main([*argv, "--summary", str(summary)]) == cli.EXIT_OK  # no gate: a summary, no verdict
+    assert asked == ["HEAD~1"] * 3
+    text = summary.read_text()
+    assert "**FAIL**" not in text and "**PASS**" not in text and "| slower |" in text and "| regression |" not in text
 
 
 def test_cli_summary_of_a_plain_run_is_its_table(fake_bench, tmp_path):

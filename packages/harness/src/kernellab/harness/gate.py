@@ -129,9 +129,14 @@ def evaluate(comparison: dict, pct: float) -> Verdict:
                 name=rec["name"], mode=mode, reference_us=r["reference_us"], candidate_us=r["candidate_us"],
                 gain=r["gain"], gain_ci=(lo, hi), control_ratio_range=tuple(drift) if drift else None,
                 control_flagged=bool(r.get("control_flagged")), regressed=hi < limit))
+    devices = [_device(comparison, side) for side in ("reference", "candidate")]
     if not verdict.findings:
         verdict.status = INCONCLUSIVE
         verdict.reasons.append("no case and mode was measured on both sides")
+    elif devices[0] != devices[1]:
+        verdict.status = INCONCLUSIVE
+        verdict.reasons.append(f"the reference ran on {devices[0]!r} and this run on {devices[1]!r}: times of two "
+                               "machines say nothing about the code; compare on one machine (--against REV)")
     elif verdict.drifted:
         verdict.status = INCONCLUSIVE
         worst = max(verdict.drifted, key=lambda f: max(abs(x - 1.0) for x in f.control_ratio_range))
@@ -147,6 +152,11 @@ def evaluate(comparison: dict, pct: float) -> Verdict:
             f"gain interval {_range(f.gain_ci)} wholly below {limit:.4f}"
             + (" (suspected: the control drifted)" if verdict.status == INCONCLUSIVE else ""))
     return verdict
+
+
+def _device(comparison: dict, side: str) -> str:
+    device = (comparison["sides"][side].get("provenance") or {}).get("device") or {}
+    return device.get("name") or "unknown"
 
 
 def _slowdown(gain: float) -> float:
