@@ -173,7 +173,7 @@ def describe(verdict: Verdict) -> str:
     head = {PASS: f"no case is significantly slower than the reference by more than {verdict.threshold_pct:g}%",
             REGRESSION: f"{len(verdict.regressions)} case(s) significantly slower than the reference by more "
                         f"than {verdict.threshold_pct:g}%",
-            INCONCLUSIVE: "inconclusive"}[verdict.status]
+            INCONCLUSIVE: "neither a pass nor a failure can be trusted"}[verdict.status]
     return "\n".join([f"gate: {verdict.status}: {head}", *(f"  {r}" for r in verdict.reasons)])
 
 
