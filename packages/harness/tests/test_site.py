@@ -110,3 +110,19 @@ def test_planted_run_has_its_latest_table(tmp_path):
     text = page.read_text()
     assert "<th>torch us</th><th>ours us</th><th>ours x torch</th>" in text
     assert '<td class="good">0.667</td>' in text or '<td class="good">0.66' in text
+
+
+def test_control_only_cases_come_last_and_ratios_name_the_control(tmp_path):
+    side = planted.side()
+    side["cases"] = [c for c in side["cases"] if c["id"] != "affine_256x128_fp32/ours"]
+    for data in side["rounds"]:
+        del data["affine_256x128_fp32/ours"]
+    report_io.write(report_io.seal(planted.assemble.run_report(planted.suite(), planted.CONFIG, side)),
+                    tmp_path / "r" / "a.json")
+    text = site.build(history.index([tmp_path / "r"], tmp_path), tmp_path / "p.html", tmp_path).read_text()
+    assert text.index('<td class="l">affine_64x64_fp32</td>') < text.index('<td class="l">affine_256x128_fp32</td>')
+    engines = tmp_path / "e"
+    engines.mkdir()
+    (engines / "m.json").write_text(report_io.json.dumps(engine_report("8" * 40, 0.005)))
+    text = site.build(history.index([engines], tmp_path), tmp_path / "q.html", tmp_path).read_text()
+    assert "<th>persistent x torch-cublas</th>" in text
