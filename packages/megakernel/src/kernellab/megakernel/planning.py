@@ -97,7 +97,8 @@ TC_LOADS = ("cp.async", "tma")
 """How persistent-tc's weight chunks reach shared memory: cp.async, 16 bytes a thread with every thread
 issuing, or TMA, one thread issuing a chunk and mbarrier pipelines tracking it (the wgmma form with
 16-byte rows only; a multicast needs it). ``tc_loads`` gives 64-row wgmma tiles TMA: on the H200 it beat
-cp.async by 4-12% at every unsplit swept shape and tied with a split (``reports/h200/sweeps/megakernel-sweep-tma.json``)."""
+cp.async by 4-12% at every unsplit swept shape and tied with a split
+(``reports/h200/sweeps/megakernel-sweep-tma.json``)."""
 TC_WEIGHT_ROWS = 16
 """``tc_cost``'s price of a tile's weight traffic, in rows of MMA work per chunk: a 32-row tile costs
 (32 + 16) per chunk, a 64-row tile (64 + 16), so at equal work per SM the 64-row tile wins by 1.2x, as
@@ -308,10 +309,10 @@ def register_slot(n_tile: int, s, padded: int):
 REGISTER_FORM_UNALIGNED = 512
 """Padded elements per weight up to which planning takes the register form for rows that are not 16-byte aligned,
 whose fragments load element by element. On the H200 (CUDA-graph throughput against the shared-memory form,
-``reports/h200/sweeps/megakernel-sweep-tc-registers.json`` and ``sweeps/megakernel-sweep-tc-registers-unaligned.json``) the
-form took 0.42-0.90x the time at every swept shape with 16-byte rows; with unaligned rows 0.81-0.83x at 16 x 16
-padded weights and 0.93-0.96x at 16 x 32, but 1.26x at 64 x 32 and 1.64x at 32 x 48 (about 150 element loads a
-thread)."""
+``reports/h200/sweeps/megakernel-sweep-tc-registers.json`` and
+``sweeps/megakernel-sweep-tc-registers-unaligned.json``) the form took 0.42-0.90x the time at every swept shape
+with 16-byte rows; with unaligned rows 0.81-0.83x at 16 x 16 padded weights and 0.93-0.96x at 16 x 32, but 1.26x
+at 64 x 32 and 1.64x at 32 x 48 (about 150 element loads a thread)."""
 
 
 def tc_registers(channels: int, hidden: int) -> bool:
