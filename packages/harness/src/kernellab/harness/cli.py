@@ -50,7 +50,12 @@ def percentage(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kernellab-bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="kernellab-bench", description=__doc__,
+                                epilog="subcommands (each with --help): kernellab-bench history {index,list}: the run "
+                                "history; kernellab-bench site: the results page; kernellab-bench tables: the READMEs' "
+                                f"generated tables. Exit codes: {EXIT_OK} ok, {EXIT_FAILED_VALIDATION} a validation "
+                                f"failed, {EXIT_USAGE} usage, {EXIT_REGRESSION} regression, {EXIT_INCONCLUSIVE} "
+                                "inconclusive (--fail-on-regression).")
     p.add_argument("--suite", action="append", help="suite to run (repeatable); default: every suite this "
                    "machine can run (GPU suites only where CUDA is present)")
     p.add_argument("--cases", help="comma-separated shell patterns over case names, e.g. 'softmax_*,*bf16'")
