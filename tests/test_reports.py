@@ -12,6 +12,7 @@ from kernellab.harness import history, readme, site
 
 ROOT = Path(__file__).resolve().parents[1]
 STORE = ROOT / history.DEFAULT_STORE
+THIS = "tests/test_reports.py"  # its layout examples name reports that do not exist
 
 
 def load_tool(name):
@@ -92,8 +93,57 @@ def test_every_reference_to_a_committed_report_resolves():
     present = set(tracked("reports"))
     token = re.compile(r"reports/(?:h200|cpu)/[\w{},*./-]+\.(?:json|png)")
     for path in tracked():
-        if path.startswith("reports/") or Path(path).suffix not in layout.TEXT_SUFFIXES:
+        if path.startswith("reports/") or Path(path).suffix not in layout.TEXT_SUFFIXES or path == THIS:
             continue
         for ref in token.findall((ROOT / path).read_text()):
             for pattern in layout.expand_braces(ref):
                 assert fnmatch.filter(present, pattern), f"{path} names {ref}, which no committed file matches"
+
+
+def test_layout_rewrites_paths_patterns_and_the_sanitize_swap_in_one_pass():
+    layout = load_tool("reports_layout")
+    moves = {"megakernel-sweep-a.json": "sweeps/megakernel-sweep-a.json",
+             "megakernel-sweep-b.json": "sweeps/megakernel-sweep-b.json",
+             "megakernel-sanitize.json": "sanitize-history/megakernel-sanitize-1111111.json",
+             "megakernel-sanitize-2222222.json": "megakernel-sanitize.json"}
+    before = sorted([*moves, "gpu-norm.json", "megakernel.json"])
+    cases = {
+        "`reports/h200/megakernel-sweep-a.json`": "`reports/h200/sweeps/megakernel-sweep-a.json`",
+        "(`megakernel-sweep-{a,b}.json`)": "(`sweeps/megakernel-sweep-{a,b}.json`)",
+        "runs in `reports/h200/megakernel-sweep*.json`.": "runs in `reports/h200/sweeps/megakernel-sweep*.json`.",
+        "`reports/h200/megakernel-sanitize.json`": "`reports/h200/sanitize-history/megakernel-sanitize-1111111.json`",
+        "`reports/h200/megakernel-sanitize-2222222.json`": "`reports/h200/megakernel-sanitize.json`",
+        "the `megakernel-sanitize.json` of a run": "the `megakernel-sanitize.json` of a run",  # bare and renamed
+        '"$OUT/megakernel-sweep-a.json" and "megakernel-trace.json"': '"$OUT/megakernel-sweep-a.json" and '
+                                                                      '"megakernel-trace.json"',
+        "`reports/h200/gpu-norm.json`, `megakernel-sweep-a.json` and `megakernel-{sweep-a,sanitize}.json`":
+            "`reports/h200/gpu-norm.json`, `sweeps/megakernel-sweep-a.json` and `megakernel-{sweep-a,sanitize}.json`",
+    }
+    for text, expected in cases.items():
+        assert layout.rewrite(text, moves, before) == expected
+        assert layout.rewrite(expected, {k: v for k, v in moves.items() if "sanitize" not in k}, before) == expected
+
+
+def test_layout_makes_the_headline_sanitize_run_the_one_of_megakernel_json(tmp_path):
+    import json
+
+    layout = load_tool("reports_layout")
+
+    def write(name, body):
+        (tmp_path / name).write_text(json.dumps(body))
+    write("megakernel.json", {"source_commit": "2222222" + "0" * 33})
+    for commit in ("1111111", "2222222", "3333333"):
+        name = "megakernel-sanitize.json" if commit == "1111111" else f"megakernel-sanitize-{commit}.json"
+        write(name, {"provenance": {"git": {"commit": commit + "0" * 33}}})
+    write("megakernel-sweep-x.json", {})
+    write("gpu-norm.json", {})
+    assert layout.plan(tmp_path) == {
+        "megakernel-sanitize.json": "sanitize-history/megakernel-sanitize-1111111.json",
+        "megakernel-sanitize-2222222.json": "megakernel-sanitize.json",
+        "megakernel-sanitize-3333333.json": "sanitize-history/megakernel-sanitize-3333333.json",
+        "megakernel-sweep-x.json": "sweeps/megakernel-sweep-x.json"}
+    (tmp_path / "megakernel-sanitize.json").unlink()
+    (tmp_path / "megakernel-sanitize-2222222.json").rename(tmp_path / "megakernel-sanitize.json")
+    (tmp_path / "megakernel-sanitize-3333333.json").unlink()
+    (tmp_path / "megakernel-sweep-x.json").unlink()
+    assert layout.plan(tmp_path) == {}  # the layout holds: nothing moves

@@ -104,8 +104,9 @@ def rewrite(text: str, moves: dict[str, str], before: list[str]) -> str:
         if name in moves and moves[name] != name and (pre or moves[name].endswith("/" + name)):
             return pre + moves[name]
         matched = [n for p in expand_braces(name) for n in fnmatch.filter(before, p)]
-        folders = {moves[n].rsplit("/", 1)[0] for n in matched if n in moves and moves[n].endswith("/" + n)}
-        if matched and len(folders) == 1 and all(n in moves for n in matched):
+        kept_names = all(moves.get(n, "").endswith("/" + n) for n in matched)  # moved, not renamed
+        folders = {moves[n].rsplit("/", 1)[0] for n in matched} if kept_names else set()
+        if matched and len(folders) == 1:
             return f"{pre}{folders.pop()}/{name}"
         return m.group(0)
     return TOKEN.sub(sub, text)
