@@ -8,7 +8,7 @@ last probe is about the least a kernel that reads all its inputs and has one bar
 
     python3 tools/device/megakernel_floor.py [--shape 1x7x13] [--engines persistent,persistent-tc,torch-cublas]
                                              [--rounds 3] [--samples 30] [--name megakernel_floor]
-    python3 tools/device/megakernel_floor.py --show reports/h200/megakernel-floor-1x7x13-40ca6cc.json ...
+    python3 tools/device/megakernel_floor.py --show reports/h200/floor/megakernel-floor-1x7x13-40ca6cc.json ...
 
 Writes $OUT/NAME.json (with the harness's provenance) and prints a table of stream p50, direct and in a graph;
 ``--show`` prints that table of written JSON files.

@@ -49,3 +49,14 @@ def test_list(capsys):
     assert main(["--list"]) == 0
     out = capsys.readouterr().out
     assert "cpu-ops (cpu)" in out and "linear_backward_128x512x512_fp32" in out
+
+
+def test_subcommands_dispatch_to_their_modules(tmp_path, capsys):
+    assert main(["history", "list", "--store", str(tmp_path / "none.jsonl")]) == 2
+    assert "history store" in capsys.readouterr().err
+    assert main(["tables", str(tmp_path / "none.md")]) == 2
+    assert "none.md: no such file" in capsys.readouterr().err
+    assert main(["site", "--store", str(tmp_path / "none.jsonl")]) == 2
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "kernellab-bench history {index,list}" in capsys.readouterr().out

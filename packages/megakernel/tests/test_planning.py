@@ -176,7 +176,7 @@ def test_persistent_tc_tiles_and_grid(rows, channels, hidden, tile, split, stage
 
 
 @pytest.mark.parametrize("shape,layout", [
-    # the H200 sweeps' fastest layouts (reports/h200/megakernel-sweep*.json): a split where whole tiles
+    # the H200 sweeps' fastest layouts (reports/h200/sweeps/megakernel-sweep*.json): a split where whole tiles
     # leave SMs idle or where it lets 64-row tiles fill them; none where every SM is busy already
     ((1024, 128, 256), (32, 2)), ((2048, 512, 1024), (32, 2)), ((4096, 256, 1024), (64, 2)),
     ((4096, 128, 512), (64, 2)), ((1024, 64, 1024), (32, 2)), ((2048, 256, 2048), (32, 2)),

@@ -209,26 +209,3 @@ def test_a_run_cut_short_leaves_its_partial_report(tmp_path, monkeypatch):
 REPO = Path(__file__).resolve().parents[3]
 
 
-def test_readme_results_table_is_the_committed_reports():
-    """The README's results block is generated from reports/h200/megakernel.json, not typed."""
-    committed, readme = REPO / "reports/h200/megakernel.json", Path(__file__).resolve().parents[1] / "README.md"
-    if not committed.exists():
-        pytest.skip("the committed report is not in this tree (package installed alone)")
-    assert report.readme_table(report.read_sealed(committed)) in readme.read_text()
-
-
-def test_readme_update_replaces_only_the_marked_block(tmp_path, capsys):
-    sections = {"development": [{"shape": {"rows": 1, "channels": 7, "hidden": 13},
-                                 "engines": {"persistent": {"passed": True, "stream_summary": {"p50_ms": 0.0027}}}}],
-                "assessment": []}
-    path = report.seal_and_write(sections, tmp_path / "r.json")
-    readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{report.README_BEGIN}\nold table\n{report.README_END}\noutro\n")
-    assert report.main(["--show", str(path), "--readme", str(readme)]) == 0
-    text = readme.read_text()
-    assert text.startswith("intro\n") and text.endswith("\noutro\n") and "old table" not in text
-    row = next(line for line in text.splitlines() if line.startswith("| persistent "))
-    assert [cell.strip() for cell in row.strip("|").split("|")] == ["persistent", "2.7"]
-    readme.write_text("no markers here\n")
-    assert report.main(["--show", str(path), "--readme", str(readme)]) == 1
-    assert "no results-table markers" in capsys.readouterr().err

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import sys
 import tempfile
 from pathlib import Path
 
-from . import assemble, plot, provenance, registry, signing, table
+from . import assemble, gate, plot, provenance, registry, signing, table
 from . import report as report_io
 from .revision import Extension, RevisionError, materialize, run_sides
 from .runner import Config
 
 EXIT_OK, EXIT_FAILED_VALIDATION, EXIT_USAGE = 0, 1, 2
+EXIT_REGRESSION, EXIT_INCONCLUSIVE = 3, 4  # --fail-on-regression: a significant slowdown; control drift
+SUBCOMMANDS = {"history": "history", "site": "site", "tables": "readme"}  # command -> module with its main(argv)
 
 
 def positive_int(text: str) -> int:
@@ -36,8 +39,23 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def percentage(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage >= 0, got {text!r}") from None
+    if not value >= 0.0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a percentage >= 0, got {text}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kernellab-bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="kernellab-bench", description=__doc__,
+                                epilog="subcommands (each with --help): kernellab-bench history {index,list}: the run "
+                                "history; kernellab-bench site: the results page; kernellab-bench tables: the READMEs' "
+                                f"generated tables. Exit codes: {EXIT_OK} ok, {EXIT_FAILED_VALIDATION} a validation "
+                                f"failed, {EXIT_USAGE} usage, {EXIT_REGRESSION} regression, {EXIT_INCONCLUSIVE} "
+                                "inconclusive (--fail-on-regression).")
     p.add_argument("--suite", action="append", help="suite to run (repeatable); default: every suite this "
                    "machine can run (GPU suites only where CUDA is present)")
     p.add_argument("--cases", help="comma-separated shell patterns over case names, e.g. 'softmax_*,*bf16'")
@@ -58,6 +76,13 @@ def parser() -> argparse.ArgumentParser:
                    "extra rounds (default 1.10)")
     p.add_argument("--time-limit", type=float, default=600.0, help="seconds after which no extra round starts "
                    "(default 600)")
+    p.add_argument("--against", metavar="REPORT_OR_REV", help="compare this run with a committed run report "
+                   "(a .json file) or a revision (as --baseline); writes the comparison report")
+    p.add_argument("--fail-on-regression", metavar="PCT", type=percentage, help="with --against or --baseline: "
+                   f"exit {EXIT_REGRESSION} when any case's gain interval lies wholly below 1/(1+PCT/100), "
+                   f"{EXIT_INCONCLUSIVE} when the control drifted beyond the flag instead")
+    p.add_argument("--summary", metavar="FILE", help="append a markdown summary (verdict, per-case table) to FILE, "
+                   "e.g. $GITHUB_STEP_SUMMARY")
     p.add_argument("--out", default="reports/runs", help="output directory, or a .json file for one suite")
     p.add_argument("--no-plot", action="store_true", help="do not draw the PNG plot")
     p.add_argument("--list", action="store_true", help="list suites, impls and cases, then exit")
@@ -124,15 +149,56 @@ def out_path(args, suite_name: str, kind: str, multiple: bool) -> Path:
     return out / f"{suite_name}{tag}-{stamp}.json"
 
 
-def run_single(suite, config: Config, args) -> dict:
-    """One revision, measured in a worker process: this process checks the results the worker ships
-    without importing any contender code (``revision.run_sides``)."""
+def measure_side(suite, config: Config, args) -> dict:
+    """One revision's measured rounds, in the working tree, measured in a worker process: this process
+    checks the results the worker ships without importing any contender code (``revision.run_sides``)."""
     root = provenance.find_repo_root(Path(__file__))
     request = {"suite": suite.name, "config": config.to_json(), "cases": args.cases, "impls": args.impls}
     side = run_sides({"candidate": root}, request, config.rounds, progress=not args.quiet)["candidate"]
     git = side["provenance"]["git"]
     side["revision"] = {"revision": "working tree", "kind": "local", "commit": git["commit"], "dirty": git["dirty"]}
-    return assemble.run_report(suite, config.to_json(), side)
+    return side
+
+
+def run_single(suite, config: Config, args) -> dict:
+    return assemble.run_report(suite, config.to_json(), measure_side(suite, config, args))
+
+
+def against_report(args) -> dict | None:
+    """The run report named by --against, or None where --against names a revision."""
+    if not args.against or not args.against.endswith(".json"):
+        return None
+    return report_io.load(args.against)
+
+
+def check_gate_args(args) -> str | None:
+    """What is wrong with the combination of --against, --baseline and --fail-on-regression, if anything."""
+    if args.against and args.baseline:
+        return "give either --against or --baseline, not both"
+    if args.fail_on_regression is not None and not (args.against or args.baseline):
+        return "--fail-on-regression needs a reference: --against REPORT_OR_REV or --baseline REV"
+    return None
+
+
+def gate_exit(comparisons: list[dict], runs: list[dict], args) -> int:
+    """Print the gate's verdict over every comparison of this invocation, append the markdown summary
+    (plain runs: their table), and return the exit code the verdicts call for."""
+    code = EXIT_OK
+    parts = [f"## kernellab-bench: {r['suite']}\n\n{table.pivot_table(r, None, 'github')}\n" for r in runs]
+    for comparison in comparisons:
+        verdict = None
+        if args.fail_on_regression is not None:
+            verdict = gate.evaluate(comparison, args.fail_on_regression)
+            print(gate.describe(verdict))
+            if verdict.status == gate.REGRESSION:
+                code = EXIT_REGRESSION
+            elif verdict.status == gate.INCONCLUSIVE and code == EXIT_OK:
+                code = EXIT_INCONCLUSIVE
+        parts.append(gate.markdown(comparison, verdict))
+    if args.summary:
+        with open(args.summary, "a", encoding="utf-8") as fh:
+            fh.write("\n".join(parts))
+    return code
 
 
 def extension_for(args) -> Extension:
@@ -186,6 +252,9 @@ def emit(report: dict, path: Path, args) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in SUBCOMMANDS:
+        return importlib.import_module(f".{SUBCOMMANDS[argv[0]]}", __package__).main(argv[1:])
     args = parser().parse_args(argv)
     if args.show:
         try:
@@ -219,6 +288,15 @@ def main(argv: list[str] | None = None) -> int:
             for p in s.make_problems():
                 print(f"  {p.name}")
         return EXIT_OK
+    problem = check_gate_args(args)
+    if problem:
+        return _usage(problem)
+    try:
+        reference = against_report(args)
+    except report_io.ReportError as e:
+        return _usage(f"--against: {e}")
+    if reference is not None and not args.suite:
+        args.suite = [reference["suite"]]
     try:
         chosen = choose_suites(args, suites, broken)
     except SystemExit as e:
@@ -226,25 +304,40 @@ def main(argv: list[str] | None = None) -> int:
     if not chosen:
         return _usage("no suite can run on this machine")
     ok = True
+    comparisons, runs = [], []
     for suite in chosen:
         try:
             config = config_for(suite, args)
-            if args.baseline:
+            if reference is not None:
+                side = measure_side(suite, config, args)
+                ok &= emit(report_io.seal(assemble.run_report(suite, config.to_json(), side)),
+                           out_path(args, suite.name, "run", len(chosen) > 1), args)
+                print()
+                comparison = report_io.seal(gate.compare_with_report(suite, config.to_json(), reference, side,
+                                                                     args.against))
+                comparisons.append(comparison)
+                ok &= emit(comparison, out_path(args, suite.name, "comparison", len(chosen) > 1), args)
+            elif args.baseline or args.against:
+                args.baseline = args.baseline or args.against
                 comparison, before_after = run_ab(suite, config, args)
+                comparisons.append(comparison)
                 ok &= emit(comparison, out_path(args, suite.name, "comparison", len(chosen) > 1), args)
                 if before_after is not None:
                     print()
                     emit(before_after, out_path(args, suite.name, "before_after", len(chosen) > 1), args)
             else:
                 report = seal(run_single(suite, config, args), args)
+                runs.append(report)
                 ok &= emit(report, out_path(args, suite.name, "run", len(chosen) > 1), args)
         except (ValueError, RevisionError, registry.SuiteError) as e:
             return _usage(str(e))
         except SystemExit as e:
             return int(e.code)
+    gated = gate_exit(comparisons, runs, args)
     if not ok:
         print("kernellab-bench: some validations failed; see the report's status fields", file=sys.stderr)
-    return EXIT_OK if ok else EXIT_FAILED_VALIDATION
+        return EXIT_FAILED_VALIDATION
+    return gated
 
 
 if __name__ == "__main__":

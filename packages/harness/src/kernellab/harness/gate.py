@@ -1,0 +1,211 @@
+"""The regression gate: a run compared with a reference (a committed run report or a revision) by the
+A/B statistics of ``assemble.comparison_report``, failing on a significant slowdown beyond a margin.
+
+A case regresses where its whole gain interval (reference/candidate, Bonferroni-adjusted over the
+comparison) lies below ``1 / (1 + pct/100)``: slower by more than ``pct`` percent, beyond noise. A
+control probe that drifted past ``assemble.CONTROL_DRIFT_TOLERANCE`` in any pair makes the verdict
+``inconclusive``: the machine moved, so neither a pass nor a failure can be trusted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from . import assemble
+from .timing import ALL_MODES
+
+PASS, REGRESSION, INCONCLUSIVE = "pass", "regression", "inconclusive"
+
+
+class GateError(ValueError):
+    """A reference that cannot be compared with this run; the message says why."""
+
+
+def side_from_report(report: dict, path: str | None = None) -> dict:
+    """Rebuild the runner's side (case descriptions, per-round data) from a sealed run report, so that
+    the comparison is computed exactly as the A/B path computes it."""
+    if report.get("kind") != "run":
+        raise GateError(f"--against needs a run report, {path or 'this report'} is a {report.get('kind')!r} report")
+    rounds: list[dict] = []
+    cases = []
+    for case in report["cases"]:
+        cases.append({"id": case["id"], "problem": case["problem"], "impl": case["impl"],
+                      "status": case["status"], "reason": case.get("reason")})
+        for v in case["validations"]:
+            while len(rounds) <= v["round"]:
+                rounds.append({})
+            data = {"passed": v["passed"], "samples_us": {},
+                    "validations": [{"inputs_unchanged": v.get("inputs_unchanged", True),
+                                     "error": "; ".join(v.get("errors", [])) or None}]}
+            if "replay_changed_input" in v:
+                data["graph_replay"] = {"replay_changed_input": v["replay_changed_input"]}
+            rounds[v["round"]][case["id"]] = data
+        for mode, m in case["modes"].items():
+            for v, samples in zip(case["validations"], m["rounds_us"], strict=True):
+                rounds[v["round"]][case["id"]]["samples_us"][mode] = samples
+    revision = dict(report.get("revision") or {})
+    revision.update({"report": path, "report_sha256": report.get("sha256")})
+    return {"cases": cases, "rounds": rounds, "provenance": report["provenance"], "revision": revision}
+
+
+def common_rounds(reference: dict, candidate: dict) -> int:
+    """Pair the sides' rounds by index; where their counts differ, both keep the first ``n`` rounds
+    (the per-round ratios need a partner). Returns ``n``."""
+    n = min(len(reference["rounds"]), len(candidate["rounds"]))
+    if n == 0:
+        raise GateError("the reference or this run has no measured rounds")
+    reference["rounds"], candidate["rounds"] = reference["rounds"][:n], candidate["rounds"][:n]
+    return n
+
+
+def compare_with_report(suite, config: dict, reference_report: dict, candidate_side: dict,
+                        path: str | None = None) -> dict:
+    """The comparison report of a fresh run (``candidate_side``) against a committed run report."""
+    if reference_report.get("suite") != suite.name:
+        raise GateError(f"--against {path or 'report'} is a report of suite {reference_report.get('suite')!r}, "
+                        f"not of {suite.name!r}")
+    reference = side_from_report(reference_report, path)
+    candidate = dict(candidate_side)
+    common_rounds(reference, candidate)
+    shape = SimpleNamespace(name=suite.name, device=suite.device, control=suite.control,
+                            ceiling_op=getattr(suite, "ceiling_op", None))
+    return assemble.comparison_report(shape, config, reference, candidate)
+
+
+@dataclass
+class Finding:
+    """One (case, mode) pair of the comparison as the gate reads it."""
+
+    name: str
+    mode: str
+    reference_us: float
+    candidate_us: float
+    gain: float
+    gain_ci: tuple[float, float]
+    control_ratio_range: tuple[float, float] | None
+    control_flagged: bool
+    regressed: bool
+
+
+@dataclass
+class Verdict:
+    status: str
+    threshold_pct: float
+    findings: list[Finding] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> list[Finding]:
+        return [f for f in self.findings if f.regressed]
+
+    @property
+    def drifted(self) -> list[Finding]:
+        return [f for f in self.findings if f.control_flagged]
+
+
+def gain_limit(pct: float) -> float:
+    """The gain below which a case is slower by more than ``pct`` percent."""
+    if not (pct >= 0.0 and math.isfinite(pct)):
+        raise GateError(f"--fail-on-regression expects a percentage >= 0, got {pct}")
+    return 1.0 / (1.0 + pct / 100.0)
+
+
+def evaluate(comparison: dict, pct: float) -> Verdict:
+    """The gate's verdict on a comparison report: ``pass``, ``regression`` or ``inconclusive``."""
+    if comparison.get("kind") != "comparison":
+        raise GateError(f"the gate reads a comparison report, got a {comparison.get('kind')!r} report")
+    limit = gain_limit(pct)
+    verdict = Verdict(PASS, pct)
+    for rec in comparison["records"]:
+        for mode in ALL_MODES:
+            r = rec.get(mode)
+            if r is None:
+                continue
+            lo, hi = r["gain_ci"]
+            drift = r.get("control_ratio_range")
+            verdict.findings.append(Finding(
+                name=rec["name"], mode=mode, reference_us=r["reference_us"], candidate_us=r["candidate_us"],
+                gain=r["gain"], gain_ci=(lo, hi), control_ratio_range=tuple(drift) if drift else None,
+                control_flagged=bool(r.get("control_flagged")), regressed=hi < limit))
+    devices = [_device(comparison, side) for side in ("reference", "candidate")]
+    if not verdict.findings:
+        verdict.status = INCONCLUSIVE
+        verdict.reasons.append("no case and mode was measured on both sides")
+    elif devices[0] != devices[1]:
+        verdict.status = INCONCLUSIVE
+        verdict.reasons.append(f"the reference ran on {devices[0]!r} and this run on {devices[1]!r}: times of two "
+                               "machines say nothing about the code; compare on one machine (--against REV)")
+    elif verdict.drifted:
+        verdict.status = INCONCLUSIVE
+        worst = max(verdict.drifted, key=lambda f: max(abs(x - 1.0) for x in f.control_ratio_range))
+        verdict.reasons.append(
+            f"the control (torch) drifted beyond {assemble.CONTROL_DRIFT_TOLERANCE:.0%} between the runs in "
+            f"{len(verdict.drifted)} pair(s), worst {worst.name} {worst.mode} "
+            f"{_range(worst.control_ratio_range)}; rerun on a quiet machine")
+    elif verdict.regressions:
+        verdict.status = REGRESSION
+    for f in verdict.regressions:
+        verdict.reasons.append(
+            f"{f.name} {f.mode}: {_slowdown(f.gain):+.1f}% ({f.reference_us:.3f} -> {f.candidate_us:.3f} us), "
+            f"gain interval {_range(f.gain_ci)} wholly below {limit:.4f}"
+            + (" (suspected: the control drifted)" if verdict.status == INCONCLUSIVE else ""))
+    return verdict
+
+
+def _device(comparison: dict, side: str) -> str:
+    device = (comparison["sides"][side].get("provenance") or {}).get("device") or {}
+    return device.get("name") or "unknown"
+
+
+def _slowdown(gain: float) -> float:
+    """Percent change of the candidate's time: +10 means 10% slower."""
+    return (1.0 / gain - 1.0) * 100.0
+
+
+def _range(pair) -> str:
+    return f"[{pair[0]:.4f}, {pair[1]:.4f}]"
+
+
+def describe(verdict: Verdict) -> str:
+    """The lines printed after a gated run."""
+    head = {PASS: f"no case is significantly slower than the reference by more than {verdict.threshold_pct:g}%",
+            REGRESSION: f"{len(verdict.regressions)} case(s) significantly slower than the reference by more "
+                        f"than {verdict.threshold_pct:g}%",
+            INCONCLUSIVE: "neither a pass nor a failure can be trusted"}[verdict.status]
+    return "\n".join([f"gate: {verdict.status}: {head}", *(f"  {r}" for r in verdict.reasons)])
+
+
+def markdown(comparison: dict, verdict: Verdict | None) -> str:
+    """A CI job summary: the verdict, then one row per case and mode (regressions first)."""
+    ref = (comparison["sides"]["reference"].get("revision") or {})
+    cand = (comparison["sides"]["candidate"].get("revision") or {})
+    lines = [f"## kernellab-bench: {comparison['suite']}", ""]
+    if verdict is not None:
+        icon = {PASS: "PASS", REGRESSION: "FAIL", INCONCLUSIVE: "INCONCLUSIVE"}[verdict.status]
+        lines += [f"**{icon}**: " + describe(verdict).splitlines()[0].removeprefix("gate: "), ""]
+        lines += [f"- {r}" for r in verdict.reasons] + ([""] if verdict.reasons else [])
+    drift = comparison.get("torch_probe_control_ratio_range")
+    lines += [f"Reference: {_who(ref)}; candidate: {_who(cand)}; control drift range "
+              f"{_range(drift) if drift else 'n/a'}.",
+              "", "| case | mode | reference us | candidate us | change | gain interval | control | |",
+              "|---|---|---:|---:|---:|---|---|---|"]
+    gated = verdict is not None
+    findings = verdict.findings if gated else evaluate(comparison, 0.0).findings
+    for f in sorted(findings, key=lambda f: (not (gated and f.regressed), f.gain)):
+        lo, hi = f.gain_ci
+        mark = ("regression" if gated and f.regressed else "faster" if lo > 1.0 else "slower" if hi < 1.0
+                else "not significant")
+        control = _range(f.control_ratio_range) + (" drift" if f.control_flagged else "") \
+            if f.control_ratio_range else "n/a"
+        lines.append(f"| {f.name} | {f.mode} | {f.reference_us:.3f} | {f.candidate_us:.3f} | "
+                     f"{_slowdown(f.gain):+.1f}% | {_range(f.gain_ci)} | {control} | {mark} |")
+    return "\n".join(lines) + "\n"
+
+
+def _who(revision: dict) -> str:
+    if revision.get("report"):
+        return f"report `{revision['report']}` (commit {str(revision.get('commit'))[:10]})"
+    commit = str(revision.get("commit") or revision.get("zip_sha256") or "?")[:10]
+    return f"{revision.get('revision', '?')} ({commit}{', dirty' if revision.get('dirty') else ''})"

@@ -1,0 +1,182 @@
+import json
+import re
+
+import planted
+import pytest
+
+from kernellab.harness import assemble, cli, gate, registry
+from kernellab.harness import report as report_io
+
+
+def comparison(ours_after: float, torch_after: float = 150.0) -> dict:
+    return report_io.seal(assemble.comparison_report(
+        planted.suite(), planted.CONFIG, planted.side(), planted.side(ours_after, torch_after, seed=1)))
+
+
+def test_a_ten_percent_slowdown_fails_at_five_percent():
+    verdict = gate.evaluate(comparison(110.0), 5.0)
+    assert verdict.status == gate.REGRESSION
+    assert {(f.name, f.mode) for f in verdict.regressions} == {
+        (f"affine_{m}x{n}_fp32", mode) for m, n in planted.SHAPES for mode in planted.MODES}
+    assert all(0.90 < f.gain < 0.92 and f.gain_ci[1] < 1 / 1.05 for f in verdict.regressions)
+    assert re.search(r"affine_64x64_fp32 e2e_latency: \+(9\.\d|10\.\d)% \(", gate.describe(verdict))
+
+
+def test_a_two_percent_slowdown_passes_at_five_percent_though_significant():
+    verdict = gate.evaluate(comparison(102.0), 5.0)
+    assert verdict.status == gate.PASS and not verdict.regressions
+    assert all(f.gain_ci[1] < 1.0 for f in verdict.findings)  # slower, beyond noise, but within the margin
+    assert gate.evaluate(comparison(102.0), 1.0).status == gate.REGRESSION
+
+
+def test_a_speedup_passes_at_zero_percent():
+    assert gate.evaluate(comparison(90.0), 0.0).status == gate.PASS
+
+
+def test_control_drift_makes_a_slowdown_inconclusive():
+    verdict = gate.evaluate(comparison(110.0, torch_after=180.0), 5.0)
+    assert verdict.status == gate.INCONCLUSIVE
+    assert verdict.drifted and len(verdict.regressions) == 4
+    text = gate.describe(verdict)
+    assert "the control (torch) drifted beyond 10%" in text and "(suspected: the control drifted)" in text
+
+
+def test_a_reference_from_another_machine_is_inconclusive():
+    result = report_io.seal(assemble.comparison_report(
+        planted.suite(), planted.CONFIG, planted.side(device="NVIDIA H200"), planted.side(110.0, seed=1)))
+    verdict = gate.evaluate(result, 5.0)
+    assert verdict.status == gate.INCONCLUSIVE and len(verdict.regressions) == 4
+    assert "the reference ran on 'NVIDIA H200' and this run on 'Planted CPU'" in verdict.reasons[0]
+
+
+def test_a_comparison_without_common_pairs_is_inconclusive():
+    empty = comparison(100.0)
+    empty["records"] = []
+    verdict = gate.evaluate(empty, 5.0)
+    assert verdict.status == gate.INCONCLUSIVE and "no case and mode" in verdict.reasons[0]
+
+
+@pytest.mark.parametrize("pct", [-1.0, float("nan"), float("inf")])
+def test_a_bad_percentage_is_refused(pct):
+    with pytest.raises(gate.GateError, match="expects a percentage >= 0"):
+        gate.evaluate(comparison(100.0), pct)
+
+
+def test_the_comparison_against_a_report_is_the_ab_comparison():
+    """Rebuilding the reference side from its sealed run report loses nothing the A/B path reads."""
+    reference, candidate = planted.side(), planted.side(110.0, seed=1)
+    direct = assemble.comparison_report(planted.suite(), planted.CONFIG, reference, candidate)
+    via_report = gate.compare_with_report(planted.suite(), planted.CONFIG, planted.run_report(), candidate,
+                                          "ref.json")
+    assert via_report["records"] == direct["records"]
+    assert via_report["summaries"] == direct["summaries"]
+    assert via_report["sides"]["reference"]["revision"]["report"] == "ref.json"
+
+
+def test_rounds_are_paired_by_index_when_the_counts_differ():
+    reference = planted.run_report(rounds=7)
+    result = gate.compare_with_report(planted.suite(), planted.CONFIG, reference, planted.side(110.0, rounds=4))
+    rec = result["records"][0]["e2e_latency"]
+    assert len(rec["reference_rounds_us"]) == len(rec["candidate_rounds_us"]) == 4
+
+
+def test_the_reference_must_be_a_run_of_the_same_suite():
+    other = planted.run_report()
+    other["suite"] = "cpu-ops"
+    with pytest.raises(gate.GateError, match="suite 'cpu-ops', not of 'affine'"):
+        gate.compare_with_report(planted.suite(), planted.CONFIG, other, planted.side())
+    with pytest.raises(gate.GateError, match="needs a run report"):
+        gate.side_from_report(comparison(100.0), "c.json")
+
+
+def test_markdown_lists_regressions_first_with_the_verdict():
+    result = comparison(110.0)
+    result["records"][0]["e2e_latency"]["gain_ci"] = [0.99, 1.01]  # one pair within noise
+    text = gate.markdown(result, gate.evaluate(result, 5.0))
+    rows = [line for line in text.splitlines() if line.startswith("| affine")]
+    assert text.startswith("## kernellab-bench: affine") and "**FAIL**" in text
+    assert len(rows) == 4 and [r.endswith("| regression |") for r in rows] == [True, True, True, False]
+    assert rows[-1].endswith("| not significant |")
+
+
+@pytest.fixture
+def fake_bench(monkeypatch):
+    """kernellab-bench with the planted suite, its measurement replaced by a planted side."""
+    monkeypatch.setattr(registry, "discover", lambda: ({"affine": planted.suite()}, {}))
+
+    def use(**kw):
+        monkeypatch.setattr(cli, "measure_side", lambda suite, config, args: planted.side(seed=1, **kw))
+    return use
+
+
+@pytest.mark.parametrize("ours, torch, code, says", [
+    (110.0, 150.0, cli.EXIT_REGRESSION, "gate: regression: 4 case(s)"),
+    (102.0, 150.0, cli.EXIT_OK, "gate: pass"),
+    (110.0, 180.0, cli.EXIT_INCONCLUSIVE, "gate: inconclusive"),
+])
+def test_cli_gate_exit_codes(fake_bench, tmp_path, capsys, ours, torch, code, says):
+    ref = report_io.write(planted.run_report(), tmp_path / "ref.json")
+    fake_bench(ours_us=ours, torch_us=torch)
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    argv = ["--against", str(ref), "--fail-on-regression", "5", "--summary", str(summary),
+            "--out", str(tmp_path / "out"), "--no-plot", "--quiet"]
+    assert cli.main(argv) == code
+    assert says in capsys.readouterr().out
+    md = summary.read_text()
+    assert md.startswith("earlier step\n## kernellab-bench: affine")  # appended, as CI summary files are
+    written = sorted(p.name.split("-")[0] + ("-ab" if "-ab-" in p.name else "") for p in (tmp_path / "out").iterdir())
+    assert written == ["affine", "affine-ab"]
+    comparison_path = next((tmp_path / "out").glob("affine-ab-*.json"))
+    assert report_io.load(comparison_path)["sides"]["reference"]["revision"]["report"] == str(ref)
+
+
+def test_cli_against_a_revision_gates_the_ab_comparison(fake_bench, monkeypatch, tmp_path, capsys):
+    """--against REV is --baseline REV: the A/B path runs both revisions, then the gate reads its comparison."""
+    asked = []
+
+    def run_ab(suite, config, args):
+        asked.append(args.baseline)
+        return comparison(110.0), None
+    monkeypatch.setattr(cli, "run_ab", run_ab)
+    summary = tmp_path / "s.md"
+    argv = ["--suite", "affine", "--against", "HEAD~1", "--out", str(tmp_path), "--no-plot", "--quiet"]
+    assert cli.main([*argv, "--fail-on-regression", "5"]) == cli.EXIT_REGRESSION
+    assert cli.main([*argv, "--fail-on-regression", "15"]) == cli.EXIT_OK
+    assert cli.main([*argv, "--summary", str(summary)]) == cli.EXIT_OK  # no gate: a summary, no verdict
+    assert asked == ["HEAD~1"] * 3
+    text = summary.read_text()
+    assert "**FAIL**" not in text and "**PASS**" not in text and "| slower |" in text and "| regression |" not in text
+
+
+def test_cli_summary_of_a_plain_run_is_its_table(fake_bench, tmp_path):
+    fake_bench()
+    summary = tmp_path / "summary.md"
+    assert cli.main(["--suite", "affine", "--summary", str(summary), "--out", str(tmp_path), "--no-plot",
+                     "--quiet"]) == 0
+    assert "| affine_64x64_fp32" in summary.read_text()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--fail-on-regression", "5"], "--fail-on-regression needs a reference"),
+    (["--against", "HEAD", "--baseline", "HEAD"], "either --against or --baseline"),
+    (["--against", "missing.json"], "--against: report missing.json does not exist"),
+])
+def test_cli_gate_usage_errors(fake_bench, capsys, argv, message):
+    assert cli.main(argv) == cli.EXIT_USAGE
+    assert message in capsys.readouterr().err
+
+
+def test_cli_refuses_a_bad_percentage(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--fail-on-regression", "-3"])
+    assert "expected a percentage >= 0, got -3" in capsys.readouterr().err
+
+
+def test_cli_against_a_comparison_report_is_refused(fake_bench, tmp_path, capsys):
+    fake_bench()
+    path = report_io.write(comparison(100.0), tmp_path / "c.json")
+    assert cli.main(["--against", str(path), "--suite", "affine", "--out", str(tmp_path), "--quiet",
+                     "--no-plot"]) == cli.EXIT_USAGE
+    assert "needs a run report" in capsys.readouterr().err
+    assert json.loads(path.read_text())["kind"] == "comparison"
