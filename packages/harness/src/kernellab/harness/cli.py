@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import os
 import sys
 import tempfile
 from pathlib import Path
+
+from tabulate import tabulate_formats
 
 from . import assemble, plot, provenance, registry, table
 from . import report as report_io
 from .revision import RevisionError, materialize, run_sides
 from .runner import Bench, Config, Progress
+from .timing import ALL_MODES
 
-EXIT_OK, EXIT_FAILED_VALIDATION, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED_VALIDATION, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+STAMP = "%Y%m%dT%H%M%S"
+NAME_MAX = 255  # bytes in one path component on Linux's file systems
+TAGS = {"run": "", "comparison": "-ab", "before_after": "-before-after", "partial": "-partial"}
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a run; carries the report of the rounds that completed (None if none did)."""
+
+    def __init__(self, partial: dict | None):
+        super().__init__("interrupted")
+        self.partial = partial
 
 
 def positive_int(text: str) -> int:
@@ -101,15 +117,50 @@ def _usage(msg: str) -> int:
     return EXIT_USAGE
 
 
-def out_path(args, suite_name: str, kind: str, multiple: bool) -> Path:
+def out_path(args, suite_name: str, kind: str) -> Path:
     out = Path(args.out)
     if out.suffix == ".json":
-        if multiple:
-            raise SystemExit(_usage("--out names a single file but several suites run; give a directory"))
         return out if kind in ("run", "comparison") else out.with_name(f"{out.stem}.{kind}.json")
-    stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
-    tag = {"run": "", "comparison": "-ab", "before_after": "-before-after"}[kind]
-    return out / f"{suite_name}{tag}-{stamp}.json"
+    return out / f"{suite_name}{TAGS[kind]}-{datetime.datetime.now().strftime(STAMP)}.json"
+
+
+def out_problem(args, suite_names: list[str]) -> str | None:
+    """Why ``--out`` cannot take this run's files, or None; checked before anything is measured."""
+    out = Path(args.out)
+    single = out.suffix == ".json"
+    if single and len(suite_names) > 1:
+        return "--out names a single file but several suites run; give a directory"
+    directory = out.parent if single else out
+    if single:
+        names = [out.name, out.with_suffix(".png").name, *(f"{out.stem}.{k}.json" for k in ("before_after", "partial"))]
+    else:
+        stamp = datetime.datetime.now().strftime(STAMP)
+        names = [f"{name}{tag}-{stamp}-9999.json" for name in suite_names for tag in TAGS.values()]
+    too_long = [n for n in (*directory.parts, *names) if len(os.fsencode(n)) > NAME_MAX]
+    if too_long:
+        return f"--out {out}: the name {too_long[0][:40]}... is longer than this file system's {NAME_MAX} bytes"
+    if single and out.is_dir():
+        return f"--out {out} is a directory; give a directory name without .json, or a file inside it"
+    if not single and out.exists() and not out.is_dir():
+        return f"--out {out} is a file, not a directory (a single report's file name ends in .json)"
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"--out {out}: {existing} is a file, so the directory {directory} cannot be made"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"--out {out}: {existing} is not writable"
+    return None
+
+
+def unmatched(option: str, patterns: str | None, names: list[str]) -> str | None:
+    """A pattern of ``--cases``/``--impls`` that matches nothing: a typo, not a filter."""
+    from .runner import match
+
+    for pattern in (p.strip() for p in (patterns or "").split(",")):
+        if pattern and not any(match(n, pattern) for n in names):
+            return f"{option} pattern {pattern!r} matches none of {sorted(set(names))}"
+    return None
 
 
 def run_single(suite, config: Config, args) -> dict:
@@ -118,7 +169,20 @@ def run_single(suite, config: Config, args) -> dict:
     prov = provenance.collect(suite.device, root, bench.artifacts(), bench.measured_packages())
     runnable = sum(1 for c in bench.cases if c.call is not None)
     progress = Progress(runnable * config.rounds, enabled=not args.quiet)
-    rounds = [bench.run_round(r, progress) for r in range(config.rounds)]
+    rounds = []
+    try:
+        for r in range(config.rounds):
+            rounds.append(bench.run_round(r, progress))
+    except KeyboardInterrupt:
+        if not rounds:
+            raise Interrupted(None) from None
+        partial = _run_report(suite, dataclasses.replace(config, rounds=len(rounds)), bench, prov, rounds)
+        partial["interrupted"] = {"rounds_completed": len(rounds), "rounds_planned": config.rounds}
+        raise Interrupted(report_io.seal(partial)) from None
+    return _run_report(suite, config, bench, prov, rounds)
+
+
+def _run_report(suite, config: Config, bench: Bench, prov: dict, rounds: list) -> dict:
     prov["clocks_end"] = provenance.clocks(suite.device)
     prov["artifacts_sha256"] = provenance.artifact_hashes(bench.artifacts())
     side = {"cases": bench.describe(), "rounds": rounds, "provenance": prov,
@@ -146,9 +210,15 @@ def run_ab(suite, config: Config, args) -> tuple[dict, dict | None]:
     return comparison, before_after
 
 
+def save(report: dict, path: Path, args) -> Path:
+    """An --out file is replaced; in an --out directory a report never replaces another one (two runs
+    finishing in the same second get two names). Returns the path written."""
+    return report_io.write(report, path) if Path(args.out).suffix == ".json" else report_io.write_new(report, path)
+
+
 def emit(report: dict, path: Path, args) -> bool:
     """Write, print the table, draw the plot; returns whether every validation passed."""
-    report_io.write(report, path)
+    path = save(report, path, args)
     print(table.render(report))
     print(f"report: {path}")
     if not args.no_plot and report["kind"] in ("run", "comparison"):
@@ -166,18 +236,52 @@ def emit(report: dict, path: Path, args) -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    if args.show:
-        try:
-            shown = report_io.load(args.show)
-            if args.pivot is not None and shown["kind"] == "run":
-                print(table.pivot_table(shown, args.pivot or None, args.format))
-            else:
-                print(table.render(shown, args.format))
-        except report_io.ReportError as e:
-            return _usage(str(e))
+def show(args) -> int:
+    """--show: verify a report, then print its table (or with --pivot, its pivot table)."""
+    try:
+        shown = report_io.load(args.show)
+        report_io.check_contents(shown)
+    except report_io.ReportError as e:
+        return _usage(str(e))
+    if args.pivot is None:
+        print(table.render(shown, args.format))
         return EXIT_OK
+    if shown["kind"] != "run":
+        return _usage(f"--pivot needs a run report; {args.show} is a {shown['kind']} report")
+    measured = [m for m in ALL_MODES if any(m in c["modes"] for c in shown["cases"])]
+    if args.pivot and args.pivot not in measured:
+        return _usage(f"--pivot {args.pivot}: {args.show} has no {args.pivot} measurements; it has {measured}")
+    print(table.pivot_table(shown, args.pivot or None, args.format))
+    return EXIT_OK
+
+
+def check_options(args) -> str | None:
+    """Options whose mistakes need no suite to see: a misspelt format or mode is refused, not ignored."""
+    if args.format not in tabulate_formats:
+        return f"--format {args.format!r} is not a table format; formats: {', '.join(sorted(tabulate_formats))}"
+    if args.pivot is not None:
+        if not args.show:
+            return "--pivot only applies with --show REPORT"
+        if args.pivot and args.pivot not in ALL_MODES:
+            return f"--pivot {args.pivot!r} is not a mode; modes: {', '.join(ALL_MODES)}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except KeyboardInterrupt:  # outside a suite's rounds: nothing measured to keep
+        print("\nkernellab-bench: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def run(argv: list[str] | None) -> int:
+    args = parser().parse_args(argv)
+    problem = check_options(args)
+    if problem:
+        return _usage(problem)
+    if args.show:
+        return show(args)
     try:
         suites, broken = registry.discover()
     except registry.SuiteError as e:
@@ -185,8 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, why in broken.items():
         print(f"kernellab-bench: warning: suite {name!r} failed to load: {why}", file=sys.stderr)
     if args.list:
+        gpu = cuda_available()
         for s in suites.values():
-            print(f"{s.name} ({s.device}): {s.description}")
+            runnable = "" if s.device == "cpu" or gpu else " [cannot run here: no CUDA device]"
+            print(f"{s.name} ({s.device}): {s.description}{runnable}")
             print(f"  impls: {', '.join(i.name for i in s.impls)}"
                   + (f"; unavailable: {s.unavailable}" if getattr(s, "unavailable", None) else ""))
             for p in s.make_problems():
@@ -198,26 +304,45 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.code)
     if not chosen:
         return _usage("no suite can run on this machine")
+    problem = (out_problem(args, [s.name for s in chosen])
+               or unmatched("--impls", args.impls, [i.name for s in chosen for i in s.impls])
+               or unmatched("--cases", args.cases, [p.name for s in chosen for p in s.make_problems()]))
+    if problem:
+        return _usage(problem)
     ok = True
     for suite in chosen:
         try:
             config = config_for(suite, args)
             if args.baseline:
                 comparison, before_after = run_ab(suite, config, args)
-                ok &= emit(comparison, out_path(args, suite.name, "comparison", len(chosen) > 1), args)
+                ok &= emit(comparison, out_path(args, suite.name, "comparison"), args)
                 if before_after is not None:
                     print()
-                    emit(before_after, out_path(args, suite.name, "before_after", len(chosen) > 1), args)
+                    emit(before_after, out_path(args, suite.name, "before_after"), args)
             else:
                 report = report_io.seal(run_single(suite, config, args))
-                ok &= emit(report, out_path(args, suite.name, "run", len(chosen) > 1), args)
+                ok &= emit(report, out_path(args, suite.name, "run"), args)
         except (ValueError, RevisionError, registry.SuiteError) as e:
             return _usage(str(e))
-        except SystemExit as e:
-            return int(e.code)
+        except (Interrupted, KeyboardInterrupt) as e:
+            return interrupted(getattr(e, "partial", None), suite, args)
     if not ok:
         print("kernellab-bench: some validations failed; see the report's status fields", file=sys.stderr)
     return EXIT_OK if ok else EXIT_FAILED_VALIDATION
+
+
+def interrupted(partial: dict | None, suite, args) -> int:
+    """Ctrl-C: one line instead of a traceback, and the completed rounds kept in a partial report."""
+    print(file=sys.stderr)
+    if partial is None:
+        print(f"kernellab-bench: interrupted during suite {suite.name!r}; no round had completed, nothing saved",
+              file=sys.stderr)
+    else:
+        path = save(partial, out_path(args, suite.name, "partial"), args)
+        done = partial["interrupted"]
+        print(f"kernellab-bench: interrupted during suite {suite.name!r}; the {done['rounds_completed']} of "
+              f"{done['rounds_planned']} rounds that completed are in {path}", file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":
