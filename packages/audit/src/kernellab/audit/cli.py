@@ -1,6 +1,6 @@
 """``kernellab-audit REFERENCE.json CANDIDATE.json [--out AUDIT.json]``
 
-Exit codes: 0 pass, 1 fail, 2 inconclusive, 64 bad arguments.
+Exit codes: 0 pass, 1 fail, 2 inconclusive, 64 bad arguments, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from .audit import FAIL, INCONCLUSIVE, PASS, Audit, Options
 
 EXIT = {PASS: 0, FAIL: 1, INCONCLUSIVE: 2}
 EXIT_USAGE = 64
+EXIT_INTERRUPTED = 130
 
 
 class UsageError(Exception):
@@ -58,7 +59,46 @@ def newest_pair(root: Path) -> tuple[Path, Path]:
     return same[-2][2], same[-1][2]
 
 
+def check_inputs(reference: Path, candidate: Path, out: Path) -> None:
+    """The user's mistakes, refused before any replay: a path that is not a file, a report that loads
+    but is not shaped as one, two reports with no case in common (their case list would be empty, and
+    an empty case filter selects every case), an --out that cannot be written. A report that fails its
+    hash or schema is left to the audit, which records that as a failed check."""
+    loaded = {}
+    for side, path in (("reference", reference), ("candidate", candidate)):
+        if not path.is_file():
+            raise UsageError(f"{side} report {path} " + ("is a directory" if path.is_dir() else "does not exist"))
+        try:
+            loaded[side] = report_io.load(path)
+        except report_io.ReportError:
+            continue
+        try:
+            report_io.check_contents(loaded[side])
+        except report_io.ReportError as e:
+            raise UsageError(f"{side} report {path}: {e}") from None
+    if len(loaded) == 2 and all(r["kind"] == "run" for r in loaded.values()):
+        names = [{c["name"] for c in r["cases"]} for r in loaded.values()]
+        if not names[0] & names[1]:
+            raise UsageError(f"the reports have no case in common, so there is nothing to replay (reference: "
+                             f"{sorted(names[0])}, candidate: {sorted(names[1])})")
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory; name the audit's .json file")
+    existing = out.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"--out {out}: {existing} is a file, so the directory {out.parent} cannot be made")
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except KeyboardInterrupt:
+        print("\nkernellab-audit: interrupted; no audit written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def run(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
     try:
         repo = Path(args.repo) if args.repo else provenance.find_repo_root(Path.cwd())
@@ -76,13 +116,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"--{name} must be >= 1, got {value}")
         if not 0 <= args.tolerance < 10:
             raise UsageError(f"--tolerance must be in [0, 10), got {args.tolerance}")
+        out = Path(args.out) if args.out else repo / "reports" / "runs" / f"audit-{candidate.stem}.json"
+        check_inputs(reference, candidate, out)
     except UsageError as e:
         print(f"kernellab-audit: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     print(f"auditing {reference} (reference) against {candidate} (candidate)", file=sys.stderr)
     result = Audit(reference, candidate, repo, Options(rounds=args.rounds, samples=args.samples,
                                                        tolerance=args.tolerance, progress=not args.quiet)).run()
-    out = Path(args.out) if args.out else repo / "reports" / "runs" / f"audit-{candidate.stem}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report_io.clean(result), indent=1, sort_keys=True) + "\n")
     print(summary(result))
