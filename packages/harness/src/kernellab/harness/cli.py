@@ -15,7 +15,7 @@ from tabulate import tabulate_formats
 from . import assemble, plot, provenance, registry, table
 from . import report as report_io
 from .revision import RevisionError, materialize, run_sides
-from .runner import Bench, Config, Progress
+from .runner import Bench, Config, Progress, match
 from .timing import ALL_MODES
 
 EXIT_OK, EXIT_FAILED_VALIDATION, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -155,8 +155,6 @@ def out_problem(args, suite_names: list[str]) -> str | None:
 
 def unmatched(option: str, patterns: str | None, names: list[str]) -> str | None:
     """A pattern of ``--cases``/``--impls`` that matches nothing: a typo, not a filter."""
-    from .runner import match
-
     for pattern in (p.strip() for p in (patterns or "").split(",")):
         if pattern and not any(match(n, pattern) for n in names):
             return f"{option} pattern {pattern!r} matches none of {sorted(set(names))}"
@@ -324,8 +322,11 @@ def run(argv: list[str] | None) -> int:
                 ok &= emit(report, out_path(args, suite.name, "run"), args)
         except (ValueError, RevisionError, registry.SuiteError) as e:
             return _usage(str(e))
-        except (Interrupted, KeyboardInterrupt) as e:
-            return interrupted(getattr(e, "partial", None), suite, args)
+        except Interrupted as e:
+            return interrupted(e.partial, suite, args)
+        except KeyboardInterrupt:  # outside the rounds (an A/B's workers hold theirs): nothing to keep
+            print(f"\nkernellab-bench: interrupted during suite {suite.name!r}; nothing saved", file=sys.stderr)
+            return EXIT_INTERRUPTED
     if not ok:
         print("kernellab-bench: some validations failed; see the report's status fields", file=sys.stderr)
     return EXIT_OK if ok else EXIT_FAILED_VALIDATION
