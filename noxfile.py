@@ -135,8 +135,9 @@ def wheels(session: nox.Session) -> None:
     outside the repository. ``nox -s wheels -- --no-tests`` installs and runs the scripts only."""
     session.install("--quiet", "build", "packaging")
     torch_dir = None if TORCH_PER_VENV else shared_torch(session)
+    extras = [f"--test-extras={name}={','.join(spec[1])}" for name, spec in PACKAGES.items()]
     session.run("python", "tools/install_check.py", *(["--torch-dir", str(torch_dir)] if torch_dir else []),
-                "--torch", TORCH, *session.posargs)
+                "--torch", TORCH, *extras, *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -108,6 +108,10 @@ def test_the_wheels_session_runs_the_install_check_with_the_shared_torch(noxfile
     noxfile.wheels(s)
     [check] = [r for r in s.runs if "tools/install_check.py" in r]
     assert check[check.index("--torch-dir") + 1] == str(noxfile.shared_torch(s))
+    # the sdists' tests get the extras the tests session gives them
+    assert [a for a in check if a.startswith("--test-extras=")] == [
+        f"--test-extras={name}={','.join(spec[1])}" for name, spec in noxfile.PACKAGES.items()]
+    assert "--test-extras=megakernel=test,bench,gpu,plot" in check
 
 
 def test_ci_runs_the_wheels_session():

@@ -3,7 +3,8 @@ venv holding that package alone (installed from the local wheels, the only index
 packages), its console scripts run, and its sdist's tests run from the unpacked sdist, outside the
 repository.
 
-    python tools/install_check.py [--dist DIST] [--torch-dir DIR | --torch REQ] [--no-tests] [PACKAGE ...]
+    python tools/install_check.py [--dist DIST] [--torch-dir DIR | --torch REQ] [--no-tests]
+                                  [--test-extras PACKAGE=EXTRA,...] [PACKAGE ...]
 
 torch: ``--torch-dir`` names a directory holding an installed torch (nox's shared one) that each venv
 sees through a ``.pth`` file, so torch is installed once; otherwise each venv pip-installs ``--torch``
@@ -126,7 +127,7 @@ class Venv:
 
 
 def check(package: str, built: dict, dist: Path, work: Path, torch_dir: Path | None, torch: str,
-          tests: bool) -> list[str]:
+          test_extras: set[str] | None) -> list[str]:
     """One package alone: its problems, empty when none."""
     name = f"{OWN}{package}"
     wheels = {f"{OWN}{p}": b["wheel"] for p, b in built.items()}
@@ -154,18 +155,20 @@ def check(package: str, built: dict, dist: Path, work: Path, torch_dir: Path | N
                 problems.append(f"{name}: `{shown}` exited {res.returncode}: {(res.stderr or res.stdout)[-2000:]}")
             else:
                 log(f"{name}: `{shown}` ok")
-    if tests:
-        problems += sdist_tests(package, built[package]["sdist"], venv, wheels, dist, work)
+    if test_extras is not None:
+        problems += sdist_tests(package, built[package]["sdist"], venv, wheels, dist, work, test_extras)
     return problems
 
 
-def sdist_tests(package: str, sdist: Path, venv: Venv, wheels: dict, dist: Path, work: Path) -> list[str]:
-    """The sdist's own tests, from the unpacked sdist (no monorepo around it), with its [test] extra."""
+def sdist_tests(package: str, sdist: Path, venv: Venv, wheels: dict, dist: Path, work: Path,
+                extras: set[str]) -> list[str]:
+    """The sdist's own tests, from the unpacked sdist (no monorepo around it), with the extras its tests
+    take (nox's tests session takes the same)."""
     name = f"{OWN}{package}"
     try:
-        venv.install(name, {"test"}, wheels, dist)
+        venv.install(name, extras, wheels, dist)
     except RuntimeError as e:
-        return [f"{name}[test]: {e}"]
+        return [f"{name}[{','.join(sorted(extras))}]: {e}"]
     unpacked = work / package / "sdist"
     with tarfile.open(sdist) as tf:
         tf.extractall(unpacked, filter="data")
@@ -192,7 +195,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--torch", default=os.environ.get("KERNELLAB_TORCH", "torch==2.13.0"),
                    help="the torch each venv installs without --torch-dir (default $KERNELLAB_TORCH or torch==2.13.0)")
     p.add_argument("--no-tests", action="store_true", help="install and run the scripts only")
+    p.add_argument("--test-extras", action="append", default=[], metavar="PACKAGE=EXTRA,...",
+                   help="the extras a package's tests need (repeatable; default: test)")
     args = p.parse_args(argv)
+    test_extras = {}
+    for given in args.test_extras:
+        package, _, extras = given.partition("=")
+        if package not in PACKAGES or not extras:
+            p.error(f"--test-extras expects PACKAGE=EXTRA,... with a package of {', '.join(PACKAGES)}, got {given!r}")
+        test_extras[package] = set(extras.split(","))
     packages = args.packages or list(PACKAGES)
     unknown = sorted(set(packages) - set(PACKAGES))
     if unknown:
@@ -208,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kernellab-install-check-") as tmp:
         for k, package in enumerate(packages, 1):
             log(f"[{k}/{len(packages)}] {OWN}{package} alone in a fresh venv")
-            problems[package] = check(package, built, dist, Path(tmp), torch_dir, args.torch, not args.no_tests)
+            extras = None if args.no_tests else test_extras.get(package, {"test"})
+            problems[package] = check(package, built, dist, Path(tmp), torch_dir, args.torch, extras)
     for problem in sum(problems.values(), []):
         print(f"FAILED {problem}", file=sys.stderr)
     failed = [p for p, found in problems.items() if found]
