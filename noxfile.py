@@ -1,14 +1,21 @@
 """KernelLab's sessions. Nox adds the environment; the logic lives in console scripts and
 ``python -m`` commands that also run on their own (an offline GPU host, a cluster node).
 
-torch: every venv gets ``$KERNELLAB_TORCH`` (default ``torch==2.13.0``). On a machine whose pip finds
-the CPU build on disk that is what it takes; on a GPU machine the same pin resolves to PyPI's CUDA
-build. Set KERNELLAB_TORCH to another requirement (a version, a local wheel) to override.
+torch: ``$KERNELLAB_TORCH`` (default ``torch==2.13.0``) is installed once, into
+``.nox/_torch/<requirement>-py<version>``, and every session's venv sees it through a ``.pth`` file: one
+torch (about 0.8 GB on the CPU, several GB with CUDA) instead of one per venv. On a machine whose pip
+finds the CPU build on disk that is what it takes; on a GPU machine the same pin resolves to PyPI's CUDA
+build. Set KERNELLAB_TORCH to another requirement (a version, a local wheel) to override, or
+KERNELLAB_TORCH_PER_VENV=1 to install torch into each venv as before (a venv whose packages must not see
+anything outside it).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import time
 from pathlib import Path
 
 import nox
@@ -18,6 +25,7 @@ nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 TORCH = os.environ.get("KERNELLAB_TORCH", "torch==2.13.0")
+TORCH_PER_VENV = os.environ.get("KERNELLAB_TORCH_PER_VENV", "").strip().lower() in ("1", "true", "yes", "on")
 
 # package -> (local packages it needs, extras its tests need)
 PACKAGES = {
@@ -31,9 +39,36 @@ GPU_PACKAGES = [p for p in ("kernels", "megakernel") if p in PACKAGES]
 PYTHON = "3.11"
 
 
+def shared_torch(session: nox.Session) -> Path:
+    """The one torch install every session shares (see above), made on first use; returns its directory."""
+    target = ROOT / ".nox" / "_torch" / f"{re.sub(r'[^A-Za-z0-9.=+-]+', '_', TORCH)}-py{PYTHON}"
+    done = target / ".kernellab-complete"
+    if not done.exists():
+        shutil.rmtree(target, ignore_errors=True)  # a half-finished install (interrupted) starts over
+        session.log(f"installing {TORCH} once into {target.relative_to(ROOT)}, shared by every session "
+                    "(first time only: 1-3 min on the CPU, longer for the CUDA build)")
+        t0 = time.monotonic()
+        session.run("python", "-m", "pip", "install", "--quiet", "--target", str(target), TORCH)
+        done.write_text(f"{TORCH}\n")
+        session.log(f"torch installed in {time.monotonic() - t0:.0f} s")
+    return target
+
+
+def attach_torch(session: nox.Session) -> None:
+    """torch into the session's venv: the shared install through a .pth file, or its own copy."""
+    if TORCH_PER_VENV:
+        session.log(f"installing {TORCH} into this venv (KERNELLAB_TORCH_PER_VENV is set; 1-3 min)")
+        session.install(TORCH)
+        return
+    target = shared_torch(session)
+    purelib = session.run("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+                          silent=True).strip()
+    Path(purelib, "kernellab-shared-torch.pth").write_text(f"{target}\n")
+
+
 def install(session: nox.Session, *names: str, extras: tuple[str, ...] = ("test",)) -> None:
-    """torch first (pinned, see above), then the local packages editable with their extras."""
-    session.install(TORCH)
+    """torch first (pinned, shared, see above), then the local packages editable with their extras."""
+    attach_torch(session)
     wanted: list[str] = []
     for name in names:
         for dep in (*PACKAGES[name][0], name):
@@ -42,7 +77,8 @@ def install(session: nox.Session, *names: str, extras: tuple[str, ...] = ("test"
     args: list[str] = []
     for name in wanted:
         args += ["-e", f"packages/{name}[{','.join(extras)}]"]
-    session.install(*args)
+    session.log(f"installing {', '.join(wanted)} editable with [{','.join(extras)}] (20-60 s the first time)")
+    session.install("--quiet", *args)
 
 
 @nox.session(python=PYTHON)
@@ -75,14 +111,33 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def build(session: nox.Session) -> None:
-    """Wheel and sdist of every package into dist/, then an sm_90a compile of every CuTe DSL kernel."""
-    session.install("build")
-    for name in PACKAGES:
-        session.run("python", "-m", "build", "--outdir", "dist", f"packages/{name}")
+    """Wheel and sdist of every package into dist/, then an sm_90a compile of every CuTe DSL kernel.
+    Each step prints one line with its count; the tools' own output is shown only when a step fails."""
+    session.install("--quiet", "build")
+    for k, name in enumerate(PACKAGES, 1):
+        session.log(f"[{k}/{len(PACKAGES)}] wheel and sdist of {name} into dist/ (~10 s)")
+        session.run("python", "-m", "build", "--outdir", "dist", f"packages/{name}", silent=True)
     if GPU_PACKAGES:
         install(session, *GPU_PACKAGES, extras=("gpu",))
-        for name in GPU_PACKAGES:
-            session.run("python", "-m", f"kernellab.{name}.aot", "--arch", "sm_90a", env={"CUTE_DSL_ARCH": "sm_90a"})
+        for k, name in enumerate(GPU_PACKAGES, 1):
+            session.log(f"[{k}/{len(GPU_PACKAGES)}] sm_90a compile of every {name} CuTe DSL kernel "
+                        "(several minutes on 2 cores; the compiler's output follows only on failure)")
+            t0 = time.monotonic()
+            session.run("python", "-m", f"kernellab.{name}.aot", "--arch", "sm_90a", env={"CUTE_DSL_ARCH": "sm_90a"},
+                        silent=True)
+            session.log(f"{name}: compiled in {time.monotonic() - t0:.0f} s")
+
+
+@nox.session(python=PYTHON)
+def wheels(session: nox.Session) -> None:
+    """Every wheel built, then each package alone in a fresh venv (local wheels the only index for
+    KernelLab's packages, the shared torch attached): its console scripts run and its sdist's tests pass
+    outside the repository. ``nox -s wheels -- --no-tests`` installs and runs the scripts only."""
+    session.install("--quiet", "build", "packaging")
+    torch_dir = None if TORCH_PER_VENV else shared_torch(session)
+    extras = [f"--test-extras={name}={','.join(spec[1])}" for name, spec in PACKAGES.items()]
+    session.run("python", "tools/install_check.py", *(["--torch-dir", str(torch_dir)] if torch_dir else []),
+                "--torch", TORCH, *extras, *session.posargs)
 
 
 @nox.session(python=PYTHON)

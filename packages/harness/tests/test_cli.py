@@ -1,3 +1,5 @@
+import subprocess
+
 import pytest
 
 from kernellab.harness.cli import main
@@ -36,10 +38,14 @@ def test_unknown_mode(capsys, tmp_path):
 
 def test_no_matching_case(capsys, tmp_path):
     assert main(["--suite", "cpu-ops", "--cases", "nothing*", "--out", str(tmp_path)]) == 2
-    assert "no case of suite 'cpu-ops' matches" in capsys.readouterr().err
+    assert "--cases pattern 'nothing*' matches none of ['layernorm_128x512_fp32'" in capsys.readouterr().err
 
 
-def test_bad_baseline(capsys, tmp_path):
+def test_bad_baseline(capsys, tmp_path, monkeypatch):
+    checkout = tmp_path / "checkout"  # a checkout of its own: the test also runs from an unpacked sdist
+    (checkout / "packages" / "harness").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(checkout)], check=True)
+    monkeypatch.chdir(checkout)
     code = main(["--suite", "cpu-ops", "--baseline", "no-such-rev-xyz", "--out", str(tmp_path), "--quiet"])
     assert code == 2
     assert "'no-such-rev-xyz' is neither a commit" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import platform
@@ -9,6 +10,9 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -59,6 +63,69 @@ def test_missing_ninja_is_a_clear_error(cache_dir, monkeypatch):
     monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: False)
     with pytest.raises(_build.ToolchainMissing, match=r"ninja.*pip install ninja"):
         _build.load_variant("portable")
+
+
+def test_a_compiler_that_does_not_run_is_a_clear_error(cache_dir, monkeypatch):
+    monkeypatch.setenv("CXX", "false")  # on PATH, but exits 1 for anything
+    with pytest.raises(_build.ToolchainMissing, match=r"compiler 'false' .*does not run.*exited with code 1"):
+        _build.load_variant("portable")
+
+
+def test_a_cache_dir_that_is_a_file_is_a_clear_error(tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("KERNELLAB_CACHE_DIR", str(tmp_path / "a-file"))
+    with pytest.raises(_build.ToolchainMissing, match=r"cannot create its build cache directory.*KERNELLAB_CACHE_DIR"):
+        _build.load_variant("portable")
+
+
+class FakeCompile:
+    """Stands in for cpp_extension.load: records whether cpp_extension's baton was there when called
+    (it would wait on it forever) and gives a module-like object."""
+
+    def __init__(self):
+        self.batons = []
+
+    def __call__(self, *, name, build_directory, **_):
+        self.batons.append((Path(build_directory) / "lock").exists())
+        (Path(build_directory) / f"{name}.so").write_bytes(b"fake")
+        return types.SimpleNamespace(__file__=str(Path(build_directory) / f"{name}.so"))
+
+
+def test_a_killed_builds_lock_is_broken_and_the_build_says_it_runs(cache_dir, monkeypatch, capsys):
+    fake = FakeCompile()
+    monkeypatch.setattr(cpp_extension, "load", fake)
+    s = _build.spec("portable")
+    s.directory.mkdir(parents=True)
+    s.baton.write_text("")  # what a build killed half-way leaves behind
+    _build._build(s)
+    assert fake.batons == [False]
+    assert s.marker.read_text() == "portable\n"
+    assert f"building the portable CPU library in {s.directory}" in capsys.readouterr().err
+
+
+def test_a_live_build_is_waited_for_and_its_result_reused(cache_dir, monkeypatch, capsys):
+    fake = FakeCompile()
+    monkeypatch.setattr(cpp_extension, "load", fake)
+    s = _build.spec("portable")
+    s.directory.mkdir(parents=True)
+    with open(s.build_lock, "w") as held:  # another builder, alive: it holds the OS lock
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("process 4242")
+        held.flush()
+        waiter = threading.Thread(target=_build._build, args=(s,))
+        waiter.start()
+        seen = ""
+        deadline = time.monotonic() + 60
+        while "waiting for process 4242" not in seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+            seen += capsys.readouterr().err
+        assert "waiting for process 4242 to finish building" in seen
+        s.library.write_bytes(b"built by 4242")
+        s.marker.write_text("portable\n")
+        monkeypatch.setattr(_build, "_import", lambda spec: "imported")
+    waiter.join(timeout=60)
+    assert not waiter.is_alive()
+    assert fake.batons == []  # it imported the other process's library instead of compiling
 
 
 def test_a_corrupt_cache_entry_is_a_clear_error(cache_dir):

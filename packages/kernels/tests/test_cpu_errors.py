@@ -95,6 +95,35 @@ BAD_CALLS = {
                              r"dbias must have dtype float32"),
     "backward dweight column stride": (lambda: cpu.linear_backward(X, LW, DY, dweight=f32(8, 5).t()), ValueError,
                                        r"dweight must be contiguous in its last"),
+    # numbers that only look like eps, and inputs without a last dimension
+    "rmsnorm eps numeric string": (lambda: cpu.rmsnorm(X, W, "1e-6"), TypeError, r"eps must be a number.*str"),
+    "rmsnorm eps bool": (lambda: cpu.rmsnorm(X, W, True), TypeError, r"eps must be a number.*bool"),
+    "layernorm eps numeric string": (lambda: cpu.layernorm(X, W, B, "1e-5"), TypeError, r"eps must be a number"),
+    "layernorm eps bool": (lambda: cpu.layernorm(X, W, B, True), TypeError, r"eps must be a number.*bool"),
+    "layernorm 0-d": (lambda: cpu.layernorm(torch.tensor(1.0)), ValueError, r"x must have at least 1 dimension"),
+    "rmsnorm 0-d": (lambda: cpu.rmsnorm(torch.tensor(1.0)), ValueError, r"x must have at least 1 dimension"),
+    # outputs sharing memory with inputs or with each other (torch raises for these too)
+    "backward dx is x": (lambda: cpu.linear_backward(X, LW, DY, dx=X), ValueError, r"dx is x itself"),
+    "backward dweight is weight": (lambda: cpu.linear_backward(X, LW, DY, dweight=LW), ValueError,
+                                   r"dweight is weight itself"),
+    "backward dbias inside grad_out": (lambda: cpu.linear_backward(X, LW, DY, dbias=DY[0]), ValueError,
+                                       r"dbias overlaps grad_out"),
+    "backward dx is dweight's memory": (lambda: (lambda buf: cpu.linear_backward(
+        X, LW, DY, dx=buf[:32].view(4, 8), dweight=buf[8:48].view(5, 8)))(f32(64)), ValueError,
+        r"dweight overlaps dx"),
+    "linear out is x": (lambda: (lambda sq: cpu.linear_forward(sq, f32(8, 8), out=sq))(f32(8, 8)), ValueError,
+                        r"out is x itself"),
+    "rmsnorm out is residual_out": (lambda: (lambda buf: cpu.rmsnorm(X, W, 1e-6, f32(4, 8), out=buf,
+                                                                     residual_out=buf))(f32(4, 8)),
+                                    ValueError, r"residual_out is out itself"),
+    "rmsnorm out is weight": (lambda: (lambda w: cpu.rmsnorm(w.view(1, 8), w, out=w.view(1, 8)))(f32(8)), ValueError,
+                              r"out overlaps weight"),
+    "layernorm out shifted over x": (lambda: (lambda buf: cpu.layernorm(buf[:-1], out=buf[1:]))(f32(4097)),
+                                     ValueError, r"out overlaps x .* or exactly x \(in place\)"),
+    "layernorm strided out over x": (lambda: (lambda buf: cpu.layernorm(buf[:, :8], out=buf[:, 4:12]))(f32(4, 16)),
+                                     ValueError, r"out overlaps x"),
+    "softmax out shifted over x": (lambda: (lambda buf: cpu.softmax(buf[:, :-1], out=buf[:, 1:]))(f32(3, 9)),
+                                   ValueError, r"out overlaps x"),
 }
 
 
@@ -115,3 +144,11 @@ def test_a_rejected_call_writes_nothing():
     with pytest.raises(ValueError, match=r"residual_out must have shape"):
         cpu.rmsnorm(X, W, 1e-6, X, out=out, residual_out=f32(2, 8))
     assert out.isnan().all()
+
+
+def test_an_output_overlapping_an_input_is_rejected_before_any_write():
+    buf = torch.randn(4097)
+    before = buf.clone()
+    with pytest.raises(ValueError, match=r"out overlaps x"):
+        cpu.layernorm(buf[:-1], out=buf[1:])
+    assert torch.equal(buf, before)

@@ -1,7 +1,8 @@
 """``kernellab-audit REFERENCE.json CANDIDATE.json [--out AUDIT.json]``, or
 ``kernellab-audit --check REPORT...`` to check reports of any kind without replaying them.
 
-Exit codes: 0 pass, 1 fail, 2 inconclusive, 64 bad arguments (--check: 0 every report holds, 1 not).
+Exit codes: 0 pass, 1 fail, 2 inconclusive, 64 bad arguments, 130 interrupted (--check: 0 every report
+holds, 1 not).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from .audit import FAIL, INCONCLUSIVE, PASS, Audit, Options, integrity
 
 EXIT = {PASS: 0, FAIL: 1, INCONCLUSIVE: 2}
 EXIT_USAGE = 64
+EXIT_INTERRUPTED = 130
 MARKS = {True: "ok  ", False: "FAIL", None: "??  "}
 
 
@@ -68,6 +70,37 @@ def newest_pair(root: Path) -> tuple[Path, Path]:
     return same[-2][2], same[-1][2]
 
 
+def check_inputs(reference: Path, candidate: Path, out: Path) -> None:
+    """The user's mistakes, refused before any replay: a path that is not a file, a report that loads
+    but is not shaped as one, two reports with no case in common (their case list would be empty, and
+    an empty case filter selects every case), an --out that cannot be written. A report that fails its
+    hash or schema is left to the audit, which records that as a failed check."""
+    loaded = {}
+    for side, path in (("reference", reference), ("candidate", candidate)):
+        if not path.is_file():
+            raise UsageError(f"{side} report {path} " + ("is a directory" if path.is_dir() else "does not exist"))
+        try:
+            loaded[side] = report_io.load(path)
+        except report_io.ReportError:
+            continue
+        try:
+            report_io.check_contents(loaded[side])
+        except report_io.ReportError as e:
+            raise UsageError(f"{side} report {path}: {e}") from None
+    if len(loaded) == 2 and all(r["kind"] == "run" for r in loaded.values()):
+        names = [{c["name"] for c in r["cases"]} for r in loaded.values()]
+        if not names[0] & names[1]:
+            raise UsageError(f"the reports have no case in common, so there is nothing to replay (reference: "
+                             f"{sorted(names[0])}, candidate: {sorted(names[1])})")
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory; name the audit's .json file")
+    existing = out.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"--out {out}: {existing} is a file, so the directory {out.parent} cannot be made")
+
+
 def check_reports(paths: list[Path], trusted: dict | None) -> bool:
     """Print each report's checks; True when every one holds. A before/after report given with the
     comparison it was made from is also checked against that comparison."""
@@ -95,6 +128,14 @@ def check_reports(paths: list[Path], trusted: dict | None) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except KeyboardInterrupt:
+        print("\nkernellab-audit: interrupted; no audit written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def run(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
     try:
         trusted = signing.load_trusted(args.trusted_keys) if args.trusted_keys else None
@@ -123,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"--{name} must be >= 1, got {value}")
         if not 0 <= args.tolerance < 10:
             raise UsageError(f"--tolerance must be in [0, 10), got {args.tolerance}")
+        out = Path(args.out) if args.out else repo / "reports" / "runs" / f"audit-{candidate.stem}.json"
+        check_inputs(reference, candidate, out)
     except UsageError as e:
         print(f"kernellab-audit: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -132,7 +175,6 @@ def main(argv: list[str] | None = None) -> int:
                                                        tolerance=args.tolerance, progress=not args.quiet,
                                                        max_rounds=args.max_rounds, time_limit_s=args.time_limit,
                                                        trusted_keys=keys)).run()
-    out = Path(args.out) if args.out else repo / "reports" / "runs" / f"audit-{candidate.stem}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report_io.clean(result), indent=1, sort_keys=True) + "\n")
     print(summary(result))

@@ -3,20 +3,36 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import importlib
+import os
 import sys
 import tempfile
 from pathlib import Path
 
+from tabulate import tabulate_formats
+
 from . import assemble, gate, plot, provenance, registry, signing, table
 from . import report as report_io
 from .revision import Extension, RevisionError, materialize, run_sides
-from .runner import Config
+from .runner import Config, match
+from .timing import ALL_MODES
 
-EXIT_OK, EXIT_FAILED_VALIDATION, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED_VALIDATION, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_REGRESSION, EXIT_INCONCLUSIVE = 3, 4  # --fail-on-regression: a significant slowdown; control drift
 SUBCOMMANDS = {"history": "history", "site": "site", "tables": "readme"}  # command -> module with its main(argv)
+STAMP = "%Y%m%dT%H%M%S"
+NAME_MAX = 255  # bytes in one path component on Linux's file systems
+TAGS = {"run": "", "comparison": "-ab", "before_after": "-before-after", "partial": "-partial"}
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a run; carries the report of the rounds that completed (None if none did)."""
+
+    def __init__(self, partial: dict | None):
+        super().__init__("interrupted")
+        self.partial = partial
 
 
 def positive_int(text: str) -> int:
@@ -138,25 +154,66 @@ def _usage(msg: str) -> int:
     return EXIT_USAGE
 
 
-def out_path(args, suite_name: str, kind: str, multiple: bool) -> Path:
+def out_path(args, suite_name: str, kind: str) -> Path:
     out = Path(args.out)
     if out.suffix == ".json":
-        if multiple:
-            raise SystemExit(_usage("--out names a single file but several suites run; give a directory"))
         return out if kind in ("run", "comparison") else out.with_name(f"{out.stem}.{kind}.json")
-    stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
-    tag = {"run": "", "comparison": "-ab", "before_after": "-before-after"}[kind]
-    return out / f"{suite_name}{tag}-{stamp}.json"
+    return out / f"{suite_name}{TAGS[kind]}-{datetime.datetime.now().strftime(STAMP)}.json"
+
+
+def out_problem(args, suite_names: list[str]) -> str | None:
+    """Why ``--out`` cannot take this run's files, or None; checked before anything is measured."""
+    out = Path(args.out)
+    single = out.suffix == ".json"
+    if single and len(suite_names) > 1:
+        return "--out names a single file but several suites run; give a directory"
+    directory = out.parent if single else out
+    if single:
+        names = [out.name, out.with_suffix(".png").name, *(f"{out.stem}.{k}.json" for k in ("before_after", "partial"))]
+    else:
+        stamp = datetime.datetime.now().strftime(STAMP)
+        names = [f"{name}{tag}-{stamp}-9999.json" for name in suite_names for tag in TAGS.values()]
+    too_long = [n for n in (*directory.parts, *names) if len(os.fsencode(n)) > NAME_MAX]
+    if too_long:
+        return f"--out {out}: the name {too_long[0][:40]}... is longer than this file system's {NAME_MAX} bytes"
+    if single and out.is_dir():
+        return f"--out {out} is a directory; give a directory name without .json, or a file inside it"
+    if not single and out.exists() and not out.is_dir():
+        return f"--out {out} is a file, not a directory (a single report's file name ends in .json)"
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"--out {out}: {existing} is a file, so the directory {directory} cannot be made"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"--out {out}: {existing} is not writable"
+    return None
+
+
+def unmatched(option: str, patterns: str | None, names: list[str]) -> str | None:
+    """A pattern of ``--cases``/``--impls`` that matches nothing: a typo, not a filter."""
+    for pattern in (p.strip() for p in (patterns or "").split(",")):
+        if pattern and not any(match(n, pattern) for n in names):
+            return f"{option} pattern {pattern!r} matches none of {sorted(set(names))}"
+    return None
 
 
 def measure_side(suite, config: Config, args) -> dict:
     """One revision's measured rounds, in the working tree, measured in a worker process: this process
-    checks the results the worker ships without importing any contender code (``revision.run_sides``)."""
+    checks the results the worker ships without importing any contender code (``revision.run_sides``).
+    After Ctrl-C the completed rounds are raised as a partial report (``Interrupted``)."""
     root = provenance.find_repo_root(Path(__file__))
     request = {"suite": suite.name, "config": config.to_json(), "cases": args.cases, "impls": args.impls}
     side = run_sides({"candidate": root}, request, config.rounds, progress=not args.quiet)["candidate"]
     git = side["provenance"]["git"]
     side["revision"] = {"revision": "working tree", "kind": "local", "commit": git["commit"], "dirty": git["dirty"]}
+    if side.get("interrupted"):
+        done = side["interrupted"]["rounds_completed"]
+        if not done:
+            raise Interrupted(None)
+        partial = assemble.run_report(suite, dataclasses.replace(config, rounds=done).to_json(), side)
+        partial["interrupted"] = side["interrupted"]
+        raise Interrupted(report_io.seal(partial))
     return side
 
 
@@ -231,9 +288,15 @@ def seal(report: dict, args) -> dict:
     return signing.sign(sealed, key) if key is not None else sealed
 
 
+def save(report: dict, path: Path, args) -> Path:
+    """An --out file is replaced; in an --out directory a report never replaces another one (two runs
+    finishing in the same second get two names). Returns the path written."""
+    return report_io.write(report, path) if Path(args.out).suffix == ".json" else report_io.write_new(report, path)
+
+
 def emit(report: dict, path: Path, args) -> bool:
     """Write, print the table, draw the plot; returns whether every validation passed."""
-    report_io.write(report, path)
+    path = save(report, path, args)
     print(table.render(report))
     print(f"report: {path}")
     if not args.no_plot and report["kind"] in ("run", "comparison"):
@@ -251,21 +314,55 @@ def emit(report: dict, path: Path, args) -> bool:
     return True
 
 
+def show(args) -> int:
+    """--show: verify a report, then print its table (or with --pivot, its pivot table)."""
+    try:
+        shown = report_io.load(args.show)
+        report_io.check_contents(shown)
+    except report_io.ReportError as e:
+        return _usage(str(e))
+    if args.pivot is None:
+        print(table.render(shown, args.format))
+        return EXIT_OK
+    if shown["kind"] != "run":
+        return _usage(f"--pivot needs a run report; {args.show} is a {shown['kind']} report")
+    measured = [m for m in ALL_MODES if any(m in c["modes"] for c in shown["cases"])]
+    if args.pivot and args.pivot not in measured:
+        return _usage(f"--pivot {args.pivot}: {args.show} has no {args.pivot} measurements; it has {measured}")
+    print(table.pivot_table(shown, args.pivot or None, args.format))
+    return EXIT_OK
+
+
+def check_options(args) -> str | None:
+    """Options whose mistakes need no suite to see: a misspelt format or mode is refused, not ignored."""
+    if args.format not in tabulate_formats:
+        return f"--format {args.format!r} is not a table format; formats: {', '.join(sorted(tabulate_formats))}"
+    if args.pivot is not None:
+        if not args.show:
+            return "--pivot only applies with --show REPORT"
+        if args.pivot and args.pivot not in ALL_MODES:
+            return f"--pivot {args.pivot!r} is not a mode; modes: {', '.join(ALL_MODES)}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in SUBCOMMANDS:
         return importlib.import_module(f".{SUBCOMMANDS[argv[0]]}", __package__).main(argv[1:])
+    try:
+        return run(argv)
+    except KeyboardInterrupt:  # outside a suite's rounds: nothing measured to keep
+        print("\nkernellab-bench: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def run(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
+    problem = check_options(args)
+    if problem:
+        return _usage(problem)
     if args.show:
-        try:
-            shown = report_io.load(args.show)
-            if args.pivot is not None and shown["kind"] == "run":
-                print(table.pivot_table(shown, args.pivot or None, args.format))
-            else:
-                print(table.render(shown, args.format))
-        except report_io.ReportError as e:
-            return _usage(str(e))
-        return EXIT_OK
+        return show(args)
     try:
         if args.keygen:
             private, public = signing.generate_keypair(args.keygen)
@@ -281,8 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, why in broken.items():
         print(f"kernellab-bench: warning: suite {name!r} failed to load: {why}", file=sys.stderr)
     if args.list:
+        gpu = cuda_available()
         for s in suites.values():
-            print(f"{s.name} ({s.device}): {s.description}")
+            runnable = "" if s.device == "cpu" or gpu else " [cannot run here: no CUDA device]"
+            print(f"{s.name} ({s.device}): {s.description}{runnable}")
             print(f"  impls: {', '.join(i.name for i in s.impls)}"
                   + (f"; unavailable: {s.unavailable}" if getattr(s, "unavailable", None) else ""))
             for p in s.make_problems():
@@ -303,6 +402,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.code)
     if not chosen:
         return _usage("no suite can run on this machine")
+    problem = (out_problem(args, [s.name for s in chosen])
+               or unmatched("--impls", args.impls, [i.name for s in chosen for i in s.impls])
+               or unmatched("--cases", args.cases, [p.name for s in chosen for p in s.make_problems()]))
+    if problem:
+        return _usage(problem)
     ok = True
     comparisons, runs = [], []
     for suite in chosen:
@@ -310,34 +414,51 @@ def main(argv: list[str] | None = None) -> int:
             config = config_for(suite, args)
             if reference is not None:
                 side = measure_side(suite, config, args)
-                ok &= emit(report_io.seal(assemble.run_report(suite, config.to_json(), side)),
-                           out_path(args, suite.name, "run", len(chosen) > 1), args)
+                ok &= emit(seal(assemble.run_report(suite, config.to_json(), side), args),
+                           out_path(args, suite.name, "run"), args)
                 print()
-                comparison = report_io.seal(gate.compare_with_report(suite, config.to_json(), reference, side,
-                                                                     args.against))
+                comparison = seal(gate.compare_with_report(suite, config.to_json(), reference, side, args.against),
+                                  args)
                 comparisons.append(comparison)
-                ok &= emit(comparison, out_path(args, suite.name, "comparison", len(chosen) > 1), args)
+                ok &= emit(comparison, out_path(args, suite.name, "comparison"), args)
             elif args.baseline or args.against:
                 args.baseline = args.baseline or args.against
                 comparison, before_after = run_ab(suite, config, args)
                 comparisons.append(comparison)
-                ok &= emit(comparison, out_path(args, suite.name, "comparison", len(chosen) > 1), args)
+                ok &= emit(comparison, out_path(args, suite.name, "comparison"), args)
                 if before_after is not None:
                     print()
-                    emit(before_after, out_path(args, suite.name, "before_after", len(chosen) > 1), args)
+                    emit(before_after, out_path(args, suite.name, "before_after"), args)
             else:
                 report = seal(run_single(suite, config, args), args)
                 runs.append(report)
-                ok &= emit(report, out_path(args, suite.name, "run", len(chosen) > 1), args)
+                ok &= emit(report, out_path(args, suite.name, "run"), args)
         except (ValueError, RevisionError, registry.SuiteError) as e:
             return _usage(str(e))
-        except SystemExit as e:
-            return int(e.code)
+        except Interrupted as e:
+            return interrupted(e.partial, suite, args)
+        except KeyboardInterrupt:  # outside the rounds (an A/B's workers hold theirs): nothing to keep
+            print(f"\nkernellab-bench: interrupted during suite {suite.name!r}; nothing saved", file=sys.stderr)
+            return EXIT_INTERRUPTED
     gated = gate_exit(comparisons, runs, args)
     if not ok:
         print("kernellab-bench: some validations failed; see the report's status fields", file=sys.stderr)
         return EXIT_FAILED_VALIDATION
     return gated
+
+
+def interrupted(partial: dict | None, suite, args) -> int:
+    """Ctrl-C: one line instead of a traceback, and the completed rounds kept in a partial report."""
+    print(file=sys.stderr)
+    if partial is None:
+        print(f"kernellab-bench: interrupted during suite {suite.name!r}; no round had completed, nothing saved",
+              file=sys.stderr)
+    else:
+        path = save(partial, out_path(args, suite.name, "partial"), args)
+        done = partial["interrupted"]
+        print(f"kernellab-bench: interrupted during suite {suite.name!r}; the {done['rounds_completed']} of "
+              f"{done['rounds_planned']} rounds that completed are in {path}", file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

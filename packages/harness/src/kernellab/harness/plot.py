@@ -1,7 +1,8 @@
 """One PNG per report (optional extra ``[plot]``: matplotlib).
 
 A run: time per call relative to torch, per case and impl, in every mode (log scale), and for the
-GPU the fraction of the copy ceiling. A comparison: each record's gain with its confidence interval.
+GPU the fraction of the copy ceiling. A comparison: each record's gain with its confidence interval
+(log scale). Legends sit outside the axes, so no mark is covered.
 """
 
 from __future__ import annotations
@@ -41,6 +42,16 @@ def draw(report: dict, path: str | Path) -> Path | None:
     return path
 
 
+def _ratio_axis(ax) -> None:
+    """A log x axis for ratios, its ticks written as plain numbers (0.5, 1, 2) rather than 6x10^-1."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+
+
 def _run_figure(plt, report: dict):
     records = [r for r in report["versus_control"] if any(m in r for m in ALL_MODES)]
     cases = report["cases"]
@@ -62,9 +73,10 @@ def _run_figure(plt, report: dict):
             ax.barh(ys, xs, height=width, xerr=[lo, hi], label=mode, capsize=2)
         ax.set_yticks([i + 0.4 - width / 2 for i in range(len(records))], labels, fontsize=7)
         ax.axvline(1.0, color="black", lw=0.8)
-        ax.set_xscale("log")
+        _ratio_axis(ax)
         ax.set_xlabel("time per call / torch's (lower is faster; bars: min..max over rounds)")
-        ax.legend(fontsize=7)
+        # above the axes, not over them: inside, the legend covered the top rows' bars
+        ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=len(modes), frameon=False)
     else:
         labels = [f"{c['name']} [{c['impl']}]" for c in cases]
         mode = primary_mode(report)
@@ -74,7 +86,7 @@ def _run_figure(plt, report: dict):
         ax.set_xscale("log")
         ax.set_xlabel(f"{mode} p50, us per call")
     ax.invert_yaxis()
-    ax.set_title(f"{report['suite']}: {report['provenance']['device'].get('name')}", fontsize=9)
+    fig.suptitle(f"{report['suite']}: {report['provenance']['device'].get('name')}", fontsize=9)
     if gpu:
         ax2 = axes[0][1]
         mode = primary_mode(report)
@@ -111,9 +123,10 @@ def _comparison_figure(plt, report: dict):
             labels.append(f"{r['name']} {mode}")
             y += 1
     ax.axvline(1.0, color="black", lw=0.8)
+    _ratio_axis(ax)  # a ratio: 2x faster and 2x slower sit equally far from 1, one outlier crushes nothing
     ax.set_yticks(ticks, labels, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("gain = reference time / candidate time (dot: median, whiskers: 95% CI, band: rounds)")
+    ax.set_xlabel("gain = reference time / candidate time, log scale (dot: median, whiskers: 95% CI, band: rounds)")
     ax.set_title(f"{report['suite']}: candidate vs reference", fontsize=9)
     fig.tight_layout()
     return fig

@@ -183,7 +183,8 @@ def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds:
               extension: Extension | None = None) -> dict:
     """Run one suite in one or two trees, one worker each: every case by each side back to back, the
     side order alternating by round (A B, B A, ...). Returns per side its cases, provenance and per-round
-    measurements, and how the rounds stopped.
+    measurements, and how the rounds stopped; after Ctrl-C, the rounds completed before it, with
+    ``interrupted`` saying how many.
 
     Each worker writes a result of every validation and of each mode's last timed batch to a folder of
     this process's; this process, which imports no contender code, checks them against the float64
@@ -214,8 +215,16 @@ def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds:
                     sides[name]["rounds"][r][cid] = data
                     bar.step(f"round {r + 1} {name}: {cid}  {describe_samples(data)}")
 
-        for r, ids in enumerate(common):
-            one_round(r, ids)
+        try:
+            for r, ids in enumerate(common):
+                one_round(r, ids)
+        except KeyboardInterrupt:  # the rounds completed before Ctrl-C are kept; the workers got it too
+            done = len(sides[names[0]]["rounds"]) - 1
+            for name in names:
+                del sides[name]["rounds"][done:]
+                sides[name]["interrupted"] = {"rounds_completed": done, "rounds_planned": rounds}
+                sides[name]["provenance"]["clocks_end"] = None
+            return sides
         stop = {"rounds": rounds, "reason": "the configured rounds"}
         ext = extension or Extension()
         if len(names) == 2 and ext.max_rounds > rounds:

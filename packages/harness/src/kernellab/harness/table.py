@@ -35,7 +35,8 @@ def run_table(report: dict, fmt: str = "simple") -> str:
                 _fmt(m.get("ceiling_fraction"), ".2f")]
         rows.append(row)
     headers = ["case", "impl", "status", *[f"{m} p50 us" for m in modes], f"x torch ({primary})", "GB/s", "of copy"]
-    return tabulate(rows, headers=headers, disable_numparse=True, tablefmt=fmt)
+    return (tabulate(rows, headers=headers, disable_numparse=True, tablefmt=fmt)
+            + f"\nx torch: time per call / torch's, median over rounds in {primary}; below 1 is faster than torch")
 
 
 def pivot_table(report: dict, mode: str | None = None, fmt: str = "simple") -> str:
@@ -58,7 +59,8 @@ def pivot_table(report: dict, mode: str | None = None, fmt: str = "simple") -> s
         rows.append(row)
     headers = ["case", *[f"{i} us" for i in impls], *[f"{i} / {control}" for i in impls[1:]],
                *[f"{i} of copy" for i in impls[1:]]]
-    return f"{mode} p50 per call\n" + tabulate(rows, headers=headers, disable_numparse=True, tablefmt=fmt)
+    return (f"{mode} p50 per call\n" + tabulate(rows, headers=headers, disable_numparse=True, tablefmt=fmt)
+            + f"\nimpl / {control}: time per call over {control}'s; below 1 is faster than {control}")
 
 
 def comparison_table(report: dict, fmt: str = "simple") -> str:
@@ -84,6 +86,9 @@ def comparison_table(report: dict, fmt: str = "simple") -> str:
         lines.append(f"control probe ratio (reference run / candidate run): {rng[0]:.3f} .. {rng[1]:.3f}")
     for mode, s in report["summaries"].items():
         lines.append(f"{mode}: " + ", ".join(f"{k} {v}" for k, v in s.items()))
+    lines.append("gain: reference time / candidate time, above 1 is faster; n.s.: not significant (the 95% CI "
+                 "holds 1); x torch: candidate time / torch's, below 1 is faster; drift!: torch, timed in both runs, "
+                 "moved more than 10%")
     return "\n".join(lines)
 
 

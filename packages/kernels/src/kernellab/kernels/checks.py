@@ -3,6 +3,7 @@ with an error that names the argument and says what was expected."""
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 
@@ -57,10 +58,11 @@ def unit_last_stride(name: str, t) -> None:
 
 
 def positive_float(name: str, value) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}") from None
+    """A real number > 0. A bool or a string is refused, not converted: ``eps=True`` or ``eps="1e-6"`` is
+    a mistake that float() would hide."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number (a float or an int), got {type(value).__name__} {value!r}")
+    v = float(value)
     if not v > 0.0:
         raise ValueError(f"{name} must be > 0, got {value}")
     return v

@@ -2,7 +2,9 @@
 
 The library is compiled on first use and cached (see ``_build``). Norm ops run over the last
 dimension of any leading shape; rows may be strided, the last dimension must have stride 1.
-Outputs go into ``out`` buffers when given, else into fresh contiguous tensors.
+Outputs go into ``out`` buffers when given, else into fresh contiguous tensors. An output may not
+share memory with an input or another output (torch's overlap rules decide), except that the row ops
+run in place when an output is exactly a same-shape input (``softmax(x, out=x)``).
 
 Every argument is checked before any work. Each op first hands its arguments to the library's
 fast entry, which accepts the common case (contiguous fp32 CPU tensors of matching shapes) after a
@@ -79,6 +81,29 @@ def _check_output(name: str, out, shape) -> None:
                          f"copy), got strides {out.stride()} for shape {tuple(out.shape)}") from None
 
 
+def _check_apart(outputs: dict, inputs: dict, in_place: tuple[str, ...] = ()) -> None:
+    """No output may share memory with another output or with an input, as torch's own rules
+    (at::get_overlap_status) judge it; the one exception is an output that is exactly one of the
+    ``in_place`` inputs (same elements, same layout), which a row op reads before it writes."""
+    overlap = library().overlap
+    seen: dict = {}
+    for name, out in outputs.items():
+        if out is None:
+            continue
+        for other, t in [*seen.items(), *inputs.items()]:
+            if t is None:
+                continue
+            how = overlap(out, t)
+            if how == "no" or (how == "full" and other in in_place):
+                continue
+            if how == "full":
+                raise ValueError(f"{name} is {other} itself (the same memory); {name} must be a buffer of its own")
+            exact = f" or exactly {other} (in place)" if other in in_place else ""
+            raise ValueError(f"{name} overlaps {other} (they share part of their memory); {name} must be a buffer "
+                             f"of its own{exact}")
+        seen[name] = out
+
+
 def _new(shape):
     return torch.empty(shape, dtype=_F32)
 
@@ -91,6 +116,7 @@ def softmax(x, *, out=None):
             return y
     x = _rows_input("x", x)
     _check_output("out", out, x.shape)
+    _check_apart({"out": out}, {"x": x}, in_place=("x",))
     y = _new(x.shape) if out is None else out
     library().softmax(x, y)
     return y
@@ -113,6 +139,8 @@ def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None, *, out=None, resid
         raise ValueError("residual_out is only written when residual is given, but residual is None")
     _check_output("out", out, x.shape)
     _check_output("residual_out", residual_out, x.shape)
+    _check_apart({"out": out, "residual_out": residual_out}, {"x": x, "residual": residual, "weight": weight},
+                 in_place=("x", "residual"))
     y = _new(x.shape) if out is None else out
     if residual is None:
         library().rmsnorm(x, None, weight, eps, y, None)
@@ -135,6 +163,7 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
         _check_vector("bias", bias, x.shape[-1])
     eps = checks.positive_float("eps", eps)
     _check_output("out", out, x.shape)
+    _check_apart({"out": out}, {"x": x, "weight": weight, "bias": bias}, in_place=("x",))
     y = _new(x.shape) if out is None else out
     library().layernorm(x, weight, bias, eps, y)
     return y
@@ -156,6 +185,7 @@ def linear_forward(x, weight, bias=None, *, out=None):
     if bias is not None:
         _check_vector("bias", bias, weight.shape[0])
     _check_output("out", out, (x.shape[0], weight.shape[0]))
+    _check_apart({"out": out}, {"x": x, "weight": weight, "bias": bias})
     y = _new((x.shape[0], weight.shape[0])) if out is None else out
     library().linear_forward(x, weight, bias, y)
     return y
@@ -174,6 +204,7 @@ def linear_backward(x, weight, grad_out, *, dx=None, dweight=None, dbias=None):
     _check_output("dx", dx, x.shape)
     _check_output("dweight", dweight, weight.shape)
     _check_output("dbias", dbias, weight.shape[:1])
+    _check_apart({"dx": dx, "dweight": dweight, "dbias": dbias}, {"x": x, "weight": weight, "grad_out": grad_out})
     dx = _new(x.shape) if dx is None else dx
     dweight = _new(weight.shape) if dweight is None else dweight
     dbias = _new(weight.shape[:1]) if dbias is None else dbias

@@ -5,10 +5,12 @@ feature flags (a ``-march=native`` build is only valid on a CPU like the one tha
 torch version and the Python ABI. Each key gets its own directory,
 ``$KERNELLAB_CACHE_DIR/cpu/<key>`` (default ``~/.cache/kernellab/cpu/<key>``), and its own module
 name, so builds with different keys never share files. Processes building the same key at once
-are serialized by cpp_extension's file baton (``<key>/lock``); a ``complete`` marker, written
-atomically after a successful build, lets later processes import the library directly, without a
-compiler or ninja. (A build killed half-way leaves ``<key>/lock`` behind, and the next build of
-that key waits on it: delete the file.)
+are serialized by an OS file lock on ``<key>/build.lock`` (``flock``: the kernel releases it when
+its holder dies, so a killed build never blocks the next one); the holder first deletes the file
+baton that cpp_extension leaves at ``<key>/lock`` when a build is killed, since no live build can
+own it then. A ``complete`` marker, written atomically after a successful build, lets later
+processes import the library directly, without a compiler or ninja. A build says on stderr that
+it started (it takes 10-40 s) and whom it waits for.
 
 ``-march=native`` is tried first; ``KERNELLAB_CPU_PORTABLE=1`` asks for the portable build
 (no ISA flags) from the start, and a native build that fails falls back to it with a warning.
@@ -16,13 +18,16 @@ that key waits on it: delete the file.)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import importlib.util
 import os
 import platform
 import shlex
 import shutil
+import subprocess
 import sys
 import sysconfig
 import threading
@@ -50,7 +55,8 @@ class BuildError(RuntimeError):
 
 
 class ToolchainMissing(BuildError):
-    """No compiler or no ninja: no variant can be built, so there is nothing to fall back to."""
+    """No working compiler, no ninja or no usable cache directory: no variant can be built, so there is
+    nothing to fall back to."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +76,15 @@ class Spec:
     @property
     def marker(self) -> Path:
         return self.directory / "complete"
+
+    @property
+    def build_lock(self) -> Path:
+        return self.directory / "build.lock"
+
+    @property
+    def baton(self) -> Path:
+        """cpp_extension's own lock file, which it waits on forever when a killed build left it."""
+        return self.directory / "lock"
 
 
 def portable_requested() -> bool:
@@ -138,18 +153,74 @@ def _require_toolchain() -> None:
         raise ToolchainMissing(
             f"kernellab.kernels.cpu builds its native library on first use and needs a C++ compiler, but "
             f"{compiler()!r} was not found on PATH. Install g++ (or clang++) or point $CXX at one.")
+    try:
+        probe = subprocess.run([*shlex.split(compiler()), "--version"], capture_output=True, timeout=60)
+        failed = f"exited with code {probe.returncode}" if probe.returncode else None
+    except (OSError, subprocess.SubprocessError) as e:
+        failed = str(e)
+    if failed:
+        raise ToolchainMissing(
+            f"kernellab.kernels.cpu builds its native library on first use, but the C++ compiler {compiler()!r} "
+            f"(from $CXX, default c++) does not run: '{compiler()} --version' {failed}. Point $CXX at a working "
+            "g++ or clang++ (no build variant can work without one).")
     if not cpp_extension.is_ninja_available():
         raise ToolchainMissing(
             "kernellab.kernels.cpu builds its native library with ninja, which was not found: pip install ninja")
 
 
+def _make_directory(s: Spec) -> None:
+    try:
+        s.directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ToolchainMissing(
+            f"kernellab.kernels.cpu cannot create its build cache directory {s.directory} ({e.strerror or e}); "
+            f"$KERNELLAB_CACHE_DIR ({os.environ.get('KERNELLAB_CACHE_DIR', 'unset')}) must name a writable "
+            "directory, or be unset for ~/.cache/kernellab") from None
+
+
+@contextlib.contextmanager
+def _exclusive(s: Spec):
+    """Holds the key's OS file lock, saying on stderr whom it waits for when another process builds."""
+    with open(s.build_lock, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            print(f"kernellab: waiting for {holder} to finish building the CPU library in {s.directory}",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        f.truncate()
+        f.write(f"process {os.getpid()}")
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _build(s: Spec) -> ModuleType:
+    _require_toolchain()
+    _make_directory(s)
+    with _exclusive(s):
+        if s.marker.exists() and s.library.exists():  # built by the process this one waited for
+            return _import(s)
+        s.baton.unlink(missing_ok=True)  # left by a killed build: a live one would hold our lock
+        print(f"kernellab: building the {s.variant} CPU library in {s.directory} (first use, 10-40 s)",
+              file=sys.stderr, flush=True)
+        module = _compile(s)
+        tmp = s.marker.with_name(f"{s.marker.name}.{os.getpid()}")
+        tmp.write_text(f"{s.variant}\n")
+        os.replace(tmp, s.marker)
+    return module
+
+
+def _compile(s: Spec) -> ModuleType:
     from torch.utils import cpp_extension
 
-    _require_toolchain()
-    s.directory.mkdir(parents=True, exist_ok=True)
     try:
-        module = cpp_extension.load(
+        return cpp_extension.load(
             name=s.name,
             sources=[str(CSRC / name) for name in SOURCES],
             extra_cflags=list(COMMON_FLAGS + VARIANT_FLAGS[s.variant]),
@@ -159,12 +230,8 @@ def _build(s: Spec) -> ModuleType:
             with_cuda=False,
             verbose=False,
         )
-    except (RuntimeError, OSError, ImportError) as e:
+    except (RuntimeError, OSError, ImportError, subprocess.SubprocessError) as e:
         raise BuildError(f"building the {s.variant} kernellab CPU library in {s.directory} failed: {e}") from e
-    tmp = s.marker.with_name(f"{s.marker.name}.{os.getpid()}")
-    tmp.write_text(f"{s.variant}\n")
-    os.replace(tmp, s.marker)
-    return module
 
 
 def load_variant(variant: str) -> ModuleType:

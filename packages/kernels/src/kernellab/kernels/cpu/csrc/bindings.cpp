@@ -5,9 +5,13 @@
 // attribute read of a tensor costs a cache miss or two once the caller's data has pushed the
 // tensor objects out of cache; checking in C++ touches each tensor's metadata once. Both read
 // torch's intra-op thread count at call time and run the kernel without holding the GIL.
+#include <cstdlib>
+#include <initializer_list>
 #include <optional>
 #include <tuple>
+#include <utility>
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -63,7 +67,42 @@ void linear_backward(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
                         x.size(0), x.size(1), w.size(0), at::get_num_threads());
 }
 
+// How two tensors share memory: "no", "full" (the same elements in the same layout: an op that
+// reads each element before writing it may run in place) or "partial". torch's own rule
+// (at::get_overlap_status) decides; where it cannot (a view that is not dense), two views of one
+// storage whose element spans intersect count as partial.
+const char* overlap(const at::Tensor& a, const at::Tensor& b) {
+    switch (at::get_overlap_status(a, b)) {
+        case at::MemOverlapStatus::No: return "no";
+        case at::MemOverlapStatus::Full: return "full";
+        case at::MemOverlapStatus::Partial: return "partial";
+        case at::MemOverlapStatus::TooHard: break;
+    }
+    if (!a.has_storage() || !b.has_storage() || !a.storage().is_alias_of(b.storage())) return "no";
+    auto span = [](const at::Tensor& t) {
+        int64_t last = 0;
+        for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * std::abs(t.stride(d));
+        const auto* begin = static_cast<const char*>(t.const_data_ptr());
+        return std::make_pair(begin, begin + (last + 1) * static_cast<int64_t>(t.element_size()));
+    };
+    const auto [a_begin, a_end] = span(a);
+    const auto [b_begin, b_end] = span(b);
+    return a_begin < b_end && b_begin < a_end ? "partial" : "no";
+}
+
+const at::Tensor* ptr(const Opt& t) { return t ? &*t : nullptr; }
+
+// Whether an output (if given) shares no memory with any of the tensors listed (null ones skipped).
+bool apart(const Opt& written, std::initializer_list<const at::Tensor*> others) {
+    if (!written) return true;
+    for (const at::Tensor* t : others)
+        if (t && at::get_overlap_status(*written, *t) != at::MemOverlapStatus::No) return false;
+    return true;
+}
+
 // ---- the fast entries: accept the common case, or decline with None ----
+// They also decline when an output shares memory with another tensor of the call, so that the
+// checks in Python name the pair (or let an exact in-place call through).
 
 bool plain(const at::Tensor& t) {
     return t.scalar_type() == at::kFloat && t.device().is_cpu() && t.is_contiguous() && t.dim() > 0 &&
@@ -81,7 +120,7 @@ at::Tensor given_or_new(const Opt& t, at::IntArrayRef sizes) {
 }
 
 std::optional<at::Tensor> softmax_fast(const at::Tensor& x, const Opt& out) {
-    if (!plain(x) || !absent_or_like(out, x.sizes())) return std::nullopt;
+    if (!plain(x) || !absent_or_like(out, x.sizes()) || !apart(out, {&x})) return std::nullopt;
     at::Tensor y = given_or_new(out, x.sizes());
     softmax(x, y);
     return y;
@@ -93,7 +132,9 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> rmsnorm_fast(const at::Tensor&
                                                                const Opt& residual_out) {
     if (!plain(x) || !absent_or_like(weight, x.sizes().slice(x.dim() - 1)) || !(eps > 0.0) ||
         !absent_or_like(residual, x.sizes()) || !absent_or_like(out, x.sizes()) ||
-        !absent_or_like(residual_out, x.sizes()) || (residual_out && !residual))
+        !absent_or_like(residual_out, x.sizes()) || (residual_out && !residual) ||
+        !apart(out, {&x, ptr(weight), ptr(residual), ptr(residual_out)}) ||
+        !apart(residual_out, {&x, ptr(weight), ptr(residual)}))
         return std::nullopt;
     at::Tensor y = given_or_new(out, x.sizes());
     at::Tensor h = residual ? given_or_new(residual_out, x.sizes()) : at::Tensor();
@@ -103,9 +144,10 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> rmsnorm_fast(const at::Tensor&
 
 std::optional<at::Tensor> layernorm_fast(const at::Tensor& x, const Opt& weight, const Opt& bias, double eps,
                                          const Opt& out) {
+    if (!plain(x)) return std::nullopt;  // first: a 0-d x has no last dimension to slice
     const auto n = x.sizes().slice(x.dim() - 1);
-    if (!plain(x) || !absent_or_like(weight, n) || !absent_or_like(bias, n) || !(eps > 0.0) ||
-        !absent_or_like(out, x.sizes()))
+    if (!absent_or_like(weight, n) || !absent_or_like(bias, n) || !(eps > 0.0) || !absent_or_like(out, x.sizes()) ||
+        !apart(out, {&x, ptr(weight), ptr(bias)}))
         return std::nullopt;
     at::Tensor y = given_or_new(out, x.sizes());
     layernorm(x, weight, bias, eps, y);
@@ -116,7 +158,9 @@ std::optional<at::Tensor> linear_forward_fast(const at::Tensor& x, const at::Ten
                                               const Opt& out) {
     if (!plain(x) || x.dim() != 2 || !plain(w) || w.dim() != 2 || w.size(1) != x.size(1)) return std::nullopt;
     const int64_t shape[] = {x.size(0), w.size(0)};
-    if (!absent_or_like(bias, at::IntArrayRef(shape + 1, 1)) || !absent_or_like(out, shape)) return std::nullopt;
+    if (!absent_or_like(bias, at::IntArrayRef(shape + 1, 1)) || !absent_or_like(out, shape) ||
+        !apart(out, {&x, &w, ptr(bias)}))
+        return std::nullopt;
     at::Tensor y = given_or_new(out, shape);
     linear_forward(x, w, bias, y);
     return y;
@@ -127,7 +171,8 @@ std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> linear_backward_fa
     if (!plain(x) || x.dim() != 2 || !plain(w) || w.dim() != 2 || w.size(1) != x.size(1)) return std::nullopt;
     const int64_t dy_shape[] = {x.size(0), w.size(0)};
     if (!plain_like(dy, dy_shape) || !absent_or_like(dx, x.sizes()) || !absent_or_like(dw, w.sizes()) ||
-        !absent_or_like(db, w.sizes().slice(0, 1)))
+        !absent_or_like(db, w.sizes().slice(0, 1)) || !apart(dx, {&x, &w, &dy, ptr(dw), ptr(db)}) ||
+        !apart(dw, {&x, &w, &dy, ptr(db)}) || !apart(db, {&x, &w, &dy}))
         return std::nullopt;
     at::Tensor dx_ = given_or_new(dx, x.sizes()), dw_ = given_or_new(dw, w.sizes());
     at::Tensor db_ = given_or_new(db, w.sizes().slice(0, 1));
@@ -149,6 +194,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("layernorm_fast", &layernorm_fast, nogil);
     m.def("linear_forward_fast", &linear_forward_fast, nogil);
     m.def("linear_backward_fast", &linear_backward_fast, nogil);
+    m.def("overlap", &overlap);
     // The vector width this build compiled to, for tests and diagnostics.
 #if defined(__AVX512F__)
     m.attr("isa") = "avx512";

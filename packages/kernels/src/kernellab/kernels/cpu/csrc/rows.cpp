@@ -88,10 +88,19 @@ void softmax_row(const float* x, float* y, long n, const float* next) {
     if (rem) store_part(y + nv, load_part(y + nv, rem, 0.0f) * inv, rem);
 }
 
+// Long rows are summed in blocks: fp32 vector partial sums within a block of kSumBlock elements,
+// the blocks' totals added in double, so that rounding grows with the block's length rather than the
+// row's (a 4M-element row summed in fp32 alone drifts by ~1e-5 relative; torch's blocked sum by ~5e-7).
+constexpr long kSumBlock = 4096;  // a multiple of 4 * VW
+
+// Whether `done` elements (a multiple of 4 * VW) end a summation block.
+inline bool block_ends(long done) { return done % kSumBlock == 0; }
+
 // Sum of squares of a row, four accumulators wide to hide the add latency.
-float sum_squares(const float* h, long n) {
+double sum_squares(const float* h, long n) {
     const long nv = n - n % VW;
     vf a0 = vf{}, a1 = vf{}, a2 = vf{}, a3 = vf{};
+    double blocks = 0.0;
     long i = 0;
     for (; i + 4 * VW <= nv; i += 4 * VW) {
         vf v0 = loadu(h + i), v1 = loadu(h + i + VW), v2 = loadu(h + i + 2 * VW), v3 = loadu(h + i + 3 * VW);
@@ -99,12 +108,16 @@ float sum_squares(const float* h, long n) {
         a1 += v1 * v1;
         a2 += v2 * v2;
         a3 += v3 * v3;
+        if (block_ends(i + 4 * VW)) {
+            blocks += hsum((a0 + a1) + (a2 + a3));
+            a0 = a1 = a2 = a3 = vf{};
+        }
     }
     for (; i < nv; i += VW) {
         vf v = loadu(h + i);
         a0 += v * v;
     }
-    float s = hsum((a0 + a1) + (a2 + a3));
+    double s = blocks + hsum((a0 + a1) + (a2 + a3));
     for (; i < n; ++i) s += h[i] * h[i];
     return s;
 }
@@ -120,28 +133,36 @@ inline float hsum_pairwise(vf v, std::integer_sequence<int, K...> lanes) {
 
 // Sum of (x - pivot) over a row, accumulated in exactly the order of the fused loop in
 // layernorm_stages, so that a row's result does not depend on which thread's first rows it is in.
-float sum_dev(const float* x, long n, float pivot) {
+double sum_dev(const float* x, long n, float pivot) {
+    constexpr auto lanes = std::make_integer_sequence<int, VW>{};
     const long nv = n - n % VW;
     const vf vp = splat(pivot);
     vf a0 = vf{}, a1 = vf{}, a2 = vf{}, a3 = vf{};
+    double blocks = 0.0;
     long i = 0;
     for (; i + 4 * VW <= nv; i += 4 * VW) {
         a0 += loadu(x + i) - vp;
         a1 += loadu(x + i + VW) - vp;
         a2 += loadu(x + i + 2 * VW) - vp;
         a3 += loadu(x + i + 3 * VW) - vp;
+        if (block_ends(i + 4 * VW)) {
+            blocks += hsum_pairwise((a0 + a1) + (a2 + a3), lanes);
+            a0 = a1 = a2 = a3 = vf{};
+        }
     }
     for (; i < nv; i += VW) a0 += loadu(x + i) - vp;
-    float s = hsum_pairwise((a0 + a1) + (a2 + a3), std::make_integer_sequence<int, VW>{});
+    double s = blocks + hsum_pairwise((a0 + a1) + (a2 + a3), lanes);
     for (; i < n; ++i) s += x[i] - pivot;
     return s;
 }
 
 // Sum of ((x - pivot) - shift)^2 over a row, in the fused loop's order too.
-float sum_sq_dev(const float* x, long n, float pivot, float shift) {
+double sum_sq_dev(const float* x, long n, float pivot, float shift) {
+    constexpr auto lanes = std::make_integer_sequence<int, VW>{};
     const long nv = n - n % VW;
     const vf vp = splat(pivot), vs = splat(shift);
     vf a0 = vf{}, a1 = vf{}, a2 = vf{}, a3 = vf{};
+    double blocks = 0.0;
     long i = 0;
     for (; i + 4 * VW <= nv; i += 4 * VW) {
         vf v0 = (loadu(x + i) - vp) - vs, v1 = (loadu(x + i + VW) - vp) - vs;
@@ -150,23 +171,27 @@ float sum_sq_dev(const float* x, long n, float pivot, float shift) {
         a1 += v1 * v1;
         a2 += v2 * v2;
         a3 += v3 * v3;
+        if (block_ends(i + 4 * VW)) {
+            blocks += hsum_pairwise((a0 + a1) + (a2 + a3), lanes);
+            a0 = a1 = a2 = a3 = vf{};
+        }
     }
     for (; i < nv; i += VW) {
         vf v = (loadu(x + i) - vp) - vs;
         a0 += v * v;
     }
-    float s = hsum_pairwise((a0 + a1) + (a2 + a3), std::make_integer_sequence<int, VW>{});
+    double s = blocks + hsum_pairwise((a0 + a1) + (a2 + a3), lanes);
     for (; i < n; ++i) s += ((x[i] - pivot) - shift) * ((x[i] - pivot) - shift);
     return s;
 }
 
-inline float shift_of(float sum_dev, long n) {
-    return static_cast<float>(static_cast<double>(sum_dev) / static_cast<double>(n));
+inline float shift_of(double sum_dev, long n) {
+    return static_cast<float>(sum_dev / static_cast<double>(n));
 }
 
 // The row scalar in double: free at one per row, and it keeps eps exact.
-inline float rstd_of(float sum_sq_dev, long n, double eps) {
-    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(sum_sq_dev) / static_cast<double>(n) + eps));
+inline float rstd_of(double sum_sq_dev, long n, double eps) {
+    return static_cast<float>(1.0 / std::sqrt(sum_sq_dev / static_cast<double>(n) + eps));
 }
 
 // A LayerNorm row and what is known of it so far.
@@ -196,7 +221,9 @@ void layernorm_stages(const LnRow& c, float* y, LnRow& b, LnRow& a, const float*
         vf v = (loadu(b.x + i) - bp) - bs;
         return v * v;
     };
+    constexpr auto lanes = std::make_integer_sequence<int, VW>{};
     vf s0 = vf{}, s1 = vf{}, s2 = vf{}, s3 = vf{}, q0 = vf{}, q1 = vf{}, q2 = vf{}, q3 = vf{};
+    double s_blocks = 0.0, q_blocks = 0.0;
     long i = 0;
     for (; i + 4 * VW <= nv; i += 4 * VW) {
         for (int j = 0; j < 4 * VW; j += line) {
@@ -215,6 +242,11 @@ void layernorm_stages(const LnRow& c, float* y, LnRow& b, LnRow& a, const float*
         out(i + VW);
         out(i + 2 * VW);
         out(i + 3 * VW);
+        if (block_ends(i + 4 * VW)) {  // the blocks of sum_dev and sum_sq_dev
+            s_blocks += hsum_pairwise((s0 + s1) + (s2 + s3), lanes);
+            q_blocks += hsum_pairwise((q0 + q1) + (q2 + q3), lanes);
+            s0 = s1 = s2 = s3 = q0 = q1 = q2 = q3 = vf{};
+        }
     }
     for (; i < nv; i += VW) {
         if (px) __builtin_prefetch(px + i);
@@ -223,8 +255,8 @@ void layernorm_stages(const LnRow& c, float* y, LnRow& b, LnRow& a, const float*
         q0 += sq(i);
         out(i);
     }
-    constexpr auto lanes = std::make_integer_sequence<int, VW>{};
-    float s = hsum_pairwise((s0 + s1) + (s2 + s3), lanes), q = hsum_pairwise((q0 + q1) + (q2 + q3), lanes);
+    double s = s_blocks + hsum_pairwise((s0 + s1) + (s2 + s3), lanes);
+    double q = q_blocks + hsum_pairwise((q0 + q1) + (q2 + q3), lanes);
     for (; i < n; ++i) {
         s += a.x[i] - a.pivot;
         q += ((b.x[i] - b.pivot) - b.shift) * ((b.x[i] - b.pivot) - b.shift);
@@ -311,7 +343,7 @@ void rmsnorm(const float* x, long ldx, const float* residual, long ldr, const fl
             src = hr;
         }
         // The row scalar in double: free at one per row, and it keeps eps exact.
-        const double ms = static_cast<double>(sum_squares(src, n)) / static_cast<double>(n);
+        const double ms = sum_squares(src, n) / static_cast<double>(n);
         const float rstd = static_cast<float>(1.0 / std::sqrt(ms + eps));
         const float* next = more ? x + (r + 1) * ldx : nullptr;
         const float* next_residual = more && residual ? residual + (r + 1) * ldr : nullptr;

@@ -1,0 +1,188 @@
+"""kernellab-bench on a user's mistakes and interruptions: a clear one-line error (exit 2) before
+anything is measured, never a traceback, never a lost or overwritten report."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import threading
+import types
+
+import pytest
+from fakes import affine_suite, honest
+
+from kernellab.harness import cli, registry
+from kernellab.harness import report as report_io
+from kernellab.harness.case import Impl, Suite
+from kernellab.harness.runner import Bench
+
+QUICK = ["--rounds", "2", "--samples", "2", "--warmup", "0", "--iterations", "1", "--no-plot", "--quiet"]
+
+
+@pytest.fixture
+def affine(monkeypatch):
+    """The fake suite 'affine' (torch and 'ours') and a GPU suite, as the only installed suites."""
+    gpu = Suite(name="gpu-fake", device="cuda", description="a GPU suite", make_problems=lambda: [],
+                impls=[Impl("torch", bind=lambda p: p.control)])
+    suites = {"affine": affine_suite(Impl("ours", bind=honest), shapes=((4, 8),)), "gpu-fake": gpu}
+    for s in suites.values():
+        s.unavailable = {}
+    monkeypatch.setattr(registry, "discover", lambda root=None: (suites, {}))
+    return suites
+
+
+@pytest.fixture
+def no_run(monkeypatch):
+    """Fails the test if a suite starts running: the options must be refused first."""
+    def run_single(*args):
+        raise AssertionError("the suite ran before its options were checked")
+    monkeypatch.setattr(cli, "run_single", run_single)
+
+
+def error_of(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("make_out, message", [
+    (lambda tmp: tmp / "a-file" / "runs", r"a-file is a file, so the directory"),
+    (lambda tmp: tmp / "a-file", r"is a file, not a directory"),
+    (lambda tmp: tmp / "dir.json", r"is a directory; give a directory name"),
+    (lambda tmp: tmp / ("x" * 300 + ".json"), r"is longer than this file system's"),
+    (lambda tmp: tmp / ("d" * 300), r"is longer than this file system's"),
+])
+def test_a_bad_out_is_refused_before_the_run(affine, no_run, tmp_path, capsys, make_out, message):
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "dir.json").mkdir()
+    assert cli.main(["--suite", "affine", *QUICK, "--out", str(make_out(tmp_path))]) == 2
+    assert message.replace("\\", "") in error_of(capsys) or pytest.fail(capsys.readouterr().err)
+
+
+def test_a_bad_out_message_names_the_file(affine, no_run, tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")
+    assert cli.main(["--suite", "affine", *QUICK, "--out", str(tmp_path / "a-file" / "r.json")]) == 2
+    assert f"{tmp_path / 'a-file'} is a file" in error_of(capsys)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--impls", "nope"], "--impls pattern 'nope' matches none of ['ours', 'torch']"),
+    (["--impls", "ours,nope*"], "--impls pattern 'nope*' matches none of"),
+    (["--cases", "affine_*,nope"], "--cases pattern 'nope' matches none of ['affine_4x8_fp32']"),
+    (["--format", "nope"], "--format 'nope' is not a table format; formats: "),
+    (["--show", "r.json", "--pivot", "nope"], "--pivot 'nope' is not a mode; modes: "),
+    (["--pivot", "e2e_latency"], "--pivot only applies with --show REPORT"),
+])
+def test_misspelt_options_are_refused(affine, no_run, tmp_path, capsys, argv, message):
+    assert cli.main(["--suite", "affine", *QUICK, "--out", str(tmp_path), *argv]) == 2
+    assert message in error_of(capsys)
+
+
+def test_list_marks_gpu_suites_that_cannot_run_here(affine, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "cuda_available", lambda: False)
+    assert cli.main(["--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "gpu-fake (cuda): a GPU suite [cannot run here: no CUDA device]" in lines
+    assert "affine (cpu): test suite" in lines
+
+
+def run_report(tmp_path, capsys) -> str:
+    assert cli.main(["--suite", "affine", *QUICK, "--out", str(tmp_path / "r.json")]) == 0
+    capsys.readouterr()
+    return str(tmp_path / "r.json")
+
+
+def test_show_refuses_what_is_not_a_report(tmp_path, capsys):
+    (tmp_path / "binary.json").write_bytes(bytes(range(256)))
+    (tmp_path / "folder").mkdir()
+    for path, message in ((tmp_path / "binary.json", "is not a text file"), (tmp_path / "folder", "is a directory")):
+        assert cli.main(["--show", str(path)]) == 2
+        assert message in error_of(capsys)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda r: r.update(cases="none"), "field 'cases' must be a list"),
+    (lambda r: r["cases"].__setitem__(0, 7), r"cases[0] must be an object"),
+    (lambda r: r["cases"][0].pop("modes"), r"cases[0] lacks ['modes']"),
+    (lambda r: r["cases"][0].update(modes=[1]), r"cases[0].modes must map each mode"),
+])
+def test_show_refuses_a_validly_hashed_report_with_a_wrong_inside(affine, tmp_path, capsys, damage, message):
+    path = run_report(tmp_path, capsys)
+    data = json.loads(open(path).read())
+    damage(data)
+    data.pop(report_io.HASH_FIELD)
+    data[report_io.HASH_FIELD] = report_io.report_hash(data)  # rehashed: the hash is fine, the inside is not
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    assert cli.main(["--show", str(tmp_path / "bad.json")]) == 2
+    assert message in error_of(capsys)
+
+
+def test_pivot_on_a_mode_the_report_lacks_is_refused(affine, tmp_path, capsys):
+    path = run_report(tmp_path, capsys)
+    assert cli.main(["--show", path, "--pivot", "graph_throughput"]) == 2
+    assert "has no graph_throughput measurements; it has ['e2e_throughput', 'e2e_latency']" in error_of(capsys)
+    assert cli.main(["--show", path, "--pivot", "e2e_latency", "--format", "github"]) == 0
+
+
+def test_ctrl_c_exits_130_keeping_the_completed_rounds(affine, monkeypatch, tmp_path, capsys):
+    run_round = Bench.run_round
+
+    def interrupted_in_round_two(self, r, progress=None):
+        if r == 1:
+            raise KeyboardInterrupt
+        return run_round(self, r, progress)
+
+    monkeypatch.setattr(Bench, "run_round", interrupted_in_round_two)
+    assert cli.main(["--suite", "affine", *QUICK, "--rounds", "3", "--out", str(tmp_path)]) == 130
+    err = error_of(capsys)
+    [partial] = tmp_path.glob("affine-partial-*.json")
+    assert f"the 1 of 3 rounds that completed are in {partial}" in err
+    kept = report_io.load(partial)
+    assert kept["interrupted"] == {"rounds_completed": 1, "rounds_planned": 3}
+    assert kept["config"]["rounds"] == 1
+    assert all(len(c["modes"]["e2e_throughput"]["round_medians_us"]) == 1 for c in kept["cases"]
+               if c["status"] == "ok")
+
+
+def test_ctrl_c_before_any_round_completes_saves_nothing(affine, monkeypatch, tmp_path, capsys):
+    def interrupted(self, r, progress=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Bench, "run_round", interrupted)
+    assert cli.main(["--suite", "affine", *QUICK, "--out", str(tmp_path)]) == 130
+    assert "no round had completed, nothing saved" in error_of(capsys)
+    assert not list(tmp_path.iterdir())
+
+
+def test_runs_finishing_in_the_same_second_keep_both_reports(affine, monkeypatch, tmp_path, capsys):
+    frozen = datetime.datetime(2026, 12, 5, 3, 0, 0)
+    monkeypatch.setattr(cli, "datetime", types.SimpleNamespace(datetime=types.SimpleNamespace(now=lambda: frozen)))
+    for _ in range(2):
+        assert cli.main(["--suite", "affine", *QUICK, "--out", str(tmp_path)]) == 0
+    printed = [line.split(": ", 1)[1] for line in capsys.readouterr().out.splitlines() if line.startswith("report: ")]
+    assert printed == [str(tmp_path / "affine-20261205T030000.json"), str(tmp_path / "affine-20261205T030000-2.json")]
+    hashes = {report_io.load(p)[report_io.HASH_FIELD] for p in printed}
+    assert len(hashes) == 2
+
+
+def test_concurrent_writers_of_one_name_each_keep_their_report(tmp_path):
+    reports = [{"schema": report_io.SCHEMA, "kind": "before_after", "suite": "s", "metadata": {"n": n},
+                "records": []} for n in range(8)]
+    written = []
+    threads = [threading.Thread(target=lambda r=r: written.append(report_io.write_new(r, tmp_path / "x.json")))
+               for r in reports]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(written)) == 8
+    assert sorted(report_io.load(p)["metadata"]["n"] for p in written) == list(range(8))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in written)  # no temporary left
+
+
+def test_an_out_file_is_replaced_atomically(tmp_path):
+    base = {"schema": report_io.SCHEMA, "kind": "before_after", "suite": "s", "records": []}
+    report_io.write({**base, "metadata": {"n": 1}}, tmp_path / "x.json")
+    report_io.write({**base, "metadata": {"n": 2}}, tmp_path / "x.json")
+    assert report_io.load(tmp_path / "x.json")["metadata"] == {"n": 2}
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
