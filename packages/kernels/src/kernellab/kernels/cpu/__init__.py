@@ -1,16 +1,22 @@
-"""Native C++ CPU backend: softmax, RMSNorm, LayerNorm forward and linear forward/backward in fp32.
+"""Native C++ CPU backend: softmax, RMSNorm, LayerNorm and linear in fp32, forward and backward.
 
 The library is compiled on first use and cached (see ``_build``). Norm ops run over the last
 dimension of any leading shape; rows may be strided, the last dimension must have stride 1.
 Outputs go into ``out`` buffers when given, else into fresh contiguous tensors.
 
 Every argument is checked before any work. Each op first hands its arguments to the library's
-fast entry, which accepts the common case (contiguous fp32 CPU tensors of matching shapes) after a
-few metadata reads in C++ and runs it, or declines. Only then do the checks here run, with
-checks.py: they raise an error naming the argument, or accept it (copying an input whose rows
-share no single stride) for the library's unchecked entry. At 128x512 a whole call takes some
-tens of microseconds, and Python-level tensor attribute reads, cache misses each once the
-caller's data has evicted the tensor objects, cost several of them: hence the C++ fast entry.
+fast entry, which accepts the common case (contiguous fp32 CPU tensors of matching shapes, none
+that autograd must track) after a few metadata reads in C++ and runs it, or declines. Only then do
+the checks here run, with checks.py: they raise an error naming the argument, or accept it
+(copying an input whose rows share no single stride) for the library's unchecked entry. At
+128x512 a whole call takes some tens of microseconds, and Python-level tensor attribute reads,
+cache misses each once the caller's data has evicted the tensor objects, cost several of them:
+hence the C++ fast entry.
+
+Autograd and torch.compile go through the custom ops of ``ops`` (``kernellab_cpu::*``), whose
+backward passes are native kernels too: a call takes them when grad mode is on and an input
+requires grad, or while torch.compile traces it. An ``out=`` buffer with autograd raises, as
+torch's out= functions do.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from .. import checks
+from . import ops
 from ._build import library, library_path
 
 __all__ = ["layernorm", "library_path", "linear_backward", "linear_forward", "rmsnorm", "softmax"]
@@ -83,22 +90,57 @@ def _new(shape):
     return torch.empty(shape, dtype=_F32)
 
 
+_compiling = torch.compiler.is_compiling
+
+
+def _tracked(*tensors) -> bool:
+    """Whether autograd must record a call on these tensors (grad mode on and one requires grad)."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            return True
+    return False
+
+
+def _no_autograd_with_out(op: str, *tensors) -> None:
+    """torch's rule for out= functions: no argument, the out= buffers included, may require grad."""
+    if _tracked(*tensors):
+        raise RuntimeError(f"{op}(): functions with out=... arguments don't support automatic differentiation, "
+                           "but one of the arguments requires grad.")
+
+
+def _write(out, result):
+    """out.copy_(result), the traceable form of an out= call under torch.compile."""
+    out.copy_(result)
+    return out
+
+
 def softmax(x, *, out=None):
     """softmax over the last dimension (max-subtracted; NaN/inf rows as torch)."""
-    if isinstance(x, _TENSOR) and _tensors(out):
+    if isinstance(x, _TENSOR) and _tensors(out) and not _compiling():
         y = library().softmax_fast(x, out)
         if y is not None:
             return y
     x = _rows_input("x", x)
     _check_output("out", out, x.shape)
-    y = _new(x.shape) if out is None else out
+    if out is not None:
+        _no_autograd_with_out("softmax", x, out)
+        if _compiling():
+            return _write(out, ops.softmax(x))
+        library().softmax(x, out)
+        return out
+    if _compiling() or _tracked(x):
+        return ops.softmax(x)
+    y = _new(x.shape)
     library().softmax(x, y)
     return y
 
 
 def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None, *, out=None, residual_out=None):
     """y = h / sqrt(mean(h^2) + eps) * weight with h = x (+ residual); returns y, or (y, h) with a residual."""
-    if isinstance(x, _TENSOR) and type(eps) is float and _tensors(weight, residual, out, residual_out):
+    if (isinstance(x, _TENSOR) and type(eps) is float and _tensors(weight, residual, out, residual_out)
+            and not _compiling()):
         yh = library().rmsnorm_fast(x, weight, eps, residual, out, residual_out)
         if yh is not None:
             return yh[0] if residual is None else yh
@@ -113,18 +155,26 @@ def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None, *, out=None, resid
         raise ValueError("residual_out is only written when residual is given, but residual is None")
     _check_output("out", out, x.shape)
     _check_output("residual_out", residual_out, x.shape)
+    if out is not None or residual_out is not None:
+        _no_autograd_with_out("rmsnorm", x, weight, residual, out, residual_out)
+    if _compiling() or (out is None and residual_out is None and _tracked(x, weight, residual)):
+        if residual is None:
+            y = ops.rmsnorm(x, weight, eps)[0]
+            return y if out is None else _write(out, y)
+        y, h, _ = ops.rmsnorm_residual(x, residual, weight, eps)
+        return (y if out is None else _write(out, y)), (h if residual_out is None else _write(residual_out, h))
     y = _new(x.shape) if out is None else out
     if residual is None:
-        library().rmsnorm(x, None, weight, eps, y, None)
+        library().rmsnorm(x, None, weight, eps, y, None, None)
         return y
     h = _new(x.shape) if residual_out is None else residual_out
-    library().rmsnorm(x, residual, weight, eps, y, h)
+    library().rmsnorm(x, residual, weight, eps, y, h, None)
     return y, h
 
 
 def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
     """(x - mean) / sqrt(var + eps) * weight + bias over the last dimension (two-pass variance)."""
-    if isinstance(x, _TENSOR) and type(eps) is float and _tensors(weight, bias, out):
+    if isinstance(x, _TENSOR) and type(eps) is float and _tensors(weight, bias, out) and not _compiling():
         y = library().layernorm_fast(x, weight, bias, eps, out)
         if y is not None:
             return y
@@ -135,8 +185,13 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
         _check_vector("bias", bias, x.shape[-1])
     eps = checks.positive_float("eps", eps)
     _check_output("out", out, x.shape)
+    if out is not None:
+        _no_autograd_with_out("layernorm", x, weight, bias, out)
+    if _compiling() or (out is None and _tracked(x, weight, bias)):
+        y = ops.layernorm(x, weight, bias, eps)[0]
+        return y if out is None else _write(out, y)
     y = _new(x.shape) if out is None else out
-    library().layernorm(x, weight, bias, eps, y)
+    library().layernorm(x, weight, bias, eps, y, None, None)
     return y
 
 
@@ -147,8 +202,8 @@ def _check_linear(x, weight) -> None:
 
 
 def linear_forward(x, weight, bias=None, *, out=None):
-    """y = x W^T + b with x (M, K), W (N, K), b (N)."""
-    if isinstance(x, _TENSOR) and isinstance(weight, _TENSOR) and _tensors(bias, out):
+    """y = x W^T + b with x (M, K), W (N, K), b (N); differentiable (its backward is linear_backward)."""
+    if isinstance(x, _TENSOR) and isinstance(weight, _TENSOR) and _tensors(bias, out) and not _compiling():
         y = library().linear_forward_fast(x, weight, bias, out)
         if y is not None:
             return y
@@ -156,15 +211,22 @@ def linear_forward(x, weight, bias=None, *, out=None):
     if bias is not None:
         _check_vector("bias", bias, weight.shape[0])
     _check_output("out", out, (x.shape[0], weight.shape[0]))
+    if out is not None:
+        _no_autograd_with_out("linear_forward", x, weight, bias, out)
+    if _compiling() or (out is None and _tracked(x, weight, bias)):
+        y = ops.linear(x, weight, bias)
+        return y if out is None else _write(out, y)
     y = _new((x.shape[0], weight.shape[0])) if out is None else out
     library().linear_forward(x, weight, bias, y)
     return y
 
 
 def linear_backward(x, weight, grad_out, *, dx=None, dweight=None, dbias=None):
-    """(dx, dW, db) = (dy W, dy^T x, sum_rows dy) for y = x W^T + b; outputs are overwritten, never accumulated."""
+    """(dx, dW, db) = (dy W, dy^T x, sum_rows dy) for y = x W^T + b; outputs are overwritten, never accumulated.
+
+    Not itself differentiable: with grad mode on, no argument may require grad."""
     if (isinstance(x, _TENSOR) and isinstance(weight, _TENSOR) and isinstance(grad_out, _TENSOR)
-            and _tensors(dx, dweight, dbias)):
+            and _tensors(dx, dweight, dbias) and not _compiling()):
         grads = library().linear_backward_fast(x, weight, grad_out, dx, dweight, dbias)
         if grads is not None:
             return grads
@@ -174,6 +236,12 @@ def linear_backward(x, weight, grad_out, *, dx=None, dweight=None, dbias=None):
     _check_output("dx", dx, x.shape)
     _check_output("dweight", dweight, weight.shape)
     _check_output("dbias", dbias, weight.shape[:1])
+    if _tracked(x, weight, grad_out, dx, dweight, dbias):
+        raise RuntimeError("linear_backward() is not differentiable (no double backward), but one of the arguments "
+                           "requires grad: call it under torch.no_grad() or on detached tensors")
+    if _compiling():
+        grads = ops.linear_backward(x, weight, grad_out)
+        return tuple(g if o is None else _write(o, g) for g, o in zip(grads, (dx, dweight, dbias), strict=True))
     dx = _new(x.shape) if dx is None else dx
     dweight = _new(weight.shape) if dweight is None else dweight
     dbias = _new(weight.shape[:1]) if dbias is None else dbias
