@@ -288,3 +288,48 @@ def test_backward_kernels_split_rows_across_threads_identically(rows):
     for a, t in zip(ours, reference.layernorm_backward(x, w, b, 1e-5, dy), strict=True):
         torch.testing.assert_close(a.double(), t, rtol=1e-4, atol=1e-4 * math.sqrt(rows))
 
+
+
+# ---- the public backward functions: saved statistics in, gradients into out= buffers ----------------------
+@settings(deadline=None)
+@given(shape=row_shapes(), pad=st.sampled_from([0, 0, 3]), use_weight=st.booleans(), seed=SEEDS)
+def test_public_backward_functions_match_float64(shape, pad, use_weight, seed):
+    g = generator(seed)
+    n, rows = shape[-1], _rows(shape)
+    x, dy = strided(shape, g, pad=pad), strided(shape, g, pad=pad)
+    weight = torch.randn(n, generator=g) + 1.0 if use_weight else None
+    unit = torch.ones(n)
+    x64 = x.double()
+    rstd_rms = torch.rsqrt(x64.pow(2).mean(-1) + 1e-6).float()
+    mean = x64.mean(-1)
+    rstd_ln = torch.rsqrt((x64 - mean.unsqueeze(-1)).pow(2).mean(-1) + 1e-5).float()
+
+    dx, dweight = kernels.cpu.rmsnorm_backward(x, rstd_rms, dy, weight)
+    truth = reference.rmsnorm_backward(x, weight if use_weight else unit, 1e-6, dy)
+    torch.testing.assert_close(dx.double(), truth[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(dweight.double(), truth[1], rtol=1e-4, atol=1e-5 * math.sqrt(rows))
+
+    out = torch.full((n,), float("nan"))
+    dx, dweight, dbias = kernels.cpu.layernorm_backward(x, mean.float(), rstd_ln, dy, weight, dbias=out)
+    assert dbias is out
+    truth = reference.layernorm_backward(x, weight if use_weight else unit, torch.zeros(n), 1e-5, dy)
+    for a, t in zip((dx, dweight, dbias), truth, strict=True):
+        torch.testing.assert_close(a.double(), t, rtol=1e-4, atol=1e-5 * math.sqrt(rows))
+
+    y = torch.softmax(x, -1)
+    torch.testing.assert_close(kernels.cpu.softmax_backward(y, dy).double(), reference.softmax_backward(x, dy),
+                               rtol=1e-4, atol=1e-6)
+
+
+def test_public_backward_functions_name_bad_arguments():
+    x, dy = torch.randn(4, 8), torch.randn(4, 8)
+    with pytest.raises(ValueError, match="rstd must have shape"):
+        kernels.cpu.rmsnorm_backward(x, torch.ones(4, 1), dy)
+    with pytest.raises(ValueError, match="mean must be contiguous"):
+        kernels.cpu.layernorm_backward(x, torch.ones(4, 2)[:, 0], torch.ones(4), dy)
+    with pytest.raises(ValueError, match="grad_out must have shape"):
+        kernels.cpu.softmax_backward(x, torch.randn(4, 9))
+    with pytest.raises(TypeError, match="rstd must have dtype"):
+        kernels.cpu.rmsnorm_backward(x, torch.ones(4, dtype=torch.float64), dy)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        kernels.cpu.softmax_backward(x, dy.requires_grad_())

@@ -27,7 +27,8 @@ from .. import checks
 from . import ops
 from ._build import library, library_path
 
-__all__ = ["layernorm", "library_path", "linear_backward", "linear_forward", "rmsnorm", "softmax"]
+__all__ = ["layernorm", "layernorm_backward", "library_path", "linear_backward", "linear_forward", "rmsnorm",
+           "rmsnorm_backward", "softmax", "softmax_backward"]
 
 _TENSOR = torch.Tensor
 _F32 = torch.float32
@@ -116,6 +117,11 @@ def _write(out, result):
     return out
 
 
+def _write_all(results, outs):
+    """Each result, copied into its out= buffer where one was given."""
+    return tuple(r if o is None else _write(o, r) for r, o in zip(results, outs, strict=True))
+
+
 def softmax(x, *, out=None):
     """softmax over the last dimension (max-subtracted; NaN/inf rows as torch)."""
     if isinstance(x, _TENSOR) and _tensors(out) and not _compiling():
@@ -195,6 +201,89 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
     return y
 
 
+def _check_stat(name: str, t, x) -> None:
+    """A saved row statistic: fp32 on the CPU, one value per row of x (shape x.shape[:-1]), contiguous."""
+    checks.tensor(name, t)
+    checks.dtype_in(name, t, (_F32,))
+    checks.device_is(name, t, "cpu")
+    checks.shape_is(name, t, x.shape[:-1])
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+
+
+def _check_grad_like(name: str, t, x):
+    """A gradient of x's shape: checked like x, rows copied if they share no single stride."""
+    t = _rows_input(name, t)
+    checks.shape_is(name, t, x.shape)
+    return t
+
+
+def _not_differentiable(op: str, *tensors) -> None:
+    if _tracked(*tensors):
+        raise RuntimeError(f"{op}() is not differentiable (no double backward), but one of the arguments requires "
+                           "grad: call it under torch.no_grad() or on detached tensors")
+
+
+def softmax_backward(y, grad_out, *, out=None):
+    """dx = y * (dy - sum(y * dy)) per row: the gradient of softmax from its output y and dy."""
+    y = _rows_input("y", y)
+    grad_out = _check_grad_like("grad_out", grad_out, y)
+    _check_output("out", out, y.shape)
+    _not_differentiable("softmax_backward", y, grad_out, out)
+    if _compiling():
+        dx = ops.softmax_backward(y, grad_out)
+        return dx if out is None else _write(out, dx)
+    dx = _new(y.shape) if out is None else out
+    library().softmax_backward(y, grad_out, dx)
+    return dx
+
+
+def rmsnorm_backward(h, rstd, grad_out, weight=None, grad_h=None, *, dx=None, dweight=None):
+    """(dh, dweight) of y = h * rstd * weight, from the forward's normalized input h (x, or x + residual) and
+    its rstd; grad_h (the gradient reaching h directly, as the residual output's) is added to dh, which is
+    the gradient of x and of the residual. dweight is that of a unit weight when weight is None."""
+    h = _rows_input("h", h)
+    _check_stat("rstd", rstd, h)
+    grad_out = _check_grad_like("grad_out", grad_out, h)
+    if weight is not None:
+        _check_vector("weight", weight, h.shape[-1])
+    if grad_h is not None:
+        grad_h = _check_grad_like("grad_h", grad_h, h)
+    _check_output("dx", dx, h.shape)
+    _check_output("dweight", dweight, h.shape[-1:])
+    _not_differentiable("rmsnorm_backward", h, rstd, grad_out, weight, grad_h, dx, dweight)
+    if _compiling():
+        grads = ops.rmsnorm_backward(h, rstd, weight, grad_out, grad_h, True)
+        return _write_all(grads, (dx, dweight))
+    dx = _new(h.shape) if dx is None else dx
+    dweight = _new(h.shape[-1:]) if dweight is None else dweight
+    library().rmsnorm_backward(h, rstd, weight, grad_out, grad_h, dx, dweight)
+    return dx, dweight
+
+
+def layernorm_backward(x, mean, rstd, grad_out, weight=None, *, dx=None, dweight=None, dbias=None):
+    """(dx, dweight, dbias) of y = (x - mean) * rstd * weight + bias, from the forward's mean and rstd;
+    dweight and dbias are those of a unit weight and a zero bias when the forward had none."""
+    x = _rows_input("x", x)
+    _check_stat("mean", mean, x)
+    _check_stat("rstd", rstd, x)
+    grad_out = _check_grad_like("grad_out", grad_out, x)
+    if weight is not None:
+        _check_vector("weight", weight, x.shape[-1])
+    _check_output("dx", dx, x.shape)
+    _check_output("dweight", dweight, x.shape[-1:])
+    _check_output("dbias", dbias, x.shape[-1:])
+    _not_differentiable("layernorm_backward", x, mean, rstd, grad_out, weight, dx, dweight, dbias)
+    if _compiling():
+        grads = ops.layernorm_backward(x, mean, rstd, weight, grad_out, True, True)
+        return _write_all(grads, (dx, dweight, dbias))
+    dx = _new(x.shape) if dx is None else dx
+    dweight = _new(x.shape[-1:]) if dweight is None else dweight
+    dbias = _new(x.shape[-1:]) if dbias is None else dbias
+    library().layernorm_backward(x, mean, rstd, weight, grad_out, dx, dweight, dbias)
+    return dx, dweight, dbias
+
+
 def _check_linear(x, weight) -> None:
     _check_input("x", x, 2)
     _check_input("weight", weight, 2)
@@ -240,8 +329,7 @@ def linear_backward(x, weight, grad_out, *, dx=None, dweight=None, dbias=None):
         raise RuntimeError("linear_backward() is not differentiable (no double backward), but one of the arguments "
                            "requires grad: call it under torch.no_grad() or on detached tensors")
     if _compiling():
-        grads = ops.linear_backward(x, weight, grad_out)
-        return tuple(g if o is None else _write(o, g) for g, o in zip(grads, (dx, dweight, dbias), strict=True))
+        return _write_all(ops.linear_backward(x, weight, grad_out), (dx, dweight, dbias))
     dx = _new(x.shape) if dx is None else dx
     dweight = _new(weight.shape) if dweight is None else dweight
     dbias = _new(weight.shape[:1]) if dbias is None else dbias

@@ -122,11 +122,11 @@ def _(x, residual, weight, eps):
 def rmsnorm_backward(h: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor | None, grad_y: torch.Tensor,
                      grad_h: torch.Tensor | None, weight_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(dh, dweight) of y = h * rstd * weight; grad_h, the gradient reaching h directly, is added to dh.
-    dweight has shape (0,) unless weight_grad."""
+    dweight (that of a unit weight when weight is None) has shape (0,) unless weight_grad."""
     h, grad_y = rows_of(h), rows_of(grad_y)
     grad_h = None if grad_h is None else rows_of(grad_h)
     dh = _empty(h.shape)
-    dweight = _no_grad_vector(h.shape[-1], weight_grad and weight is not None)
+    dweight = _no_grad_vector(h.shape[-1], weight_grad)
     library().rmsnorm_backward(h, rstd.contiguous(), _vector(weight), grad_y, grad_h, dh,
                                dweight if dweight.numel() else None)
     return dh, dweight
@@ -134,7 +134,7 @@ def rmsnorm_backward(h: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor |
 
 @rmsnorm_backward.register_fake
 def _(h, rstd, weight, grad_y, grad_h, weight_grad):
-    n = h.shape[-1] if weight_grad and weight is not None else 0
+    n = h.shape[-1] if weight_grad else 0
     return torch.empty_like(h, memory_format=torch.contiguous_format), h.new_empty((n,))
 
 

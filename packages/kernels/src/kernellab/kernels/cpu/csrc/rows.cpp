@@ -6,6 +6,7 @@
 // split across threads only when there is enough work to repay the fork.
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -370,6 +371,14 @@ void rows_with_sums(long rows, long n, int threads, long width, float* const* su
     }
 }
 
+// Calls f with three std::bool_constant arguments of the values a, b, c: one instantiation each.
+template <class F>
+void with_flags(bool a, bool b, bool c, F&& f) {
+    auto third = [&](auto x, auto y) { c ? f(x, y, std::true_type{}) : f(x, y, std::false_type{}); };
+    auto second = [&](auto x) { b ? third(x, std::true_type{}) : third(x, std::false_type{}); };
+    a ? second(std::true_type{}) : second(std::false_type{});
+}
+
 // sum(a * b [* w]) over a row, two accumulators wide.
 template <bool HasW>
 float dot_row(const float* a, const float* b, const float* w, long n) {
@@ -498,22 +507,10 @@ void rmsnorm_backward(const float* h, long ldh, const float* rstd, const float* 
         const float* dr = dy + r * lddy;
         const float* er = dh_extra ? dh_extra + r * ldde : nullptr;
         float* out = dx + r * lddx;
-        // The weight and the extra gradient pick one of the instantiations; dweight needs the weight.
-        if (weight && dweight) {
-            if (er)
-                rmsnorm_backward_row<true, true, true>(hr, rstd[r], weight, dr, er, out, partial, n);
-            else
-                rmsnorm_backward_row<true, false, true>(hr, rstd[r], weight, dr, er, out, partial, n);
-        } else if (weight) {
-            if (er)
-                rmsnorm_backward_row<true, true, false>(hr, rstd[r], weight, dr, er, out, partial, n);
-            else
-                rmsnorm_backward_row<true, false, false>(hr, rstd[r], weight, dr, er, out, partial, n);
-        } else if (er) {
-            rmsnorm_backward_row<false, true, false>(hr, rstd[r], weight, dr, er, out, partial, n);
-        } else {
-            rmsnorm_backward_row<false, false, false>(hr, rstd[r], weight, dr, er, out, partial, n);
-        }
+        with_flags(weight != nullptr, er != nullptr, dweight != nullptr, [&](auto w, auto e, auto d) {
+            rmsnorm_backward_row<decltype(w)::value, decltype(e)::value, decltype(d)::value>(hr, rstd[r], weight, dr,
+                                                                                            er, out, partial, n);
+        });
     });
 }
 
@@ -527,20 +524,10 @@ void layernorm_backward(const float* x, long ldx, const float* mean, const float
         float* out = dx + r * lddx;
         float* pw = partial;
         float* pb = partial ? partial + n : nullptr;
-        if (weight) {
-            if (dweight && dbias)
-                layernorm_backward_row<true, true, true>(xr, mean[r], rstd[r], weight, dr, out, pw, pb, n);
-            else if (dweight)
-                layernorm_backward_row<true, true, false>(xr, mean[r], rstd[r], weight, dr, out, pw, pb, n);
-            else if (dbias)
-                layernorm_backward_row<true, false, true>(xr, mean[r], rstd[r], weight, dr, out, pw, pb, n);
-            else
-                layernorm_backward_row<true, false, false>(xr, mean[r], rstd[r], weight, dr, out, pw, pb, n);
-        } else if (dbias) {
-            layernorm_backward_row<false, false, true>(xr, mean[r], rstd[r], weight, dr, out, pw, pb, n);
-        } else {
-            layernorm_backward_row<false, false, false>(xr, mean[r], rstd[r], weight, dr, out, pw, pb, n);
-        }
+        with_flags(weight != nullptr, dweight != nullptr, dbias != nullptr, [&](auto w, auto d, auto e) {
+            layernorm_backward_row<decltype(w)::value, decltype(d)::value, decltype(e)::value>(
+                xr, mean[r], rstd[r], weight, dr, out, pw, pb, n);
+        });
     });
 }
 
