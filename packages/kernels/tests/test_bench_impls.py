@@ -15,15 +15,19 @@ def _problem(op="softmax", device="cuda", dtype="fp32"):
                                  params={"eps": 1e-6}, control=lambda i, o: {"y": torch.softmax(i["x"], -1)})
 
 
-def test_compile_raises_the_recompile_limit_and_refuses_eager_fallback(monkeypatch):
+def test_compile_raises_the_recompile_limit_and_refuses_eager_fallback():
+    # config.patch, not monkeypatch: monkeypatch's undo deletes dynamo config entries (they are not in the
+    # module's __dict__), which breaks every later torch.compile in the process.
     config = torch._dynamo.config
-    monkeypatch.setattr(config, "recompile_limit", 8)
+    overrides = {"recompile_limit": 8}
     if hasattr(config, "fail_on_recompile_limit_hit"):
-        monkeypatch.setattr(config, "fail_on_recompile_limit_hit", False)
-    bench._compile_call(_problem())
-    assert config.recompile_limit >= bench.RECOMPILE_LIMIT
-    if hasattr(config, "fail_on_recompile_limit_hit"):
-        assert config.fail_on_recompile_limit_hit
+        overrides["fail_on_recompile_limit_hit"] = False
+    with config.patch(**overrides):
+        bench._compile_call(_problem())
+        assert config.recompile_limit >= bench.RECOMPILE_LIMIT
+        if hasattr(config, "fail_on_recompile_limit_hit"):
+            assert config.fail_on_recompile_limit_hit
+    assert hasattr(config, "recompile_limit"), "the patch must leave the entry in place"
 
 
 @pytest.mark.parametrize("bind", [bench._compile_call, bench._quack_call, bench._cute_call])

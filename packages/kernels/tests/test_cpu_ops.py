@@ -340,3 +340,30 @@ def test_norms_of_a_four_million_element_row_stay_near_float64():
     torch.testing.assert_close(y.double(), reference.layernorm(x, w, b), rtol=0, atol=2e-6)
     y = cpu.rmsnorm(x, w, out=poisoned((1, n)))
     torch.testing.assert_close(y.double(), reference.rmsnorm(x, w)[0], rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
+def test_decode_rows_take_the_skinny_paths_bitwise_alike_on_any_split(m):
+    """Few rows of x (up to 8 forward, 16 backward) stream W instead of packing it; threads split W's rows
+    (forward) or its columns (backward), so every result is the same whatever the split."""
+    g = generator(m)
+    x = torch.randn(m, 515, generator=g)
+    weight = torch.randn(260, 515, generator=g) / math.sqrt(515)  # past the two-thread size, odd K, N % 4 == 0
+    bias, dy = torch.randn(260, generator=g), torch.randn(m, 260, generator=g)
+
+    def run():
+        return [cpu.linear_forward(x, weight, bias), *cpu.linear_backward(x, weight, dy)]
+
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        results = run()
+        torch.set_num_threads(1)
+        serial = run()
+    finally:
+        torch.set_num_threads(previous)
+    for got, want in zip(results, serial, strict=True):
+        assert torch.equal(got, want)
+    assert_close(results[0], reference.linear_forward(x, weight, bias), atol=linear_atol(515, 1.0 / math.sqrt(515)))
+    for got, want, reduction in zip(results[1:], reference.linear_backward(x, weight, dy), (260, m, m), strict=True):
+        assert_close(got, want, atol=linear_atol(reduction, 1.0))

@@ -33,7 +33,41 @@ def _native_call(problem):
                                              dx=o["dx"], dweight=o["dweight"], dbias=o["dbias"])
             return {"dx": dx, "dweight": dw, "dbias": db}
         return call
+    if op == "softmax_backward":
+        return lambda i, o: {"dx": cpu.softmax_backward(i["y"], i["grad_out"], out=o["dx"])}
+    if op == "rmsnorm_backward":
+        def rmsnorm_grads(i, o):
+            dx, dw = cpu.rmsnorm_backward(i["x"], i["rstd"], i["grad_out"], i["weight"], dx=o["dx"],
+                                          dweight=o["dweight"])
+            return {"dx": dx, "dweight": dw}
+        return rmsnorm_grads
+    if op == "layernorm_backward":
+        def layernorm_grads(i, o):
+            dx, dw, db = cpu.layernorm_backward(i["x"], i["mean"], i["rstd"], i["grad_out"], i["weight"],
+                                                dx=o["dx"], dweight=o["dweight"], dbias=o["dbias"])
+            return {"dx": dx, "dweight": dw, "dbias": db}
+        return layernorm_grads
+    train = _TRAIN_FORWARDS.get(op)
+    if train is not None:
+        forward = train(problem)
+        return lambda i, o: problem.run(forward, i)
     raise Unsupported(f"native has no {op}")
+
+
+# The forward each "<op>_train" problem runs through autograd with our functions.
+_TRAIN_FORWARDS = {
+    "softmax_train": lambda p: _public().softmax,
+    "rmsnorm_train": lambda p: lambda x, w: _public().rmsnorm(x, w, p.params["eps"]),
+    "layernorm_train": lambda p: lambda x, w, b: _public().layernorm(x, w, b, p.params["eps"]),
+    "linear_train": lambda p: _public().linear_forward,
+}
+
+
+def _public():
+    """The public functions (device dispatch included), as a training loop would call them."""
+    import kernellab.kernels as kernels
+
+    return kernels
 
 
 def native_impls():

@@ -7,6 +7,7 @@ Other packages add contenders to them through ``kernellab.suites`` entry points 
 from __future__ import annotations
 
 from ..case import Suite
+from . import training
 from .problems import (
     Copy,
     LayerNorm,
@@ -24,6 +25,10 @@ from .problems import (
 
 CPU_NORM_SHAPES = ((128, 512),)
 CPU_LINEAR_SHAPES = ((128, 512, 512),)  # (M, K, N)
+# The linear sweep: decode rows (M = 1, a matrix-vector product bound by reading W) and other small M,
+# odd K, K > N and N > K.
+CPU_LINEAR_SWEEP = ((1, 512, 512), (1, 2048, 2048), (4, 512, 512), (16, 512, 512), (128, 509, 512),
+                    (128, 1024, 256), (128, 256, 1024))
 
 # The example audit's four shapes, then bandwidth shapes of at least 64 MiB per fp32 tensor.
 GPU_NORM_SHAPES = ((37, 1537), (256, 3072), (768, 6144), (1024, 4096))
@@ -37,15 +42,23 @@ def cpu_ops() -> Suite:
     def problems():
         out = []
         for shape in CPU_NORM_SHAPES:
-            out += [Softmax(shape, "fp32", "cpu"), RMSNorm(shape, "fp32", "cpu"), LayerNorm(shape, "fp32", "cpu")]
+            for problem in (Softmax, RMSNorm, LayerNorm, training.SoftmaxBackward, training.RMSNormBackward,
+                            training.LayerNormBackward, training.SoftmaxTrain, training.RMSNormTrain,
+                            training.LayerNormTrain):
+                out.append(problem(shape, "fp32", "cpu"))
         for shape in CPU_LINEAR_SHAPES:
+            out += [LinearForward(shape, "fp32", "cpu"), LinearBackward(shape, "fp32", "cpu"),
+                    training.LinearTrain(shape, "fp32", "cpu")]
+        for shape in CPU_LINEAR_SWEEP:
             out += [LinearForward(shape, "fp32", "cpu"), LinearBackward(shape, "fp32", "cpu")]
         return out
 
     return Suite(
         name="cpu-ops",
         device="cpu",
-        description="CPU softmax, RMSNorm, LayerNorm at 128x512 and linear forward/backward at 128x512x512 (fp32)",
+        description="CPU softmax, RMSNorm, LayerNorm at 128x512: forward, backward from the saved statistics and "
+                    "forward+backward through autograd; linear forward/backward at 128x512x512 (and through "
+                    "autograd) and across a sweep of shapes (fp32)",
         make_problems=problems,
         defaults={"rounds": 3, "samples": 30, "warmup": 10, "iterations": 5},
     )

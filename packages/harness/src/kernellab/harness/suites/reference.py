@@ -1,7 +1,8 @@
 """Plain-torch float64 truths of the ops the suites measure: one truth for tests and benchmarks.
 
 Each function upcasts its (already rounded) inputs to float64 and follows torch's semantics for
-NaN and infinity (a row containing NaN gives NaN; a row of -inf gives NaN in softmax).
+NaN and infinity (a row containing NaN gives NaN; a row of -inf gives NaN in softmax). The
+``*_backward`` truths are float64 autograd through the same forward formulas (``vjp``).
 """
 
 from __future__ import annotations
@@ -17,34 +18,78 @@ def _f64(t):
 
 
 def softmax(x):
+    return _softmax(_f64(x))
+
+
+def _softmax(x64):
     import torch
 
-    return torch.softmax(_f64(x), dim=-1)
+    return torch.softmax(x64, dim=-1)
 
 
 def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None):
     """y = h / sqrt(mean(h^2) + eps) * weight with h = x (+ residual); returns (y, h)."""
+    return _rmsnorm(_f64(x), _f64(weight), eps, _f64(residual))
+
+
+def _rmsnorm(x64, w64, eps, r64):
     import torch
 
-    h = _f64(x) if residual is None else _f64(x) + _f64(residual)
+    h = x64 if r64 is None else x64 + r64
     y = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + eps)
-    if weight is not None:
-        y = y * _f64(weight)
+    if w64 is not None:
+        y = y * w64
     return y, h
 
 
 def layernorm(x, weight=None, bias=None, eps: float = 1e-5):
+    return _layernorm(_f64(x), _f64(weight), _f64(bias), eps)
+
+
+def _layernorm(x64, w64, b64, eps):
     import torch
 
-    x64 = _f64(x)
     mean = x64.mean(dim=-1, keepdim=True)
     var = (x64 - mean).pow(2).mean(dim=-1, keepdim=True)
     y = (x64 - mean) * torch.rsqrt(var + eps)
-    if weight is not None:
-        y = y * _f64(weight)
-    if bias is not None:
-        y = y + _f64(bias)
+    if w64 is not None:
+        y = y * w64
+    if b64 is not None:
+        y = y + b64
     return y
+
+
+def vjp(forward, primals, cotangents):
+    """The float64 gradients of ``forward`` (a function of float64 tensors) with respect to each primal
+    (None stays None), given the cotangents of its outputs (None: that output's gradient is zero)."""
+    import torch
+
+    with torch.enable_grad():
+        leaves = [None if p is None else _f64(p).requires_grad_() for p in primals]
+        outputs = forward(*leaves)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        pairs = [(o, _f64(c)) for o, c in zip(outputs, cotangents, strict=True) if c is not None]
+        wrt = [leaf for leaf in leaves if leaf is not None]
+        grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [c for _, c in pairs], allow_unused=True,
+                                         materialize_grads=True))
+    return tuple(None if leaf is None else next(grads) for leaf in leaves)
+
+
+def softmax_backward_of_x(x, grad_out):
+    """dx of y = softmax(x) given x and dy (``softmax_backward`` takes the saved y instead)."""
+    return vjp(_softmax, (x,), (grad_out,))[0]
+
+
+def rmsnorm_backward(x, weight, eps: float, grad_out, residual=None, grad_h=None):
+    """(dx, dweight, dresidual) of (y, h) = rmsnorm(x, weight, eps, residual) given dy (and dh)."""
+    dx, dweight, dresidual = vjp(lambda x64, w64, r64: _rmsnorm(x64, w64, eps, r64), (x, weight, residual),
+                                 (grad_out, grad_h))
+    return dx, dweight, dresidual
+
+
+def layernorm_backward(x, weight, bias, eps: float, grad_out):
+    """(dx, dweight, dbias) of y = layernorm(x, weight, bias, eps) given dy."""
+    return vjp(lambda x64, w64, b64: _layernorm(x64, w64, b64, eps), (x, weight, bias), (grad_out,))
 
 
 def linear_forward(x, weight, bias=None):

@@ -1,4 +1,4 @@
-"""Native C++ CPU backend: softmax, RMSNorm, LayerNorm forward and linear forward/backward in fp32.
+"""Native C++ CPU backend: softmax, RMSNorm, LayerNorm and linear in fp32, forward and backward.
 
 The library is compiled on first use and cached (see ``_build``). Norm ops run over the last
 dimension of any leading shape; rows may be strided, the last dimension must have stride 1.
@@ -7,12 +7,18 @@ share memory with an input or another output (torch's overlap rules decide), exc
 run in place when an output is exactly a same-shape input (``softmax(x, out=x)``).
 
 Every argument is checked before any work. Each op first hands its arguments to the library's
-fast entry, which accepts the common case (contiguous fp32 CPU tensors of matching shapes) after a
-few metadata reads in C++ and runs it, or declines. Only then do the checks here run, with
-checks.py: they raise an error naming the argument, or accept it (copying an input whose rows
-share no single stride) for the library's unchecked entry. At 128x512 a whole call takes some
-tens of microseconds, and Python-level tensor attribute reads, cache misses each once the
-caller's data has evicted the tensor objects, cost several of them: hence the C++ fast entry.
+fast entry, which accepts the common case (contiguous fp32 CPU tensors of matching shapes, none
+that autograd must track) after a few metadata reads in C++ and runs it, or declines. Only then do
+the checks here run, with checks.py: they raise an error naming the argument, or accept it
+(copying an input whose rows share no single stride) for the library's unchecked entry. At
+128x512 a whole call takes some tens of microseconds, and Python-level tensor attribute reads,
+cache misses each once the caller's data has evicted the tensor objects, cost several of them:
+hence the C++ fast entry.
+
+Autograd and torch.compile go through the custom ops of ``ops`` (``kernellab_cpu::*``), whose
+backward passes are native kernels too: a call takes them when grad mode is on and an input
+requires grad, or while torch.compile traces it. An ``out=`` buffer with autograd raises, as
+torch's out= functions do.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ from __future__ import annotations
 import torch
 
 from .. import checks
+from . import ops
 from ._build import library, library_path
 
-__all__ = ["layernorm", "library_path", "linear_backward", "linear_forward", "rmsnorm", "softmax"]
+__all__ = ["layernorm", "layernorm_backward", "library_path", "linear_backward", "linear_forward", "rmsnorm",
+           "rmsnorm_backward", "softmax", "softmax_backward"]
 
 _TENSOR = torch.Tensor
 _F32 = torch.float32
@@ -108,23 +116,63 @@ def _new(shape):
     return torch.empty(shape, dtype=_F32)
 
 
+_compiling = torch.compiler.is_compiling
+
+
+def _tracked(*tensors) -> bool:
+    """Whether autograd must record a call on these tensors (grad mode on and one requires grad)."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            return True
+    return False
+
+
+def _no_autograd_with_out(op: str, *tensors) -> None:
+    """torch's rule for out= functions: no argument, the out= buffers included, may require grad."""
+    if _tracked(*tensors):
+        raise RuntimeError(f"{op}(): functions with out=... arguments don't support automatic differentiation, "
+                           "but one of the arguments requires grad.")
+
+
+def _write(out, result):
+    """out.copy_(result), the traceable form of an out= call under torch.compile."""
+    out.copy_(result)
+    return out
+
+
+def _write_all(results, outs):
+    """Each result, copied into its out= buffer where one was given."""
+    return tuple(r if o is None else _write(o, r) for r, o in zip(results, outs, strict=True))
+
+
 def softmax(x, *, out=None):
     """softmax over the last dimension (max-subtracted; NaN/inf rows as torch)."""
-    if isinstance(x, _TENSOR) and _tensors(out):
+    if isinstance(x, _TENSOR) and _tensors(out) and not _compiling():
         y = library().softmax_fast(x, out)
         if y is not None:
             return y
     x = _rows_input("x", x)
     _check_output("out", out, x.shape)
     _check_apart({"out": out}, {"x": x}, in_place=("x",))
-    y = _new(x.shape) if out is None else out
+    if out is not None:
+        _no_autograd_with_out("softmax", x, out)
+        if _compiling():
+            return _write(out, ops.softmax(x))
+        library().softmax(x, out)
+        return out
+    if _compiling() or _tracked(x):
+        return ops.softmax(x)
+    y = _new(x.shape)
     library().softmax(x, y)
     return y
 
 
 def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None, *, out=None, residual_out=None):
     """y = h / sqrt(mean(h^2) + eps) * weight with h = x (+ residual); returns y, or (y, h) with a residual."""
-    if isinstance(x, _TENSOR) and type(eps) is float and _tensors(weight, residual, out, residual_out):
+    if (isinstance(x, _TENSOR) and type(eps) is float and _tensors(weight, residual, out, residual_out)
+            and not _compiling()):
         yh = library().rmsnorm_fast(x, weight, eps, residual, out, residual_out)
         if yh is not None:
             return yh[0] if residual is None else yh
@@ -141,18 +189,26 @@ def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None, *, out=None, resid
     _check_output("residual_out", residual_out, x.shape)
     _check_apart({"out": out, "residual_out": residual_out}, {"x": x, "residual": residual, "weight": weight},
                  in_place=("x", "residual"))
+    if out is not None or residual_out is not None:
+        _no_autograd_with_out("rmsnorm", x, weight, residual, out, residual_out)
+    if _compiling() or (out is None and residual_out is None and _tracked(x, weight, residual)):
+        if residual is None:
+            y = ops.rmsnorm(x, weight, eps)[0]
+            return y if out is None else _write(out, y)
+        y, h, _ = ops.rmsnorm_residual(x, residual, weight, eps)
+        return (y if out is None else _write(out, y)), (h if residual_out is None else _write(residual_out, h))
     y = _new(x.shape) if out is None else out
     if residual is None:
-        library().rmsnorm(x, None, weight, eps, y, None)
+        library().rmsnorm(x, None, weight, eps, y, None, None)
         return y
     h = _new(x.shape) if residual_out is None else residual_out
-    library().rmsnorm(x, residual, weight, eps, y, h)
+    library().rmsnorm(x, residual, weight, eps, y, h, None)
     return y, h
 
 
 def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
     """(x - mean) / sqrt(var + eps) * weight + bias over the last dimension (two-pass variance)."""
-    if isinstance(x, _TENSOR) and type(eps) is float and _tensors(weight, bias, out):
+    if isinstance(x, _TENSOR) and type(eps) is float and _tensors(weight, bias, out) and not _compiling():
         y = library().layernorm_fast(x, weight, bias, eps, out)
         if y is not None:
             return y
@@ -164,9 +220,97 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
     eps = checks.positive_float("eps", eps)
     _check_output("out", out, x.shape)
     _check_apart({"out": out}, {"x": x, "weight": weight, "bias": bias}, in_place=("x",))
+    if out is not None:
+        _no_autograd_with_out("layernorm", x, weight, bias, out)
+    if _compiling() or (out is None and _tracked(x, weight, bias)):
+        y = ops.layernorm(x, weight, bias, eps)[0]
+        return y if out is None else _write(out, y)
     y = _new(x.shape) if out is None else out
-    library().layernorm(x, weight, bias, eps, y)
+    library().layernorm(x, weight, bias, eps, y, None, None)
     return y
+
+
+def _check_stat(name: str, t, x) -> None:
+    """A saved row statistic: fp32 on the CPU, one value per row of x (shape x.shape[:-1]), contiguous."""
+    checks.tensor(name, t)
+    checks.dtype_in(name, t, (_F32,))
+    checks.device_is(name, t, "cpu")
+    checks.shape_is(name, t, x.shape[:-1])
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+
+
+def _check_grad_like(name: str, t, x):
+    """A gradient of x's shape: checked like x, rows copied if they share no single stride."""
+    t = _rows_input(name, t)
+    checks.shape_is(name, t, x.shape)
+    return t
+
+
+def _not_differentiable(op: str, *tensors) -> None:
+    if _tracked(*tensors):
+        raise RuntimeError(f"{op}() is not differentiable (no double backward), but one of the arguments requires "
+                           "grad: call it under torch.no_grad() or on detached tensors")
+
+
+def softmax_backward(y, grad_out, *, out=None):
+    """dx = y * (dy - sum(y * dy)) per row: the gradient of softmax from its output y and dy."""
+    y = _rows_input("y", y)
+    grad_out = _check_grad_like("grad_out", grad_out, y)
+    _check_output("out", out, y.shape)
+    _not_differentiable("softmax_backward", y, grad_out, out)
+    if _compiling():
+        dx = ops.softmax_backward(y, grad_out)
+        return dx if out is None else _write(out, dx)
+    dx = _new(y.shape) if out is None else out
+    library().softmax_backward(y, grad_out, dx)
+    return dx
+
+
+def rmsnorm_backward(h, rstd, grad_out, weight=None, grad_h=None, *, dx=None, dweight=None):
+    """(dh, dweight) of y = h * rstd * weight, from the forward's normalized input h (x, or x + residual) and
+    its rstd; grad_h (the gradient reaching h directly, as the residual output's) is added to dh, which is
+    the gradient of x and of the residual. dweight is that of a unit weight when weight is None."""
+    h = _rows_input("h", h)
+    _check_stat("rstd", rstd, h)
+    grad_out = _check_grad_like("grad_out", grad_out, h)
+    if weight is not None:
+        _check_vector("weight", weight, h.shape[-1])
+    if grad_h is not None:
+        grad_h = _check_grad_like("grad_h", grad_h, h)
+    _check_output("dx", dx, h.shape)
+    _check_output("dweight", dweight, h.shape[-1:])
+    _not_differentiable("rmsnorm_backward", h, rstd, grad_out, weight, grad_h, dx, dweight)
+    if _compiling():
+        grads = ops.rmsnorm_backward(h, rstd, weight, grad_out, grad_h, True)
+        return _write_all(grads, (dx, dweight))
+    dx = _new(h.shape) if dx is None else dx
+    dweight = _new(h.shape[-1:]) if dweight is None else dweight
+    library().rmsnorm_backward(h, rstd, weight, grad_out, grad_h, dx, dweight)
+    return dx, dweight
+
+
+def layernorm_backward(x, mean, rstd, grad_out, weight=None, *, dx=None, dweight=None, dbias=None):
+    """(dx, dweight, dbias) of y = (x - mean) * rstd * weight + bias, from the forward's mean and rstd;
+    dweight and dbias are those of a unit weight and a zero bias when the forward had none."""
+    x = _rows_input("x", x)
+    _check_stat("mean", mean, x)
+    _check_stat("rstd", rstd, x)
+    grad_out = _check_grad_like("grad_out", grad_out, x)
+    if weight is not None:
+        _check_vector("weight", weight, x.shape[-1])
+    _check_output("dx", dx, x.shape)
+    _check_output("dweight", dweight, x.shape[-1:])
+    _check_output("dbias", dbias, x.shape[-1:])
+    _not_differentiable("layernorm_backward", x, mean, rstd, grad_out, weight, dx, dweight, dbias)
+    if _compiling():
+        grads = ops.layernorm_backward(x, mean, rstd, weight, grad_out, True, True)
+        return _write_all(grads, (dx, dweight, dbias))
+    dx = _new(x.shape) if dx is None else dx
+    dweight = _new(x.shape[-1:]) if dweight is None else dweight
+    dbias = _new(x.shape[-1:]) if dbias is None else dbias
+    library().layernorm_backward(x, mean, rstd, weight, grad_out, dx, dweight, dbias)
+    return dx, dweight, dbias
 
 
 def _check_linear(x, weight) -> None:
@@ -176,8 +320,8 @@ def _check_linear(x, weight) -> None:
 
 
 def linear_forward(x, weight, bias=None, *, out=None):
-    """y = x W^T + b with x (M, K), W (N, K), b (N)."""
-    if isinstance(x, _TENSOR) and isinstance(weight, _TENSOR) and _tensors(bias, out):
+    """y = x W^T + b with x (M, K), W (N, K), b (N); differentiable (its backward is linear_backward)."""
+    if isinstance(x, _TENSOR) and isinstance(weight, _TENSOR) and _tensors(bias, out) and not _compiling():
         y = library().linear_forward_fast(x, weight, bias, out)
         if y is not None:
             return y
@@ -186,15 +330,22 @@ def linear_forward(x, weight, bias=None, *, out=None):
         _check_vector("bias", bias, weight.shape[0])
     _check_output("out", out, (x.shape[0], weight.shape[0]))
     _check_apart({"out": out}, {"x": x, "weight": weight, "bias": bias})
+    if out is not None:
+        _no_autograd_with_out("linear_forward", x, weight, bias, out)
+    if _compiling() or (out is None and _tracked(x, weight, bias)):
+        y = ops.linear(x, weight, bias)
+        return y if out is None else _write(out, y)
     y = _new((x.shape[0], weight.shape[0])) if out is None else out
     library().linear_forward(x, weight, bias, y)
     return y
 
 
 def linear_backward(x, weight, grad_out, *, dx=None, dweight=None, dbias=None):
-    """(dx, dW, db) = (dy W, dy^T x, sum_rows dy) for y = x W^T + b; outputs are overwritten, never accumulated."""
+    """(dx, dW, db) = (dy W, dy^T x, sum_rows dy) for y = x W^T + b; outputs are overwritten, never accumulated.
+
+    Not itself differentiable: with grad mode on, no argument may require grad."""
     if (isinstance(x, _TENSOR) and isinstance(weight, _TENSOR) and isinstance(grad_out, _TENSOR)
-            and _tensors(dx, dweight, dbias)):
+            and _tensors(dx, dweight, dbias) and not _compiling()):
         grads = library().linear_backward_fast(x, weight, grad_out, dx, dweight, dbias)
         if grads is not None:
             return grads
@@ -205,6 +356,11 @@ def linear_backward(x, weight, grad_out, *, dx=None, dweight=None, dbias=None):
     _check_output("dweight", dweight, weight.shape)
     _check_output("dbias", dbias, weight.shape[:1])
     _check_apart({"dx": dx, "dweight": dweight, "dbias": dbias}, {"x": x, "weight": weight, "grad_out": grad_out})
+    if _tracked(x, weight, grad_out, dx, dweight, dbias):
+        raise RuntimeError("linear_backward() is not differentiable (no double backward), but one of the arguments "
+                           "requires grad: call it under torch.no_grad() or on detached tensors")
+    if _compiling():
+        return _write_all(ops.linear_backward(x, weight, grad_out), (dx, dweight, dbias))
     dx = _new(x.shape) if dx is None else dx
     dweight = _new(weight.shape) if dweight is None else dweight
     dbias = _new(weight.shape[:1]) if dbias is None else dbias

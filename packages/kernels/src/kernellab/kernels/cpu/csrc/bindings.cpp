@@ -14,6 +14,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -44,15 +45,35 @@ void softmax(const at::Tensor& x, const at::Tensor& y) {
     kl::softmax(in(x), ld(x), out(y), ld(y), rows(x), x.size(-1), at::get_num_threads());
 }
 
+// rstd (and mean), optional: contiguous, one value per row, for the backward.
 void rmsnorm(const at::Tensor& x, const Opt& residual, const Opt& weight, double eps, const at::Tensor& y,
-             const Opt& h) {
+             const Opt& h, const Opt& rstd) {
     kl::rmsnorm(in(x), ld(x), in(residual), ld(residual), in(weight), out(y), ld(y), out(h), ld(h), rows(x),
-                x.size(-1), eps, at::get_num_threads());
+                x.size(-1), eps, at::get_num_threads(), out(rstd));
 }
 
-void layernorm(const at::Tensor& x, const Opt& weight, const Opt& bias, double eps, const at::Tensor& y) {
+void layernorm(const at::Tensor& x, const Opt& weight, const Opt& bias, double eps, const at::Tensor& y,
+               const Opt& mean, const Opt& rstd) {
     kl::layernorm(in(x), ld(x), in(weight), in(bias), out(y), ld(y), rows(x), x.size(-1), eps,
-                  at::get_num_threads());
+                  at::get_num_threads(), out(mean), out(rstd));
+}
+
+// The backward entries: row tensors as above, statistics one value per row, per-feature
+// gradients (N,) contiguous and optional.
+void softmax_backward(const at::Tensor& y, const at::Tensor& dy, const at::Tensor& dx) {
+    kl::softmax_backward(in(y), ld(y), in(dy), ld(dy), out(dx), ld(dx), rows(y), y.size(-1), at::get_num_threads());
+}
+
+void rmsnorm_backward(const at::Tensor& h, const at::Tensor& rstd, const Opt& weight, const at::Tensor& dy,
+                      const Opt& dh_extra, const at::Tensor& dx, const Opt& dweight) {
+    kl::rmsnorm_backward(in(h), ld(h), in(rstd), in(weight), in(dy), ld(dy), in(dh_extra), ld(dh_extra), out(dx),
+                         ld(dx), out(dweight), rows(h), h.size(-1), at::get_num_threads());
+}
+
+void layernorm_backward(const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd, const Opt& weight,
+                        const at::Tensor& dy, const at::Tensor& dx, const Opt& dweight, const Opt& dbias) {
+    kl::layernorm_backward(in(x), ld(x), in(mean), in(rstd), in(weight), in(dy), ld(dy), out(dx), ld(dx),
+                           out(dweight), out(dbias), rows(x), x.size(-1), at::get_num_threads());
 }
 
 // x (m, k), w (n, k), dy (m, n) and the outputs are 2-D.
@@ -104,13 +125,18 @@ bool apart(const Opt& written, std::initializer_list<const at::Tensor*> others) 
 // They also decline when an output shares memory with another tensor of the call, so that the
 // checks in Python name the pair (or let an exact in-place call through).
 
+// A tensor autograd must see (it requires grad and grad mode is on) is left to the Python layer,
+// which records the op for autograd or raises for an out= buffer.
+bool untracked(const at::Tensor& t) { return !t.requires_grad() || !at::GradMode::is_enabled(); }
+
 bool plain(const at::Tensor& t) {
     return t.scalar_type() == at::kFloat && t.device().is_cpu() && t.is_contiguous() && t.dim() > 0 &&
-           t.numel() > 0;
+           t.numel() > 0 && untracked(t);
 }
 
 bool plain_like(const at::Tensor& t, at::IntArrayRef sizes) {
-    return t.scalar_type() == at::kFloat && t.device().is_cpu() && t.is_contiguous() && t.sizes() == sizes;
+    return t.scalar_type() == at::kFloat && t.device().is_cpu() && t.is_contiguous() && t.sizes() == sizes &&
+           untracked(t);
 }
 
 bool absent_or_like(const Opt& t, at::IntArrayRef sizes) { return !t || plain_like(*t, sizes); }
@@ -138,7 +164,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> rmsnorm_fast(const at::Tensor&
         return std::nullopt;
     at::Tensor y = given_or_new(out, x.sizes());
     at::Tensor h = residual ? given_or_new(residual_out, x.sizes()) : at::Tensor();
-    rmsnorm(x, residual, weight, eps, y, residual ? Opt(h) : Opt());
+    rmsnorm(x, residual, weight, eps, y, residual ? Opt(h) : Opt(), Opt());
     return std::make_tuple(y, h);
 }
 
@@ -150,7 +176,7 @@ std::optional<at::Tensor> layernorm_fast(const at::Tensor& x, const Opt& weight,
         !apart(out, {&x, ptr(weight), ptr(bias)}))
         return std::nullopt;
     at::Tensor y = given_or_new(out, x.sizes());
-    layernorm(x, weight, bias, eps, y);
+    layernorm(x, weight, bias, eps, y, Opt(), Opt());
     return y;
 }
 
@@ -189,6 +215,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("layernorm", &layernorm, nogil);
     m.def("linear_forward", &linear_forward, nogil);
     m.def("linear_backward", &linear_backward, nogil);
+    m.def("softmax_backward", &softmax_backward, nogil);
+    m.def("rmsnorm_backward", &rmsnorm_backward, nogil);
+    m.def("layernorm_backward", &layernorm_backward, nogil);
     m.def("softmax_fast", &softmax_fast, nogil);
     m.def("rmsnorm_fast", &rmsnorm_fast, nogil);
     m.def("layernorm_fast", &layernorm_fast, nogil);

@@ -6,7 +6,9 @@
 // split across threads only when there is enough work to repay the fork.
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "kernels.h"
 #include "simd.h"
@@ -275,7 +277,7 @@ void layernorm_stages(const LnRow& c, float* y, LnRow& b, LnRow& a, const float*
 // it directly). The variance is a second pass over squared deviations, never E[x^2] - E[x]^2.
 template <bool HasW, bool HasB>
 void layernorm_rows(const float* x, long ldx, const float* w, const float* b, float* y, long ldy, long begin,
-                    long end, long n, double eps) {
+                    long end, long n, double eps, float* mean, float* rstd) {
     // Rows past the end are stood in for by the last one: L1 re-reads whose results are dropped.
     auto row = [&](long r) {
         LnRow o;
@@ -294,6 +296,8 @@ void layernorm_rows(const float* x, long ldx, const float* w, const float* b, fl
         const long rx = r + 2 + ahead, ry = r + ahead;
         layernorm_stages<HasW, HasB>(c, y + r * ldy, bb, a, w, b, n, eps, rx < end ? x + rx * ldx : nullptr,
                                      ry < end ? y + ry * ldy : nullptr);
+        if (mean) mean[r] = c.pivot + c.shift;
+        if (rstd) rstd[r] = c.rstd;
         c = bb;
         bb = a;
     }
@@ -334,7 +338,7 @@ void softmax(const float* x, long ldx, float* y, long ldy, long rows, long n, in
 }
 
 void rmsnorm(const float* x, long ldx, const float* residual, long ldr, const float* weight, float* y, long ldy,
-             float* h, long ldh, long rows, long n, double eps, int threads) {
+             float* h, long ldh, long rows, long n, double eps, int threads, float* rstd_out) {
     for_rows(rows, n, threads, [&](long r, bool more) {
         const float* src = x + r * ldx;
         if (residual) {
@@ -345,6 +349,7 @@ void rmsnorm(const float* x, long ldx, const float* residual, long ldr, const fl
         // The row scalar in double: free at one per row, and it keeps eps exact.
         const double ms = sum_squares(src, n) / static_cast<double>(n);
         const float rstd = static_cast<float>(1.0 / std::sqrt(ms + eps));
+        if (rstd_out) rstd_out[r] = rstd;
         const float* next = more ? x + (r + 1) * ldx : nullptr;
         const float* next_residual = more && residual ? residual + (r + 1) * ldr : nullptr;
         if (weight)
@@ -355,19 +360,206 @@ void rmsnorm(const float* x, long ldx, const float* residual, long ldr, const fl
 }
 
 void layernorm(const float* x, long ldx, const float* weight, const float* bias, float* y, long ldy, long rows,
-               long n, double eps, int threads) {
+               long n, double eps, int threads, float* mean, float* rstd) {
     run_team(row_threads(rows, n, threads), [&](int t, int team) {
         long begin, end;
         split(rows, t, team, begin, end);
         if (begin >= end) return;
         if (weight && bias)
-            layernorm_rows<true, true>(x, ldx, weight, bias, y, ldy, begin, end, n, eps);
+            layernorm_rows<true, true>(x, ldx, weight, bias, y, ldy, begin, end, n, eps, mean, rstd);
         else if (weight)
-            layernorm_rows<true, false>(x, ldx, weight, bias, y, ldy, begin, end, n, eps);
+            layernorm_rows<true, false>(x, ldx, weight, bias, y, ldy, begin, end, n, eps, mean, rstd);
         else if (bias)
-            layernorm_rows<false, true>(x, ldx, weight, bias, y, ldy, begin, end, n, eps);
+            layernorm_rows<false, true>(x, ldx, weight, bias, y, ldy, begin, end, n, eps, mean, rstd);
         else
-            layernorm_rows<false, false>(x, ldx, weight, bias, y, ldy, begin, end, n, eps);
+            layernorm_rows<false, false>(x, ldx, weight, bias, y, ldy, begin, end, n, eps, mean, rstd);
+    });
+}
+
+
+namespace {
+
+// Runs row(r, partial) over the rows on a team, where partial is the thread's own zeroed block of
+// nsums vectors of `width` floats; then writes the sum over threads of vector s into sums[s]
+// (skipped where sums[s] is null).
+template <class RowFn>
+void rows_with_sums(long rows, long n, int threads, long width, float* const* sums, int nsums, RowFn&& row) {
+    const int team = row_threads(rows, n, threads);
+    std::vector<float> partials(static_cast<size_t>(team) * nsums * width, 0.0f);
+    run_team(team, [&](int t, int nt) {
+        long begin, end;
+        split(rows, t, nt, begin, end);
+        float* mine = partials.data() + static_cast<size_t>(t) * nsums * width;
+        for (long r = begin; r < end; ++r) row(r, mine);
+    });
+    for (int s = 0; s < nsums; ++s) {
+        if (!sums[s]) continue;
+        float* dst = sums[s];
+        for (long i = 0; i < width; ++i) dst[i] = partials[s * width + i];
+        for (int t = 1; t < team; ++t) {
+            const float* src = partials.data() + (static_cast<size_t>(t) * nsums + s) * width;
+            for (long i = 0; i < width; ++i) dst[i] += src[i];
+        }
+    }
+}
+
+// Calls f with three std::bool_constant arguments of the values a, b, c: one instantiation each.
+template <class F>
+void with_flags(bool a, bool b, bool c, F&& f) {
+    auto third = [&](auto x, auto y) { c ? f(x, y, std::true_type{}) : f(x, y, std::false_type{}); };
+    auto second = [&](auto x) { b ? third(x, std::true_type{}) : third(x, std::false_type{}); };
+    a ? second(std::true_type{}) : second(std::false_type{});
+}
+
+// sum(a * b [* w]) over a row, two accumulators wide.
+template <bool HasW>
+float dot_row(const float* a, const float* b, const float* w, long n) {
+    const long nv = n - n % VW;
+    vf s0 = vf{}, s1 = vf{};
+    long i = 0;
+    for (; i + 2 * VW <= nv; i += 2 * VW) {
+        vf p0 = loadu(a + i) * loadu(b + i), p1 = loadu(a + i + VW) * loadu(b + i + VW);
+        if constexpr (HasW) {
+            p0 = p0 * loadu(w + i);
+            p1 = p1 * loadu(w + i + VW);
+        }
+        s0 += p0;
+        s1 += p1;
+    }
+    for (; i < nv; i += VW) {
+        vf p = loadu(a + i) * loadu(b + i);
+        if constexpr (HasW) p = p * loadu(w + i);
+        s0 += p;
+    }
+    float s = hsum(s0 + s1);
+    for (; i < n; ++i) s += HasW ? a[i] * b[i] * w[i] : a[i] * b[i];
+    return s;
+}
+
+template <bool HasW, bool HasExtra, bool HasDw>
+void rmsnorm_backward_row(const float* h, float rstd, const float* w, const float* dy, const float* extra, float* dx,
+                          float* dw, long n) {
+    // dx = rstd * g - h * (rstd^3 * sum(g * h) / n), g = dy * w.
+    const float c = static_cast<float>(static_cast<double>(rstd) * rstd * rstd * dot_row<HasW>(dy, h, w, n) / n);
+    const long nv = n - n % VW;
+    const vf vr = splat(rstd), vc = splat(c);
+    long i = 0;
+    for (; i < nv; i += VW) {
+        const vf hv = loadu(h + i), d = loadu(dy + i);
+        vf g = d;
+        if constexpr (HasW) g = g * loadu(w + i);
+        vf v = vr * g - hv * vc;
+        if constexpr (HasExtra) v = v + loadu(extra + i);
+        storeu(dx + i, v);
+        if constexpr (HasDw) storeu(dw + i, loadu(dw + i) + d * (hv * vr));
+    }
+    for (; i < n; ++i) {
+        const float g = HasW ? dy[i] * w[i] : dy[i];
+        float v = rstd * g - h[i] * c;
+        if constexpr (HasExtra) v += extra[i];
+        dx[i] = v;
+        if constexpr (HasDw) dw[i] += dy[i] * (h[i] * rstd);
+    }
+}
+
+template <bool HasW, bool HasDw, bool HasDb>
+void layernorm_backward_row(const float* x, float mean, float rstd, const float* w, const float* dy, float* dx,
+                            float* dw, float* db, long n) {
+    // First pass: sum(g) and sum(g * xhat), g = dy * w.
+    const long nv = n - n % VW;
+    const vf vm = splat(mean), vr = splat(rstd);
+    vf sg0 = vf{}, sg1 = vf{}, sx0 = vf{}, sx1 = vf{};
+    long i = 0;
+    for (; i + 2 * VW <= nv; i += 2 * VW) {
+        vf g0 = loadu(dy + i), g1 = loadu(dy + i + VW);
+        if constexpr (HasW) {
+            g0 = g0 * loadu(w + i);
+            g1 = g1 * loadu(w + i + VW);
+        }
+        sg0 += g0;
+        sg1 += g1;
+        sx0 += g0 * ((loadu(x + i) - vm) * vr);
+        sx1 += g1 * ((loadu(x + i + VW) - vm) * vr);
+    }
+    for (; i < nv; i += VW) {
+        vf g = loadu(dy + i);
+        if constexpr (HasW) g = g * loadu(w + i);
+        sg0 += g;
+        sx0 += g * ((loadu(x + i) - vm) * vr);
+    }
+    float sg = hsum(sg0 + sg1), sx = hsum(sx0 + sx1);
+    for (; i < n; ++i) {
+        const float g = HasW ? dy[i] * w[i] : dy[i];
+        sg += g;
+        sx += g * ((x[i] - mean) * rstd);
+    }
+    const float a = sg / n, b = sx / n;
+    const vf va = splat(a), vb = splat(b);
+    for (i = 0; i < nv; i += VW) {
+        const vf d = loadu(dy + i), xh = (loadu(x + i) - vm) * vr;
+        vf g = d;
+        if constexpr (HasW) g = g * loadu(w + i);
+        storeu(dx + i, vr * ((g - va) - xh * vb));
+        if constexpr (HasDw) storeu(dw + i, loadu(dw + i) + d * xh);
+        if constexpr (HasDb) storeu(db + i, loadu(db + i) + d);
+    }
+    for (; i < n; ++i) {
+        const float xh = (x[i] - mean) * rstd, g = HasW ? dy[i] * w[i] : dy[i];
+        dx[i] = rstd * ((g - a) - xh * b);
+        if constexpr (HasDw) dw[i] += dy[i] * xh;
+        if constexpr (HasDb) db[i] += dy[i];
+    }
+}
+
+}  // namespace
+
+void softmax_backward(const float* y, long ldy, const float* dy, long lddy, float* dx, long lddx, long rows, long n,
+                      int threads) {
+    for_rows(rows, n, threads, [&](long r, bool) {
+        const float* yr = y + r * ldy;
+        const float* dr = dy + r * lddy;
+        float* out = dx + r * lddx;
+        const vf dot = splat(dot_row<false>(yr, dr, nullptr, n));
+        const long nv = n - n % VW;
+        long i = 0;
+        for (; i < nv; i += VW) {
+            const vf yv = loadu(yr + i);
+            storeu(out + i, yv * (loadu(dr + i) - dot));
+        }
+        for (; i < n; ++i) out[i] = yr[i] * (dr[i] - dot[0]);
+    });
+}
+
+void rmsnorm_backward(const float* h, long ldh, const float* rstd, const float* weight, const float* dy, long lddy,
+                      const float* dh_extra, long ldde, float* dx, long lddx, float* dweight, long rows, long n,
+                      int threads) {
+    float* const sums[] = {dweight};
+    rows_with_sums(rows, n, threads, dweight ? n : 0, sums, 1, [&](long r, float* partial) {
+        const float* hr = h + r * ldh;
+        const float* dr = dy + r * lddy;
+        const float* er = dh_extra ? dh_extra + r * ldde : nullptr;
+        float* out = dx + r * lddx;
+        with_flags(weight != nullptr, er != nullptr, dweight != nullptr, [&](auto w, auto e, auto d) {
+            rmsnorm_backward_row<decltype(w)::value, decltype(e)::value, decltype(d)::value>(hr, rstd[r], weight, dr,
+                                                                                            er, out, partial, n);
+        });
+    });
+}
+
+void layernorm_backward(const float* x, long ldx, const float* mean, const float* rstd, const float* weight,
+                        const float* dy, long lddy, float* dx, long lddx, float* dweight, float* dbias, long rows,
+                        long n, int threads) {
+    float* const sums[] = {dweight, dbias};
+    rows_with_sums(rows, n, threads, dweight || dbias ? n : 0, sums, 2, [&](long r, float* partial) {
+        const float* xr = x + r * ldx;
+        const float* dr = dy + r * lddy;
+        float* out = dx + r * lddx;
+        float* pw = partial;
+        float* pb = partial ? partial + n : nullptr;
+        with_flags(weight != nullptr, dweight != nullptr, dbias != nullptr, [&](auto w, auto d, auto e) {
+            layernorm_backward_row<decltype(w)::value, decltype(d)::value, decltype(e)::value>(
+                xr, mean[r], rstd[r], weight, dr, out, pw, pb, n);
+        });
     });
 }
 
