@@ -89,3 +89,17 @@ def rows_do_not_overlap(name: str, t) -> None:
             raise ValueError(f"{name} must not overlap itself (its rows share memory), got shape "
                              f"{tuple(t.shape)} and strides {t.stride()}")
         span = stride * size
+
+
+def needs_autograd(*tensors) -> bool:
+    """Whether autograd must record a call on these tensors (grad mode on and one requires grad)."""
+    import torch
+
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def no_autograd_with_out(op: str, *tensors) -> None:
+    """torch's rule for out= functions: no argument, the out= buffers included, may require grad."""
+    if needs_autograd(*tensors):
+        raise RuntimeError(f"{op}(): functions with out=... arguments don't support automatic differentiation, "
+                           "but one of the arguments requires grad")

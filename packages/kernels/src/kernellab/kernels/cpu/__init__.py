@@ -119,23 +119,6 @@ def _new(shape):
 _compiling = torch.compiler.is_compiling
 
 
-def _tracked(*tensors) -> bool:
-    """Whether autograd must record a call on these tensors (grad mode on and one requires grad)."""
-    if not torch.is_grad_enabled():
-        return False
-    for t in tensors:
-        if t is not None and t.requires_grad:
-            return True
-    return False
-
-
-def _no_autograd_with_out(op: str, *tensors) -> None:
-    """torch's rule for out= functions: no argument, the out= buffers included, may require grad."""
-    if _tracked(*tensors):
-        raise RuntimeError(f"{op}(): functions with out=... arguments don't support automatic differentiation, "
-                           "but one of the arguments requires grad.")
-
-
 def _write(out, result):
     """out.copy_(result), the traceable form of an out= call under torch.compile."""
     out.copy_(result)
@@ -157,12 +140,12 @@ def softmax(x, *, out=None):
     _check_output("out", out, x.shape)
     _check_apart({"out": out}, {"x": x}, in_place=("x",))
     if out is not None:
-        _no_autograd_with_out("softmax", x, out)
+        checks.no_autograd_with_out("softmax", x, out)
         if _compiling():
             return _write(out, ops.softmax(x))
         library().softmax(x, out)
         return out
-    if _compiling() or _tracked(x):
+    if _compiling() or checks.needs_autograd(x):
         return ops.softmax(x)
     y = _new(x.shape)
     library().softmax(x, y)
@@ -190,8 +173,8 @@ def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None, *, out=None, resid
     _check_apart({"out": out, "residual_out": residual_out}, {"x": x, "residual": residual, "weight": weight},
                  in_place=("x", "residual"))
     if out is not None or residual_out is not None:
-        _no_autograd_with_out("rmsnorm", x, weight, residual, out, residual_out)
-    if _compiling() or (out is None and residual_out is None and _tracked(x, weight, residual)):
+        checks.no_autograd_with_out("rmsnorm", x, weight, residual, out, residual_out)
+    if _compiling() or (out is None and residual_out is None and checks.needs_autograd(x, weight, residual)):
         if residual is None:
             y = ops.rmsnorm(x, weight, eps)[0]
             return y if out is None else _write(out, y)
@@ -221,8 +204,8 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
     _check_output("out", out, x.shape)
     _check_apart({"out": out}, {"x": x, "weight": weight, "bias": bias}, in_place=("x",))
     if out is not None:
-        _no_autograd_with_out("layernorm", x, weight, bias, out)
-    if _compiling() or (out is None and _tracked(x, weight, bias)):
+        checks.no_autograd_with_out("layernorm", x, weight, bias, out)
+    if _compiling() or (out is None and checks.needs_autograd(x, weight, bias)):
         y = ops.layernorm(x, weight, bias, eps)[0]
         return y if out is None else _write(out, y)
     y = _new(x.shape) if out is None else out
@@ -248,7 +231,7 @@ def _check_grad_like(name: str, t, x):
 
 
 def _not_differentiable(op: str, *tensors) -> None:
-    if _tracked(*tensors):
+    if checks.needs_autograd(*tensors):
         raise RuntimeError(f"{op}() is not differentiable (no double backward), but one of the arguments requires "
                            "grad: call it under torch.no_grad() or on detached tensors")
 
@@ -331,8 +314,8 @@ def linear_forward(x, weight, bias=None, *, out=None):
     _check_output("out", out, (x.shape[0], weight.shape[0]))
     _check_apart({"out": out}, {"x": x, "weight": weight, "bias": bias})
     if out is not None:
-        _no_autograd_with_out("linear_forward", x, weight, bias, out)
-    if _compiling() or (out is None and _tracked(x, weight, bias)):
+        checks.no_autograd_with_out("linear_forward", x, weight, bias, out)
+    if _compiling() or (out is None and checks.needs_autograd(x, weight, bias)):
         y = ops.linear(x, weight, bias)
         return y if out is None else _write(out, y)
     y = _new((x.shape[0], weight.shape[0])) if out is None else out
@@ -356,7 +339,7 @@ def linear_backward(x, weight, grad_out, *, dx=None, dweight=None, dbias=None):
     _check_output("dweight", dweight, weight.shape)
     _check_output("dbias", dbias, weight.shape[:1])
     _check_apart({"dx": dx, "dweight": dweight, "dbias": dbias}, {"x": x, "weight": weight, "grad_out": grad_out})
-    if _tracked(x, weight, grad_out, dx, dweight, dbias):
+    if checks.needs_autograd(x, weight, grad_out, dx, dweight, dbias):
         raise RuntimeError("linear_backward() is not differentiable (no double backward), but one of the arguments "
                            "requires grad: call it under torch.no_grad() or on detached tensors")
     if _compiling():

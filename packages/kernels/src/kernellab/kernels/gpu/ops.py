@@ -53,20 +53,6 @@ def _check_out(name: str, out, x) -> None:
     checks.rows_do_not_overlap(name, out)
 
 
-def _needs_autograd(*tensors) -> bool:
-    if torch.is_grad_enabled():
-        for t in tensors:
-            if t is not None and t.requires_grad:
-                return True
-    return False
-
-
-def _no_autograd_with_out(op: str, *tensors) -> None:
-    if _needs_autograd(*tensors):
-        raise RuntimeError(f"{op}(): functions with out=... arguments don't support automatic differentiation, "
-                           "but one of the arguments requires grad")
-
-
 # ---- launches --------------------------------------------------------------------------------------
 # The alignment class of a call is the largest power of two (<= 16 bytes) dividing N * element size,
 # every row stride in bytes and every base pointer; an (N,) vector whose base is less aligned narrows it
@@ -607,7 +593,7 @@ def softmax(x, *, out=None):
     if out is not None:
         if not _plain_like(out, x):
             _check_out("out", out, x)
-        _no_autograd_with_out("softmax", x)
+        checks.no_autograd_with_out("softmax", x)
         if torch.compiler.is_compiling():
             _softmax_out(x, out)
         else:
@@ -615,7 +601,7 @@ def softmax(x, *, out=None):
         return out
     if torch.compiler.is_compiling():
         return _softmax(x)
-    if _needs_autograd(x):
+    if checks.needs_autograd(x):
         return _SoftmaxFunction.apply(x)
     y = _empty(x)
     _launch("softmax", x, y)
@@ -648,7 +634,7 @@ def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None, *, out=None, resid
         for name, o in (("out", out), ("residual_out", residual_out)):
             if o is not None and not _plain_like(o, x):
                 _check_out(name, o, x)
-        _no_autograd_with_out("rmsnorm", x, weight, residual)
+        checks.no_autograd_with_out("rmsnorm", x, weight, residual)
         y = _empty(x) if out is None else out
         h = None if residual is None else _empty(x) if residual_out is None else residual_out
         if torch.compiler.is_compiling():
@@ -658,7 +644,7 @@ def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None, *, out=None, resid
         return y if h is None else (y, h)
     if torch.compiler.is_compiling():
         return _rmsnorm(x, weight, eps)[0] if residual is None else _rmsnorm_residual(x, residual, weight, eps)[:2]
-    if _needs_autograd(x, weight, residual):
+    if checks.needs_autograd(x, weight, residual):
         if residual is None:
             return _RMSNormFunction.apply(x, weight, eps)
         return _RMSNormResidualFunction.apply(x, residual, weight, eps)
@@ -693,7 +679,7 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
     if out is not None:
         if not _plain_like(out, x):
             _check_out("out", out, x)
-        _no_autograd_with_out("layernorm", x, weight, bias)
+        checks.no_autograd_with_out("layernorm", x, weight, bias)
         if torch.compiler.is_compiling():
             _layernorm_out(x, weight, bias, eps, out)
         else:
@@ -701,7 +687,7 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
         return out
     if torch.compiler.is_compiling():
         return _layernorm(x, weight, bias, eps)[0]
-    if _needs_autograd(x, weight, bias):
+    if checks.needs_autograd(x, weight, bias):
         return _LayerNormFunction.apply(x, weight, bias, eps)
     y = _empty(x)
     _launch("layernorm", x, y, weight=weight, bias=bias, eps=eps)
