@@ -11,12 +11,13 @@ import types
 import pytest
 from fakes import affine_suite, honest
 
-from kernellab.harness import cli, registry
+from kernellab.harness import cli, registry, revision
 from kernellab.harness import report as report_io
 from kernellab.harness.case import Impl, Suite
-from kernellab.harness.runner import Bench
 
 QUICK = ["--rounds", "2", "--samples", "2", "--warmup", "0", "--iterations", "1", "--no-plot", "--quiet"]
+# a real run (measured in a worker process, which sees the installed suites only): torch's softmax alone
+REAL = ["--suite", "cpu-ops", "--cases", "softmax_*", "--impls", "torch", "--rotation-limit", "8", *QUICK]
 
 
 @pytest.fixture
@@ -87,7 +88,7 @@ def test_list_marks_gpu_suites_that_cannot_run_here(affine, monkeypatch, capsys)
 
 
 def run_report(tmp_path, capsys) -> str:
-    assert cli.main(["--suite", "affine", *QUICK, "--out", str(tmp_path / "r.json")]) == 0
+    assert cli.main([*REAL, "--out", str(tmp_path / "r.json")]) == 0
     capsys.readouterr()
     return str(tmp_path / "r.json")
 
@@ -106,7 +107,7 @@ def test_show_refuses_what_is_not_a_report(tmp_path, capsys):
     (lambda r: r["cases"][0].pop("modes"), r"cases[0] lacks ['modes']"),
     (lambda r: r["cases"][0].update(modes=[1]), r"cases[0].modes must map each mode"),
 ])
-def test_show_refuses_a_validly_hashed_report_with_a_wrong_inside(affine, tmp_path, capsys, damage, message):
+def test_show_refuses_a_validly_hashed_report_with_a_wrong_inside(tmp_path, capsys, damage, message):
     path = run_report(tmp_path, capsys)
     data = json.loads(open(path).read())
     damage(data)
@@ -117,25 +118,29 @@ def test_show_refuses_a_validly_hashed_report_with_a_wrong_inside(affine, tmp_pa
     assert message in error_of(capsys)
 
 
-def test_pivot_on_a_mode_the_report_lacks_is_refused(affine, tmp_path, capsys):
+def test_pivot_on_a_mode_the_report_lacks_is_refused(tmp_path, capsys):
     path = run_report(tmp_path, capsys)
     assert cli.main(["--show", path, "--pivot", "graph_throughput"]) == 2
     assert "has no graph_throughput measurements; it has ['e2e_throughput', 'e2e_latency']" in error_of(capsys)
     assert cli.main(["--show", path, "--pivot", "e2e_latency", "--format", "github"]) == 0
 
 
-def test_ctrl_c_exits_130_keeping_the_completed_rounds(affine, monkeypatch, tmp_path, capsys):
-    run_round = Bench.run_round
+def _ctrl_c_at(monkeypatch, round_index: int) -> None:
+    """Ctrl-C in the driver when it asks its worker for a case of round ``round_index``."""
+    request = revision.Worker.request
 
-    def interrupted_in_round_two(self, r, progress=None):
-        if r == 1:
+    def interrupted(self, cmd, **args):
+        if cmd == "case" and args.get("round") == round_index:
             raise KeyboardInterrupt
-        return run_round(self, r, progress)
+        return request(self, cmd, **args)
+    monkeypatch.setattr(revision.Worker, "request", interrupted)
 
-    monkeypatch.setattr(Bench, "run_round", interrupted_in_round_two)
-    assert cli.main(["--suite", "affine", *QUICK, "--rounds", "3", "--out", str(tmp_path)]) == 130
+
+def test_ctrl_c_exits_130_keeping_the_completed_rounds(monkeypatch, tmp_path, capsys):
+    _ctrl_c_at(monkeypatch, 1)
+    assert cli.main([*REAL, "--rounds", "3", "--out", str(tmp_path)]) == 130
     err = error_of(capsys)
-    [partial] = tmp_path.glob("affine-partial-*.json")
+    [partial] = tmp_path.glob("cpu-ops-partial-*.json")
     assert f"the 1 of 3 rounds that completed are in {partial}" in err
     kept = report_io.load(partial)
     assert kept["interrupted"] == {"rounds_completed": 1, "rounds_planned": 3}
@@ -144,23 +149,21 @@ def test_ctrl_c_exits_130_keeping_the_completed_rounds(affine, monkeypatch, tmp_
                if c["status"] == "ok")
 
 
-def test_ctrl_c_before_any_round_completes_saves_nothing(affine, monkeypatch, tmp_path, capsys):
-    def interrupted(self, r, progress=None):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(Bench, "run_round", interrupted)
-    assert cli.main(["--suite", "affine", *QUICK, "--out", str(tmp_path)]) == 130
+def test_ctrl_c_before_any_round_completes_saves_nothing(monkeypatch, tmp_path, capsys):
+    _ctrl_c_at(monkeypatch, 0)
+    assert cli.main([*REAL, "--out", str(tmp_path)]) == 130
     assert "no round had completed, nothing saved" in error_of(capsys)
     assert not list(tmp_path.iterdir())
 
 
-def test_runs_finishing_in_the_same_second_keep_both_reports(affine, monkeypatch, tmp_path, capsys):
+def test_runs_finishing_in_the_same_second_keep_both_reports(monkeypatch, tmp_path, capsys):
     frozen = datetime.datetime(2026, 12, 5, 3, 0, 0)
     monkeypatch.setattr(cli, "datetime", types.SimpleNamespace(datetime=types.SimpleNamespace(now=lambda: frozen)))
     for _ in range(2):
-        assert cli.main(["--suite", "affine", *QUICK, "--out", str(tmp_path)]) == 0
+        assert cli.main([*REAL, "--out", str(tmp_path)]) == 0
     printed = [line.split(": ", 1)[1] for line in capsys.readouterr().out.splitlines() if line.startswith("report: ")]
-    assert printed == [str(tmp_path / "affine-20261205T030000.json"), str(tmp_path / "affine-20261205T030000-2.json")]
+    assert printed == [str(tmp_path / "cpu-ops-20261205T030000.json"),
+                       str(tmp_path / "cpu-ops-20261205T030000-2.json")]
     hashes = {report_io.load(p)[report_io.HASH_FIELD] for p in printed}
     assert len(hashes) == 2
 
