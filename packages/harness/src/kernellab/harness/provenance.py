@@ -269,6 +269,16 @@ def impl_source_changes(recorded: dict[str, dict], root: str | os.PathLike) -> d
     return out
 
 
+TIMING_ENVIRONMENT = ("OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOMP_", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
+                      "KERNELLAB_")
+
+
+def timing_environment() -> dict[str, str]:
+    """The environment variables that change how the measured code runs (thread pools, their wait
+    policies, visible devices): a run made with OMP_WAIT_POLICY=PASSIVE says so."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(TIMING_ENVIRONMENT)}
+
+
 def collect(device: str, root: str | os.PathLike | None, artifacts: list[str],
             packages: list[str] | None = None, impls: list | None = None) -> dict:
     """Everything but the end clocks, which the runner adds when the run is over.
@@ -286,6 +296,7 @@ def collect(device: str, root: str | os.PathLike | None, artifacts: list[str],
         "sources_sha256": source_hashes(roots),
         "artifacts_sha256": artifact_hashes(artifacts),
         "impl_sources": impl_sources(impls or [], root),
+        "environment": timing_environment(),
         "clocks_start": clocks(device),
     }
 
