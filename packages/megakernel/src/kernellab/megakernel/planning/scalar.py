@@ -17,7 +17,7 @@ SCALAR_REGISTER_WEIGHTS_OCCUPANCY = 1
 """CTAs per SM the persistent kernels that hold their weights in registers compile for (up to 255 registers a
 thread). Planning gives them 4-row tiles only up to one tile an SM, so one CTA an SM is all their grid uses. The
 form compiled for two (128 registers, with the fill's slots past K skipped as well) measured slower
-(``reports/h200/megakernel-sweep-register-weights-8-occupancy2.json``)."""
+(``reports/h200/sweeps/megakernel-sweep-register-weights-8-occupancy2.json``)."""
 SCALAR_WEIGHTS = ("smem", "global", "registers")
 """Where the persistent CUDA-core kernels read their weights from (``SharedMemory.weights``)."""
 SCALAR_K_CLASSES = 8
@@ -26,7 +26,7 @@ SCALAR_WEIGHT_REGISTERS = 8
 """Weight elements of one GEMM a lane of the persistent CUDA-core kernels holds in registers at most
 (``register_weights_fit``): the sums run unrolled from registers, and unrolled code for more elements cost more
 than the loads' latency it saved (H200 sweeps of forced placements: 32 lost at 8 of 10 shapes,
-``reports/h200/megakernel-sweep-register-weights-32.json``; 8 gained at 33x32x64 and 129x31x47,
+``reports/h200/sweeps/megakernel-sweep-register-weights-32.json``; 8 gained at 33x32x64 and 129x31x47,
 ``megakernel-sweep-register-weights-8.json``)."""
 SCALAR_REGISTER_WEIGHTS_MIN_STEPS = 4
 """K steps both sums need at least for the weights to be held in registers: with fewer there are few dependent
@@ -38,7 +38,7 @@ SCALAR_GLOBAL_WEIGHTS_MAX = 14 * 1024
 block: up to 4 x SMs rows) reads them from global memory (through L1) instead of staging them in shared
 memory first: staging costs a barrier and memory round trips that only reuse would amortize, and reading
 from L1 costs more per element than from shared memory. H200 sweep of both placements at such shapes
-(``reports/h200/megakernel-sweep-weights.json``): global memory faster up to 201x61x109 (13.3K elements),
+(``reports/h200/sweeps/megakernel-sweep-weights.json``): global memory faster up to 201x61x109 (13.3K elements),
 slower from 257x64x128 (16.4K) on. It holds where the weights are staged element by element (K not whole steps
 of SCALAR_K_CLASSES: ``scalar_weights_whole_steps``); where they are staged by 16-byte cp.async copies, all in
 flight with the first tile's row loads, staging was faster at every such shape of the sweep

@@ -24,14 +24,15 @@ tile (half the weight traffic per row) run on as many SMs as 32-row tiles would;
 TC_MULTICASTS = (1, 2, 4)
 """persistent-tc's weight multicast (wgmma form only): with m, a cluster of m CTAs owning different row
 tiles loads each weight chunk once by TMA, each CTA 1/m of it sent to all, so L2 serves every chunk once
-per cluster instead of once per CTA. Measured on the H200 (``reports/h200/megakernel-sweep-tma.json``) it
+per cluster instead of once per CTA. Measured on the H200 (``reports/h200/sweeps/megakernel-sweep-tma.json``) it
 lost to plain TMA loads at every swept shape (2: 0-12% slower; 4: up to twice as slow), since a cluster's
 CTAs wait for each other's share of every chunk: only ``forced(..., multicast=m)`` takes it."""
 TC_LOADS = ("cp.async", "tma")
 """How persistent-tc's weight chunks reach shared memory: cp.async, 16 bytes a thread with every thread
 issuing, or TMA, one thread issuing a chunk and mbarrier pipelines tracking it (the wgmma form with
 16-byte rows only; a multicast needs it). ``tc_loads`` gives 64-row wgmma tiles TMA: on the H200 it beat
-cp.async by 4-12% at every unsplit swept shape and tied with a split (``reports/h200/megakernel-sweep-tma.json``)."""
+cp.async by 4-12% at every unsplit swept shape and tied with a split
+(``reports/h200/sweeps/megakernel-sweep-tma.json``)."""
 TC_WEIGHT_ROWS = 16
 """``tc_cost``'s price of a tile's weight traffic, in rows of MMA work per chunk: a 32-row tile costs
 (32 + 16) per chunk, a 64-row tile (64 + 16), so at equal work per SM the 64-row tile wins by 1.2x, as
@@ -126,7 +127,7 @@ def register_slot(n_tile: int, s, padded: int):
 REGISTER_FORM_UNALIGNED = 512
 """Padded elements per weight up to which planning takes the register form for rows that are not 16-byte aligned,
 whose fragments load element by element. On the H200 (CUDA-graph throughput against the shared-memory form,
-``reports/h200/megakernel-sweep-tc-registers.json`` and ``megakernel-sweep-tc-registers-unaligned.json``) the
+``reports/h200/sweeps/megakernel-sweep-tc-registers.json`` and ``megakernel-sweep-tc-registers-unaligned.json``) the
 form took 0.42-0.90x the time at every swept shape with 16-byte rows; with unaligned rows 0.81-0.83x at 16 x 16
 padded weights and 0.93-0.96x at 16 x 32, but 1.26x at 64 x 32 and 1.64x at 32 x 48 (about 150 element loads a
 thread)."""
@@ -160,7 +161,7 @@ def tc_loads(rows_per_tile: int, mma: str) -> str:
 
 TC_OVERLAP_CHANNELS = 512
 """Channel tile at which planning takes the overlapped chunk schedule (``Tile.overlap``). On the H200
-(``reports/h200/megakernel-sweep-overlap.json``) it gained 1-2% at the 512-channel tile (16384x512x2048,
+(``reports/h200/sweeps/megakernel-sweep-overlap.json``) it gained 1-2% at the 512-channel tile (16384x512x2048,
 8448x512x512, 16384x384x1536), where one buffer of each weight is all that fits; at 256 channels it tied
 or lost (up to 7% at 8192x256x1024, where two buffers fit), since the serial schedule loads the next W2
 chunk under GEMM1 and the activation, which the overlapped one runs beside GEMM2."""
