@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from kernellab.harness import report
+from kernellab.harness import consistency, report
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = ["--rounds", "2", "--samples", "5", "--warmup", "1", "--iterations", "2"]
+QUICK = ["--rounds", "2", "--samples", "5", "--warmup", "1", "--iterations", "2", "--rotation-limit", "64"]
+# a forward, a backward from saved statistics, a training step through autograd and a decode-shape linear
+CASES = ["softmax_128x512_fp32", "rmsnorm_backward_128x512_fp32", "layernorm_train_128x512_fp32",
+         "linear_forward_1x512x512_fp32"]
 
 
 def bench(*args, cwd=ROOT):
@@ -22,7 +25,7 @@ def bench(*args, cwd=ROOT):
 
 
 def test_plain_run_writes_a_sealed_report_with_provenance_table_and_plot(tmp_path):
-    res = bench("--suite", "cpu-ops", *QUICK, "--out", str(tmp_path))
+    res = bench("--suite", "cpu-ops", "--cases", ",".join(CASES), *QUICK, "--out", str(tmp_path))
     [path] = tmp_path.glob("cpu-ops-*.json")
     r = report.load(path)
     prov = r["provenance"]
@@ -32,13 +35,13 @@ def test_plain_run_writes_a_sealed_report_with_provenance_table_and_plot(tmp_pat
     assert any(k.startswith("harness/") for k in prov["sources_sha256"])
     assert "torch" in prov["packages"]
     names = {c["name"] for c in r["cases"]}
-    assert names == {"softmax_128x512_fp32", "rmsnorm_128x512_fp32", "layernorm_128x512_fp32",
-                     "linear_forward_128x512x512_fp32", "linear_backward_128x512x512_fp32"}
+    assert names == set(CASES)
     for c in r["cases"]:
         assert c["status"] in ("ok", "unavailable"), c
         if c["status"] == "ok":
             assert set(c["modes"]) == {"e2e_throughput", "e2e_latency"}
             assert all(v["passed"] for v in c["validations"])
+            assert all(v["timed_batches_checked"] > 0 and v["checked_outside_worker"] > 0 for v in c["validations"])
     assert "e2e_throughput p50 us" in res.stdout
     if shutil.which("true") and path.with_suffix(".png").exists():
         assert path.with_suffix(".png").stat().st_size > 1000
@@ -59,7 +62,8 @@ def checkout(tmp_path):
 
 def test_baseline_head_writes_comparison_and_before_after_records(checkout, tmp_path):
     out = tmp_path / "out"
-    bench("--suite", "cpu-ops", "--baseline", "HEAD", *QUICK, "--out", str(out), "--quiet", cwd=checkout)
+    bench("--suite", "cpu-ops", "--cases", "softmax_128x512_fp32,linear_backward_1x512x512_fp32", "--baseline", "HEAD",
+          *QUICK, "--out", str(out), "--quiet", cwd=checkout)
     [cmp_path] = out.glob("cpu-ops-ab-*.json")
     [ba_path] = out.glob("cpu-ops-before-after-*.json")
     cmp, ba = report.load(cmp_path), report.load(ba_path)
@@ -67,6 +71,7 @@ def test_baseline_head_writes_comparison_and_before_after_records(checkout, tmp_
     ref_src = cmp["sides"]["reference"]["provenance"]["sources_sha256"]
     cand_src = cmp["sides"]["candidate"]["provenance"]["sources_sha256"]
     assert ref_src == cand_src and ref_src
+    assert cmp["identical_sides"] and cmp["notice"] and ba["metadata"]["identical_sides"]  # said first
     assert set(cmp["summaries"]["e2e_throughput"]) >= {"positive_medians", "all_pairs_positive",
                                                         "all_pairs_negative", "faster_torch_all_pairs"}
     lo, hi = cmp["torch_probe_control_ratio_range"]
@@ -82,7 +87,9 @@ def test_baseline_head_writes_comparison_and_before_after_records(checkout, tmp_
     assert {"measured_at", "rounds", "samples", "warmup", "iterations_per_sample", "method",
             "binary_sha256"} <= set(ba["metadata"])
     assert ba["metadata"]["baseline_source_sha256"] == ba["metadata"]["candidate_source_sha256"]
-    for rec in ba["records"]:
-        assert rec["speedup"] == pytest.approx(rec["before_ms"] / rec["after_ms"])
-        assert len(rec["before_samples_ms"]) == len(rec["after_samples_ms"]) == 10
+    gains = {r["name"]: r["e2e_throughput"]["gain"] for r in cmp["records"]}
+    for rec in ba["records"]:  # the paired gain of its comparison, inside its interval; disturbed samples dropped
+        assert rec["speedup"] in gains.values() and rec["speedup_ci"][0] <= rec["speedup"] <= rec["speedup_ci"][1]
+        assert 0 < len(rec["before_samples_ms"]) <= 10 and 0 < len(rec["after_samples_ms"]) <= 10
+    assert consistency.check(cmp) == [] and consistency.check_before_after(ba, cmp) == []
     json.dumps(cmp)

@@ -18,7 +18,7 @@ ROOT = HERE.parents[2]
 if not (ROOT / "packages" / "harness" / "pyproject.toml").is_file():
     pytest.skip("the end-to-end audit tests build a git repository from the monorepo's packages/harness and "
                 "packages/audit; an unpacked sdist has neither", allow_module_level=True)
-BENCH = ["--suite", "cpu-ops", "--cases", "softmax_*", "--impls", "planted", "--rounds", "3", "--samples", "12",
+BENCH = ["--suite", "cpu-ops", "--cases", "softmax_128x512_fp32", "--impls", "planted", "--rounds", "3", "--samples", "12",
          "--warmup", "2", "--iterations", "3", "--rotation-limit", "16", "--quiet", "--no-plot"]
 
 
@@ -273,7 +273,7 @@ def test_usage_errors(tmp_path):
 
 # ---- forged reports caught before any replay: one real report, edited and resealed -------------------
 
-SMALL = ["--suite", "cpu-ops", "--cases", "softmax_*", "--impls", "planted", "--modes", "e2e_throughput",
+SMALL = ["--suite", "cpu-ops", "--cases", "softmax_128x512_fp32", "--impls", "planted", "--modes", "e2e_throughput",
          "--rounds", "2", "--samples", "3", "--warmup", "0", "--iterations", "1", "--quiet", "--no-plot"]
 
 

@@ -17,7 +17,7 @@ from kernellab.harness.case import Impl, Suite
 
 QUICK = ["--rounds", "2", "--samples", "2", "--warmup", "0", "--iterations", "1", "--no-plot", "--quiet"]
 # a real run (measured in a worker process, which sees the installed suites only): torch's softmax alone
-REAL = ["--suite", "cpu-ops", "--cases", "softmax_*", "--impls", "torch", "--rotation-limit", "8", *QUICK]
+REAL = ["--suite", "cpu-ops", "--cases", "softmax_128x512_fp32", "--impls", "torch", "--rotation-limit", "8", *QUICK]
 
 
 @pytest.fixture
