@@ -253,16 +253,7 @@ def test_large_problems_take_the_threaded_paths():
         return [cpu.softmax(x), cpu.rmsnorm(x, w), cpu.layernorm(x, w), cpu.linear_forward(a, weight),
                 *cpu.linear_backward(a, weight, dy)]
 
-    previous = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        results = run()
-        torch.set_num_threads(1)
-        serial = run()
-    finally:
-        torch.set_num_threads(previous)
-    for got, want in zip(results, serial, strict=True):
-        assert torch.equal(got, want)
+    results = same_on_one_and_two_threads(run)
     assert_close(results[0], reference.softmax(x))
     assert_close(results[1], reference.rmsnorm(x, w)[0])
     assert_close(results[2], reference.layernorm(x, w))
@@ -354,6 +345,14 @@ def test_decode_rows_take_the_skinny_paths_bitwise_alike_on_any_split(m):
     def run():
         return [cpu.linear_forward(x, weight, bias), *cpu.linear_backward(x, weight, dy)]
 
+    results = same_on_one_and_two_threads(run)
+    assert_close(results[0], reference.linear_forward(x, weight, bias), atol=linear_atol(515, 1.0 / math.sqrt(515)))
+    for got, want, reduction in zip(results[1:], reference.linear_backward(x, weight, dy), (260, m, m), strict=True):
+        assert_close(got, want, atol=linear_atol(reduction, 1.0))
+
+
+def same_on_one_and_two_threads(run):
+    """``run()``'s results with two threads, checked bitwise equal to its results with one."""
     previous = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
@@ -364,6 +363,4 @@ def test_decode_rows_take_the_skinny_paths_bitwise_alike_on_any_split(m):
         torch.set_num_threads(previous)
     for got, want in zip(results, serial, strict=True):
         assert torch.equal(got, want)
-    assert_close(results[0], reference.linear_forward(x, weight, bias), atol=linear_atol(515, 1.0 / math.sqrt(515)))
-    for got, want, reduction in zip(results[1:], reference.linear_backward(x, weight, dy), (260, m, m), strict=True):
-        assert_close(got, want, atol=linear_atol(reduction, 1.0))
+    return results
