@@ -73,6 +73,22 @@ def find_sanitizer() -> str | None:
     return None
 
 
+def case_inputs(dt: str, m: int, n: int, wdt: str | None, has_bias: bool, has_res: bool, pad: int, salt: int):
+    """One driver case's (x, weight, bias, residual) on the GPU, and the generator they were drawn from (for
+    further draws): x rows ``pad`` elements apart, the weight in ``wdt`` ("x": x's dtype; None: no weight),
+    seeded by the shape and ``salt``."""
+    import torch
+
+    dtype = getattr(torch, dt)
+    g = torch.Generator(device="cuda").manual_seed(m * salt + n)
+    x = torch.randn(m, n + pad, device="cuda", generator=g).to(dtype)[:, :n]
+    wdtype = None if wdt is None else dtype if wdt == "x" else getattr(torch, wdt)
+    w = None if wdtype is None else torch.randn(n, device="cuda", generator=g).to(wdtype)
+    b = torch.randn(n, device="cuda", generator=g).to(w.dtype if w is not None else dtype) if has_bias else None
+    r = torch.randn(m, n, device="cuda", generator=g).to(dtype) if has_res else None
+    return x, w, b, r, g
+
+
 def run_driver() -> int:
     """Launch every variant once and compare with the float64 reference; non-zero on a mismatch."""
     import torch
@@ -86,13 +102,7 @@ def run_driver() -> int:
 
     failures = 0
     for op, dt, m, n, wdt, has_bias, has_res, pad, plan in DRIVER_CASES:
-        dtype = getattr(torch, dt)
-        g = torch.Generator(device="cuda").manual_seed(m * 1_000_003 + n)
-        x = torch.randn(m, n + pad, device="cuda", generator=g).to(dtype)[:, :n]
-        wdtype = None if wdt is None else dtype if wdt == "x" else getattr(torch, wdt)
-        w = None if wdtype is None else torch.randn(n, device="cuda", generator=g).to(wdtype)
-        b = torch.randn(n, device="cuda", generator=g).to(w.dtype if w is not None else dtype) if has_bias else None
-        r = torch.randn(m, n, device="cuda", generator=g).to(dtype) if has_res else None
+        x, w, b, r, _ = case_inputs(dt, m, n, wdt, has_bias, has_res, pad, salt=1_000_003)
         if plan is not None:
             got = explicit_plan(op, x, w, b, plan)
         elif op == "softmax":
@@ -140,13 +150,7 @@ def run_backward_cases() -> int:
                               lambda x, w, b, r: reference.layernorm(x, w, b, 1e-5))}
     failures = 0
     for op, dt, m, n, wdt, has_bias, has_res, pad in BACKWARD_CASES:
-        dtype = getattr(torch, dt)
-        g = torch.Generator(device="cuda").manual_seed(m * 1_000_033 + n)
-        x = torch.randn(m, n + pad, device="cuda", generator=g).to(dtype)[:, :n]
-        wdtype = None if wdt is None else dtype if wdt == "x" else getattr(torch, wdt)
-        w = None if wdtype is None else torch.randn(n, device="cuda", generator=g).to(wdtype)
-        b = torch.randn(n, device="cuda", generator=g).to(w.dtype if w is not None else dtype) if has_bias else None
-        r = torch.randn(m, n, device="cuda", generator=g).to(dtype) if has_res else None
+        x, w, b, r, g = case_inputs(dt, m, n, wdt, has_bias, has_res, pad, salt=1_000_033)
         inputs = (x, w, b, r)
         given = [i for i, t in enumerate(inputs) if t is not None]
         ours, truth = forwards[op]
