@@ -86,31 +86,68 @@ def test_a_disturbed_replay_confirms_nothing():
 
 
 def test_a_gain_claimed_in_two_rounds_of_three_is_the_claim():
-    """A report whose candidate is 50x faster in two rounds of three claims 50x, not 'somewhere in 1-50'."""
-    def report(rounds_us):
-        cases = []
-        for impl, meds in (("torch", [10.0, 10.0, 10.0]), ("ours", rounds_us)):
-            cases.append({"id": f"p/{impl}", "name": "p", "impl": impl,
-                          "modes": {"e2e_throughput": {"round_medians_us": meds}}})
-        return {"control": "torch", "cases": cases}
-    claimed = verdict.claims(report([5.0, 5.0, 5.0]), report([0.1, 0.1, 5.0]))[("p", "e2e_throughput")]
-    assert claimed["claimed_gain"] == pytest.approx(50.0)
+    """A report whose candidate is 50x faster in two rounds of three claims 50x, not 'somewhere in 1-50',
+    and the stray round is no noise that could excuse it."""
+    claimed = verdict.claims(_report([10.0] * 3, [5.0] * 3), _report([10.0] * 3, [0.1, 0.1, 5.0]))[
+        ("p", "e2e_throughput")]
+    assert claimed["claimed_gain"] == pytest.approx(50.0) and claimed["claim_noise"] == pytest.approx(1.0)
     rec = replay_record(random.Random(6), 1.0)
     assert verdict.judge(claimed, rec, 0.10)["claim"] == verdict.CONTRADICTED
 
 
+def _report(control_us, contender_us):
+    cases = []
+    for impl, meds in (("torch", control_us), ("ours", contender_us)):
+        cases.append({"id": f"p/{impl}", "name": "p", "impl": impl,
+                      "modes": {"e2e_throughput": {"round_medians_us": meds}}})
+    return {"control": "torch", "cases": cases}
+
+
+def test_a_claim_off_by_no_more_than_the_reports_own_noise_is_undecided():
+    """The CI failure: two honest runs of the same code on a loaded machine, the second run's machine
+    1.4x slower for the control, claimed 1.46x; a quiet replay put it at 0.97 (band 0.75-1.26). The
+    reports' own noise explains the miss, so it proves nothing either way."""
+    claimed = verdict.claims(_report([10.0, 10.0, 10.0], [10.0, 10.0, 10.0]),
+                             _report([14.0, 14.0, 14.0], [9.583, 9.583, 9.583]))[("p", "e2e_throughput")]
+    assert claimed["claimed_gain"] == pytest.approx(1.461, rel=1e-3)
+    assert claimed["claim_noise"] == pytest.approx(1.4)
+    rec = replay_record(random.Random(7), 1.0)
+    assert verdict.judge(claimed, rec, 0.10)["claim"] == verdict.UNDECIDED
+    # the same claim from steady reports whose control stood still is contradicted
+    steady = verdict.claims(_report([10.0] * 3, [14.61] * 3), _report([10.0] * 3, [10.0] * 3))[("p", "e2e_throughput")]
+    assert steady["claim_noise"] == pytest.approx(1.0)
+    assert verdict.judge(steady, rec, 0.10)["claim"] == verdict.CONTRADICTED
+    # and noise does not shelter a claim 50x off
+    far = verdict.claims(_report([10.0] * 3, [10.0] * 3), _report([13.0] * 3, [0.2] * 3))[("p", "e2e_throughput")]
+    assert verdict.judge(far, rec, 0.10)["claim"] == verdict.CONTRADICTED
+
+
+@pytest.mark.parametrize("values, spread", [([1.0, 1.0, 50.0], 1.0), ([1.0, 2.0, 50.0], 2.0), ([4.0], 1.0),
+                                            ([1.0, 1.1, 1.2, 9.0], 1.2), ([3.0, 0.0, 3.0], math.inf)])
+def test_the_majority_spread_ignores_a_stray_minority(values, spread):
+    assert verdict.majority_spread(values) == pytest.approx(spread)
+
+
+@given(values=st.lists(st.floats(1e-3, 1e3), min_size=1, max_size=9), scale=st.floats(1e-3, 1e3))
+def test_the_majority_spread_is_a_ratio(values, scale):
+    s = verdict.majority_spread(values)
+    assert 1.0 <= s <= max(values) / min(values) * (1 + 1e-9)
+    assert verdict.majority_spread([v * scale for v in values]) == pytest.approx(s)
+
+
 @given(seed=st.integers(0, 2**31), gain=st.floats(0.2, 5.0), jitter=st.floats(0.0, 0.5),
-       preempt=st.floats(0.0, 0.6), factor=st.floats(0.01, 100.0))
-def test_reproduced_only_when_informative_and_inside(seed, gain, jitter, preempt, factor):
+       preempt=st.floats(0.0, 0.6), factor=st.floats(0.01, 100.0), noise=st.floats(1.0, 3.0))
+def test_reproduced_only_when_informative_and_inside(seed, gain, jitter, preempt, factor, noise):
     rec = replay_record(random.Random(seed), gain, samples=10, jitter=jitter, preempt=preempt)
-    judged = verdict.judge(claim(gain * factor), rec, 0.10)
+    judged = verdict.judge(claim(gain * factor) | {"claim_noise": noise}, rec, 0.10)
     band, width, why = verdict.replay_band(rec, 0.10)
     inside = band[0] <= gain * factor <= band[1]
+    near = band[0] / noise <= gain * factor <= band[1] * noise
     if judged["claim"] == verdict.REPRODUCED:
         assert not why and width <= verdict.INFORMATIVE_WIDTH and inside
     if judged["claim"] == verdict.CONTRADICTED:
-        assert not inside
-    if not why and not inside:
+        assert not near
+    if not why and not near:
         assert judged["claim"] == verdict.CONTRADICTED
 
 

@@ -4,7 +4,9 @@ A report pair claims, per contender case and mode, a gain: reference time / cand
 side is first divided by its own torch control measured in the same rounds, so machine drift between
 the two reports cancels. The replay measures the same gain with both revisions alternating; its
 confidence interval, widened by the drift its own control probe saw and a tolerance, is the band a
-claim must meet.
+claim must meet. The reports carry noise of their own, measured the same way: how far their control
+moved between the two runs, and how far apart the rounds that make each side's median lie. A claim
+that misses the band by no more than that noise is not evidence against the reports.
 
 The rules, stated once (``judge``):
 
@@ -12,8 +14,9 @@ The rules, stated once (``judge``):
   wide (hi / lo) and its samples were not disturbed past use (``disturbed``);
 - a claim is ``reproduced`` only by an informative replay whose band holds the claimed gain (the
   median over the reports' rounds: a gain claimed in two rounds of three is claimed);
-- a claim outside an informative replay is ``contradicted``; so is a claim that an uninformative but
-  bounded replay (at most ``DECISIVE_WIDTH`` wide) puts further off than the band's own width;
+- a claim outside an informative replay, further off than the reports' own noise (``claim_noise``)
+  explains, is ``contradicted``; so is a claim that an uninformative but bounded replay (at most
+  ``DECISIVE_WIDTH`` wide) puts further off than the band's own width and that noise;
 - anything else is ``undecided``: the verdict is then ``inconclusive``, never ``pass``.
 """
 
@@ -27,6 +30,25 @@ REPRODUCED, CONTRADICTED, UNDECIDED = "reproduced", "contradicted", "undecided"
 INFORMATIVE_WIDTH = 1.5  # an interval hi/lo wider than this cannot confirm a claim
 DECISIVE_WIDTH = 64.0  # an interval wider than this says nothing, not even that a claim is far off
 DRIFT_LIMIT = 1.25  # a replay whose control moved more than 25% between its two sides decides nothing
+
+
+def majority_spread(values: list[float]) -> float:
+    """hi / lo of the tightest majority of ``values`` (the shorth): how far apart the rounds that make a
+    median lie. One stray round of three does not widen it, so a gain claimed in two rounds of three is
+    as firm as the two rounds."""
+    v = sorted(values)
+    if not v or v[0] <= 0.0:
+        return math.inf
+    k = len(v) // 2 + 1
+    return min(v[i + k - 1] / v[i] for i in range(len(v) - k + 1))
+
+
+def claim_noise(ref_rounds: list[float], cand_rounds: list[float], drift_ratios: list[float]) -> float:
+    """The reports' own noise as a factor: each side's majority spread, times the largest move of the
+    control between the two runs (``drift_ratios``: reference-run / candidate-run control ratios)."""
+    drift = max((max(r, 1.0 / r) for r in drift_ratios), default=1.0) if all(r > 0 for r in drift_ratios) \
+        else math.inf
+    return majority_spread(ref_rounds) * majority_spread(cand_rounds) * drift
 
 
 def claims(reference: dict, candidate: dict) -> dict[tuple[str, str], dict]:
@@ -48,15 +70,19 @@ def claims(reference: dict, candidate: dict) -> dict[tuple[str, str], dict]:
             ref_r, cand_r = ref["modes"][mode]["round_medians_us"], cm["round_medians_us"]
             normalized = cand["impl"] != control and all(
                 ctrl_id in cases and mode in cases[ctrl_id]["modes"] for cases in (ref_cases, cand_cases))
+            drift_ratios = []
             if normalized:
-                ref_r = [a / b for a, b in zip(ref_r, ref_cases[ctrl_id]["modes"][mode]["round_medians_us"],
-                                              strict=True)]
-                cand_r = [a / b for a, b in zip(cand_r, cand_cases[ctrl_id]["modes"][mode]["round_medians_us"],
-                                               strict=True)]
+                ref_c = ref_cases[ctrl_id]["modes"][mode]["round_medians_us"]
+                cand_c = cand_cases[ctrl_id]["modes"][mode]["round_medians_us"]
+                ref_r = [a / b for a, b in zip(ref_r, ref_c, strict=True)]
+                cand_r = [a / b for a, b in zip(cand_r, cand_c, strict=True)]
+                # rounds of two runs are not paired: the control's move is its widest ratio across them
+                drift_ratios = [min(ref_c) / max(cand_c), max(ref_c) / min(cand_c)] if min(cand_c) > 0 else [0.0]
             out[(name, mode)] = {
                 "claimed_gain": stats.median(ref_r) / stats.median(cand_r),
                 "claimed_range": [min(ref_r) / max(cand_r), max(ref_r) / min(cand_r)],
                 "control_normalized": normalized,
+                "claim_noise": claim_noise(ref_r, cand_r, drift_ratios),
             }
     return out
 
@@ -87,14 +113,16 @@ def judge(claim: dict, replayed: dict, tolerance: float) -> dict:
     """Does the replay reproduce the claim? See the module docstring for the rules."""
     band, width, why = replay_band(replayed, tolerance)
     gain = claim["claimed_gain"]
+    noise = claim.get("claim_noise", 1.0)
     inside = band[0] <= gain <= band[1]
     gap = 0.0 if inside else (math.log(band[0] / gain) if gain < band[0] else math.log(gain / band[1]))
+    beyond_noise = math.isfinite(noise) and gap > math.log(noise)
     if not why and inside:
         outcome = REPRODUCED
-    elif not inside and (not why or (width <= DECISIVE_WIDTH and gap > math.log(width)
-                                     and math.isfinite(gap))):
+    elif beyond_noise and (not why or (width <= DECISIVE_WIDTH and gap > math.log(width * noise)
+                                       and math.isfinite(gap))):
         outcome = CONTRADICTED
     else:
         outcome = UNDECIDED
-    return {**claim, "replay_band": band, "replay_width": width, "informative": not why,
+    return {**claim, "claim_noise": noise, "replay_band": band, "replay_width": width, "informative": not why,
             "uninformative_because": why, "claim": outcome}
