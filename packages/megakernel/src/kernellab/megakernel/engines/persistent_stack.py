@@ -1,0 +1,558 @@
+"""``persistent-stack``: a whole residual-MLP stack in one launch (``planning/stack.py`` says which form).
+
+Per block i of the stack, for a row tile of ``tile_rows`` rows:
+
+    u = fp16(norm_i(s))                                   (or fp16(s); into shared memory, tile_rows x channels_tile)
+    for each hidden chunk g of 64 units:
+        a   = u W1[g]^T            [gate = u W3[g]^T]     (mma.sync, K along the channels in 64-wide tiles)
+        h_g = fp16(act(a + b1[g]) [* (gate + b3[g])])    (shared memory, tile_rows x 64)
+        s  += h_g W2[:, g]^T                              (one 64-column output tile at a time)
+    s += b2                                               (added once per block)
+
+then ``y = final_norm(s)`` or ``y = s``. Every weight tile (64 x 64 fp16, K contiguous) comes through one ring of
+``stages`` shared-memory buffers filled by cp.async, tile q + stages - 1 issued as tile q is computed on, in the
+order the tiles are used: W1 tiles of a chunk, [W3 tiles,] W2 tiles, then the next chunk's, across block
+boundaries, so the next block's first weights are in flight while this block finishes.
+
+Forms (compile-time): ``rows`` keeps the fp32 stream of the row tile in shared memory through every block (rows
+are independent: no grid barrier); ``grid`` (decode rows) gives each row tile ``grid // tiles`` CTAs, CTA v of a
+tile running chunks v, v + grid // tiles, ... of each block and adding its partial product into the next
+stream buffer in global memory by fp32 atomic adds (the chunk-0 CTA adds the old stream and b2 too), with a grid
+barrier between blocks. Buffers rotate over three: block i reads buffer i % 3 (block 0: x), adds into
+(i + 1) % 3 (the last block without a final norm: y) and zeroes the next block's target meanwhile.
+
+Packed parameters (``pack``): W1 and W3 as (sum of padded hidden, channels_tile), W2 as (channels_tile, sum of
+padded hidden), padding zero, so every tile is whole and padded hidden units add exactly 0 (their W2 columns
+are zero). Per block a row of ``meta``: first chunk, chunks, activation code, norm kind; the last row is the
+final norm's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float16, Float32, Int32
+from cutlass.memory import SmemAllocator
+
+from ..model import ACTIVATION_CODES
+from ..planning.stack import ALIGN, STACK_TILE, THREADS_PER_16_ROWS, StackPlan
+from . import tensorcore
+from .common import compile_variant, compiled
+
+ACT_CODES = {**ACTIVATION_CODES, "gelu_erf": len(ACTIVATION_CODES)}
+GELU_ERF = ACT_CODES["gelu_erf"]
+NORM_CODES = {None: 0, "rmsnorm": 1, "layernorm": 2}
+NORM_NONE, NORM_RMS, NORM_LAYER = 0, 1, 2
+META_COLUMNS = 4  # first chunk, chunks, activation code, norm kind
+WARPS_N = 4  # the mma layout's warps along the 64 output columns of a tile
+INV_SQRT2 = 1.0 / math.sqrt(2.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    form: str  # "rows" or "grid"
+    tile_rows: int
+    channels_tile: int
+    stages: int
+    gated: bool
+
+    @property
+    def name(self) -> str:
+        return (f"persistent-stack_{self.form}_m{self.tile_rows}_c{self.channels_tile}_s{self.stages}"
+                f"{'_gated' if self.gated else ''}")
+
+    @property
+    def threads(self) -> int:
+        return self.tile_rows // 16 * THREADS_PER_16_ROWS
+
+    def signature(self) -> tuple:
+        """Fake arguments: ``(x, y, w1, w3, w2, b1, b3, b2, norm_w, norm_b, meta, eps, ws, counter, grid)``."""
+        rows, channels = cute.sym_int(), cute.sym_int()
+        hidden = cute.sym_int(divisibility=STACK_TILE)  # the packed (padded) hidden of all blocks
+        blocks, finals, ws_rows = cute.sym_int(), cute.sym_int(), cute.sym_int()
+        cols = self.channels_tile
+
+        def fake(dtype, shape, stride, align):
+            return cute.runtime.make_fake_tensor(dtype, shape, stride=stride, assumed_align=align)
+
+        return (fake(Float16, (rows, channels), (channels, 1), 2), fake(Float32, (rows, channels), (channels, 1), 4),
+                fake(Float16, (hidden, cols), (cols, 1), 16), fake(Float16, (hidden, cols), (cols, 1), 16),
+                fake(Float16, (cols, hidden), (hidden, 1), 16),
+                fake(Float32, (hidden,), (1,), 16), fake(Float32, (hidden,), (1,), 16),
+                fake(Float32, (blocks, cols), (cols, 1), 16),
+                fake(Float32, (finals, cols), (cols, 1), 16), fake(Float32, (finals, cols), (cols, 1), 16),
+                fake(Int32, (finals, META_COLUMNS), (META_COLUMNS, 1), 16), fake(Float32, (finals,), (1,), 4),
+                fake(Float32, (ws_rows, cols), (cols, 1), 16), fake(Int32, (1,), (1,), 4), Int32(1))
+
+    def compile(self, arch: str | None = None):
+        return compile_variant(self.name, PersistentStack(self), self.signature(), arch)
+
+
+def variant(plan: StackPlan) -> Variant:
+    return Variant(plan.form, plan.tile_rows, plan.channels_tile, plan.stages, plan.gated)
+
+
+# ---- the host side: packing and launching -----------------------------------------------------------------
+
+def pack(blocks, parameters: list[dict], final_norm, final_parameters: dict | None, plan: StackPlan, device) -> dict:
+    """The kernel's parameter tensors from the IR blocks and their parameters (absent biases: zeros)."""
+    import torch
+
+    f16, f32 = torch.float16, torch.float32
+    cols, channels, tile = plan.channels_tile, plan.channels, STACK_TILE
+    padded = [c * tile for c in plan.chunks]
+    total = sum(padded)
+    w1 = torch.zeros((total, cols), dtype=f16, device=device)
+    w3 = torch.zeros_like(w1) if plan.gated else w1
+    w2 = torch.zeros((cols, total), dtype=f16, device=device)
+    b1, b3 = (torch.zeros((total,), dtype=f32, device=device) for _ in range(2))
+    b2 = torch.zeros((len(blocks), cols), dtype=f32, device=device)
+    norm_w = torch.ones((len(blocks) + 1, cols), dtype=f32, device=device)
+    norm_b = torch.zeros((len(blocks) + 1, cols), dtype=f32, device=device)
+    meta = torch.zeros((len(blocks) + 1, META_COLUMNS), dtype=torch.int32)
+    eps = torch.ones((len(blocks) + 1,), dtype=f32)
+    start = 0
+    for i, (b, p) in enumerate(zip(blocks, parameters, strict=True)):
+        h = b.hidden
+        rows_of = slice(start, start + h)
+        w1[rows_of, :channels] = p["w1"].to(device=device, dtype=f16)
+        w2[:channels, rows_of] = p["w2"].to(device=device, dtype=f16)
+        if "b1" in p:
+            b1[rows_of] = p["b1"].to(device=device, dtype=f32)
+        if "b2" in p:
+            b2[i, :channels] = p["b2"].to(device=device, dtype=f32)
+        if b.gated:
+            w3[rows_of, :channels] = p["w3"].to(device=device, dtype=f16)
+            if "b3" in p:
+                b3[rows_of] = p["b3"].to(device=device, dtype=f32)
+        _pack_norm(norm_w, norm_b, meta, eps, i, b.norm, p, channels, device)
+        meta[i, 0], meta[i, 1], meta[i, 2] = start // tile, plan.chunks[i], ACT_CODES[b.activation]
+        start += padded[i]
+    _pack_norm(norm_w, norm_b, meta, eps, len(blocks), final_norm, final_parameters or {}, channels, device)
+    return {"w1": w1, "w3": w3, "w2": w2, "b1": b1, "b3": b3, "b2": b2, "norm_w": norm_w, "norm_b": norm_b,
+            "meta": meta.to(device), "eps": eps.to(device)}
+
+
+def _pack_norm(norm_w, norm_b, meta, eps, i: int, norm, p: dict, channels: int, device) -> None:
+    meta[i, 3] = NORM_CODES[norm.kind if norm is not None else None]
+    if norm is None:
+        return
+    eps[i] = norm.eps
+    if p.get("norm_weight") is not None:
+        norm_w[i, :channels] = p["norm_weight"].to(device=device, dtype=norm_w.dtype)
+    if p.get("norm_bias") is not None:
+        norm_b[i, :channels] = p["norm_bias"].to(device=device, dtype=norm_b.dtype)
+
+
+class Launcher:
+    """``run(x, y)``: the stack on rows ``x`` (fp16) into ``y`` (fp32), one launch (the grid form zeroes its
+    barrier counter first: a 4-byte memset). Workspaces are kept per row count, allocated on first use (the graph
+    variant's warm-up call, outside capture)."""
+
+    def __init__(self, plan: StackPlan, packed: dict):
+        self.plan, self.packed = plan, packed
+        self.fn = compiled(variant(plan))
+        self._workspaces: dict = {}
+
+    def workspace(self, rows: int, device):
+        import torch
+
+        ws = self._workspaces.get((rows, device))
+        if ws is None:
+            stream_rows = 3 * rows if self.plan.form == "grid" else 1
+            ws = (torch.empty((stream_rows, self.plan.channels_tile), dtype=torch.float32, device=device),
+                  torch.zeros((1,), dtype=torch.int32, device=device))
+            self._workspaces[(rows, device)] = ws
+        return ws
+
+    def grid(self, rows: int) -> int:
+        from ..planning import ceil_div
+
+        tiles = ceil_div(rows, self.plan.tile_rows)
+        if self.plan.form == "grid":
+            return tiles * self.plan.ctas_per_tile
+        return min(tiles, self.plan.grid)
+
+    def __call__(self, x, y):
+        p = self.packed
+        ws, counter = self.workspace(x.shape[0], x.device)
+        if self.plan.form == "grid":
+            counter.zero_()
+        self.fn(x, y, p["w1"], p["w3"], p["w2"], p["b1"], p["b3"], p["b2"], p["norm_w"], p["norm_b"], p["meta"],
+                p["eps"], ws, counter, self.grid(x.shape[0]))
+        return y
+
+
+# ---- the kernel ------------------------------------------------------------------------------------------------
+
+class PersistentStack:
+    def __init__(self, variant: Variant):
+        self.form = variant.form
+        self.tile_rows = variant.tile_rows
+        self.cols = variant.channels_tile
+        self.k_tiles = variant.channels_tile // STACK_TILE
+        self.stages = variant.stages
+        self.gated = variant.gated
+        self.threads = variant.threads
+        self.warps = self.threads // 32
+        self.weight_kinds = 3 if variant.gated else 2
+        self.chunk_tiles = self.weight_kinds * self.k_tiles  # ring tiles one hidden chunk consumes
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, y: cute.Tensor, w1: cute.Tensor, w3: cute.Tensor, w2: cute.Tensor,
+                 b1: cute.Tensor, b3: cute.Tensor, b2: cute.Tensor, norm_w: cute.Tensor, norm_b: cute.Tensor,
+                 meta: cute.Tensor, eps: cute.Tensor, ws: cute.Tensor, counter: cute.Tensor, grid: Int32,
+                 stream: cuda.CUstream):
+        rows, tile = self.tile_rows, STACK_TILE
+        layouts = (tensorcore.smem_layout((rows, tile, self.k_tiles)), tensorcore.smem_layout((tile, tile, self.stages)),
+                   tensorcore.smem_layout((rows, tile)))
+        mma = tensorcore.tiled_mma(rows // 16, WARPS_N)
+        self.kernel(x, y, w1, w3, w2, b1, b3, b2, norm_w, norm_b, meta, eps, ws, counter, *layouts,
+                    tensorcore.g2s_copy(self.threads, tile), mma).launch(
+            grid=[grid, 1, 1], block=[self.threads, 1, 1], min_blocks_per_mp=1, preferred_smem_carveout=100,
+            stream=stream)
+
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, y: cute.Tensor, w1: cute.Tensor, w3: cute.Tensor, w2: cute.Tensor,
+               b1: cute.Tensor, b3: cute.Tensor, b2: cute.Tensor, norm_w: cute.Tensor, norm_b: cute.Tensor,
+               meta: cute.Tensor, eps: cute.Tensor, ws: cute.Tensor, counter: cute.Tensor,
+               u_layout: cute.ComposedLayout, w_layout: cute.ComposedLayout, h_layout: cute.ComposedLayout,
+               g2s: cute.TiledCopy, mma: cute.TiledMma):
+        tile_rows, tile = self.tile_rows, STACK_TILE
+        tid, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        rows, channels = x.shape
+        blocks = meta.shape[0] - 1
+
+        smem = SmemAllocator()
+        s_u = smem.allocate_tensor(Float16, u_layout, ALIGN)
+        s_w = smem.allocate_tensor(Float16, w_layout, ALIGN)
+        s_h = smem.allocate_tensor(Float16, h_layout, ALIGN)
+        s_s = None
+        if cutlass.const_expr(self.form == "rows"):
+            s_s = smem.allocate_tensor(Float32, cute.make_layout((tile_rows, self.cols), stride=(self.cols, 1)),
+                                       ALIGN)
+
+        copy_a, copy_b = tensorcore.s2r_copies(mma)
+        thr = mma.get_slice(tid)
+        acc_h = cute.make_rmem_tensor(thr.partition_shape_C((tile_rows, tile)), Float32)
+        acc_g = cute.make_rmem_tensor(thr.partition_shape_C((tile_rows, tile)), Float32)
+        acc_o = cute.make_rmem_tensor(thr.partition_shape_C((tile_rows, tile)), Float32)
+        coords = thr.partition_C(cute.make_identity_tensor((tile_rows, tile)))
+        h_dst = thr.partition_C(s_h)
+        total_chunks = meta[blocks - 1, 0] + meta[blocks - 1, 1]
+        num_tiles = (rows + tile_rows - 1) // tile_rows
+
+        if cutlass.const_expr(self.form == "rows"):
+            mine = (num_tiles - cta + grid - 1) // grid  # row tiles cta, cta + grid, ...
+            total = mine * total_chunks * self.chunk_tiles  # ring tiles this CTA consumes
+            for s in cutlass.range_constexpr(self.stages - 1):
+                if s < total:
+                    self.issue_rows(g2s, tid, w1, w3, w2, s_w, Int32(s), total_chunks)
+                cute.arch.cp_async_commit_group()
+            q = Int32(0)
+            for t in range(cta, num_tiles, grid):
+                row0 = t * tile_rows
+                cute.arch.sync_threads()  # every thread is done with the last tile's stream
+                for e in range(tid, tile_rows * self.cols, self.threads):
+                    r, c = e // self.cols, e % self.cols
+                    value = Float32(0.0)
+                    if row0 + r < rows and c < channels:
+                        value = x[row0 + r, c].to(Float32)
+                    s_s[r, c] = value
+                for i in range(blocks):
+                    cute.arch.sync_threads()  # the stream is complete
+                    self.operand(s_s, 0, tile_rows, s_u, meta[i, 3], eps[i], norm_w, norm_b, i, channels, tid)
+                    cute.arch.sync_threads()  # every warp read its rows of the stream before b2 joins it
+                    for e in range(tid, tile_rows * self.cols, self.threads):
+                        r, c = e // self.cols, e % self.cols
+                        s_s[r, c] = s_s[r, c] + b2[i, c]
+                    for jj in range(meta[i, 1]):
+                        g = meta[i, 0] + jj
+                        q = self.gemm1(g2s, mma, tid, w1, w3, w2, s_w, s_u, acc_h, acc_g, copy_a, copy_b, q, total,
+                                       total_chunks, 0, 0)
+                        self.hidden_epilogue(acc_h, acc_g, coords, b1, b3, g, meta[i, 2], h_dst)
+                        for n in range(self.k_tiles):
+                            q = self.consume(g2s, tid, w1, w3, w2, s_w, q, total, total_chunks, 0, 0)
+                            tensorcore.gemm_from_smem(mma, tid, self.zeroed(acc_o), s_h,
+                                                      s_w[None, None, (q - 1) % self.stages], copy_a, copy_b)
+                            for k in cutlass.range_constexpr(cute.size(acc_o)):
+                                r, c = coords[k]
+                                s_s[r, n * tile + c] = s_s[r, n * tile + c] + acc_o[k]
+                cute.arch.sync_threads()  # the stream after the last block
+                self.finish(s_s, row0, rows, channels, y, meta[blocks, 3], eps[blocks], norm_w, norm_b, blocks, tid)
+        else:
+            per_tile = grid // num_tiles
+            t, v = cta % num_tiles, cta // num_tiles  # this CTA's row tile and its place among the tile's CTAs
+            row0 = t * tile_rows
+            total = self.grid_chunks(meta, blocks, v, per_tile) * self.chunk_tiles
+            for s in cutlass.range_constexpr(self.stages - 1):
+                if s < total:
+                    self.issue_grid(g2s, tid, w1, w3, w2, s_w, Int32(s), meta, blocks, v, per_tile)
+                cute.arch.cp_async_commit_group()
+            # block 0 adds into buffer 1 (or y): zeroed before the first barrier
+            self.zero_target(ws, y, 0, blocks, meta[blocks, 3], rows, channels, tid)
+            self.grid_barrier(counter, grid, 1, tid)
+            q = Int32(0)
+            for i in range(blocks):
+                if v < meta[i, 1]:
+                    if i == 0:
+                        self.operand(x, row0, rows, s_u, meta[i, 3], eps[i], norm_w, norm_b, i, channels, tid)
+                    else:
+                        self.operand(ws, i % 3 * rows + row0, (i % 3 + 1) * rows, s_u, meta[i, 3], eps[i], norm_w,
+                                     norm_b, i, channels, tid)
+                    cute.arch.sync_threads()
+                if i + 1 < blocks:  # the next block's target, untouched in this one
+                    self.zero_target(ws, y, i + 1, blocks, meta[blocks, 3], rows, channels, tid)
+                for jj in range(v, meta[i, 1], per_tile):
+                    g = meta[i, 0] + jj
+                    q = self.gemm1(g2s, mma, tid, w1, w3, w2, s_w, s_u, acc_h, acc_g, copy_a, copy_b, q, total,
+                                   meta, v, per_tile)
+                    self.hidden_epilogue(acc_h, acc_g, coords, b1, b3, g, meta[i, 2], h_dst)
+                    for n in range(self.k_tiles):
+                        q = self.consume(g2s, tid, w1, w3, w2, s_w, q, total, meta, v, per_tile)
+                        tensorcore.gemm_from_smem(mma, tid, self.zeroed(acc_o), s_h,
+                                                  s_w[None, None, (q - 1) % self.stages], copy_a, copy_b)
+                        self.add_partial(acc_o, coords, x, ws, y, b2, i, blocks, jj == 0, row0, n * tile, rows,
+                                         channels, meta[blocks, 3])
+                self.grid_barrier(counter, grid, i + 2, tid)
+            if meta[blocks, 3] != NORM_NONE:  # the final norm, a warp a row over the grid
+                for rr in range(cta * self.warps + tid // 32, rows, grid * self.warps):
+                    self.finish_row(ws, blocks % 3 * rows + rr, rr, channels, y, meta[blocks, 3], eps[blocks],
+                                    norm_w, norm_b, blocks, tid % 32)
+
+    # ---- the weight ring ----------------------------------------------------------------------------------
+
+    @cute.jit
+    def zeroed(self, acc: cute.Tensor) -> cute.Tensor:
+        acc.fill(0.0)
+        return acc
+
+    @cute.jit
+    def consume(self, g2s, tid, w1, w3, w2, s_w, q: Int32, total: Int32, where, v: Int32, per_tile: Int32) -> Int32:
+        """Wait for ring tile q (every earlier commit group but the last stages - 2), hand it to every thread,
+        and issue tile q + stages - 1 into the buffer tile q - 1 freed. Returns q + 1; the caller computes on
+        buffer q % stages. ``where`` is the rows form's chunk count, or the grid form's meta."""
+        cute.arch.cp_async_wait_group(self.stages - 2)
+        cute.arch.sync_threads()
+        ahead = q + self.stages - 1
+        if ahead < total:
+            if cutlass.const_expr(self.form == "rows"):
+                self.issue_rows(g2s, tid, w1, w3, w2, s_w, ahead, where)
+            else:
+                self.issue_grid(g2s, tid, w1, w3, w2, s_w, ahead, where, where.shape[0] - 1, v, per_tile)
+        cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count one per tile
+        return q + 1
+
+    @cute.jit
+    def gemm1(self, g2s, mma, tid, w1, w3, w2, s_w, s_u, acc_h, acc_g, copy_a, copy_b, q: Int32, total: Int32,
+              where, v: Int32, per_tile: Int32) -> Int32:
+        """acc_h = u W1[g]^T (and acc_g = u W3[g]^T) over the channels' k tiles, from the ring."""
+        acc_h.fill(0.0)
+        for k in range(self.k_tiles):
+            q = self.consume(g2s, tid, w1, w3, w2, s_w, q, total, where, v, per_tile)
+            tensorcore.gemm_from_smem(mma, tid, acc_h, s_u[None, None, k], s_w[None, None, (q - 1) % self.stages],
+                                      copy_a, copy_b)
+        if cutlass.const_expr(self.gated):
+            acc_g.fill(0.0)
+            for k in range(self.k_tiles):
+                q = self.consume(g2s, tid, w1, w3, w2, s_w, q, total, where, v, per_tile)
+                tensorcore.gemm_from_smem(mma, tid, acc_g, s_u[None, None, k], s_w[None, None, (q - 1) % self.stages],
+                                          copy_a, copy_b)
+        return q
+
+    @cute.jit
+    def issue_rows(self, g2s, tid, w1, w3, w2, s_w, q: Int32, total_chunks: Int32):
+        """Ring tile q of the rows form: every row tile runs every chunk of the packed weights in order."""
+        self.issue_tile(g2s, tid, w1, w3, w2, s_w, q, q // self.chunk_tiles % total_chunks)
+
+    @cute.jit
+    def issue_grid(self, g2s, tid, w1, w3, w2, s_w, q: Int32, meta, blocks: Int32, v: Int32, per_tile: Int32):
+        """Ring tile q of the grid form: the CTA runs chunks v, v + per_tile, ... of each block in turn."""
+        item = q // self.chunk_tiles
+        g = Int32(-1)
+        for i in range(blocks):
+            n = self.block_chunks(meta, i, v, per_tile)
+            if g < 0 and item < n:
+                g = meta[i, 0] + v + item * per_tile
+            item = item - n
+        self.issue_tile(g2s, tid, w1, w3, w2, s_w, q, g)
+
+    @cute.jit
+    def block_chunks(self, meta, i: Int32, v: Int32, per_tile: Int32) -> Int32:
+        """Chunks of block i run by the CTA at place v of its row tile."""
+        n = Int32(0)
+        if v < meta[i, 1]:
+            n = (meta[i, 1] - v + per_tile - 1) // per_tile
+        return n
+
+    @cute.jit
+    def grid_chunks(self, meta, blocks: Int32, v: Int32, per_tile: Int32) -> Int32:
+        """Chunks the CTA at place v runs over the whole stack."""
+        total = Int32(0)
+        for i in range(blocks):
+            total = total + self.block_chunks(meta, i, v, per_tile)
+        return total
+
+    @cute.jit
+    def issue_tile(self, g2s, tid, w1, w3, w2, s_w, q: Int32, g: Int32):
+        """Tile r = q mod chunk_tiles of chunk g into ring buffer q mod stages: W1[g] k-tile r, [W3[g] k-tile
+        r - k_tiles,] then W2 column tile n of chunk g."""
+        r = q % self.chunk_tiles
+        kind, k = r // self.k_tiles, r % self.k_tiles
+        dst = s_w[None, None, q % self.stages]
+        tiler = (STACK_TILE, STACK_TILE)
+        if kind == 0:
+            self.copy_tile(g2s, tid, cute.local_tile(w1, tiler, (g, k)), dst)
+        elif kind == self.weight_kinds - 1:
+            self.copy_tile(g2s, tid, cute.local_tile(w2, tiler, (k, g)), dst)
+        else:
+            self.copy_tile(g2s, tid, cute.local_tile(w3, tiler, (g, k)), dst)
+
+    @cute.jit
+    def copy_tile(self, g2s, tid, src: cute.Tensor, dst: cute.Tensor):
+        """A whole 64 x 64 tile by 16-byte cp.async (packed weights are padded: no predicate)."""
+        thr = g2s.get_slice(tid)
+        cute.copy(g2s, thr.partition_S(src), thr.partition_D(dst))
+
+    # ---- the block's epilogues ------------------------------------------------------------------------------
+
+    @cute.jit
+    def hidden_epilogue(self, acc_h, acc_g, coords, b1, b3, g: Int32, act: Int32, h_dst):
+        """h = fp16(act(acc_h + b1[g]) [* (acc_g + b3[g])]) into this thread's elements of the hidden tile."""
+        bias = cute.make_rmem_tensor(acc_h.layout, Float32)
+        for k in cutlass.range_constexpr(cute.size(acc_h)):
+            bias[k] = b1[g * STACK_TILE + coords[k][1]]
+        if act == GELU_ERF:
+            for k in cutlass.range_constexpr(cute.size(acc_h)):
+                value = acc_h[k] + bias[k]
+                acc_h[k] = Float32(0.5) * value * (Float32(1.0) + cute.math.erf(value * Float32(INV_SQRT2)))
+        else:
+            tensorcore.activate_in_place(acc_h, bias, act)
+        if cutlass.const_expr(self.gated):
+            for k in cutlass.range_constexpr(cute.size(acc_h)):
+                acc_h[k] = acc_h[k] * (acc_g[k] + b3[g * STACK_TILE + coords[k][1]])
+        h = cute.make_rmem_tensor(acc_h.layout, Float16)
+        h.store(acc_h.load().to(Float16))
+        cute.autovec_copy(h, h_dst)
+
+    @cute.jit
+    def row_stats(self, src: cute.Tensor, row: Int32, inside, channels: Int32, kind: Int32, eps: Float32,
+                  lane: Int32):
+        """(mean, 1 / sqrt(var + eps)) of a row for a LayerNorm, (0, 1 / sqrt(mean square + eps)) for an RMSNorm,
+        (0, 1) without a norm; a warp per row, two passes for the LayerNorm (no cancellation)."""
+        mean, scale = Float32(0.0), Float32(1.0)
+        if kind != NORM_NONE:
+            if kind == NORM_LAYER:
+                total = Float32(0.0)
+                for c in range(lane, channels, 32):
+                    if inside:
+                        total = total + src[row, c].to(Float32)
+                mean = cute.arch.warp_reduction_sum(total) / Float32(channels)
+            squares = Float32(0.0)
+            for c in range(lane, channels, 32):
+                if inside:
+                    d = src[row, c].to(Float32) - mean
+                    squares = squares + d * d
+            scale = cute.math.rsqrt(cute.arch.warp_reduction_sum(squares) / Float32(channels) + eps)
+        return mean, scale
+
+    @cute.jit
+    def operand(self, src: cute.Tensor, base: Int32, limit: Int32, s_u: cute.Tensor, kind: Int32, eps: Float32,
+                norm_w, norm_b, i: Int32, channels: Int32, tid: Int32):
+        """u = fp16(norm(s)) of the tile's rows (src rows base .. base + tile_rows, those at or past ``limit``
+        zero) into the operand tile, channels past the stream's zero."""
+        lane, warp = tid % 32, tid // 32
+        for rr in cutlass.range_constexpr(self.tile_rows // self.warps):
+            r = warp + rr * self.warps
+            inside = base + r < limit
+            mean, scale = self.row_stats(src, base + r, inside, channels, kind, eps, lane)
+            for c in range(lane, self.cols, 32):
+                value = Float32(0.0)
+                if inside and c < channels:
+                    value = (src[base + r, c].to(Float32) - mean) * scale
+                    if kind != NORM_NONE:
+                        value = value * norm_w[i, c] + norm_b[i, c]
+                s_u[r, c % STACK_TILE, c // STACK_TILE] = value.to(Float16)
+
+    @cute.jit
+    def finish(self, s_s, row0: Int32, rows: Int32, channels: Int32, y, kind: Int32, eps: Float32, norm_w, norm_b,
+               i: Int32, tid: Int32):
+        """y = final_norm(s) (or s) for the tile's rows, a warp a row."""
+        lane, warp = tid % 32, tid // 32
+        for r in range(warp, self.tile_rows, self.warps):
+            if row0 + r < rows:
+                self.finish_row(s_s, r, row0 + r, channels, y, kind, eps, norm_w, norm_b, i, lane)
+
+    @cute.jit
+    def finish_row(self, src, src_row: Int32, row: Int32, channels: Int32, y, kind: Int32, eps: Float32, norm_w,
+                   norm_b, i: Int32, lane: Int32):
+        """y[row] = final_norm(src[src_row]) (or the row itself), by one warp."""
+        mean, scale = self.row_stats(src, src_row, True, channels, kind, eps, lane)
+        for c in range(lane, channels, 32):
+            value = src[src_row, c]
+            if kind != NORM_NONE:
+                value = (value - mean) * scale * norm_w[i, c] + norm_b[i, c]
+            y[row, c] = value
+
+    # ---- the grid form's stream ------------------------------------------------------------------------------
+
+    @cute.jit
+    def add_partial(self, acc_o, coords, x, ws, y, b2, i: Int32, blocks: Int32, first, row0: Int32, col0: Int32,
+                    rows: Int32, channels: Int32, final_kind: Int32):
+        """Add this CTA's partial W2 product of one 64-column tile into block i's target (fp32 atomics); the
+        CTA of the block's chunk 0 adds the block's input stream and b2 as well."""
+        for k in cutlass.range_constexpr(cute.size(acc_o)):
+            r, c = coords[k]
+            row, col = row0 + r, col0 + c
+            if row < rows and col < channels:
+                value = acc_o[k]
+                if first:
+                    value = value + b2[i, col]
+                    if i == 0:
+                        value = value + x[row, col].to(Float32)
+                    else:
+                        value = value + ws[i % 3 * rows + row, col]
+                if i + 1 == blocks and final_kind == NORM_NONE:
+                    self.red_add(y, row, col, value)
+                else:
+                    self.red_add(ws, (i + 1) % 3 * rows + row, col, value)
+
+    @cute.jit
+    def red_add(self, t: cute.Tensor, row: Int32, col: Int32, value: Float32):
+        ptr = t.iterator + cute.crd2idx((row, col), t.layout)
+        cute.arch.red(ptr, value, op="add", dtype=Float32, sem="relaxed", scope="gpu")
+
+    @cute.jit
+    def zero_target(self, ws, y, i: Int32, blocks: Int32, final_kind: Int32, rows: Int32, channels: Int32,
+                    tid: Int32):
+        """Zero block i's target (y for the last block without a final norm), a share per CTA."""
+        cta, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        to_y = i + 1 == blocks and final_kind == NORM_NONE
+        for e in range(cta * self.threads + tid, rows * self.cols, grid * self.threads):
+            r, c = e // self.cols, e % self.cols
+            if to_y:
+                if c < channels:
+                    y[r, c] = Float32(0.0)
+            else:
+                ws[(i + 1) % 3 * rows + r, c] = Float32(0.0)
+
+    @cute.jit
+    def grid_barrier(self, counter: cute.Tensor, grid: Int32, arrivals: Int32, tid: Int32):
+        """Every CTA of the grid has arrived here ``arrivals`` times (all are resident: grid <= SMs), and what
+        each wrote before is visible to all."""
+        cute.arch.sync_threads()
+        if tid == 0:
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.atomic_add(counter.iterator, Int32(1), sem="release", scope="gpu")
+            seen = Int32(0)
+            while seen < arrivals * grid:
+                seen = cute.arch.atomic_add(counter.iterator, Int32(0), sem="acquire", scope="gpu")
+            cute.arch.fence_acq_rel_gpu()
+        cute.arch.sync_threads()

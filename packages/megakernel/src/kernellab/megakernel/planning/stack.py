@@ -1,0 +1,190 @@
+"""Planning the fused whole-stack engine ``persistent-stack``: which form, which tile, how many CTAs, and
+why a stack cannot be fused (then the compiler keeps the per-block chain and records the reason).
+
+The kernel (``engines/persistent_stack.py``) streams every weight through one ring of ``STACK_TILE`` x
+``STACK_TILE`` fp16 tiles in shared memory: per hidden chunk of 64 units, the W1 tiles (and W3's for a gated
+stack) along the channels, then the W2 tiles along the channels. The packed weights pad the channels to
+``channels_tile`` and each block's hidden to a whole number of chunks, so every tile is whole.
+
+Two forms:
+- ``rows``: CTA b owns row tiles b, b + grid, ...; it carries a tile through every block with the fp32 stream
+  of the tile in shared memory (tile_rows x channels_tile), so the stream never leaves the SM between blocks.
+  Needs no grid-wide synchronization (rows are independent). Every CTA streams every weight, so it is
+  the form for row counts that fill the SMs with tiles.
+- ``grid``: for decode row counts (rows <= ``DECODE_ROWS``), where one CTA per row tile streaming every weight
+  would leave most SMs idle: each block's hidden chunks are spread over ``grid // row tiles`` CTAs per row tile,
+  each adding its partial W2 product into the next stream buffer in global memory with fp32 atomic adds,
+  and a grid-wide barrier between blocks (every CTA resident: grid <= SMs). The weights are still
+  streamed once per row tile, now by all SMs together; the next block's first tiles load during the barrier.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .common import DeviceSpec, Refusal, ceil_div, round_up
+
+STACK_ENGINE = "persistent-stack"
+STACK_FORMS = ("rows", "grid")
+STACK_TILE = 64
+"""Rows and columns of a weight tile in the ring (and the hidden chunk: hidden units per GEMM1 -> GEMM2 step)."""
+STACK_ROW_TILES = (16, 32, 64)
+"""Rows of a tile: 16 per warp row of the (warps_m x 4) mma.sync layout; 128 threads per 16 rows."""
+STACK_STAGES = (2, 3, 4, 6, 8)
+"""Weight tiles in the ring: one is computed on while the others load (cp.async, one commit group each)."""
+DECODE_ROWS = 64
+"""Row counts up to this run the grid form where it can use more CTAs than the rows form."""
+THREADS_PER_16_ROWS = 128
+ALIGN = 1024  # each shared-memory buffer starts on a 1 KB boundary (the swizzle atom's period)
+
+
+@dataclasses.dataclass(frozen=True)
+class StackPlan:
+    """What the fused stack runs: the form, the tile, the CTAs, the shared memory, and why this plan."""
+
+    form: str
+    rows: int
+    channels: int
+    channels_tile: int
+    tile_rows: int
+    stages: int
+    gated: bool
+    grid: int
+    chunks: tuple[int, ...]  # hidden chunks of each block (hidden padded to STACK_TILE)
+    smem_bytes: int
+    why: str
+
+    @property
+    def threads(self) -> int:
+        return self.tile_rows // 16 * THREADS_PER_16_ROWS
+
+    @property
+    def num_tiles(self) -> int:
+        return ceil_div(self.rows, self.tile_rows)
+
+    @property
+    def ctas_per_tile(self) -> int:
+        """CTAs sharing one row tile's hidden chunks (grid form; 1 in the rows form)."""
+        return self.grid // self.num_tiles if self.form == "grid" else 1
+
+    def describe(self) -> dict:
+        out = dataclasses.asdict(self)
+        out.update(engine=STACK_ENGINE, threads=self.threads, num_tiles=self.num_tiles,
+                   ctas_per_tile=self.ctas_per_tile)
+        return out
+
+    def summary(self) -> str:
+        """One line for ``print(model.plan())``."""
+        split = f", {self.ctas_per_tile} CTAs per row tile" if self.form == "grid" else ""
+        return (f"{STACK_ENGINE} {self.form} form: {self.tile_rows}-row tiles x {self.channels_tile} channels, "
+                f"grid {self.grid}{split}, {self.stages} weight tiles in flight, {self.smem_bytes} B shared memory")
+
+
+def stack_smem_bytes(form: str, tile_rows: int, channels_tile: int, stages: int) -> int:
+    """Shared memory of one CTA: the fp16 operand tile, the weight ring, the fp16 hidden chunk and, in the rows
+    form, the fp32 stream tile; each buffer aligned to ``ALIGN``."""
+    buffers = [tile_rows * channels_tile * 2, stages * STACK_TILE * STACK_TILE * 2, tile_rows * STACK_TILE * 2]
+    if form == "rows":
+        buffers.append(tile_rows * channels_tile * 4)
+    return sum(round_up(b, ALIGN) for b in buffers)
+
+
+def _fits(form: str, tile_rows: int, channels_tile: int, stages: int, device: DeviceSpec) -> bool:
+    need = stack_smem_bytes(form, tile_rows, channels_tile, stages)
+    return need <= device.smem_per_block and need + device.reserved_smem_per_block <= device.smem_per_sm
+
+
+def _most_stages(form: str, tile_rows: int, channels_tile: int, device: DeviceSpec, limit: int) -> int | None:
+    fitting = [s for s in STACK_STAGES if s <= limit and _fits(form, tile_rows, channels_tile, s, device)]
+    return max(fitting) if fitting else None
+
+
+def stack_refusal(blocks, rows: int, *, target: str = "cuda", input_dtype: str = "float16") -> str | None:
+    """Why the stack's form cannot be fused at all (independent of the tile), or None."""
+    reasons = []
+    if target != "cuda":
+        reasons.append(f"the fused kernel needs a CUDA device; this program targets {target!r}")
+    if input_dtype != "float16":
+        reasons.append(f"the fused kernel reads an fp16 input, not {input_dtype}")
+    if len({b.gated for b in blocks}) > 1:
+        reasons.append("gated and plain blocks are mixed (the fused kernel compiles one tile sequence: "
+                       "W1[, W3], W2 per chunk, the same for every block)")
+    if len({b.channels for b in blocks}) > 1:
+        reasons.append("the stream changes width between blocks")
+    return "; ".join(reasons) or None
+
+
+def plan_stack(blocks, rows: int, device: DeviceSpec, *, target: str = "cuda", input_dtype: str = "float16",
+               form: str | None = None, tile_rows: int | None = None) -> StackPlan | Refusal:
+    """The fused plan of a stack (``blocks``: the IR blocks) for ``rows`` rows, or why there is none. ``form`` and
+    ``tile_rows`` force a choice (tests, sweeps); a forced choice that cannot run is refused, not replaced."""
+    if form is not None and form not in STACK_FORMS:
+        raise ValueError(f"form must be one of {STACK_FORMS} or None, got {form!r}")
+    if tile_rows is not None and tile_rows not in STACK_ROW_TILES:
+        raise ValueError(f"tile_rows must be one of {STACK_ROW_TILES} or None, got {tile_rows!r}")
+    reason = stack_refusal(blocks, rows, target=target, input_dtype=input_dtype)
+    if reason is not None:
+        return Refusal(STACK_ENGINE, reason)
+    channels = blocks[0].channels
+    cols = round_up(channels, STACK_TILE)
+    chunks = tuple(ceil_div(b.hidden, STACK_TILE) for b in blocks)
+    gated = blocks[0].gated
+    if form is None:
+        form = "grid" if rows <= DECODE_ROWS and device.sm_count > ceil_div(rows, 16) else "rows"
+    if form == "grid":
+        return _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows)
+    return _rows_plan(rows, channels, cols, chunks, gated, device, tile_rows)
+
+
+STREAM_BALANCE_ROWS = 48
+"""Row-tile height at which one 64 x 64 weight tile's mma.sync products take about as long as streaming the tile
+from L2 into one SM (an estimate from the H200's L2 and tensor-core rates per SM, not measured: the first GPU
+session's sweep of forced tiles should set it)."""
+
+
+def rows_cost(rows: int, tile_rows: int, device: DeviceSpec) -> float:
+    """The rows form's time in units of one stream of the stack's weights into one SM: waves of row tiles over
+    the SMs, each tile streaming every weight, a tile over ``STREAM_BALANCE_ROWS`` rows bound by its products."""
+    waves = ceil_div(ceil_div(rows, tile_rows), device.sm_count)
+    return waves * max(1.0, tile_rows / STREAM_BALANCE_ROWS)
+
+
+def _rows_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackPlan | Refusal:
+    """The cheapest row tile by ``rows_cost`` (the largest on ties: less weight traffic through L2), then the
+    deepest ring that fits (up to 4 tiles)."""
+    options = [t for t in STACK_ROW_TILES if (tile_rows is None or t == tile_rows)
+               and _most_stages("rows", t, cols, device, 4) is not None]
+    if not options:
+        need = stack_smem_bytes("rows", tile_rows or STACK_ROW_TILES[0], cols, STACK_STAGES[0])
+        return Refusal(STACK_ENGINE, f"rows form: the fp32 stream tile, the operand and two weight tiles need "
+                                     f"{need} B of shared memory at {cols} channels; a CTA has {device.smem_per_block}")
+    tile = min(options, key=lambda t: (rows_cost(rows, t, device), -t))
+    waves = ceil_div(ceil_div(rows, tile), device.sm_count)
+    why = "forced tile" if tile_rows is not None else f"{waves} wave(s) of {tile}-row tiles, the cheapest by rows_cost"
+    stages = _most_stages("rows", tile, cols, device, 4)
+    grid = min(ceil_div(rows, tile), device.sm_count)
+    return StackPlan("rows", rows, channels, cols, tile, stages, gated, grid, chunks,
+                     stack_smem_bytes("rows", tile, cols, stages), f"rows form ({why}): the stream stays in shared "
+                     "memory through every block, no grid barrier")
+
+
+def _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackPlan | Refusal:
+    """16-row tiles (decode rows), as many CTAs per row tile as fit on the SMs (one CTA an SM, all resident for
+    the grid barrier) and have a chunk of the widest block, and the deepest ring that fits (up to 8 tiles)."""
+    tile = tile_rows or STACK_ROW_TILES[0]
+    if rows > DECODE_ROWS * 4:
+        return Refusal(STACK_ENGINE, f"grid form: {rows} rows is past decode row counts; the atomic partial sums "
+                                     f"grow with the rows (the rows form serves it)")
+    stages = _most_stages("grid", tile, cols, device, 8)
+    if stages is None:
+        return Refusal(STACK_ENGINE, f"grid form: the operand tile and two weight tiles need "
+                                     f"{stack_smem_bytes('grid', tile, cols, 2)} B of shared memory at {cols} channels")
+    tiles = ceil_div(rows, tile)
+    per_tile = min(device.sm_count // tiles, max(chunks))
+    if per_tile < 2:
+        return Refusal(STACK_ENGINE, f"grid form: {tiles} row tiles leave fewer than 2 CTAs a tile on "
+                                     f"{device.sm_count} SMs (the rows form serves it)")
+    return StackPlan("grid", rows, channels, cols, tile, stages, gated, tiles * per_tile, chunks,
+                     stack_smem_bytes("grid", tile, cols, stages),
+                     f"grid form (decode rows <= {DECODE_ROWS}): {per_tile} CTAs share each row tile's hidden chunks, "
+                     "so every SM streams weights; partial sums by fp32 atomics, a grid barrier between blocks")
