@@ -23,15 +23,16 @@ def test_the_full_list_covers_every_engine_and_is_unique():
     # persistent-tc, both forms (every row tile, channel tile, chunk buffers, load width, split, multicast, chunk
     # schedule and padded register-form size, for 2 residual dtypes) = 388; conventional-tc's two stages (the output
     # stage for 2 residual dtypes) = 3; the prologue = 3; the report's empty launch-floor kernel = 1; and the
-    # CUDA-core kernels compiled for the report's shapes
-    assert len(set(names)) == len(names) == 388 + 3 + 3 + 1 + len(aot.cuda_core_variants())
+    # CUDA-core kernels compiled for the report's shapes; and the persistent-stack kernels of the report's models
+    assert len(set(names)) == len(names) == 388 + 3 + 3 + 1 + len(aot.cuda_core_variants()) + len(aot.stack_variants())
     for prefix in ("persistent_", "persistent-global_", "conventional-hidden", "conventional-output",
                    "conventional-tc-hidden", "conventional-tc-output", "persistent-tc_m32_c64_s1",
                    "persistent-tc_m64_c256_s2", "persistent-tc_m32_c64_s4", "persistent-tc_m32_c64_s1_v1",
                    "persistent-tc_m64_c128_s2_wg", "persistent-tc_m128_c256_s1_wg", "persistent-tc_m64_c256_s2_x2",
                    "persistent-tc_m64_c256_s1_wg_x2", "persistent-tc_m64_c512_s1_wg_tma_ov",
                    "persistent-tc_m64_c256_s2_wg_x2_tma_ov", "persistent-tc_regs_c16_h128_res",
-                   "persistent-tc_regs_c64_h32_v1", "prologue-rmsnorm", "prologue-cast", "launch-floor"):
+                   "persistent-tc_regs_c64_h32_v1", "prologue-rmsnorm", "prologue-cast", "launch-floor",
+                   "persistent-stack_grid_m16_c2048_s8_gated", "persistent-stack_rows_m32_c512"):
         assert any(n.startswith(prefix) for n in names), prefix
 
 
@@ -103,3 +104,22 @@ def test_cuda_core_kernels_compile_at_the_smallest_sizes():
         plan = planning.forced(engine, 5, 1, 1, planning.H200)
         assert persistent.Variant.of(plan).compile("sm_90a") is not None
     assert conventional.Variant("hidden", 1, 1, 4).compile("sm_90a") is not None
+
+
+def test_every_report_model_plan_runs_an_ahead_of_time_stack_variant():
+    """Each model of the report's models section, at each of its row counts, runs a persistent-stack kernel that
+    ``compile_all`` compiles (and so do the grid plans' rows-form fallbacks)."""
+    from kernellab.megakernel import models, planning
+    from kernellab.megakernel.compiler import frontend
+    from kernellab.megakernel.engines import persistent_stack
+    from kernellab.megakernel.planning.stack import StackPlan, plan_stack
+
+    forms = set()
+    for case in models.REPORT_MODELS:
+        blocks, _ = frontend.read_spec(case.spec)
+        for rows in models.REPORT_ROWS:
+            plan = plan_stack(blocks, rows, planning.H200)
+            assert isinstance(plan, StackPlan), (case.name, rows, plan)
+            assert persistent_stack.variant(plan).name in AOT_NAMES
+            forms.add(plan.form)
+    assert forms == {"rows", "grid"}

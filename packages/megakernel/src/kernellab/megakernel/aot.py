@@ -5,8 +5,9 @@ fake tensors. A variant fixes what is compile-time (tile shape, hidden placement
 tensor-core kernels and the prologue, rows, channels, hidden and the activation are runtime values, so their
 list is every kernel they can ever launch. The CUDA-core kernels (conventional, persistent, persistent-global)
 are compiled for their sizes too (channels, hidden, rows per tile), so theirs is the kernels of the engine
-report's shapes (``cuda_core_variants``); any other shape compiles its own on first use. And the report's
-empty launch-floor kernel.
+report's shapes (``cuda_core_variants``); any other shape compiles its own on first use. The fused stack
+(``persistent-stack``) fixes its padded channels, row tile, ring depth, form and gating, so its list is the
+kernels of the report's models section (``stack_variants``). And the report's empty launch-floor kernel.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def variants(representative: bool = False) -> list:
         floor,
         persistent,
         persistent_tc,
+        persistent_stack,
         persistent_tc_registers,
         prologue,
     )
@@ -69,6 +71,8 @@ def variants(representative: bool = False) -> list:
             persistent_tc_registers.Variant(48, 32, "float32"),
             prologue.Variant(norm=True, stream="float16"),
             prologue.Variant(norm=False),
+            persistent_stack.Variant("rows", 32, 128, 4, gated=False),
+            persistent_stack.Variant("grid", 16, 192, 8, gated=True),
             floor.Variant(),
         ]
     out = cuda_core_variants()
@@ -102,7 +106,30 @@ def variants(representative: bool = False) -> list:
         out += [prologue.Variant(norm=True, stream=residual)]
     out += [conventional_tc.Variant("hidden"), prologue.Variant(norm=False),
             floor.Variant()]
-    return out
+    return out + stack_variants()
+
+
+def stack_variants() -> list:
+    """The persistent-stack kernels of the report's models section: each model's plan at each row count, and the
+    rows form its grid plans fall back to for a call with more row tiles than SMs."""
+    from .compiler import frontend
+    from .engines import persistent_stack
+    from .models import REPORT_MODELS, REPORT_ROWS
+    from .planning import H200
+    from .planning.stack import StackPlan, plan_stack, rows_form_of
+
+    out = []
+    for case in REPORT_MODELS:
+        blocks, _ = frontend.read_spec(case.spec)
+        for rows in REPORT_ROWS:
+            plan = plan_stack(blocks, rows, H200)
+            if isinstance(plan, StackPlan):
+                out.append(persistent_stack.variant(plan))
+                if plan.form == "grid":
+                    fallback = rows_form_of(plan, H200.sm_count * plan.tile_rows + 1, H200)
+                    if fallback is not None:
+                        out.append(persistent_stack.variant(fallback))
+    return list(dict.fromkeys(out))
 
 
 def cuda_core_variants() -> list:

@@ -140,6 +140,28 @@ PASS_CASES = (
     PassCase("owners rejects a plan no SM could hold", "owners",
              lambda: run_to("owners", _program(_gelu(512, 2048), rows=16384, device=CRAMPED_DEVICE)),
              error="no CTA could be resident"),
+    PassCase("stack: every form fused in one launch, the grid form at decode rows", "stack",
+             lambda: run_to("stack", _program(_gelu(256, 1024, gated=True, norm=RMSNORM),
+                                              Block(256, 1000, "gelu_erf", gated=True,
+                                                    norm=Norm("layernorm", bias=True)), rows=16, fuse=True)),
+             expect=lambda p: p.stack is not None and p.stack.form == "grid" and p.stack.chunks == (16, 16)
+             and p.stack_refusal is None),
+    PassCase("stack: the rows form past decode rows, the stream tile in shared memory", "stack",
+             lambda: run_to("stack", _program(_gelu(512, 2048, norm=RMSNORM), _gelu(512, 2048), rows=4096, fuse=True)),
+             expect=lambda p: p.stack is not None and p.stack.form == "rows"
+             and p.stack.smem_bytes <= p.device.smem_per_block),
+    PassCase("stack: mixed gated and plain blocks keep the per-block chain, with the reason", "stack",
+             lambda: run_to("stack", _program(_gelu(64, 128, gated=True), _gelu(64, 128), fuse=True)),
+             expect=lambda p: p.stack is None and "mixed" in p.stack_refusal),
+    PassCase("stack: without fuse the per-block chain is what was asked for", "stack",
+             lambda: run_to("stack", _program(_gelu(64, 128))),
+             expect=lambda p: p.stack is None and "per-block chain asked for" in p.stack_refusal),
+    PassCase("stack rejects a forced fused form that cannot run", "stack",
+             lambda: run_to("stack", _program(_gelu(2048, 128), rows=64, fuse=True, stack_form="rows",
+                                              stack_tile_rows=64)),
+             error="the forced fused plan cannot run"),
+    PassCase("stack rejects a program without owners", "stack",
+             lambda: run_to("owners", _program(_gelu(64, 128), fuse=True)), error="requires ['owners']"),
 )
 
 
@@ -159,7 +181,7 @@ def small_output_check(seed: int = 0, shape: model.Shape = SMALL_SHAPE) -> dict:
     from .runner import compile_model
 
     compiled = compile_model({"channels": shape.channels, "blocks": [{"hidden": shape.hidden, "activation": "gelu"}]},
-                             rows=shape.rows, seed=seed)
+                             rows=shape.rows, seed=seed, engine="persistent-tc")
     params = compiled.parameters[0]
     x = model.make_input(shape.rows, shape.channels, seed=seed, device="cuda")
     ours = compiled(x)

@@ -4,6 +4,8 @@ on first use) with the tile, shared memory and grid its plan chose, and its prol
 The block kernels come from ``engines.launcher``, exactly what the hand-written engines bind, so a
 compiled block and its engine run the same kernel with the same parameters: bit-identical output.
 A block the plan gave to the torch chain runs ``stack.torch_block`` (nothing is compiled for it).
+A program the stack pass fused is one step instead (``generate_stack``): the persistent-stack kernel with
+the stack's parameters packed as it reads them.
 """
 
 from __future__ import annotations
@@ -50,3 +52,15 @@ def generate(program: Program) -> list[BlockStep]:
 
 def _torch_chain_block(block, stream, parameters, out):
     return stack.torch_block(stream, block, parameters, out)
+
+
+def generate_stack(program: Program, parameters: list[dict], final_parameters: dict | None, device):
+    """The fused stack's launcher ``run(x, y)`` (``engines.persistent_stack``), its parameters packed on ``device``."""
+    if program.stack is None:
+        raise PassError("codegen: the program has no fused plan (the stack pass refused it: "
+                        f"{program.stack_refusal})")
+    from ..engines import persistent_stack
+
+    packed = persistent_stack.pack(program.blocks, parameters, program.final_norm, final_parameters, program.stack,
+                                   device)
+    return persistent_stack.Launcher(program.stack, packed, program.device)

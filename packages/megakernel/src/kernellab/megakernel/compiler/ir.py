@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..planning import FALLBACK_CHAINS, H200, DeviceSpec, Plan, Refusal, SharedMemory, Tile, round_up
+from ..planning.stack import STACK_FORMS, STACK_ROW_TILES, StackPlan
 from ..stack import NORMS, STACK_ACTIVATIONS, Norm
 
 INPUT_DTYPES = ("float16", "float32")
@@ -20,7 +21,7 @@ PROLOGUES = ("none", "cast", "rmsnorm", "layernorm")
 TARGETS = ("cuda", "cpu")
 TORCH_CHAIN = "torch-chain"
 """The engine of a block no kernel serves: ``stack.torch_block``, the same rounding points in torch."""
-PROPERTIES = ("validated", "forms", "prologues", "tiles", "smem", "engine", "owners")
+PROPERTIES = ("validated", "forms", "prologues", "tiles", "smem", "engine", "owners", "stack")
 """In pipeline order; ``passes`` maps each to the pass that ensures it."""
 
 
@@ -75,6 +76,12 @@ class Program:
     device: DeviceSpec = H200
     final_norm: Norm | None = None  # a norm after the last block (its output is the model's, fp32)
     target: str = "cuda"  # where the compiled model runs; on "cpu" every block takes the torch chain
+    fuse: bool = False  # try the fused whole-stack engine (persistent-stack) before the per-block chain
+    stack_form: str | None = None  # force the fused engine's form ("rows" or "grid"; tests, sweeps)
+    stack_tile_rows: int | None = None  # force the fused engine's row tile
+    # filled in by the stack pass: the fused plan, or why the stack runs as the per-block chain
+    stack: StackPlan | None = None
+    stack_refusal: str | None = None
     properties: frozenset[str] = frozenset()
 
     def with_blocks(self, blocks, *added: str) -> Program:
@@ -83,7 +90,8 @@ class Program:
     def describe(self) -> dict:
         """A JSON-friendly dump (the report's compiler block, debugging)."""
         out = {"rows": self.rows, "input_dtype": self.input_dtype, "engine": self.engine, "target": self.target,
-               "final_norm": self.final_norm.describe() if self.final_norm else None,
+               "final_norm": self.final_norm.describe() if self.final_norm else None, "fuse": self.fuse,
+               "stack": self.stack.describe() if self.stack else None, "stack_refusal": self.stack_refusal,
                "properties": sorted(self.properties, key=PROPERTIES.index), "blocks": []}
         for b in self.blocks:
             entry = {"channels": b.channels, "hidden": b.hidden, "activation": b.activation, "gated": b.gated,
@@ -142,6 +150,18 @@ def validate(program: Program) -> Program:
     _require(isinstance(program.device, DeviceSpec), "program", "device must be a planning.DeviceSpec")
     _require(program.target in TARGETS, "program", f"target must be one of {TARGETS}, got {program.target!r}")
     _check_norm(program.final_norm, "program: final_norm")
+    _require(isinstance(program.fuse, bool), "program", f"fuse must be a bool, got {program.fuse!r}")
+    _require(program.stack_form is None or program.stack_form in STACK_FORMS, "program",
+             f"stack_form must be None or one of {STACK_FORMS}, got {program.stack_form!r}")
+    _require(program.stack_tile_rows is None or program.stack_tile_rows in STACK_ROW_TILES, "program",
+             f"stack_tile_rows must be None or one of {STACK_ROW_TILES}, got {program.stack_tile_rows!r}")
+    if "stack" in program.properties:
+        _require((program.stack is None) != (program.stack_refusal is None), "program",
+                 "the stack pass records exactly one of a fused plan and the reason there is none")
+        _require(program.stack is None or program.fuse, "program", "a fused plan needs fuse=True")
+    else:
+        _require(program.stack is None and program.stack_refusal is None, "program",
+                 "a fused plan or refusal before the stack pass ran")
     unknown = set(program.properties) - set(PROPERTIES)
     _require(not unknown, "program", f"unknown properties {sorted(unknown)}")
     chain = FALLBACK_CHAINS[program.engine]

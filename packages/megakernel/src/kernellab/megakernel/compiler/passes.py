@@ -1,6 +1,6 @@
 """The compiler's passes: a linear pipeline, each pass declaring what it requires and ensures.
 
-    validate -> forms -> prologues -> tiles -> smem -> engine -> owners
+    validate -> forms -> prologues -> tiles -> smem -> engine -> owners -> stack
 
 Running a pass (``Pass.__call__``) validates the IR going in, checks the pass's requirements
 against the program's properties (naming the pass that would provide a missing one), runs it,
@@ -17,6 +17,7 @@ import dataclasses
 from typing import ClassVar
 
 from .. import model, planning
+from ..planning.stack import plan_stack
 from . import ir
 from .ir import TORCH_CHAIN, Block, Candidate, Program
 
@@ -226,8 +227,29 @@ class PlanOwners(Pass):
         return program.with_blocks(blocks, *self.ensures)
 
 
+class FuseStack(Pass):
+    """The whole stack as one launch of ``persistent-stack`` (``planning.stack``) where the program asks for it
+    (``fuse``) and the stack fits; otherwise the reason, and the per-block chain planned above serves it."""
+
+    name = "stack"
+    requires = frozenset({"owners"})
+    ensures = frozenset({"stack"})
+
+    def run(self, program):
+        if not program.fuse:
+            return dataclasses.replace(program, stack_refusal=f"per-block chain asked for (engine={program.engine!r})",
+                                       properties=program.properties | self.ensures)
+        got = plan_stack(program.blocks, program.rows, program.device, target=program.target,
+                         input_dtype=program.input_dtype, form=program.stack_form, tile_rows=program.stack_tile_rows)
+        if isinstance(got, planning.Refusal):
+            if program.stack_form is not None or program.stack_tile_rows is not None:
+                raise self.fail("program", f"the forced fused plan cannot run: {got.reason}")
+            return dataclasses.replace(program, stack_refusal=got.reason, properties=program.properties | self.ensures)
+        return dataclasses.replace(program, stack=got, properties=program.properties | self.ensures)
+
+
 PIPELINE: tuple[Pass, ...] = (ValidateModel(), ServableForms(), AssignPrologues(), PlanTiles(), PlanSharedMemory(),
-                              ChooseEngine(), PlanOwners())
+                              ChooseEngine(), PlanOwners(), FuseStack())
 PROVIDERS = {prop: p.name for p in PIPELINE for prop in p.ensures}
 
 
@@ -239,5 +261,5 @@ def run_pipeline(program: Program, passes: tuple[Pass, ...] = PIPELINE) -> Progr
 
 def plan(blocks: list[Block], rows: int, **options) -> Program:
     """A fresh program through the whole pipeline (``options``: input_dtype, engine, tile_rows, device,
-    final_norm, target)."""
+    final_norm, target, fuse, stack_form, stack_tile_rows)."""
     return run_pipeline(Program(blocks=tuple(blocks), rows=rows, **options))

@@ -1,9 +1,10 @@
 """Running a compiled model: ``compile_model(...)(x)``.
 
 ``compile_model`` is the compiler's driver: frontend (nn.Module or spec) -> IR -> passes ->
-codegen. The ``CompiledModel`` it returns keeps the parameters on its device and the buffers
-between blocks (the fp16 operand, two fp32 stream buffers), launches each block's steps in order
-and applies the final norm; ``plan()`` says, per block, which engine serves it, with what tile and why.
+codegen. With ``engine="persistent-stack"`` (the default) the whole stack is one launch of the fused engine
+where the stack pass planned it; otherwise (or where it refused, with the reason) the ``CompiledModel`` keeps
+the buffers between blocks (the fp16 operand, two fp32 stream buffers), launches each block's steps in order
+and applies the final norm; ``plan()`` says which form runs, and per block which engine, with what tile and why.
 
 Where it runs: ``target="cuda"`` (the default) needs a CUDA device and says so when there is none;
 ``target="cpu"`` runs every block through the torch chain (the kernels' rounding points in torch),
@@ -15,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from .. import stack
+from ..planning.stack import STACK_ENGINE
 from . import codegen, frontend, passes
 from .ir import TORCH_CHAIN, Program
 
@@ -57,7 +59,8 @@ class ModelPlan:
         for r in rows:
             lines.append("  ".join(cell.ljust(w) for cell, w in zip(r[:4], widths, strict=True)) + "  " + r[4])
         if self.final_norm is not None:
-            lines.append(f"final norm: {self.final_norm}, torch (no final-norm kernel)")
+            where = "in the fused kernel" if self.form == STACK_ENGINE else "torch (no final-norm kernel)"
+            lines.append(f"final norm: {self.final_norm}, {where}")
         return "\n".join(lines)
 
 
@@ -85,12 +88,19 @@ def _why(b) -> str:
 
 
 def describe_plan(program: Program) -> ModelPlan:
+    fused = program.stack
+    if fused is not None:
+        tile = f"{fused.tile_rows}x{fused.channels_tile} rows x channels, grid {fused.grid}"
+        blocks = tuple(BlockPlan(i, _form(b), STACK_ENGINE, tile, f"fused: {chunks} hidden chunks of the one launch")
+                       for i, (b, chunks) in enumerate(zip(program.blocks, fused.chunks, strict=True)))
+        return ModelPlan(program.rows, program.target, STACK_ENGINE, f"{fused.summary()}; {fused.why}", blocks,
+                         program.final_norm.describe() if program.final_norm else None)
     blocks = tuple(BlockPlan(i, _form(b), b.chosen, _tile(b.plan), _why(b)) for i, b in enumerate(program.blocks))
     if program.target == "cpu":
         form, reason = "torch chain", "target 'cpu': every block in torch, with the kernels' rounding points"
     else:
         form = "per-block chain"
-        reason = "no persistent-stack engine yet: one launch per block, a prologue per normed block"
+        reason = f"one launch per block, a prologue per normed block; not fused: {program.stack_refusal}"
     return ModelPlan(program.rows, program.target, form, reason, blocks,
                      program.final_norm.describe() if program.final_norm else None)
 
@@ -100,11 +110,18 @@ class CompiledModel:
         self.program = program
         self.parameters = parameters
         self.final_parameters = final_parameters or {}
-        self.steps = codegen.generate(program)
+        self.fused = None
+        if program.stack is not None:
+            device = next(iter(parameters[0].values())).device
+            self.fused = codegen.generate_stack(program, parameters, self.final_parameters, device)
+        self.steps = codegen.generate(program) if self.fused is None else []
         self._buffers: dict = {}
 
     @property
     def engines(self) -> list[str]:
+        """Per block, the engine that serves it (``persistent-stack`` for every block of a fused stack)."""
+        if self.fused is not None:
+            return [STACK_ENGINE] * len(self.program.blocks)
         return [step.engine for step in self.steps]
 
     def plan(self) -> ModelPlan:
@@ -131,6 +148,8 @@ class CompiledModel:
         rows, device = x.shape[0], x.device
         if out is None:
             out = torch.empty((rows, x.shape[1]), dtype=torch.float32, device=device)
+        if self.fused is not None:
+            return self.fused(x, out)
         final_norm = self.program.final_norm
         stream = x
         for step, params in zip(self.steps, self.parameters, strict=True):
@@ -151,16 +170,23 @@ class CompiledModel:
         return out
 
 
-def compile_model(source, *, rows: int, engine: str = "persistent-tc", tile_rows: int | None = None,
-                  input_dtype: str = "float16", device=None, seed: int = 0, target: str = "cuda") -> CompiledModel:
+def compile_model(source, *, rows: int, engine: str = STACK_ENGINE, tile_rows: int | None = None,
+                  input_dtype: str = "float16", device=None, seed: int = 0, target: str = "cuda",
+                  chain: str = "persistent-tc", stack_form: str | None = None,
+                  stack_tile_rows: int | None = None) -> CompiledModel:
     """Compile an ``nn.Module`` or a spec dict for ``rows`` rows per call (any row count runs; the
-    plan is tuned for this one). ``engine`` picks the fallback chain to walk; ``device`` is the
+    plan is tuned for this one). ``engine`` is ``persistent-stack`` (the whole stack in one launch where it
+    can, else the per-block chain of ``chain``, the reason recorded) or a block engine, whose fallback chain
+    serves each block; ``stack_form`` / ``stack_tile_rows`` force the fused plan; ``device`` is the
     ``planning.DeviceSpec`` to plan for (default: the current GPU's); ``seed`` makes a spec's
     weights; ``target`` is "cuda" (needs a CUDA device) or "cpu" (the torch chain for every block)."""
     import torch
 
     from .. import planning
 
+    fuse = engine == STACK_ENGINE
+    if not fuse and (stack_form is not None or stack_tile_rows is not None):
+        raise ValueError(f"stack_form and stack_tile_rows force the fused engine; engine is {engine!r}")
     if target not in ("cuda", "cpu"):
         raise ValueError(f"target must be 'cuda' or 'cpu', got {target!r}")
     if target == "cuda" and not torch.cuda.is_available():
@@ -174,6 +200,7 @@ def compile_model(source, *, rows: int, engine: str = "persistent-tc", tile_rows
         raise frontend.FrontendError(f"compile_model takes an nn.Module or a spec dict, got {type(source).__name__}")
     if device is None:
         device = planning.current_device() if target == "cuda" else planning.H200
-    program = passes.plan(read.blocks, rows, engine=engine, tile_rows=tile_rows, input_dtype=input_dtype,
-                          device=device, final_norm=read.final_norm, target=target)
+    program = passes.plan(read.blocks, rows, engine=chain if fuse else engine, tile_rows=tile_rows,
+                          input_dtype=input_dtype, device=device, final_norm=read.final_norm, target=target, fuse=fuse,
+                          stack_form=stack_form, stack_tile_rows=stack_tile_rows)
     return CompiledModel(program, read.parameters, read.final_parameters)

@@ -39,7 +39,8 @@ from cutlass import Float16, Float32, Int32
 from cutlass.memory import SmemAllocator
 
 from ..model import ACTIVATION_CODES
-from ..planning.stack import ALIGN, STACK_TILE, THREADS_PER_16_ROWS, StackPlan
+from ..planning import DeviceSpec, ceil_div
+from ..planning.stack import ALIGN, STACK_TILE, THREADS_PER_16_ROWS, StackPlan, rows_form_of
 from . import tensorcore
 from .common import compile_variant, compiled
 
@@ -150,40 +151,54 @@ def _pack_norm(norm_w, norm_b, meta, eps, i: int, norm, p: dict, channels: int, 
 
 class Launcher:
     """``run(x, y)``: the stack on rows ``x`` (fp16) into ``y`` (fp32), one launch (the grid form zeroes its
-    barrier counter first: a 4-byte memset). Workspaces are kept per row count, allocated on first use (the graph
-    variant's warm-up call, outside capture)."""
+    barrier counter first: a 4-byte memset). Any row count runs: the grid form takes as many CTAs a row tile as
+    keep the grid within the SMs, and a call with more row tiles than SMs runs the rows form of the same packing.
+    Workspaces are kept per row count, allocated on first use (the graph variant's warm-up call, outside capture)."""
 
-    def __init__(self, plan: StackPlan, packed: dict):
-        self.plan, self.packed = plan, packed
-        self.fn = compiled(variant(plan))
+    def __init__(self, plan: StackPlan, packed: dict, device: DeviceSpec):
+        self.plan, self.packed, self.device = plan, packed, device
+        self._plans: dict[int, StackPlan] = {}
         self._workspaces: dict = {}
 
-    def workspace(self, rows: int, device):
+    def plan_for(self, rows: int) -> StackPlan:
+        """The plan a call of ``rows`` rows runs: the compiled plan, or its rows form past the grid form's reach."""
+        got = self._plans.get(rows)
+        if got is None:
+            got = self.plan
+            if self.plan.form == "grid" and ceil_div(rows, self.plan.tile_rows) > self.device.sm_count:
+                got = rows_form_of(self.plan, rows, self.device)
+                if got is None:
+                    raise ValueError(f"{rows} rows need more row tiles than the grid form's {self.device.sm_count} "
+                                     "CTAs and no rows form fits this stack; compile for this row count")
+            self._plans[rows] = got
+        return got
+
+    def workspace(self, plan: StackPlan, rows: int, device):
         import torch
 
-        ws = self._workspaces.get((rows, device))
+        key = (plan.form, rows, device)
+        ws = self._workspaces.get(key)
         if ws is None:
-            stream_rows = 3 * rows if self.plan.form == "grid" else 1
-            ws = (torch.empty((stream_rows, self.plan.channels_tile), dtype=torch.float32, device=device),
+            stream_rows = 3 * rows if plan.form == "grid" else 1
+            ws = (torch.empty((stream_rows, plan.channels_tile), dtype=torch.float32, device=device),
                   torch.zeros((1,), dtype=torch.int32, device=device))
-            self._workspaces[(rows, device)] = ws
+            self._workspaces[key] = ws
         return ws
 
-    def grid(self, rows: int) -> int:
-        from ..planning import ceil_div
-
-        tiles = ceil_div(rows, self.plan.tile_rows)
-        if self.plan.form == "grid":
-            return tiles * self.plan.ctas_per_tile
-        return min(tiles, self.plan.grid)
+    def grid(self, plan: StackPlan, rows: int) -> int:
+        tiles = ceil_div(rows, plan.tile_rows)
+        if plan.form == "grid":  # every CTA resident: at most one a SM
+            return tiles * max(1, min(plan.ctas_per_tile, self.device.sm_count // tiles))
+        return min(tiles, self.device.sm_count)
 
     def __call__(self, x, y):
-        p = self.packed
-        ws, counter = self.workspace(x.shape[0], x.device)
-        if self.plan.form == "grid":
+        p, rows = self.packed, x.shape[0]
+        plan = self.plan_for(rows)
+        ws, counter = self.workspace(plan, rows, x.device)
+        if plan.form == "grid":
             counter.zero_()
-        self.fn(x, y, p["w1"], p["w3"], p["w2"], p["b1"], p["b3"], p["b2"], p["norm_w"], p["norm_b"], p["meta"],
-                p["eps"], ws, counter, self.grid(x.shape[0]))
+        compiled(variant(plan))(x, y, p["w1"], p["w3"], p["w2"], p["b1"], p["b3"], p["b2"], p["norm_w"], p["norm_b"],
+                                p["meta"], p["eps"], ws, counter, self.grid(plan, rows))
         return y
 
 
@@ -208,8 +223,8 @@ class PersistentStack:
                  meta: cute.Tensor, eps: cute.Tensor, ws: cute.Tensor, counter: cute.Tensor, grid: Int32,
                  stream: cuda.CUstream):
         rows, tile = self.tile_rows, STACK_TILE
-        layouts = (tensorcore.smem_layout((rows, tile, self.k_tiles)), tensorcore.smem_layout((tile, tile, self.stages)),
-                   tensorcore.smem_layout((rows, tile)))
+        layouts = (tensorcore.smem_layout((rows, tile, self.k_tiles)),
+                   tensorcore.smem_layout((tile, tile, self.stages)), tensorcore.smem_layout((rows, tile)))
         mma = tensorcore.tiled_mma(rows // 16, WARPS_N)
         self.kernel(x, y, w1, w3, w2, b1, b3, b2, norm_w, norm_b, meta, eps, ws, counter, *layouts,
                     tensorcore.g2s_copy(self.threads, tile), mma).launch(

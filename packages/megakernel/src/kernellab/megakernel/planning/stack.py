@@ -188,3 +188,11 @@ def _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackP
                      stack_smem_bytes("grid", tile, cols, stages),
                      f"grid form (decode rows <= {DECODE_ROWS}): {per_tile} CTAs share each row tile's hidden chunks, "
                      "so every SM streams weights; partial sums by fp32 atomics, a grid barrier between blocks")
+
+
+def rows_form_of(plan: StackPlan, rows: int, device: DeviceSpec) -> StackPlan | None:
+    """The rows-form plan with ``plan``'s packing (channels tile, chunks, gating) for a call of ``rows`` rows that
+    the grid form cannot take (more row tiles than SMs: the grid barrier needs every CTA resident), or None where
+    no rows form fits."""
+    got = _rows_plan(rows, plan.channels, plan.channels_tile, plan.chunks, plan.gated, device, None)
+    return got if isinstance(got, StackPlan) else None
