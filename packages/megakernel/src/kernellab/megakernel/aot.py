@@ -26,8 +26,8 @@ def variants(representative: bool = False) -> list:
         conventional_tc,
         floor,
         persistent,
-        persistent_tc,
         persistent_stack,
+        persistent_tc,
         persistent_tc_registers,
         prologue,
     )

@@ -59,8 +59,8 @@ def generate_stack(program: Program, parameters: list[dict], final_parameters: d
     if program.stack is None:
         raise PassError("codegen: the program has no fused plan (the stack pass refused it: "
                         f"{program.stack_refusal})")
-    from ..engines import persistent_stack
+    from ..engines import persistent_stack, stack_packing
 
-    packed = persistent_stack.pack(program.blocks, parameters, program.final_norm, final_parameters, program.stack,
+    packed = stack_packing.pack(program.blocks, parameters, program.final_norm, final_parameters, program.stack,
                                    device)
     return persistent_stack.Launcher(program.stack, packed, program.device)

@@ -21,10 +21,8 @@ stream buffer in global memory by fp32 atomic adds (the chunk-0 CTA adds the old
 barrier between blocks. Buffers rotate over three: block i reads buffer i % 3 (block 0: x), adds into
 (i + 1) % 3 (the last block without a final norm: y) and zeroes the next block's target meanwhile.
 
-Packed parameters (``pack``): W1 and W3 as (sum of padded hidden, channels_tile), W2 as (channels_tile, sum of
-padded hidden), padding zero, so every tile is whole and padded hidden units add exactly 0 (their W2 columns
-are zero). Per block a row of ``meta``: first chunk, chunks, activation code, norm kind; the last row is the
-final norm's.
+Parameters come packed (``stack_packing.pack``): every weight tile whole, padding zero, a row of ``meta`` per
+block (first chunk, chunks, activation code, norm kind) and one for the final norm.
 """
 
 from __future__ import annotations
@@ -38,17 +36,14 @@ import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32
 from cutlass.memory import SmemAllocator
 
-from ..model import ACTIVATION_CODES
 from ..planning import DeviceSpec, ceil_div
 from ..planning.stack import ALIGN, STACK_TILE, THREADS_PER_16_ROWS, StackPlan, rows_form_of
 from . import tensorcore
 from .common import compile_variant, compiled
+from .stack_packing import ACT_CODES, META_COLUMNS, NORM_CODES
 
-ACT_CODES = {**ACTIVATION_CODES, "gelu_erf": len(ACTIVATION_CODES)}
 GELU_ERF = ACT_CODES["gelu_erf"]
-NORM_CODES = {None: 0, "rmsnorm": 1, "layernorm": 2}
-NORM_NONE, NORM_RMS, NORM_LAYER = 0, 1, 2
-META_COLUMNS = 4  # first chunk, chunks, activation code, norm kind
+NORM_NONE, NORM_LAYER = NORM_CODES[None], NORM_CODES["layernorm"]
 WARPS_N = 4  # the mma layout's warps along the 64 output columns of a tile
 INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
@@ -97,57 +92,7 @@ def variant(plan: StackPlan) -> Variant:
     return Variant(plan.form, plan.tile_rows, plan.channels_tile, plan.stages, plan.gated)
 
 
-# ---- the host side: packing and launching -----------------------------------------------------------------
-
-def pack(blocks, parameters: list[dict], final_norm, final_parameters: dict | None, plan: StackPlan, device) -> dict:
-    """The kernel's parameter tensors from the IR blocks and their parameters (absent biases: zeros)."""
-    import torch
-
-    f16, f32 = torch.float16, torch.float32
-    cols, channels, tile = plan.channels_tile, plan.channels, STACK_TILE
-    padded = [c * tile for c in plan.chunks]
-    total = sum(padded)
-    w1 = torch.zeros((total, cols), dtype=f16, device=device)
-    w3 = torch.zeros_like(w1) if plan.gated else w1
-    w2 = torch.zeros((cols, total), dtype=f16, device=device)
-    b1, b3 = (torch.zeros((total,), dtype=f32, device=device) for _ in range(2))
-    b2 = torch.zeros((len(blocks), cols), dtype=f32, device=device)
-    norm_w = torch.ones((len(blocks) + 1, cols), dtype=f32, device=device)
-    norm_b = torch.zeros((len(blocks) + 1, cols), dtype=f32, device=device)
-    meta = torch.zeros((len(blocks) + 1, META_COLUMNS), dtype=torch.int32)
-    eps = torch.ones((len(blocks) + 1,), dtype=f32)
-    start = 0
-    for i, (b, p) in enumerate(zip(blocks, parameters, strict=True)):
-        h = b.hidden
-        rows_of = slice(start, start + h)
-        w1[rows_of, :channels] = p["w1"].to(device=device, dtype=f16)
-        w2[:channels, rows_of] = p["w2"].to(device=device, dtype=f16)
-        if "b1" in p:
-            b1[rows_of] = p["b1"].to(device=device, dtype=f32)
-        if "b2" in p:
-            b2[i, :channels] = p["b2"].to(device=device, dtype=f32)
-        if b.gated:
-            w3[rows_of, :channels] = p["w3"].to(device=device, dtype=f16)
-            if "b3" in p:
-                b3[rows_of] = p["b3"].to(device=device, dtype=f32)
-        _pack_norm(norm_w, norm_b, meta, eps, i, b.norm, p, channels, device)
-        meta[i, 0], meta[i, 1], meta[i, 2] = start // tile, plan.chunks[i], ACT_CODES[b.activation]
-        start += padded[i]
-    _pack_norm(norm_w, norm_b, meta, eps, len(blocks), final_norm, final_parameters or {}, channels, device)
-    return {"w1": w1, "w3": w3, "w2": w2, "b1": b1, "b3": b3, "b2": b2, "norm_w": norm_w, "norm_b": norm_b,
-            "meta": meta.to(device), "eps": eps.to(device)}
-
-
-def _pack_norm(norm_w, norm_b, meta, eps, i: int, norm, p: dict, channels: int, device) -> None:
-    meta[i, 3] = NORM_CODES[norm.kind if norm is not None else None]
-    if norm is None:
-        return
-    eps[i] = norm.eps
-    if p.get("norm_weight") is not None:
-        norm_w[i, :channels] = p["norm_weight"].to(device=device, dtype=norm_w.dtype)
-    if p.get("norm_bias") is not None:
-        norm_b[i, :channels] = p["norm_bias"].to(device=device, dtype=norm_b.dtype)
-
+# ---- the host side (packing: ``stack_packing``) -----------------------------------------------------------------
 
 class Launcher:
     """``run(x, y)``: the stack on rows ``x`` (fp16) into ``y`` (fp32), one launch (the grid form zeroes its

@@ -129,10 +129,14 @@ def plan_stack(blocks, rows: int, device: DeviceSpec, *, target: str = "cuda", i
     cols = round_up(channels, STACK_TILE)
     chunks = tuple(ceil_div(b.hidden, STACK_TILE) for b in blocks)
     gated = blocks[0].gated
-    if form is None:
-        form = "grid" if rows <= DECODE_ROWS and device.sm_count > ceil_div(rows, 16) else "rows"
-    if form == "grid":
-        return _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows)
+    if form == "grid" or form is None and rows <= DECODE_ROWS:
+        got = _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows)
+        if form == "grid" or isinstance(got, StackPlan):
+            return got
+        rows_form = _rows_plan(rows, channels, cols, chunks, gated, device, tile_rows)
+        if isinstance(rows_form, StackPlan):  # the grid form's reason, then the rows form's own
+            return dataclasses.replace(rows_form, why=f"{got.reason}; {rows_form.why}")
+        return Refusal(STACK_ENGINE, f"{got.reason}; {rows_form.reason}")
     return _rows_plan(rows, channels, cols, chunks, gated, device, tile_rows)
 
 

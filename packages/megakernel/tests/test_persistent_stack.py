@@ -1,0 +1,237 @@
+"""The fused whole-stack engine on the CPU: its planning (form, tile, ring, grid, why, refusals), the stack pass's
+choice through ``compile_model``'s planning, the printed plan, and the packed parameters the kernel reads (an
+emulation of the kernel's schedule over the packed tensors against the float64 reference)."""
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernellab.megakernel import models, planning, stack
+from kernellab.megakernel.compiler import frontend, passes, runner
+from kernellab.megakernel.compiler.ir import Block
+from kernellab.megakernel.engines import stack_packing
+from kernellab.megakernel.planning.stack import (
+    DECODE_ROWS,
+    STACK_TILE,
+    StackPlan,
+    plan_stack,
+    rows_cost,
+    rows_form_of,
+    stack_smem_bytes,
+)
+
+H200 = planning.H200
+
+
+def _blocks(spec):
+    return frontend.read_spec(spec)[0]
+
+
+def _uniform(channels, hidden, depth, **block):
+    return {"channels": channels, "blocks": [{"hidden": hidden, **block} for _ in range(depth)]}
+
+
+# ---- planning ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", models.REPORT_MODELS, ids=lambda c: c.name)
+def test_report_models_plan_grid_at_decode_rows_and_rows_form_above(case):
+    blocks = _blocks(case.spec)
+    for rows in models.REPORT_ROWS:
+        plan = plan_stack(blocks, rows, H200)
+        assert isinstance(plan, StackPlan), plan
+        assert plan.form == ("grid" if rows <= DECODE_ROWS else "rows")
+        assert plan.smem_bytes == stack_smem_bytes(plan.form, plan.tile_rows, plan.channels_tile, plan.stages)
+        assert plan.smem_bytes + H200.reserved_smem_per_block <= H200.smem_per_sm
+        assert plan.grid <= H200.sm_count  # the grid form's barrier needs every CTA resident
+        assert plan.channels_tile % STACK_TILE == 0 and plan.channels_tile >= plan.channels
+        assert sum(plan.chunks) * STACK_TILE >= sum(b.hidden for b in blocks)
+
+
+def test_grid_form_spreads_each_row_tile_over_the_chunks_it_has():
+    plan = plan_stack(_blocks(_uniform(2048, 8192, 4, gated=True, norm="rmsnorm")), 1, H200)
+    assert (plan.form, plan.tile_rows, plan.num_tiles) == ("grid", 16, 1)
+    assert plan.ctas_per_tile == 128 == plan.chunks[0]  # one chunk of 64 hidden units a CTA a block
+    small = plan_stack(_blocks(_uniform(256, 1024, 4)), 64, H200)
+    assert small.num_tiles == 4 and small.ctas_per_tile == 16 and small.grid == 64  # 16 chunks a block
+
+
+def test_grid_form_stages_are_the_deepest_ring_that_fits():
+    plan = plan_stack(_blocks(_uniform(2048, 8192, 1)), 16, H200)
+    assert plan.stages == 8
+    tight = dataclasses.replace(H200, smem_per_block=stack_smem_bytes("grid", 16, 2048, 3),
+                                smem_per_sm=stack_smem_bytes("grid", 16, 2048, 3) + 1024)
+    assert plan_stack(_blocks(_uniform(2048, 8192, 1)), 16, tight).stages == 3
+
+
+def test_rows_form_picks_the_cheapest_tile_and_the_largest_on_ties():
+    blocks = _blocks(_uniform(512, 2048, 8, norm="rmsnorm"))
+    for rows in (65, 1024, 4096, 20000):
+        plan = plan_stack(blocks, rows, H200)
+        costs = {t: rows_cost(rows, t, H200) for t in (16, 32, 64)}
+        assert costs[plan.tile_rows] == min(costs.values())
+        assert plan.tile_rows == max(t for t, c in costs.items() if c == costs[plan.tile_rows])
+    # 2048 channels: only 16-row tiles leave room for the fp32 stream tile
+    assert plan_stack(_blocks(_uniform(2048, 8192, 2)), 4096, H200).tile_rows == 16
+
+
+def test_decode_rows_with_too_few_chunks_for_the_grid_form_take_the_rows_form_and_say_why():
+    plan = plan_stack(_blocks(_uniform(64, 64, 3)), 4, H200)
+    assert plan.form == "rows" and plan.why.startswith("grid form: 1 row tiles leave fewer than 2 CTAs")
+
+
+def test_rows_form_refuses_a_stream_tile_that_cannot_fit():
+    got = plan_stack(_blocks(_uniform(4096, 64, 1)), 4096, H200)
+    assert isinstance(got, planning.Refusal) and "rows form" in got.reason and "shared memory" in got.reason
+
+
+@pytest.mark.parametrize("spec, words", [
+    ({"channels": 64, "blocks": [{"hidden": 64, "gated": True}, {"hidden": 64}]}, "mixed"),
+])
+def test_stack_refusals_name_the_reason(spec, words):
+    got = plan_stack(_blocks(spec), 16, H200)
+    assert isinstance(got, planning.Refusal) and words in got.reason
+
+
+def test_stack_refuses_a_cpu_target_and_an_fp32_input():
+    blocks = _blocks(_uniform(64, 64, 1))
+    assert "CUDA device" in plan_stack(blocks, 16, H200, target="cpu").reason
+    assert "fp16 input" in plan_stack(blocks, 16, H200, input_dtype="float32").reason
+
+
+def test_forced_form_and_tile_are_kept_or_refused_never_replaced():
+    blocks = _blocks(_uniform(256, 1024, 2))
+    plan = plan_stack(blocks, 16, H200, form="rows", tile_rows=64)
+    assert (plan.form, plan.tile_rows, plan.why.startswith("rows form (forced tile)")) == ("rows", 64, True)
+    assert plan_stack(blocks, 4096, H200, form="grid").reason.startswith("grid form:")
+    with pytest.raises(ValueError, match="form must be one of"):
+        plan_stack(blocks, 16, H200, form="cluster")
+    with pytest.raises(ValueError, match="tile_rows must be one of"):
+        plan_stack(blocks, 16, H200, tile_rows=48)
+
+
+def test_rows_fallback_of_a_grid_plan_keeps_its_packing():
+    plan = plan_stack(_blocks(_uniform(1024, 2816, 2, gated=True)), 16, H200)
+    many = H200.sm_count * plan.tile_rows + 1
+    fallback = rows_form_of(plan, many, H200)
+    assert fallback.form == "rows"
+    assert (fallback.channels_tile, fallback.chunks, fallback.gated) == (plan.channels_tile, plan.chunks, plan.gated)
+
+
+# ---- the stack pass and the printed plan -----------------------------------------------------------------
+
+def test_compile_planning_fuses_every_form_and_prints_one_launch():
+    spec = {"channels": 48, "final_norm": "layernorm",
+            "blocks": [{"hidden": 96, "activation": "gelu_erf", "norm": {"kind": "layernorm", "bias": True},
+                        "gated": True},
+                       {"hidden": 70, "activation": "silu", "norm": "rmsnorm", "gated": True, "bias": False}]}
+    blocks, final = frontend.read_spec(spec)
+    program = passes.plan(blocks, rows=8, final_norm=final, fuse=True)
+    plan = runner.describe_plan(program)
+    assert plan.form == "persistent-stack" and "grid form" in plan.form_reason
+    assert [b.engine for b in plan.blocks] == ["persistent-stack"] * 2
+    assert [b.why for b in plan.blocks] == ["fused: 2 hidden chunks of the one launch"] * 2
+    text = str(plan)
+    assert "final norm: layernorm" in text and "in the fused kernel" in text
+
+
+def test_a_refused_stack_prints_the_chain_and_why():
+    blocks, final = frontend.read_spec({"channels": 64, "blocks": [{"hidden": 64, "gated": True}, {"hidden": 64}]})
+    plan = runner.describe_plan(passes.plan(blocks, rows=8, fuse=True))
+    assert plan.form == "per-block chain" and "not fused" in plan.form_reason and "mixed" in plan.form_reason
+
+
+def test_compile_model_rejects_a_forced_stack_form_for_a_block_engine():
+    with pytest.raises(ValueError, match="force the fused engine"):
+        runner.compile_model(_uniform(64, 64, 1), rows=4, engine="persistent-tc", stack_form="grid", target="cpu")
+
+
+def test_ir_rejects_a_bad_forced_stack_form():
+    from kernellab.megakernel.compiler import ir
+
+    with pytest.raises(ir.IRError, match="stack_form must be"):
+        ir.validate(ir.Program(blocks=(Block(64, 64, "gelu"),), rows=4, stack_form="warp"))
+
+
+# ---- packing: the kernel's schedule over the packed tensors, in float64 ---------------------------------------
+
+ACTIVATION_NAMES = {code: name for name, code in stack_packing.ACT_CODES.items()}
+
+
+def _norm64(s, kind, eps, weight, bias):
+    if kind == 0:
+        return s
+    mean = s.mean(dim=-1, keepdim=True) if kind == 2 else 0.0
+    centred = s - mean
+    return centred * torch.rsqrt(centred.pow(2).mean(dim=-1, keepdim=True) + eps) * weight + bias
+
+
+def emulate(packed: dict, plan: StackPlan, x):
+    """The kernel's schedule over the packed tensors in float64: per block the operand from the meta row's norm,
+    then each hidden chunk's W1 [W3] and W2 tiles, b2 once, and the final norm; only what ``meta`` says."""
+    f64, c = torch.float64, plan.channels
+    meta, eps = packed["meta"].tolist(), packed["eps"].tolist()
+    s = x.to(f64)
+    w1, w3, w2 = (packed[k][:, :c].to(f64) if k != "w2" else packed[k][:c].to(f64) for k in ("w1", "w3", "w2"))
+    for i, (first, chunks, act, kind) in enumerate(meta[:-1]):
+        if i > 0:
+            s = s.to(torch.float32).to(f64)
+        u = _norm64(s, kind, eps[i], packed["norm_w"][i, :c].to(f64), packed["norm_b"][i, :c].to(f64))
+        u = u.to(torch.float16).to(f64)
+        out = packed["b2"][i, :c].to(f64).expand_as(s).clone()
+        for g in range(first, first + chunks):
+            units = slice(g * STACK_TILE, (g + 1) * STACK_TILE)
+            h = stack.activation_float64(ACTIVATION_NAMES[act], u @ w1[units].T + packed["b1"][units].to(f64))
+            if plan.gated:
+                h = h * (u @ w3[units].T + packed["b3"][units].to(f64))
+            out = out + h.to(torch.float16).to(f64) @ w2[:, units].T
+        s = s + out
+    kind = meta[-1][3]
+    if kind:
+        s = _norm64(s.to(torch.float32).to(f64), kind, eps[-1], packed["norm_w"][-1, :c].to(f64),
+                    packed["norm_b"][-1, :c].to(f64))
+    return s
+
+
+@st.composite
+def uniform_stacks(draw):
+    gated = draw(st.booleans())
+    blocks = [{"hidden": draw(st.integers(1, 200)), "activation": draw(st.sampled_from(stack.STACK_ACTIVATIONS)),
+               "norm": draw(st.sampled_from([None, "rmsnorm", {"kind": "layernorm", "bias": True},
+                                             {"kind": "layernorm", "bias": False}])),
+               "gated": gated, "bias": draw(st.booleans())} for _ in range(draw(st.integers(1, 4)))]
+    spec = {"channels": draw(st.integers(1, 150)), "blocks": blocks}
+    if draw(st.booleans()):
+        spec["final_norm"] = draw(st.sampled_from(["rmsnorm", "layernorm"]))
+    return spec
+
+
+@settings(max_examples=40, deadline=None)
+@given(spec=uniform_stacks(), rows=st.integers(1, 40), seed=st.integers(0, 2**16))
+def test_packed_parameters_compute_the_stack(spec, rows, seed):
+    """What the kernel reads (offsets, padding, biases, norms, codes) computes the reference stack."""
+    source = frontend.from_spec(spec, seed=seed)
+    plan = plan_stack(source.blocks, rows, H200)
+    packed = stack_packing.pack(source.blocks, source.parameters, source.final_norm, source.final_parameters, plan,
+                                "cpu")
+    x = torch.randn(rows, spec["channels"], generator=torch.Generator().manual_seed(seed)).half()
+    truth = stack.reference_stack(x, source.blocks, source.parameters, source.final_norm, source.final_parameters)
+    torch.testing.assert_close(emulate(packed, plan, x), truth, rtol=1e-3, atol=1e-3)
+
+
+def test_packing_pads_with_zeros_and_records_the_meta():
+    spec = {"channels": 70, "final_norm": "rmsnorm",
+            "blocks": [{"hidden": 65, "activation": "gelu_erf", "norm": {"kind": "layernorm", "bias": True}},
+                       {"hidden": 64, "activation": "relu"}]}
+    source = frontend.from_spec(spec, seed=1)
+    plan = plan_stack(source.blocks, 4, H200)
+    packed = stack_packing.pack(source.blocks, source.parameters, source.final_norm, source.final_parameters, plan,
+                                "cpu")
+    assert packed["w1"].shape == (3 * STACK_TILE, 128) and packed["w2"].shape == (128, 3 * STACK_TILE)
+    assert packed["meta"].tolist() == [[0, 2, stack_packing.ACT_CODES["gelu_erf"], 2],
+                                       [2, 1, stack_packing.ACT_CODES["relu"], 0], [0, 0, 0, 1]]
+    assert not packed["w1"][65:128].any() and not packed["w1"][:, 70:].any() and not packed["w2"][70:].any()
+    assert packed["w3"] is packed["w1"]  # a plain stack reads no gate
+    assert packed["eps"][0] == source.blocks[0].norm.eps
