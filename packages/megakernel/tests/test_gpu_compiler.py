@@ -107,9 +107,10 @@ def gpu_stack_specs(draw):
 @settings(max_examples=12, deadline=None)
 @given(spec=gpu_stack_specs(), rows=st.integers(1, 300), seed=st.integers(0, 2**16))
 def test_random_stacks_match_the_reference(spec, rows, seed):
-    """Every form through compile_model on the GPU (kernel blocks and torch-chain blocks in one stack), into
-    a NaN-poisoned output, against the float64 reference of what the frontend read."""
-    compiled = compile_model(spec, rows=rows, seed=seed)
+    """Every form through compile_model's per-block chain on the GPU (kernel blocks and torch-chain blocks in one
+    stack), into a NaN-poisoned output, against the float64 reference of what the frontend read (the fused engine:
+    test_gpu_persistent_stack.py)."""
+    compiled = compile_model(spec, rows=rows, seed=seed, engine="persistent-tc")
     kernel_forms = [b.kernel_refusal is None for b in compiled.program.blocks]
     assert [e != TORCH_CHAIN for e in compiled.engines] == kernel_forms
     x = model.make_input(rows, spec["channels"], seed=seed + 1, device="cuda")

@@ -28,6 +28,20 @@ def test_cases_reach_every_kernel_variant():
     assert any(p.owners.tiles_per_cta > 1 for p in multicast)
 
 
+def test_stack_cases_reach_both_forms_every_row_tile_and_both_gatings():
+    from kernellab.megakernel.compiler import frontend, passes
+
+    plans = []
+    for _, spec, rows, forced in sanitize.stack_cases():
+        blocks, final = frontend.read_spec(spec)
+        plans.append(passes.plan(blocks, rows, final_norm=final, fuse=True, **forced).stack)
+    assert {p.form for p in plans} == {"rows", "grid"}
+    assert {p.tile_rows for p in plans if p.form == "rows"} == {16, 32, 64}
+    assert {p.gated for p in plans} == {True, False}
+    assert any(p.form == "rows" and p.num_tiles > p.grid for p in plans)  # a CTA runs several row tiles
+    assert any(p.form == "grid" and p.num_tiles > 1 for p in plans)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
 def test_no_gpu_exits_2(capsys, tmp_path):
     assert sanitize.main(["--out", str(tmp_path)]) == 2

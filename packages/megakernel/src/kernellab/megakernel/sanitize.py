@@ -4,9 +4,9 @@ Runs memcheck (``--report-api-errors no``: the libraries' cuGetProcAddress probe
 racecheck, synccheck and initcheck, each over a child process that launches every kernel variant
 once at small shapes (an aligned one for the tensor-core engines, an odd one for the CUDA-core
 engines, both hidden placements and both weight placements of the persistent kernel, the prologue
-kernels) and checks each output. Writes ``DIR/sanitize.json`` ({tool: {errors or hazards: n}} and the
-run's provenance: the report's ``sanitizers`` block, via ``report --sanitizers DIR/sanitize.json``) and
-one log per tool.
+kernels, both forms and every row tile of the fused persistent-stack kernel) and checks each output.
+Writes ``DIR/sanitize.json`` ({tool: {errors or hazards: n}} and the run's provenance: the report's
+``sanitizers`` block, via ``report --sanitizers DIR/sanitize.json``) and one log per tool.
 Exits 2 where there is no GPU or no compute-sanitizer, 1 when a tool reports anything.
 """
 
@@ -28,6 +28,26 @@ TOOLS = {
     "initcheck": ["--tool", "initcheck"],
 }
 ALIGNED, ODD = (33, 32, 72), (5, 19, 37)
+
+
+def stack_cases():
+    """(label, spec, rows, forced fused plan): every persistent-stack variant family at a small model: both forms,
+    each row tile, gated and plain, every norm and activation, odd sizes, a final norm, multi-tile CTAs."""
+    gated = {"activation": "silu", "norm": "rmsnorm", "gated": True, "bias": False}
+    plain = [{"hidden": 100, "activation": "gelu", "norm": {"kind": "layernorm", "bias": True}},
+             {"hidden": 64, "activation": "gelu_erf"}, {"hidden": 37, "activation": "relu", "norm": "rmsnorm"}]
+    return [
+        ("persistent-stack grid form, gated, final norm, 3 row tiles", {"channels": 72, "final_norm": "rmsnorm",
+         "blocks": [{"hidden": 200, **gated}, {"hidden": 130, **gated}]}, 40, {"stack_form": "grid"}),
+        ("persistent-stack grid form, plain, every norm and activation, one row", {"channels": 19, "blocks": plain},
+         1, {"stack_form": "grid"}),
+        ("persistent-stack rows form, 16-row tiles, 2 tiles for some CTAs", {"channels": 19, "blocks": plain,
+         "final_norm": "layernorm"}, 2240, {"stack_form": "rows", "stack_tile_rows": 16}),
+        ("persistent-stack rows form, 32-row tiles, gated", {"channels": 64, "blocks": [{"hidden": 96, **gated}] * 2},
+         70, {"stack_form": "rows", "stack_tile_rows": 32}),
+        ("persistent-stack rows form, 64-row tiles, partial tile", {"channels": 130, "blocks": plain}, 100,
+         {"stack_form": "rows", "stack_tile_rows": 64}),
+    ]
 
 
 def cases():
@@ -122,6 +142,20 @@ def child() -> int:
     finite = bool(torch.isfinite(out).all())
     failures += not finite
     print(f"compiled two-block stack with prologues: finite={finite}", flush=True)
+    from . import stack as stacks
+    from .models import STACK_TOLERANCE
+
+    for label, spec, rows, forced in stack_cases():
+        compiled = compile_model(spec, rows=rows, seed=1, **forced)
+        x = torch.randn(rows, spec["channels"], device="cuda").half()
+        out = torch.full((rows, spec["channels"]), float("nan"), device="cuda")
+        compiled(x, out=out)
+        torch.cuda.synchronize()
+        truth = stacks.reference_stack(x, compiled.program.blocks, compiled.parameters, compiled.program.final_norm,
+                                       compiled.final_parameters)
+        check = validation.error_summary(out, truth, STACK_TOLERANCE, STACK_TOLERANCE)
+        failures += not check["passed"]
+        print(f"{label}: passed={check['passed']} max_abs={check['max_abs_error']}", flush=True)
     return failures
 
 
@@ -180,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     warm = subprocess.run([sys.executable, "-m", "kernellab.megakernel.sanitize", "--child"], capture_output=True,
                           text=True)
     (out / "plain.log").write_text(warm.stdout + warm.stderr)
-    results: dict = {"cases": [c[0] for c in cases()], "plain_run_exit_code": warm.returncode}
+    results: dict = {"cases": [c[0] for c in cases()] + [c[0] for c in stack_cases()],
+                     "plain_run_exit_code": warm.returncode}
     bad = warm.returncode != 0
     # the tools run side by side, each in its own process and context on the one GPU
     commands = {tool: [sanitizer, *TOOLS[tool], sys.executable, "-m", "kernellab.megakernel.sanitize", "--child"]

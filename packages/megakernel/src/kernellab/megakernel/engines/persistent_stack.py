@@ -174,7 +174,7 @@ class PersistentStack:
         self.kernel(x, y, w1, w3, w2, b1, b3, b2, norm_w, norm_b, meta, eps, ws, counter, *layouts,
                     tensorcore.g2s_copy(self.threads, tile), mma).launch(
             grid=[grid, 1, 1], block=[self.threads, 1, 1], min_blocks_per_mp=1, preferred_smem_carveout=100,
-            stream=stream)
+            cooperative=self.form == "grid", stream=stream)  # the grid barrier: the driver checks residency
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, y: cute.Tensor, w1: cute.Tensor, w3: cute.Tensor, w2: cute.Tensor,

@@ -1,0 +1,105 @@
+"""The fused whole-stack engine on the GPU: random stacks of every form it fuses (both forms, forced and planned)
+against the float64 reference of the stack with the kernels' rounding points, through the engines' protocol
+(NaN-poisoned output, fresh inputs, inputs unchanged, changed-input CUDA-graph replay); a grid-form plan called
+with more rows than its barrier can hold; and the report's models planned and served by the fused engine."""
+
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from kernellab.megakernel import compile_model, models, planning, stack, validation
+from kernellab.megakernel.compiler import frontend
+from kernellab.megakernel.engines.graph import GraphCall
+from kernellab.megakernel.planning.stack import StackPlan, plan_stack
+
+pytestmark = pytest.mark.gpu
+
+
+@st.composite
+def fusable_stacks(draw):
+    """Stacks the fused engine serves: any depth, hidden differing per block (odd sizes included), every norm and
+    activation, biases or not, gated throughout or plain throughout, a final norm or not."""
+    gated = draw(st.booleans())
+    blocks = [{"hidden": draw(st.integers(1, 300)), "activation": draw(st.sampled_from(stack.STACK_ACTIVATIONS)),
+               "norm": draw(st.sampled_from([None, "rmsnorm", {"kind": "layernorm", "bias": True},
+                                             {"kind": "layernorm", "bias": False}])),
+               "gated": gated, "bias": draw(st.booleans())} for _ in range(draw(st.integers(1, 5)))]
+    spec = {"channels": draw(st.sampled_from([1, 7, 64, 100, 256, 333])), "blocks": blocks}
+    if draw(st.booleans()):
+        spec["final_norm"] = draw(st.sampled_from(["rmsnorm", "layernorm"]))
+    return spec
+
+
+def _validate(spec, rows, seed, **options):
+    """The fused model of ``spec`` through the engines' protocol, direct and in a CUDA graph."""
+    case = models.ModelCase("random", spec, fits_l2=True)
+    compiled = compile_model(spec, rows=rows, seed=seed, **options)
+    assert compiled.fused is not None, compiled.plan()
+    assert compiled.engines == ["persistent-stack"] * len(spec["blocks"])
+    problem = models.StackProblem(case, rows, weights_seed=seed)
+
+    def call(inputs, outputs):
+        compiled(inputs["x"], out=outputs["y"])
+        return outputs
+
+    for name, run in (("persistent-stack", call), ("persistent-stack-graph", GraphCall(call))):
+        result = validation.check(problem, name, run, seed=seed)
+        assert result["passed"] and result["replay_changed_input"] and result["inputs_unchanged"], (
+            name, str(compiled.plan()), result)
+    return compiled
+
+
+@settings(max_examples=25, deadline=None)
+@given(spec=fusable_stacks(), rows=st.integers(1, 300), seed=st.integers(0, 2**16),
+       form=st.sampled_from([None, "grid", "rows"]))
+def test_random_stacks_match_the_reference(spec, rows, seed, form):
+    blocks, _ = frontend.read_spec(spec)
+    assume(isinstance(plan_stack(blocks, rows, planning.current_device(), form=form), StackPlan))  # forced: if it can
+    _validate(spec, rows, seed, stack_form=form)
+
+
+@pytest.mark.parametrize("tile_rows", [16, 32, 64])
+def test_every_rows_form_tile(tile_rows):
+    spec = {"channels": 96, "blocks": [{"hidden": 130, "activation": "silu", "norm": "rmsnorm"},
+                                       {"hidden": 64, "activation": "gelu"}], "final_norm": "layernorm"}
+    _validate(spec, 200, 4, stack_form="rows", stack_tile_rows=tile_rows)
+
+
+def test_a_grid_plan_called_with_more_row_tiles_than_sms_runs_its_rows_form():
+    spec = {"channels": 64, "blocks": [{"hidden": 256, "activation": "silu", "norm": "rmsnorm", "gated": True,
+                                        "bias": False}] * 2}
+    compiled = compile_model(spec, rows=1, seed=2)
+    assert compiled.program.stack.form == "grid"
+    rows = torch.cuda.get_device_properties(0).multi_processor_count * 16 + 5
+    x = torch.randn(rows, 64, device="cuda").half()
+    out = torch.full((rows, 64), float("nan"), device="cuda")
+    compiled(x, out=out)
+    torch.cuda.synchronize()
+    assert compiled.fused.plan_for(rows).form == "rows"
+    truth = stack.reference_stack(x, compiled.program.blocks, compiled.parameters, compiled.program.final_norm,
+                                  compiled.final_parameters)
+    torch.testing.assert_close(out.double(), truth, rtol=models.STACK_TOLERANCE, atol=models.STACK_TOLERANCE)
+
+
+@pytest.mark.parametrize("case", models.REPORT_MODELS[:3], ids=lambda c: c.name)
+@pytest.mark.parametrize("rows", [1, 64, 1024])
+def test_report_models_are_fused_and_pass(case, rows):
+    compiled = _validate(case.spec, rows, 0)
+    assert "persistent-stack" in str(compiled.plan())
+
+
+def test_the_1b_ffn_stack_at_decode_rows():
+    _validate(models.REPORT_MODELS[3].spec, 16, 0)
+
+
+def test_models_contenders_on_a_fusable_model():
+    """The models section's five contenders on a small model the fused engine serves: the fused ones are not
+    recorded as served by anything else, and every one passes."""
+    case = models.ModelCase("small-swiglu-fused", {"channels": 128, "final_norm": "rmsnorm", "blocks": [
+        {"hidden": 352, "activation": "silu", "norm": "rmsnorm", "gated": True, "bias": False}] * 2}, fits_l2=True)
+    built = models.contenders(case, 16)
+    assert built["persistent-stack"].served_by is None and built["persistent-stack-graph"].served_by is None
+    for name, contender in built.items():
+        result = validation.check(contender.problem, name, contender.call, seed=7)
+        assert result["passed"] and result["replay_changed_input"], (name, result)
