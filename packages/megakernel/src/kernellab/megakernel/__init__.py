@@ -2,10 +2,12 @@
 accumulation and output.
 
 - engines (``engines.bind``): conventional, persistent, persistent-global, conventional-tc,
-  persistent-tc (CuTe DSL), torch-cublas, torch-compile, and each as ``<name>-graph``;
+  persistent-tc (CuTe DSL), torch-cublas, torch-compile, and each as ``<name>-graph``; and the whole-stack
+  engine persistent-stack (``compile_model``);
 - the compiler (``compiler``: frontend -> ir -> passes -> codegen -> runner):
-  ``compile_model(nn.Module or spec, rows=...)``, with the fallback persistent-tc -> persistent ->
-  persistent-global -> conventional;
+  ``compile_model(nn.Module or spec, rows=...)``: the whole stack in one persistent-stack launch where it
+  fits, else the per-block chain with the fallback persistent-tc -> persistent -> persistent-global ->
+  conventional, the reason recorded;
 - ``compile_all(arch="sm_90a")``: every kernel variant ahead of time, no GPU needed;
 - ``python -m kernellab.megakernel.report`` and ``... .sanitize``: the engine report, compute-sanitizer.
 

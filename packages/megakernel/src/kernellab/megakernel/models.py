@@ -18,6 +18,7 @@ from kernellab.harness.case import Problem, Tolerance
 
 from . import model, stack
 from .compiler import frontend
+from .engines import STACK_ENGINES
 
 ACTIVATION_MODULES = {"relu": nn.ReLU, "gelu": lambda: nn.GELU(approximate="tanh"), "gelu_erf": nn.GELU,
                       "silu": nn.SiLU}
@@ -119,8 +120,7 @@ REPORT_MODELS = (
 )
 """The issue's four models; the last is the FFN stack of a 1B-parameter decoder (about 400 MB of fp16)."""
 REPORT_ROWS = (1, 16, 64, 1024, 4096)
-CONTENDERS = ("persistent-stack", "persistent-stack-graph", "block-chain-graph", "torch-eager",
-              "torch-compile-max-autotune-graph")
+CONTENDERS = (*STACK_ENGINES, "block-chain-graph", "torch-eager", "torch-compile-max-autotune-graph")
 """The fused engine and its graph, today's per-block chain in a graph, the nn.Module eagerly and
 under torch.compile(mode="max-autotune") captured in a CUDA graph."""
 SUMMARY_KEYS = ("count", "p50_ms", "p95_ms", "min_ms", "max_ms", "mean_ms")

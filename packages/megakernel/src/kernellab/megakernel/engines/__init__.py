@@ -26,6 +26,10 @@ ENGINES = (*_FIRST, *(e + GRAPH_SUFFIX for e in _FIRST), *_SECOND, *(e + GRAPH_S
 """Report order (the example report's, then the tensor-core and compiled engines): engines, then
 their graph variants."""
 
+STACK_ENGINES = ("persistent-stack", "persistent-stack-graph")
+"""Whole-stack engines (the report's ``models`` section, ``compile_model``'s default): a model, not a block, so
+they are bound by ``compile_model`` rather than ``bind``; the fused kernel is ``persistent_stack``."""
+
 TORCH_ENGINES = ("torch-cublas", "torch-compile")
 KERNEL_MODULES = {"conventional": "conventional", "persistent": "persistent", "persistent-global": "persistent",
                   "conventional-tc": "conventional_tc", "persistent-tc": "persistent_tc"}
