@@ -446,3 +446,32 @@ def test_floor_entry_is_weight_bytes_over_the_copy_bandwidth():
     assert floor["weight_bytes"] == 402653184
     assert floor["weight_floor_us"] == pytest.approx(402653184 / 4000e9 * 1e6)  # about 100 us
     assert floor["launch_floor_us"] == 2.5
+
+
+def test_model_selection_picks_by_pattern_and_rows_and_names_a_bad_argument():
+    cases, rows = models.select("swiglu*", "1,16")
+    assert [c.name for c in cases] == [c.name for c in models.REPORT_MODELS if c.name.startswith("swiglu")]
+    assert rows == (1, 16)
+    assert models.select(None, None) == (models.REPORT_MODELS, models.REPORT_ROWS)
+    with pytest.raises(ValueError, match="--model-cases"):
+        models.select("resnet", None)
+    with pytest.raises(ValueError, match="--model-rows"):
+        models.select(None, "1,x")
+    with pytest.raises(ValueError, match="--model-rows"):
+        models.select(None, "0")
+
+
+def test_models_sections_merge_across_sittings_into_a_complete_section():
+    """Measured in two sittings (--resume), the four models at all row counts make one section that passes the
+    schema; an entry measured again replaces the earlier one."""
+    complete = _complete_section()
+    first = {**complete, "row_counts": [1, 16, 64],
+             "entries": [e for e in complete["entries"] if e["rows"] <= 64]}
+    second = {**complete, "row_counts": [1024, 4096],
+              "entries": [e for e in complete["entries"] if e["rows"] > 64]}
+    merged = models.merge_sections(first, second)
+    assert models.check_models_section(merged) == [] and merged["row_counts"] == list(models.REPORT_ROWS)
+    again = {**complete, "row_counts": [1], "entries": [{**complete["entries"][0], "error": "remeasured"}]}
+    remerged = models.merge_sections(merged, again)
+    assert remerged["entries"][0]["error"] == "remeasured" and len(remerged["entries"]) == len(merged["entries"])
+    assert models.check_models_section(models.merge_sections(None, first)) != []  # half a section is incomplete

@@ -129,6 +129,40 @@ VALIDATION_KEYS = ("passed", "replay_changed_input", "inputs_unchanged", "max_ab
 FLOOR_KEYS = ("launch_floor_us", "weight_bytes", "copy_bandwidth_gbs", "weight_floor_us")
 
 
+def select(case_patterns: str | None, row_counts: str | None) -> tuple[tuple[ModelCase, ...], tuple[int, ...]]:
+    """The report's models and row counts that ``--model-cases`` (names or shell patterns, comma-separated) and
+    ``--model-rows`` (integers, comma-separated) pick; None picks all. Nothing picked is an error naming the
+    argument."""
+    import fnmatch
+
+    cases = REPORT_MODELS
+    if case_patterns:
+        patterns = [p.strip() for p in case_patterns.split(",") if p.strip()]
+        cases = tuple(c for c in REPORT_MODELS if any(fnmatch.fnmatchcase(c.name, p) for p in patterns))
+        if not cases:
+            raise ValueError(f"--model-cases {case_patterns!r} matches none of {[c.name for c in REPORT_MODELS]}")
+    rows = REPORT_ROWS
+    if row_counts:
+        try:
+            rows = tuple(int(r) for r in row_counts.split(",") if r.strip())
+        except ValueError:
+            raise ValueError(f"--model-rows must be comma-separated integers, got {row_counts!r}") from None
+        if not rows or min(rows) < 1:
+            raise ValueError(f"--model-rows must be integers >= 1, got {row_counts!r}")
+    return cases, rows
+
+
+def merge_sections(previous: dict | None, new: dict) -> dict:
+    """``new``'s entries over ``previous``'s (a report being extended with ``--resume``): an entry measured now
+    replaces the one of the same model and row count, the others are kept, in the report's model order."""
+    entries = {(e["model"], e["rows"]): e for e in (previous or {}).get("entries", [])}
+    entries.update({(e["model"], e["rows"]): e for e in new["entries"]})
+    order = {c.name: i for i, c in enumerate(REPORT_MODELS)}
+    ordered = sorted(entries.values(), key=lambda e: (order.get(e["model"], len(order)), e["model"], e["rows"]))
+    row_counts = sorted({*(previous or {}).get("row_counts", []), *new["row_counts"]})
+    return {**new, "row_counts": row_counts, "entries": ordered}
+
+
 def check_models_section(section: dict, cases=REPORT_MODELS, row_counts=REPORT_ROWS) -> list[str]:
     """What is wrong with a report's ``models`` section (empty when nothing): every model and row
     count, every contender with stream and host summaries and a validation, and the floor."""

@@ -124,6 +124,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--models", action="store_true",
                    help="add the models section: the four whole models at rows 1..4096, every contender validated "
                         "and timed (torch.compile max-autotune for each: long); kept from --resume otherwise")
+    p.add_argument("--model-cases", help="with --models: comma-separated model names or shell patterns (default: "
+                                         "all four); entries of other models are kept from --resume")
+    p.add_argument("--model-rows", help="with --models: comma-separated row counts (default: 1,16,64,1024,4096); "
+                                        "entries of other row counts are kept from --resume")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--show", metavar="REPORT", help="verify a report's sha256 and print its table, then exit")
     p.add_argument("--format", default="simple", help="table format for --show (tabulate's; 'github' for READMEs)")
@@ -294,7 +298,9 @@ class Run:
                 self.time_call(lambda: contender.call(inputs, outputs), got)
             return _clock_summaries(got)
 
-        return models.section(measure, validate, lambda case: models.floor_entry(case, launch_us, bandwidth))
+        cases, row_counts = models.select(self.args.model_cases, self.args.model_rows)
+        return models.section(measure, validate, lambda case: models.floor_entry(case, launch_us, bandwidth),
+                              cases=cases, row_counts=row_counts)
 
     def launch_floor(self) -> dict:
         """The report's ``launch_floor`` block: the direct call's summaries as an engine's, the graph's
@@ -468,7 +474,9 @@ def build_report(run: Run, previous: dict | None, partial: dict | None = None) -
         report["compiler"] = {"source_commit": prov["source_commit"], **compiler_checks.report_block(args.seed)}
     if args.models and not partial:
         run.log("models section ...")
-        report["models"] = run.models_section()
+        from . import models
+
+        report["models"] = models.merge_sections(previous.get("models") if previous else None, run.models_section())
     elif previous and "models" in previous:
         report["models"] = previous["models"]
     return report
@@ -619,6 +627,17 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("kernellab-megakernel-report: torch is not installed", file=sys.stderr)
         return 2
+    if args.model_cases or args.model_rows:
+        from . import models
+
+        try:
+            models.select(args.model_cases, args.model_rows)
+        except ValueError as e:
+            print(e, file=sys.stderr)
+            return 2
+        if not args.models:
+            print("--model-cases and --model-rows pick what --models measures; add --models", file=sys.stderr)
+            return 2
     if not torch.cuda.is_available():
         print("kernellab-megakernel-report: no CUDA device; this report measures GPU engines", file=sys.stderr)
         return 2
