@@ -475,3 +475,43 @@ def test_models_sections_merge_across_sittings_into_a_complete_section():
     remerged = models.merge_sections(merged, again)
     assert remerged["entries"][0]["error"] == "remeasured" and len(remerged["entries"]) == len(merged["entries"])
     assert models.check_models_section(models.merge_sections(None, first)) != []  # half a section is incomplete
+
+
+def _timed(section: dict, p50_us: dict) -> dict:
+    """``section`` with each contender's stream p50 set from ``p50_us`` (contender -> us)."""
+    out = {**section, "entries": []}
+    for e in section["entries"]:
+        contenders = {name: {**got, "stream_summary": {**got["stream_summary"], "p50_ms": p50_us[name] / 1e3}}
+                      for name, got in e["contenders"].items()}
+        out["entries"].append({**e, "contenders": contenders, "floor": {**e["floor"], "weight_floor_us": 90.0}})
+    return out
+
+
+def test_targets_are_read_from_the_section_met_and_missed():
+    section = _timed(_complete_section(), {"persistent-stack": 10.0, "persistent-stack-graph": 9.0,
+                                           "block-chain-graph": 20.0, "torch-eager": 100.0,
+                                           "torch-compile-max-autotune-graph": 20.0})
+    got = models.targets(section)
+    ratios = [t for t in got if t["target"] is not None]
+    # three L2 models: 3 decode rows x 2 ratios + 2 large rows x 1; the 1B stack: rows 1 and 16 x 2
+    assert len(ratios) == 3 * (3 * 2 + 2) + 2 * 2
+    assert all(t["met"] for t in ratios if "persistent-stack-graph /" in t["what"])  # 0.45 <= 0.5, 0.8, 0.9
+    floor = [t for t in ratios if t["what"].startswith("weight floor")]
+    assert floor and all(t["value"] == 10.0 and t["met"] for t in floor)
+    slow = _timed(_complete_section(), {"persistent-stack": 10.0, "persistent-stack-graph": 12.0,
+                                        "block-chain-graph": 20.0, "torch-eager": 100.0,
+                                        "torch-compile-max-autotune-graph": 20.0})
+    missed = [t for t in models.targets(slow) if t["target"] is not None and not t["met"]]
+    assert {t["rows"] for t in missed} == {1, 16, 64}  # 0.6 > 0.5 at decode rows; 0.6 <= 0.8 and 0.9 elsewhere
+    text = models.table(slow)
+    assert "missed: mlp4-c256-h1024-gelu rows=1" in text and "validations failed: 0" in text
+
+
+def test_a_failed_contender_is_unmeasured_for_the_targets():
+    section = _complete_section()
+    section["entries"][0]["contenders"] = {**section["entries"][0]["contenders"],
+                                           "persistent-stack-graph": {"validation": {"passed": False}}}
+    got = [t for t in models.targets(section) if t["model"] == section["entries"][0]["model"]
+           and t["rows"] == section["entries"][0]["rows"]]
+    assert any(t["target"] is not None and t["met"] is None for t in got)
+    assert any(t["what"] == "persistent-stack-graph passes validation" and t["met"] is False for t in got)

@@ -129,6 +129,76 @@ VALIDATION_KEYS = ("passed", "replay_changed_input", "inputs_unchanged", "max_ab
 FLOOR_KEYS = ("launch_floor_us", "weight_bytes", "copy_bandwidth_gbs", "weight_floor_us")
 
 
+# ---- the issue's targets, read from a section -------------------------------------------------------------------
+
+FUSED, CHAIN, COMPILED = "persistent-stack-graph", "block-chain-graph", "torch-compile-max-autotune-graph"
+DECODE_TARGET_ROWS, LARGE_TARGET_ROWS = (1, 16, 64), (1024, 4096)
+
+
+def _p50_us(entry: dict, contender: str) -> float | None:
+    got = entry.get("contenders", {}).get(contender, {})
+    if not got.get("validation", {}).get("passed"):
+        return None
+    p50 = got.get("stream_summary", {}).get("p50_ms")
+    return None if p50 is None else p50 * 1e3
+
+
+def targets(section: dict, cases=REPORT_MODELS) -> list[dict]:
+    """Issue 33's targets for every entry of a section: ``what`` is measured, ``value`` against ``target``
+    (``at_most`` or ``at_least``), ``met`` (None where a contender did not pass or was not timed)."""
+    fits = {c.name: c.fits_l2 for c in cases}
+    out = []
+
+    def add(entry, what, value, target, at_most=True):
+        met = None if value is None else (value <= target if at_most else value >= target)
+        out.append({"model": entry["model"], "rows": entry["rows"], "what": what, "value": value, "target": target,
+                    "at_most": at_most, "met": met})
+
+    def ratio(a, b):
+        return None if a is None or b is None else a / b
+
+    for entry in section.get("entries", []):
+        fused, chain, compiled = (_p50_us(entry, c) for c in (FUSED, CHAIN, COMPILED))
+        rows, in_l2 = entry["rows"], fits.get(entry["model"])
+        if in_l2 and rows in DECODE_TARGET_ROWS:
+            add(entry, f"{FUSED} / {COMPILED}", ratio(fused, compiled), 0.5)
+            add(entry, f"{FUSED} / {CHAIN}", ratio(fused, chain), 0.5)
+        elif in_l2 and rows in LARGE_TARGET_ROWS:
+            add(entry, f"{FUSED} / {COMPILED}", ratio(fused, compiled), 0.8)
+        elif in_l2 is False and rows in (1, 16):
+            add(entry, f"weight floor / {FUSED}", ratio(entry.get("floor", {}).get("weight_floor_us"), fused), 0.8,
+                at_most=False)
+            add(entry, f"{FUSED} / {COMPILED}", ratio(fused, compiled), 0.9)
+        for name, got in entry.get("contenders", {}).items():
+            out.append({"model": entry["model"], "rows": rows, "what": f"{name} passes validation", "value": None,
+                        "target": None, "at_most": None, "met": bool(got.get("validation", {}).get("passed"))})
+    return out
+
+
+def table(section: dict, fmt: str = "simple") -> str:
+    """Stream p50 per call in microseconds, a row per (model, rows), a column per contender, then the weight
+    floor; and the targets, met or missed, under it."""
+    from tabulate import tabulate
+
+    contenders = section.get("contenders", list(CONTENDERS))
+    rows = []
+    for entry in section.get("entries", []):
+        cells = [_p50_us(entry, c) for c in contenders]
+        rows.append([entry["model"], entry["rows"], *("-" if v is None else f"{v:.1f}" for v in cells),
+                     f"{entry.get('floor', {}).get('weight_floor_us', float('nan')):.1f}"])
+    lines = ["models: stream p50 per call, microseconds ('-': did not pass or not timed)",
+             tabulate(rows, headers=["model", "rows", *contenders, "weight floor"], tablefmt=fmt)]
+    misses = [t for t in targets(section) if t["target"] is not None and t["met"] is not True]
+    failed = [t for t in targets(section) if t["target"] is None and not t["met"]]
+    met = sum(1 for t in targets(section) if t["target"] is not None and t["met"])
+    lines.append(f"targets: {met} met, {len(misses)} missed or unmeasured; validations failed: {len(failed)}")
+    lines += [f"  missed: {t['model']} rows={t['rows']} {t['what']} = "
+              f"{'unmeasured' if t['value'] is None else format(t['value'], '.2f')} "
+              f"({'<=' if t['at_most'] else '>='} {t['target']})" for t in misses]
+    lines += [f"  failed: {t['model']} rows={t['rows']} {t['what']}" for t in failed]
+    return "\n".join(lines)
+
+
 def select(case_patterns: str | None, row_counts: str | None) -> tuple[tuple[ModelCase, ...], tuple[int, ...]]:
     """The report's models and row counts that ``--model-cases`` (names or shell patterns, comma-separated) and
     ``--model-rows`` (integers, comma-separated) pick; None picks all. Nothing picked is an error naming the

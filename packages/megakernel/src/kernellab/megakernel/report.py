@@ -394,9 +394,13 @@ def partial_line(report: dict) -> str | None:
 
 def printout(report: dict, fmt: str = "simple") -> str:
     """The table of stream p50 and, where the report has it, the launch floor's line under it (and a
-    partial report's line over it)."""
+    partial report's line over it); the models section's table and targets where it has one."""
     lines = [partial_line(report), _table({k: report[k] for k in ("development", "assessment")}, fmt),
              floor_line(report)]
+    if "models" in report:  # the whole models and issue 33's targets
+        from . import models
+
+        lines.append(models.table(report["models"], fmt))
     return "\n".join(line for line in lines if line is not None)
 
 
