@@ -119,7 +119,9 @@ def test_every_report_model_plan_runs_an_ahead_of_time_stack_variant():
         blocks, _ = frontend.read_spec(case.spec)
         for rows in models.REPORT_ROWS:
             plan = plan_stack(blocks, rows, planning.H200)
-            assert isinstance(plan, StackPlan), (case.name, rows, plan)
+            if not isinstance(plan, StackPlan):  # the 1B-sized stack past decode rows: the chain serves it
+                assert not case.fits_l2 and rows > 64, (case.name, rows, plan)
+                continue
             assert persistent_stack.variant(plan).name in AOT_NAMES
             forms.add(plan.form)
     assert forms == {"rows", "grid"}

@@ -41,6 +41,9 @@ def test_report_models_plan_grid_at_decode_rows_and_rows_form_above(case):
     blocks = _blocks(case.spec)
     for rows in models.REPORT_ROWS:
         plan = plan_stack(blocks, rows, H200)
+        if not case.fits_l2 and rows > DECODE_ROWS:  # every row tile would stream 384 MiB from memory
+            assert isinstance(plan, planning.Refusal) and "do not fit the 60 MiB L2" in plan.reason
+            continue
         assert isinstance(plan, StackPlan), plan
         assert plan.form == ("grid" if rows <= DECODE_ROWS else "rows")
         assert plan.smem_bytes == stack_smem_bytes(plan.form, plan.tile_rows, plan.channels_tile, plan.stages)
@@ -55,7 +58,12 @@ def test_grid_form_spreads_each_row_tile_over_the_chunks_it_has():
     assert (plan.form, plan.tile_rows, plan.num_tiles) == ("grid", 16, 1)
     assert plan.ctas_per_tile == 128 == plan.chunks[0]  # one chunk of 64 hidden units a CTA a block
     small = plan_stack(_blocks(_uniform(256, 1024, 4)), 64, H200)
-    assert small.num_tiles == 4 and small.ctas_per_tile == 16 and small.grid == 64  # 16 chunks a block
+    assert small.tile_rows == 64 and small.num_tiles == 1  # the fewest row tiles: each streams every weight
+    assert small.ctas_per_tile == 16 and small.grid == 16  # 16 chunks a block
+    wide = plan_stack(_blocks(_uniform(2048, 8192, 4, gated=True)), 64, H200)
+    assert (wide.tile_rows, wide.num_tiles, wide.ctas_per_tile) == (32, 2, 66)  # a 64-row operand does not fit
+    forced = plan_stack(_blocks(_uniform(256, 1024, 4)), 64, H200, form="grid", tile_rows=16)
+    assert forced.num_tiles == 4 and forced.grid == 64
 
 
 def test_grid_form_stages_are_the_deepest_ring_that_fits():
@@ -74,7 +82,7 @@ def test_rows_form_picks_the_cheapest_tile_and_the_largest_on_ties():
         assert costs[plan.tile_rows] == min(costs.values())
         assert plan.tile_rows == max(t for t, c in costs.items() if c == costs[plan.tile_rows])
     # 2048 channels: only 16-row tiles leave room for the fp32 stream tile
-    assert plan_stack(_blocks(_uniform(2048, 8192, 2)), 4096, H200).tile_rows == 16
+    assert plan_stack(_blocks(_uniform(2048, 1024, 2)), 4096, H200).tile_rows == 16
 
 
 def test_decode_rows_with_too_few_chunks_for_the_grid_form_take_the_rows_form_and_say_why():

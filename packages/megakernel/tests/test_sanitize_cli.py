@@ -40,6 +40,7 @@ def test_stack_cases_reach_both_forms_every_row_tile_and_both_gatings():
     assert {p.gated for p in plans} == {True, False}
     assert any(p.form == "rows" and p.num_tiles > p.grid for p in plans)  # a CTA runs several row tiles
     assert any(p.form == "grid" and p.num_tiles > 1 for p in plans)
+    assert {p.tile_rows for p in plans if p.form == "grid"} == {16, 64}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")

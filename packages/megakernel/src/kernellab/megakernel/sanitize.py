@@ -38,7 +38,10 @@ def stack_cases():
              {"hidden": 64, "activation": "gelu_erf"}, {"hidden": 37, "activation": "relu", "norm": "rmsnorm"}]
     return [
         ("persistent-stack grid form, gated, final norm, 3 row tiles", {"channels": 72, "final_norm": "rmsnorm",
-         "blocks": [{"hidden": 200, **gated}, {"hidden": 130, **gated}]}, 40, {"stack_form": "grid"}),
+         "blocks": [{"hidden": 200, **gated}, {"hidden": 130, **gated}]}, 40, {"stack_form": "grid",
+                                                                               "stack_tile_rows": 16}),
+        ("persistent-stack grid form, 64-row tile, plain, two chunks a CTA", {"channels": 64, "blocks": [
+         {"hidden": 500, "activation": "silu", "norm": "rmsnorm"}] * 2}, 50, {"stack_form": "grid"}),
         ("persistent-stack grid form, plain, every norm and activation, one row", {"channels": 19, "blocks": plain},
          1, {"stack_form": "grid"}),
         ("persistent-stack rows form, 16-row tiles, 2 tiles for some CTAs", {"channels": 19, "blocks": plain,

@@ -10,9 +10,11 @@ Two forms:
 - ``rows``: CTA b owns row tiles b, b + grid, ...; it carries a tile through every block with the fp32 stream
   of the tile in shared memory (tile_rows x channels_tile), so the stream never leaves the SM between blocks.
   Needs no grid-wide synchronization (rows are independent). Every CTA streams every weight, so it is
-  the form for row counts that fill the SMs with tiles.
+  the form for row counts that fill the SMs with tiles; refused where the weights do not fit the L2 (each row tile
+  would stream them from memory again: the per-block chain serves such a stack past decode rows).
 - ``grid``: for decode row counts (rows <= ``DECODE_ROWS``), where one CTA per row tile streaming every weight
-  would leave most SMs idle: each block's hidden chunks are spread over ``grid // row tiles`` CTAs per row tile,
+  would leave most SMs idle: the fewest row tiles that fit (16, 32 or 64 rows), each block's hidden chunks
+  spread over ``grid // row tiles`` CTAs per row tile,
   each adding its partial W2 product into the next stream buffer in global memory with fp32 atomic adds,
   and a grid-wide barrier between blocks (every CTA resident: grid <= SMs). The weights are still
   streamed once per row tile, now by all SMs together; the next block's first tiles load during the barrier.
@@ -129,15 +131,16 @@ def plan_stack(blocks, rows: int, device: DeviceSpec, *, target: str = "cuda", i
     cols = round_up(channels, STACK_TILE)
     chunks = tuple(ceil_div(b.hidden, STACK_TILE) for b in blocks)
     gated = blocks[0].gated
+    weight_bytes = sum((3 if b.gated else 2) * 2 * b.channels * b.hidden for b in blocks)
     if form == "grid" or form is None and rows <= DECODE_ROWS:
         got = _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows)
         if form == "grid" or isinstance(got, StackPlan):
             return got
-        rows_form = _rows_plan(rows, channels, cols, chunks, gated, device, tile_rows)
+        rows_form = _rows_plan(rows, channels, cols, chunks, gated, device, tile_rows, weight_bytes)
         if isinstance(rows_form, StackPlan):  # the grid form's reason, then the rows form's own
             return dataclasses.replace(rows_form, why=f"{got.reason}; {rows_form.why}")
         return Refusal(STACK_ENGINE, f"{got.reason}; {rows_form.reason}")
-    return _rows_plan(rows, channels, cols, chunks, gated, device, tile_rows)
+    return _rows_plan(rows, channels, cols, chunks, gated, device, tile_rows, weight_bytes)
 
 
 STREAM_BALANCE_ROWS = 48
@@ -153,9 +156,13 @@ def rows_cost(rows: int, tile_rows: int, device: DeviceSpec) -> float:
     return waves * max(1.0, tile_rows / STREAM_BALANCE_ROWS)
 
 
-def _rows_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackPlan | Refusal:
+def _rows_plan(rows, channels, cols, chunks, gated, device, tile_rows, weight_bytes=0) -> StackPlan | Refusal:
     """The cheapest row tile by ``rows_cost`` (the largest on ties: less weight traffic through L2), then the
     deepest ring that fits (up to 4 tiles)."""
+    if weight_bytes > device.l2_bytes:
+        return Refusal(STACK_ENGINE, f"rows form: every row tile streams all {weight_bytes / 2**20:.0f} MiB of "
+                                     f"weights, which do not fit the {device.l2_bytes / 2**20:.0f} MiB L2: each tile "
+                                     "would read them from memory again")
     options = [t for t in STACK_ROW_TILES if (tile_rows is None or t == tile_rows)
                and _most_stages("rows", t, cols, device, 4) is not None]
     if not options:
@@ -173,16 +180,21 @@ def _rows_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackP
 
 
 def _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackPlan | Refusal:
-    """16-row tiles (decode rows), as many CTAs per row tile as fit on the SMs (one CTA an SM, all resident for
-    the grid barrier) and have a chunk of the widest block, and the deepest ring that fits (up to 8 tiles)."""
-    tile = tile_rows or STACK_ROW_TILES[0]
+    """The fewest row tiles whose operand tile and a ring of two weight tiles fit (each row tile's CTAs stream
+    every weight once, and a decode tile's products cost little), the smallest such tile; as many CTAs per row
+    tile as fit on the SMs (one CTA an SM, all resident for the grid barrier) and have a chunk of the widest
+    block; and the deepest ring that fits (up to 8 tiles)."""
     if rows > DECODE_ROWS * 4:
         return Refusal(STACK_ENGINE, f"grid form: {rows} rows is past decode row counts; the atomic partial sums "
                                      f"grow with the rows (the rows form serves it)")
-    stages = _most_stages("grid", tile, cols, device, 8)
-    if stages is None:
+    options = [t for t in STACK_ROW_TILES if (tile_rows is None or t == tile_rows)
+               and _most_stages("grid", t, cols, device, 8) is not None]
+    if not options:
         return Refusal(STACK_ENGINE, f"grid form: the operand tile and two weight tiles need "
-                                     f"{stack_smem_bytes('grid', tile, cols, 2)} B of shared memory at {cols} channels")
+                                     f"{stack_smem_bytes('grid', tile_rows or 16, cols, 2)} B of shared memory at "
+                                     f"{cols} channels")
+    tile = min(options, key=lambda t: (ceil_div(rows, t), t))
+    stages = _most_stages("grid", tile, cols, device, 8)
     tiles = ceil_div(rows, tile)
     per_tile = min(device.sm_count // tiles, max(chunks))
     if per_tile < 2:
