@@ -426,19 +426,42 @@ class PersistentStack:
     def operand(self, src: cute.Tensor, base: Int32, limit: Int32, s_u: cute.Tensor, kind: Int32, eps: Float32,
                 norm_w, norm_b, i: Int32, channels: Int32, tid: Int32):
         """u = fp16(norm(s)) of the tile's rows (src rows base .. base + tile_rows, those at or past ``limit``
-        zero) into the operand tile, channels past the stream's zero."""
+        zero) into the operand tile, channels past the stream's zero. A warp a row: each lane loads its
+        channels_tile / 32 values of the row at once into registers (one memory latency, not one a channel),
+        sums them (twice for a LayerNorm: the mean, then the centred squares) and writes them normalized."""
         lane, warp = tid % 32, tid // 32
-        for rr in cutlass.range_constexpr(self.tile_rows // self.warps):
+        per_lane = self.cols // 32
+        values = cute.make_rmem_tensor((per_lane,), Float32)
+        for rr in range(self.tile_rows // self.warps):  # a loop: the channels within a row are unrolled
             r = warp + rr * self.warps
             inside = base + r < limit
-            mean, scale = self.row_stats(src, base + r, inside, channels, kind, eps, lane)
-            for c in range(lane, self.cols, 32):
+            for j in cutlass.range_constexpr(per_lane):
                 value = Float32(0.0)
+                if inside and lane + 32 * j < channels:
+                    value = src[base + r, lane + 32 * j].to(Float32)
+                values[j] = value
+            mean, scale = Float32(0.0), Float32(1.0)
+            if kind != NORM_NONE:
+                if kind == NORM_LAYER:
+                    total = Float32(0.0)
+                    for j in cutlass.range_constexpr(per_lane):
+                        total = total + values[j]
+                    mean = cute.arch.warp_reduction_sum(total) / Float32(channels)
+                squares = Float32(0.0)
+                for j in cutlass.range_constexpr(per_lane):
+                    d = values[j] - mean
+                    if lane + 32 * j >= channels:
+                        d = Float32(0.0)
+                    squares = squares + d * d
+                scale = cute.math.rsqrt(cute.arch.warp_reduction_sum(squares) / Float32(channels) + eps)
+            for j in cutlass.range_constexpr(per_lane):
+                c = lane + 32 * j
+                out = Float32(0.0)
                 if inside and c < channels:
-                    value = (src[base + r, c].to(Float32) - mean) * scale
+                    out = (values[j] - mean) * scale
                     if kind != NORM_NONE:
-                        value = value * norm_w[i, c] + norm_b[i, c]
-                s_u[r, c % STACK_TILE, c // STACK_TILE] = value.to(Float16)
+                        out = out * norm_w[i, c] + norm_b[i, c]
+                s_u[r, c % STACK_TILE, c // STACK_TILE] = out.to(Float16)
 
     @cute.jit
     def finish(self, s_s, row0: Int32, rows: Int32, channels: Int32, y, kind: Int32, eps: Float32, norm_w, norm_b,
