@@ -275,6 +275,14 @@ def test_cpu_target_runs_the_torch_chain_within_tolerance_of_the_reference():
     assert not torch.allclose(compiled(x2), y)  # a fresh input, a fresh answer
 
 
+def test_an_out_buffer_that_does_not_fit_is_refused_naming_it():
+    compiled = runner.compile_model(GATED_SPEC, rows=4, seed=2, target="cpu")
+    x = torch.randn(4, 48).half()
+    for bad in (torch.empty(4, 47), torch.empty(4, 48, dtype=torch.float16), torch.empty(48, 4).t()):
+        with pytest.raises(ValueError, match="out must be a contiguous"):
+            compiled(x, out=bad)
+
+
 def test_torch_block_keeps_the_kernels_rounding_points():
     """The torch chain rounds the operand and hidden to fp16 like the kernels: against the rounded
     reference it is within fp32 accumulation error, against the unrounded one it is not."""

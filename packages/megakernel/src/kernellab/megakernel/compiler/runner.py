@@ -148,6 +148,11 @@ class CompiledModel:
         rows, device = x.shape[0], x.device
         if out is None:
             out = torch.empty((rows, x.shape[1]), dtype=torch.float32, device=device)
+        elif (out.shape != x.shape or out.dtype != torch.float32 or out.device != device
+              or not out.is_contiguous()):
+            raise ValueError(f"out must be a contiguous {tuple(x.shape)} float32 tensor on {device}, got "
+                             f"{tuple(out.shape)} {out.dtype} on {out.device}"
+                             f"{'' if out.is_contiguous() else ' (not contiguous)'}")
         if self.fused is not None:
             return self.fused(x, out)
         final_norm = self.program.final_norm
