@@ -290,6 +290,7 @@ class PersistentStack:
 
     @cute.jit
     def zeroed(self, acc: cute.Tensor) -> cute.Tensor:
+        """``acc`` cleared, for a product that starts from zero (GEMM2's output tile)."""
         acc.fill(0.0)
         return acc
 
@@ -402,23 +403,21 @@ class PersistentStack:
         cute.autovec_copy(h, h_dst)
 
     @cute.jit
-    def row_stats(self, src: cute.Tensor, row: Int32, inside, channels: Int32, kind: Int32, eps: Float32,
-                  lane: Int32):
+    def row_stats(self, src: cute.Tensor, row: Int32, channels: Int32, kind: Int32, eps: Float32, lane: Int32):
         """(mean, 1 / sqrt(var + eps)) of a row for a LayerNorm, (0, 1 / sqrt(mean square + eps)) for an RMSNorm,
-        (0, 1) without a norm; a warp per row, two passes for the LayerNorm (no cancellation)."""
+        (0, 1) without a norm; a warp per row, two passes for the LayerNorm (no cancellation). The final norm's
+        (once a row: ``operand`` holds a row in registers instead)."""
         mean, scale = Float32(0.0), Float32(1.0)
         if kind != NORM_NONE:
             if kind == NORM_LAYER:
                 total = Float32(0.0)
                 for c in range(lane, channels, 32):
-                    if inside:
-                        total = total + src[row, c].to(Float32)
+                    total = total + src[row, c].to(Float32)
                 mean = cute.arch.warp_reduction_sum(total) / Float32(channels)
             squares = Float32(0.0)
             for c in range(lane, channels, 32):
-                if inside:
-                    d = src[row, c].to(Float32) - mean
-                    squares = squares + d * d
+                d = src[row, c].to(Float32) - mean
+                squares = squares + d * d
             scale = cute.math.rsqrt(cute.arch.warp_reduction_sum(squares) / Float32(channels) + eps)
         return mean, scale
 
@@ -476,7 +475,7 @@ class PersistentStack:
     def finish_row(self, src, src_row: Int32, row: Int32, channels: Int32, y, kind: Int32, eps: Float32, norm_w,
                    norm_b, i: Int32, lane: Int32):
         """y[row] = final_norm(src[src_row]) (or the row itself), by one warp."""
-        mean, scale = self.row_stats(src, src_row, True, channels, kind, eps, lane)
+        mean, scale = self.row_stats(src, src_row, channels, kind, eps, lane)
         for c in range(lane, channels, 32):
             value = src[src_row, c]
             if kind != NORM_NONE:
