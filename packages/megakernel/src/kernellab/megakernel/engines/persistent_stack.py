@@ -488,22 +488,32 @@ class PersistentStack:
     def add_partial(self, acc_o, coords, x, ws, y, b2, i: Int32, blocks: Int32, first, row0: Int32, col0: Int32,
                     rows: Int32, channels: Int32, final_kind: Int32):
         """Add this CTA's partial W2 product of one 64-column tile into block i's target (fp32 atomics); the
-        CTA of the block's chunk 0 adds the block's input stream and b2 as well."""
-        for k in cutlass.range_constexpr(cute.size(acc_o)):
+        CTA of the block's chunk 0 adds the block's input stream and b2 as well. Into a stream buffer (rows of
+        channels_tile, 16-byte aligned) each pair of neighbouring columns of a fragment goes as one 8-byte
+        ``red.add.v2``; into y (the last block without a final norm, any channels) element by element."""
+        to_y = i + 1 == blocks and final_kind == NORM_NONE
+        for k in cutlass.range_constexpr(0, cute.size(acc_o), 2):  # elements k, k + 1: columns c, c + 1
             r, c = coords[k]
             row, col = row0 + r, col0 + c
-            if row < rows and col < channels:
-                value = acc_o[k]
-                if first:
-                    value = value + b2[i, col]
-                    if i == 0:
-                        value = value + x[row, col].to(Float32)
-                    else:
-                        value = value + ws[i % 3 * rows + row, col]
-                if i + 1 == blocks and final_kind == NORM_NONE:
-                    self.red_add(y, row, col, value)
+            if row < rows:
+                pair = cute.make_rmem_tensor((2,), Float32)
+                for e in cutlass.range_constexpr(2):
+                    value = acc_o[k + e]
+                    if first:
+                        value = value + b2[i, col + e]
+                        if col + e < channels:
+                            if i == 0:
+                                value = value + x[row, col + e].to(Float32)
+                            else:
+                                value = value + ws[i % 3 * rows + row, col + e]
+                    pair[e] = value
+                if to_y:
+                    for e in cutlass.range_constexpr(2):
+                        if col + e < channels:
+                            self.red_add(y, row, col + e, pair[e])
                 else:
-                    self.red_add(ws, (i + 1) % 3 * rows + row, col, value)
+                    ptr = ws.iterator + cute.crd2idx(((i + 1) % 3 * rows + row, col), ws.layout)
+                    cute.arch.red(ptr, pair.load(), op="add", dtype=Float32, sem="relaxed", scope="gpu")
 
     @cute.jit
     def red_add(self, t: cute.Tensor, row: Int32, col: Int32, value: Float32):
