@@ -167,7 +167,7 @@ class Audit:
         except RevisionError as e:
             self.check("replay", False, str(e), fail=f"replay failed: {e}")
             return
-        self._check_artifacts(reports, sides)
+        self._check_artifacts(reports, sides, roots)
         self._check_validations(sides)
         self._check_replayed_impls(cand, sides["candidate"])
         suite = types.SimpleNamespace(name=cand["suite"], device=cand.get("suite_device", "cpu"),
@@ -201,12 +201,13 @@ class Audit:
         self.check("every measured case replayed", None if missing else True, missing,
                    doubt=f"{len(missing)} measured case(s) not replayed, first: {missing[0]}" if missing else None)
 
-    def _check_artifacts(self, reports: dict, sides: dict) -> None:
+    def _check_artifacts(self, reports: dict, sides: dict, roots: dict) -> None:
         unchanged, checked = 0, True
         for side, rep in reports.items():
             recorded = rep["provenance"].get("artifacts_sha256", {})
             current = sides[side]["provenance"].get("artifacts_sha256", {})
-            changes = trees.artifact_changes(recorded, current)
+            changes = trees.artifact_changes(recorded, current, rep["provenance"].get("git", {}).get("root"),
+                                             str(roots[side]))
             unchanged += len(changes["unchanged"])
             checked &= not changes["unchecked"]
             if changes["changed"]:
