@@ -102,7 +102,9 @@ class Worker:
             env["KERNELLAB_SOURCE_ROOT"] = str(self.root)
         else:
             env.pop("KERNELLAB_SOURCE_ROOT", None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "kernellab.harness.worker"], cwd=self.root, env=env,
+        # imported, not run with -m: one copy of the worker module, the one integrity.verify checks
+        self.proc = subprocess.Popen([sys.executable, "-c", "from kernellab.harness import worker; worker.main()"],
+                                     cwd=self.root, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
 
     def request(self, cmd: str, **args: Any) -> dict:
