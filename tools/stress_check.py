@@ -46,7 +46,14 @@ def _outcomes(junit: Path) -> dict[str, str]:
     return out
 
 
-def run(runs: int, load: int, pytest_args: list[str]) -> dict:
+def _finish(record: dict) -> dict:
+    record["every_run_passed"] = bool(record["runs"]) and all(r["exit_code"] == 0 and r["failed"] == 0
+                                                              and r["passed"] > 0 for r in record["runs"])
+    return record
+
+
+def run(runs: int, load: int, pytest_args: list[str], out: Path) -> dict:
+    """The record, rewritten to ``out`` after every run so that a run stopped midway keeps what it did."""
     if load and shutil.which("stress") is None:
         raise SystemExit("stress_check: --load needs the `stress` program on PATH (apt install stress), or --load 0")
     record = {"kind": "stress_check", "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -72,15 +79,14 @@ def run(runs: int, load: int, pytest_args: list[str]) -> dict:
                 for tid, outcome in outcomes.items():
                     t = record["tests"].setdefault(tid, {"passed": 0, "failed": 0, "skipped": 0})
                     t[outcome] += 1
+                out.write_text(json.dumps(_finish(record), indent=1) + "\n")
                 print(f"run {i + 1}/{runs}: {counts['passed']} passed, {counts['failed']} failed, "
                       f"{counts['skipped']} skipped in {seconds:.0f} s (load {os.getloadavg()[0]:.1f})", flush=True)
     finally:
         if loader is not None:
             loader.terminate()
             loader.wait()
-    record["every_run_passed"] = bool(record["runs"]) and all(r["exit_code"] == 0 and r["failed"] == 0
-                                                              and r["passed"] > 0 for r in record["runs"])
-    return record
+    return _finish(record)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,9 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error(f"--runs must be at least 1, got {args.runs}")
-    record = run(args.runs, args.load, args.pytest_args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    record = run(args.runs, args.load, args.pytest_args, args.out)
     flaky = {t: v for t, v in record["tests"].items() if v["failed"]}
     print(f"{len(record['tests'])} tests x {args.runs} runs under {args.load} stress workers: "
           + ("every run passed" if record["every_run_passed"] else f"{len(flaky)} test(s) failed in some run: "
