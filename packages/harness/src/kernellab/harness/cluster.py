@@ -196,6 +196,34 @@ def describe_nodes() -> dict:
             "cpu": provenance.cpu_name(), "gpus": gpus}
 
 
+def node_devices(session: Session) -> list[dict]:
+    """Every alive node's CPU and GPU names (``describe_nodes`` run on each)."""
+    ray = import_ray()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    probe = ray.remote(num_cpus=0, max_retries=0)(describe_nodes)
+    return ray.get([probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["node_id"], soft=False)).remote()
+                    for n in session.nodes()])
+
+
+def has_device(node: dict, kind: str, name: str) -> bool:
+    return name in node["gpus"] if kind == "cuda" else node["cpu"] == name
+
+
+def nodes_with(wanted: dict[str, tuple[str, str]], nodes: list[dict]) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """For each problem's wanted (kind, device name), the node ids that have such a device, and for the
+    problems no node can take, why not."""
+    found, missing = {}, {}
+    for problem, (kind, name) in wanted.items():
+        ids = [n["node_id"] for n in nodes if has_device(n, kind, name)]
+        if ids:
+            found[problem] = ids
+        else:
+            have = sorted({g for n in nodes for g in (n["gpus"] if kind == "cuda" else [n["cpu"]])})
+            missing[problem] = f"no node of the cluster has a {kind} device named {name!r} (it has {have})"
+    return found, missing
+
+
 # ---- the checkpoint -------------------------------------------------------------------------------
 
 class Checkpoint:
@@ -465,10 +493,11 @@ def run_plan(session: Session, plan: Plan, problems: list[str], expected: dict[s
              on_outcomes: Callable[[dict], None] | None = None) -> dict[str, dict]:
     """Run and merge: the sides of the whole plan, as ``run_sides`` returns them."""
     started = time.monotonic()
+    git = {s: provenance.git_state(root) for s, root in plan.trees.items()}  # as the trees are shipped
+    plan.fingerprints()
     outcomes = run_problems(session, plan, problems, checkpoint, display)
     if on_outcomes is not None:
         on_outcomes(outcomes)
-    git = {s: provenance.git_state(root) for s, root in plan.trees.items()}
     cluster = {"address": session.address or "local", "tasks": len(problems), "ray_startup_s": session.startup_s,
                "run_s": time.monotonic() - started}
     return merge(outcomes, expected, list(plan.trees), git, cluster)
