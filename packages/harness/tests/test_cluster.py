@@ -5,7 +5,6 @@ import json
 import os
 import sys
 import time
-import types
 from pathlib import Path
 
 import pytest
@@ -152,27 +151,3 @@ def test_a_run_killed_midway_leaves_no_report_and_resume_finishes_it(local_clust
     assert all(c["status"] == "ok" and c["device"]["kind"] == "cpu" for c in merged["cases"])
     assert merged["provenance"]["git"]["commit"] == alone["provenance"]["git"]["commit"]
     assert consistency.check(merged) == []
-
-
-def test_a_checkpoint_of_another_run_is_refused(tmp_path):
-    path = tmp_path / "c.checkpoint.jsonl"
-    cluster.Checkpoint.start(path, {"suite": "cpu-ops", "trees": {"candidate": "a"}})
-    with pytest.raises(cluster.ClusterError, match=r"belongs to another run; it differs in \['trees'\]"):
-        cluster.Checkpoint.resume(path, {"suite": "cpu-ops", "trees": {"candidate": "b"}})
-    with path.open("a") as f:
-        f.write(json.dumps({"problem": "p1", "result": {}}) + "\n" + '{"problem": "p2", "res')  # killed mid-line
-    done = cluster.Checkpoint.resume(path, {"suite": "cpu-ops", "trees": {"candidate": "a"}}).done
-    assert list(done) == ["p1"]
-
-
-def test_exact_pattern_matches_only_its_name():
-    from kernellab.harness.runner import match
-
-    name = "op_[1]x*_fp32"
-    assert match(name, cluster.exact(name))
-    assert not match("op_1x2_fp32", cluster.exact(name))
-
-
-def test_failure_reason_names_the_exception_inside_the_task():
-    err = types.SimpleNamespace(cause=RuntimeError("worker candidate died during 'setup'\nmore"))
-    assert cluster.failure_reason(err) == "RuntimeError: worker candidate died during 'setup'"

@@ -422,7 +422,10 @@ def run_problems(session: Session, plan: Plan, problems: list[str], checkpoint: 
                             entry.get("result", {}).get("node"))
     except KeyboardInterrupt:
         for ref in pending:
-            ray.cancel(ref, force=True)
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 - a local cluster that the same Ctrl-C already stopped
+                pass
         raise ClusterInterrupted(checkpoint.path if checkpoint else None, len(done), len(problems)) from None
     finally:
         ray.kill(board)

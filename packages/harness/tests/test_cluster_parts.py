@@ -1,0 +1,52 @@
+"""The cluster run's parts that need no cluster: checkpoint, patterns, failure reasons, the display."""
+
+import io
+import json
+import types
+
+import pytest
+
+from kernellab.harness import cluster
+from kernellab.harness.runner import match
+
+
+def test_a_checkpoint_of_another_run_is_refused(tmp_path):
+    path = tmp_path / "c.checkpoint.jsonl"
+    cluster.Checkpoint.start(path, {"suite": "cpu-ops", "trees": {"candidate": "a"}})
+    with pytest.raises(cluster.ClusterError, match=r"belongs to another run; it differs in \['trees'\]"):
+        cluster.Checkpoint.resume(path, {"suite": "cpu-ops", "trees": {"candidate": "b"}})
+    with path.open("a") as f:
+        f.write(json.dumps({"problem": "p1", "result": {}}) + "\n" + '{"problem": "p2", "res')  # killed mid-line
+    done = cluster.Checkpoint.resume(path, {"suite": "cpu-ops", "trees": {"candidate": "a"}}).done
+    assert list(done) == ["p1"]
+
+
+def test_exact_pattern_matches_only_its_name():
+    name = "op_[1]x*_fp32"
+    assert match(name, cluster.exact(name))
+    assert not match("op_1x2_fp32", cluster.exact(name))
+
+
+def test_failure_reason_names_the_exception_inside_the_task():
+    err = types.SimpleNamespace(cause=RuntimeError("worker candidate died during 'setup'\nmore"))
+    assert cluster.failure_reason(err) == "RuntimeError: worker candidate died during 'setup'"
+
+
+def test_the_display_counts_problems_in_all_and_per_node():
+    out = io.StringIO()
+    display = cluster.Display(4, out=out)
+    a, b = {"host": "gpu1", "node_id": "aaaaaa99"}, {"host": "gpu2", "node_id": "bbbbbb99"}
+    for p in "pqrs":
+        display.state[p] = ("queued", "?")
+    display.set("p", "running", a)
+    display.set("q", "running", b)
+    display.set("p", "done")
+    display.set("r", "running", a)
+    display.set("q", "failed")
+    assert display.line() == ("cluster: 2/4 problems finished (1 done, 1 failed), 1 running | gpu1:aaaaaa: 1 done, "
+                              "1 running | gpu2:bbbbbb: 1 failed")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 5 and lines[0].endswith("0/4 problems finished (0 done, 0 failed), 1 running | "
+                                                 "gpu1:aaaaaa: 1 running")
+    display.set("r", "running", a)  # no change: no line
+    assert len(out.getvalue().splitlines()) == 5
