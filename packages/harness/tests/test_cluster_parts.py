@@ -50,3 +50,22 @@ def test_the_display_counts_problems_in_all_and_per_node():
                                                  "gpu1:aaaaaa: 1 running")
     display.set("r", "running", a)  # no change: no line
     assert len(out.getvalue().splitlines()) == 5
+
+
+@pytest.mark.parametrize("device, cpus, want", [
+    ("cuda", None, {"num_gpus": 1, "num_cpus": 1}),
+    ("cuda", 4, {"num_gpus": 1, "num_cpus": 4}),
+    ("cpu", None, {"num_gpus": 0, "num_cpus": 16}),  # the smallest node's cores: a node to itself anywhere
+    ("cpu", 2, {"num_gpus": 0, "num_cpus": 2}),
+])
+def test_a_task_takes_one_gpu_or_a_whole_nodes_cores(device, cpus, want):
+    session = types.SimpleNamespace(nodes=lambda: [{"resources": {"CPU": 32.0, "GPU": 8.0}},
+                                                   {"resources": {"CPU": 16.0, "GPU": 2.0}}])
+    plan = cluster.Plan(trees={}, request={}, rounds=1, device=device, cpus=cpus)
+    assert cluster.task_resources(session, plan) == want
+
+
+def test_a_cpu_suite_on_a_cluster_without_cpus_is_a_clear_error():
+    plan = cluster.Plan(trees={}, request={}, rounds=1, device="cpu")
+    with pytest.raises(cluster.ClusterError, match="no node with CPUs"):
+        cluster.task_resources(types.SimpleNamespace(nodes=lambda: []), plan)

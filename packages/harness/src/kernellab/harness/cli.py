@@ -547,7 +547,8 @@ def run_chosen(chosen: list, reference: dict | None, args) -> int:
         checkpoint.remove()
     gated = gate_exit(comparisons, runs, args)
     if not ok:
-        print("kernellab-bench: some validations failed; see the report's status fields", file=sys.stderr)
+        print("kernellab-bench: some cases failed (a validation, or a cluster task); see the report's status and "
+              "reason fields", file=sys.stderr)
         return EXIT_FAILED_VALIDATION
     return gated
 

@@ -343,15 +343,17 @@ def exact(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
 
 
-def task_cpus(session: Session, plan: Plan) -> int:
+def task_resources(session: Session, plan: Plan) -> dict[str, int]:
+    """What one task takes: a GPU suite one GPU (and one CPU beside it), a CPU suite the cores of the
+    smallest node (so that it has a node to itself wherever it lands); ``plan.cpus`` overrides the CPUs."""
+    if plan.device == "cuda":
+        return {"num_gpus": 1, "num_cpus": plan.cpus or 1}
     if plan.cpus:
-        return plan.cpus
-    if plan.device != "cpu":
-        return 1
+        return {"num_gpus": 0, "num_cpus": plan.cpus}
     counts = [int(n["resources"].get("CPU", 0)) for n in session.nodes() if n["resources"].get("CPU")]
     if not counts:
         raise ClusterError("the cluster has no node with CPUs to run a CPU suite")
-    return min(counts)
+    return {"num_gpus": 0, "num_cpus": min(counts)}
 
 
 def run_problems(session: Session, plan: Plan, problems: list[str], checkpoint: Checkpoint | None = None,
@@ -375,8 +377,7 @@ def run_problems(session: Session, plan: Plan, problems: list[str], checkpoint: 
         return {p: done[p] for p in problems}
     trees_ref = ray.put({name: blob for name, (blob, _) in plan.packed.items()})
     board = ray.remote(num_cpus=0)(Board).remote()
-    gpus = 1 if plan.device == "cuda" else 0
-    task = ray.remote(num_gpus=gpus, num_cpus=task_cpus(session, plan), max_calls=1, max_retries=0)(run_problem)
+    task = ray.remote(**task_resources(session, plan), max_calls=1, max_retries=0)(run_problem)
     pending: dict[Any, tuple[str, int]] = {}
     errors: dict[str, list[str]] = {}
     attempts: dict[str, int] = {}
