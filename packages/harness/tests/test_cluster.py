@@ -107,6 +107,9 @@ def test_a_problem_whose_worker_dies_is_retried_then_failed_while_the_rest_compl
         assert case["validations"] == [] and case["modes"] == {}
     assert [s for p, s in seen if p == boom].count("queued") == 1  # sent back once: one retry, no more
     assert report["provenance"]["cluster"]["failed_problems"][boom]
+    first, second = report["provenance"]["cluster"]["retried_problems"][boom]
+    assert "died during 'setup'" in first and "died during 'setup'" in second
+    assert first.rsplit(" (on ", 1)[1] != second.rsplit(" (on ", 1)[1]  # the retry ran on the other node
     for n in (2, 5):
         assert all(by_id[f"affine_4x{n}_fp32/{i}"]["status"] == "ok" for i in ("torch", "crasher"))
     assert consistency.check(report) == []

@@ -9,7 +9,7 @@ import time
 
 from kernellab.harness.case import Impl, Problem, Suite, Tolerance
 
-SLEEP_S = 18.0  # each ray-sleepy problem's fixed duration
+SLEEP_S = 28.0  # each ray-sleepy problem's fixed duration
 CRASH_ON = "affine_4x3_fp32"  # the ray-crashy problem whose crasher kills its worker
 
 

@@ -475,8 +475,9 @@ def run(argv: list[str] | None) -> int:
             args.cluster = cluster.connect(args.ray or None)
         except cluster.ClusterError as e:
             return _usage(str(e))
-        print(f"ray: {'joined ' + args.ray if args.ray else 'started a local cluster'} in "
-              f"{args.cluster.startup_s:.1f} s (Ray start-up, not counted in the run)", file=sys.stderr)
+        how = ("joined " + args.ray if args.ray else "started a local cluster") if args.cluster.owned else \
+            "kept this process's connection"
+        print(f"ray: {how} in {args.cluster.startup_s:.1f} s (Ray start-up, not counted in the run)", file=sys.stderr)
     try:
         code = run_chosen(chosen, reference, args)
     finally:

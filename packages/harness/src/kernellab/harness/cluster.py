@@ -381,6 +381,7 @@ def run_problems(session: Session, plan: Plan, problems: list[str], checkpoint: 
     pending: dict[Any, tuple[str, int]] = {}
     errors: dict[str, list[str]] = {}
     attempts: dict[str, int] = {}
+    ran_on: dict[tuple[str, int], dict] = {}  # (problem, attempt) -> the node its task started on
 
     def submit(problem: str, attempt: int) -> None:
         options = {}
@@ -388,6 +389,12 @@ def run_problems(session: Session, plan: Plan, problems: list[str], checkpoint: 
         if nodes:  # the audit's device match: one of the nodes that have it, in turn (a retry takes the next)
             node = nodes[(problems.index(problem) + attempt - 1) % len(nodes)]
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+        elif attempt > 1 and (problem, attempt - 1) in ran_on:  # a retry: another node where there is one
+            failed_on = ran_on[(problem, attempt - 1)]["node_id"]
+            others = [n["node_id"] for n in session.nodes() if n["node_id"] != failed_on]
+            if others:
+                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                    others[problems.index(problem) % len(others)], soft=True)
         attempts[problem] = attempt
         request = {**plan.request, "problem": problem, "cases": exact(problem)}
         ref = task.options(**options).remote(trees_ref, request, plan.rounds, plan.extension, plan.case_timeout_s,
@@ -403,14 +410,18 @@ def run_problems(session: Session, plan: Plan, problems: list[str], checkpoint: 
             for started in ray.get(board.read.remote(seen)):
                 seen += 1
                 problem, attempt, node = started
+                ran_on[(problem, attempt)] = node
                 if attempt == attempts.get(problem) and display.state.get(problem, ("",))[0] == "queued":
                     display.set(problem, "running", node)
             for ref in ready:
                 problem, attempt = pending.pop(ref)
                 try:
-                    entry = {"problem": problem, "result": ray.get(ref)}
+                    entry = {"problem": problem, "result": ray.get(ref),
+                             **({"attempts": errors[problem]} if problem in errors else {})}
                 except ray.exceptions.RayError as e:
-                    errors.setdefault(problem, []).append(failure_reason(e))
+                    where = ran_on.get((problem, attempt))
+                    errors.setdefault(problem, []).append(failure_reason(e) +
+                                                          (f" (on {Display.label(where)})" if where else ""))
                     if attempt < ATTEMPTS:
                         display.set(problem, "queued")
                         submit(problem, attempt + 1)
@@ -481,7 +492,8 @@ def merge(outcomes: dict[str, dict], expected: dict[str, list[dict]], sides: lis
         side = merged[s]
         side["provenance"]["cluster"] = {**cluster, "nodes": sorted(side.pop("nodes")),
                                          "failed_problems": {p: o["failed"] for p, o in outcomes.items()
-                                                             if "failed" in o}}
+                                                             if "failed" in o},
+                                         "retried_problems": retried(outcomes)}
         if stops:
             side["stopping"] = {"rounds": max(st["rounds"] for st in stops),
                                 "reason": "; ".join(sorted({st["reason"] for st in stops}))}
@@ -489,6 +501,7 @@ def merge(outcomes: dict[str, dict], expected: dict[str, list[dict]], sides: lis
 
 
 def retried(outcomes: dict[str, dict]) -> dict[str, list[str]]:
+    """Per problem whose task failed at least once, why each failed attempt did."""
     return {p: o["attempts"] for p, o in outcomes.items() if o.get("attempts")}
 
 
