@@ -69,3 +69,25 @@ def test_a_cpu_suite_on_a_cluster_without_cpus_is_a_clear_error():
     plan = cluster.Plan(trees={}, request={}, rounds=1, device="cpu")
     with pytest.raises(cluster.ClusterError, match="no node with CPUs"):
         cluster.task_resources(types.SimpleNamespace(nodes=lambda: []), plan)
+
+
+def test_cluster_options_without_ray_are_refused(capsys, tmp_path):
+    from kernellab.harness import cli
+
+    assert cli.main(["--suite", "cpu-ops", "--resume", str(tmp_path / "x.jsonl"), "--out", str(tmp_path)]) == 2
+    assert "--resume applies to a cluster run only: add --ray [ADDRESS]" in capsys.readouterr().err
+    path = tmp_path / "not-a-checkpoint.jsonl"
+    path.write_text('{"format": "something else"}\n')
+    assert cli.main(["--ray", "--resume", str(path), "--out", str(tmp_path)]) == 2
+    assert "not a kernellab checkpoint" in capsys.readouterr().err
+
+
+def test_ray_missing_is_a_clear_error(monkeypatch, capsys, tmp_path):
+    import sys
+
+    from kernellab.harness import cli
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails
+    assert cli.main(["--ray", "--suite", "cpu-ops", "--out", str(tmp_path)]) == 2
+    assert "pip install 'kernellab-harness[ray]'" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing measured, nothing written
