@@ -333,3 +333,36 @@ def test_public_backward_functions_name_bad_arguments():
         kernels.cpu.rmsnorm_backward(x, torch.ones(4, dtype=torch.float64), dy)
     with pytest.raises(RuntimeError, match="not differentiable"):
         kernels.cpu.softmax_backward(x, dy.requires_grad_())
+
+
+def test_backward_fast_entries_take_the_common_case_and_decline_the_rest():
+    """The library's backward entries run contiguous untracked fp32 arguments of matching shapes, and
+    return None (so that the checks in Python name the argument) for anything else: a shape mismatch,
+    a tensor autograd must track, an output that overlaps an input."""
+    lib = kernels.cpu.library()
+    g = generator(11)
+    x, dy = torch.randn(5, 24, generator=g), torch.randn(5, 24, generator=g)
+    mean, rstd, w = x.mean(-1), torch.rand(5, generator=g) + 0.5, torch.randn(24, generator=g)
+    y = torch.softmax(x, -1)
+
+    dx = lib.softmax_backward_fast(y, dy, None)
+    torch.testing.assert_close(dx.double(), reference.softmax_backward(y.double(), dy.double()))
+    assert lib.softmax_backward_fast(y, dy[:, :23], None) is None
+    assert lib.softmax_backward_fast(y, dy, dy) is None  # an output on an input: Python decides
+
+    got = lib.rmsnorm_backward_fast(x, rstd, dy, w, None, None, None)
+    want = kernels.cpu.rmsnorm_backward(x.clone(), rstd, dy, w, dx=torch.empty(5, 25)[:, :24])  # the checked path
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+    assert lib.rmsnorm_backward_fast(x, rstd[:4], dy, w, None, None, None) is None
+    assert lib.rmsnorm_backward_fast(x, rstd, dy, w, None, None, w) is None  # dweight is the weight
+    with torch.enable_grad():
+        assert lib.rmsnorm_backward_fast(x, rstd, dy.clone().requires_grad_(), w, None, None, None) is None
+
+    got = lib.layernorm_backward_fast(x, mean, rstd, dy, w, None, None, None)
+    want = kernels.cpu.layernorm_backward(x, mean, rstd, dy, w, dx=torch.empty(5, 25)[:, :24])
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+    assert lib.layernorm_backward_fast(x, mean[:, None], rstd, dy, w, None, None, None) is None
+    shared = torch.empty(24)
+    assert lib.layernorm_backward_fast(x, mean, rstd, dy, w, None, shared, shared) is None  # dweight is dbias

@@ -238,6 +238,10 @@ def _not_differentiable(op: str, *tensors) -> None:
 
 def softmax_backward(y, grad_out, *, out=None):
     """dx = y * (dy - sum(y * dy)) per row: the gradient of softmax from its output y and dy."""
+    if isinstance(y, _TENSOR) and isinstance(grad_out, _TENSOR) and _tensors(out) and not _compiling():
+        dx = library().softmax_backward_fast(y, grad_out, out)
+        if dx is not None:
+            return dx
     y = _rows_input("y", y)
     grad_out = _check_grad_like("grad_out", grad_out, y)
     _check_output("out", out, y.shape)
@@ -254,6 +258,11 @@ def rmsnorm_backward(h, rstd, grad_out, weight=None, grad_h=None, *, dx=None, dw
     """(dh, dweight) of y = h * rstd * weight, from the forward's normalized input h (x, or x + residual) and
     its rstd; grad_h (the gradient reaching h directly, as the residual output's) is added to dh, which is
     the gradient of x and of the residual. dweight is that of a unit weight when weight is None."""
+    if (isinstance(h, _TENSOR) and isinstance(rstd, _TENSOR) and isinstance(grad_out, _TENSOR)
+            and _tensors(weight, grad_h, dx, dweight) and not _compiling()):
+        grads = library().rmsnorm_backward_fast(h, rstd, grad_out, weight, grad_h, dx, dweight)
+        if grads is not None:
+            return grads
     h = _rows_input("h", h)
     _check_stat("rstd", rstd, h)
     grad_out = _check_grad_like("grad_out", grad_out, h)
@@ -276,6 +285,11 @@ def rmsnorm_backward(h, rstd, grad_out, weight=None, grad_h=None, *, dx=None, dw
 def layernorm_backward(x, mean, rstd, grad_out, weight=None, *, dx=None, dweight=None, dbias=None):
     """(dx, dweight, dbias) of y = (x - mean) * rstd * weight + bias, from the forward's mean and rstd;
     dweight and dbias are those of a unit weight and a zero bias when the forward had none."""
+    if (isinstance(x, _TENSOR) and isinstance(mean, _TENSOR) and isinstance(rstd, _TENSOR)
+            and isinstance(grad_out, _TENSOR) and _tensors(weight, dx, dweight, dbias) and not _compiling()):
+        grads = library().layernorm_backward_fast(x, mean, rstd, grad_out, weight, dx, dweight, dbias)
+        if grads is not None:
+            return grads
     x = _rows_input("x", x)
     _check_stat("mean", mean, x)
     _check_stat("rstd", rstd, x)
