@@ -49,6 +49,19 @@ def test_outputs_require_grad_and_backward_fills_grads():
         assert p.grad is not None and p.grad.isfinite().all() and p.grad.abs().sum() > 0
 
 
+def test_eager_autograd_calls_the_kernels_without_the_custom_ops_dispatch():
+    """In eager mode each op's graph node is its autograd Function (the op bodies called directly, as on the
+    GPU); the custom ops are what torch.compile traces."""
+    x = torch.randn(4, 32, requires_grad=True)
+    weight, bias = torch.nn.Parameter(torch.randn(32)), torch.nn.Parameter(torch.randn(32))
+    nodes = {"SoftmaxFunction": kernels.softmax(x), "RMSNormFunction": kernels.rmsnorm(x, weight),
+             "RMSNormResidualFunction": kernels.rmsnorm(x, weight, 1e-6, torch.randn(4, 32))[0],
+             "LayerNormFunction": kernels.layernorm(x, weight, bias),
+             "LinearFunction": kernels.linear_forward(x, torch.nn.Parameter(torch.randn(8, 32)), bias[:8])}
+    for function, y in nodes.items():
+        assert type(y.grad_fn).__name__ == f"{function}Backward"
+
+
 def test_no_grad_mode_returns_untracked_tensors():
     x = torch.randn(4, 32, requires_grad=True)
     with torch.no_grad():

@@ -15,10 +15,10 @@ the checks here run, with checks.py: they raise an error naming the argument, or
 cache misses each once the caller's data has evicted the tensor objects, cost several of them:
 hence the C++ fast entry.
 
-Autograd and torch.compile go through the custom ops of ``ops`` (``kernellab_cpu::*``), whose
-backward passes are native kernels too: a call takes them when grad mode is on and an input
-requires grad, or while torch.compile traces it. An ``out=`` buffer with autograd raises, as
-torch's out= functions do.
+torch.compile goes through the custom ops of ``ops`` (``kernellab_cpu::*``), whose backward passes
+are native kernels too; eager autograd (grad mode on and an input that requires grad) goes through
+``ops``' autograd Functions, which call the same op bodies without the custom ops' dispatch. An
+``out=`` buffer with autograd raises, as torch's out= functions do.
 """
 
 from __future__ import annotations
@@ -145,8 +145,10 @@ def softmax(x, *, out=None):
             return _write(out, ops.softmax(x))
         library().softmax(x, out)
         return out
-    if _compiling() or checks.needs_autograd(x):
+    if _compiling():
         return ops.softmax(x)
+    if checks.needs_autograd(x):
+        return ops.SoftmaxFunction.apply(x)
     y = _new(x.shape)
     library().softmax(x, y)
     return y
@@ -174,12 +176,16 @@ def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None, *, out=None, resid
                  in_place=("x", "residual"))
     if out is not None or residual_out is not None:
         checks.no_autograd_with_out("rmsnorm", x, weight, residual, out, residual_out)
-    if _compiling() or (out is None and residual_out is None and checks.needs_autograd(x, weight, residual)):
+    if _compiling():
         if residual is None:
             y = ops.rmsnorm(x, weight, eps)[0]
             return y if out is None else _write(out, y)
         y, h, _ = ops.rmsnorm_residual(x, residual, weight, eps)
         return (y if out is None else _write(out, y)), (h if residual_out is None else _write(residual_out, h))
+    if out is None and residual_out is None and checks.needs_autograd(x, weight, residual):
+        if residual is None:
+            return ops.RMSNormFunction.apply(x, weight, eps)
+        return ops.RMSNormResidualFunction.apply(x, residual, weight, eps)
     y = _new(x.shape) if out is None else out
     if residual is None:
         library().rmsnorm(x, None, weight, eps, y, None, None)
@@ -205,9 +211,11 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
     _check_apart({"out": out}, {"x": x, "weight": weight, "bias": bias}, in_place=("x",))
     if out is not None:
         checks.no_autograd_with_out("layernorm", x, weight, bias, out)
-    if _compiling() or (out is None and checks.needs_autograd(x, weight, bias)):
+    if _compiling():
         y = ops.layernorm(x, weight, bias, eps)[0]
         return y if out is None else _write(out, y)
+    if out is None and checks.needs_autograd(x, weight, bias):
+        return ops.LayerNormFunction.apply(x, weight, bias, eps)
     y = _new(x.shape) if out is None else out
     library().layernorm(x, weight, bias, eps, y, None, None)
     return y
@@ -329,9 +337,11 @@ def linear_forward(x, weight, bias=None, *, out=None):
     _check_apart({"out": out}, {"x": x, "weight": weight, "bias": bias})
     if out is not None:
         checks.no_autograd_with_out("linear_forward", x, weight, bias, out)
-    if _compiling() or (out is None and checks.needs_autograd(x, weight, bias)):
+    if _compiling():
         y = ops.linear(x, weight, bias)
         return y if out is None else _write(out, y)
+    if out is None and checks.needs_autograd(x, weight, bias):
+        return ops.LinearFunction.apply(x, weight, bias)
     y = _new((x.shape[0], weight.shape[0])) if out is None else out
     library().linear_forward(x, weight, bias, y)
     return y
