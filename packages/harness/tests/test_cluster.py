@@ -30,6 +30,7 @@ def local_cluster():
     """A head and one worker node, one CPU each, that see the planted suites (workers inherit the
     PYTHONPATH the nodes start with); yields a function that sets the number of nodes."""
     old_path = os.environ.get("PYTHONPATH")
+    os.environ["RAY_worker_niceness"] = "0"  # as connect() does for a local cluster: un-niced workers
     os.environ["PYTHONPATH"] = os.pathsep.join([str(PLANTED), *([old_path] if old_path else [])])
     sys.path.insert(0, str(PLANTED))
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
