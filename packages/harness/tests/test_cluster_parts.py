@@ -108,3 +108,37 @@ def test_a_task_takes_back_normal_priority_where_it_may():
         assert got == 0
     else:
         assert got in (0, 7)  # lowering niceness needs root or an RLIMIT_NICE allowing it
+
+
+def _outcome(problem: str, host: str, sources: dict, impls: dict, packages: list[str]) -> dict:
+    case = {"id": f"{problem}/torch", "impl": "torch", "status": "ok"}
+    prov = {"device": {"kind": "cpu"}, "sources_sha256": sources, "impl_sources": impls,
+            "measured_packages": packages, "artifacts_sha256": {}}
+    side = {"cases": [case], "rounds": [{case["id"]: {"passed": True}}], "provenance": prov}
+    return {"problem": problem, "result": {"problem": problem, "node": {"node_id": host, "host": host},
+                                           "sides": {"candidate": side}}}
+
+
+def test_problems_measuring_different_packages_merge_into_their_union():
+    """A copy problem measures torch alone, a softmax problem the kernels too: both are the same code,
+    so both are ok and the report holds every file either measured; a file recorded otherwise fails
+    that problem, naming it."""
+    kernels = {"kernels/bench.py": "k1"}
+    outcomes = {
+        "copy": _outcome("copy", "a", {"harness/case.py": "h1"}, {}, ["harness"]),
+        "softmax": _outcome("softmax", "b", {"harness/case.py": "h1", **kernels},
+                            {"native": {"files": {"bench.py": "k1"}}}, ["harness", "kernels"]),
+        "rmsnorm": _outcome("rmsnorm", "c", {"harness/case.py": "h1", "kernels/bench.py": "OTHER"},
+                            {"native": {"files": {"bench.py": "OTHER"}}}, ["harness", "kernels"]),
+    }
+    expected = {p: [{"id": f"{p}/torch", "impl": "torch", "status": "failed", "reason": None}] for p in outcomes}
+    merged = cluster.merge(outcomes, expected, ["candidate"], {"candidate": {}}, {"tasks": 3})["candidate"]
+    status = {c["id"]: c for c in merged["cases"]}
+    assert status["copy/torch"]["status"] == "ok" and status["softmax/torch"]["status"] == "ok"
+    bad = status["rmsnorm/torch"]
+    assert bad["status"] == "failed" and "differs from earlier problems'" in bad["reason"], bad
+    assert "sources_sha256['kernels/bench.py']" in bad["reason"] and "impl_sources['native']" in bad["reason"]
+    prov = merged["provenance"]
+    assert prov["sources_sha256"] == {"harness/case.py": "h1", **kernels}
+    assert prov["impl_sources"] == {"native": {"files": {"bench.py": "k1"}}}
+    assert prov["measured_packages"] == ["harness", "kernels"]

@@ -465,26 +465,33 @@ def merge(outcomes: dict[str, dict], expected: dict[str, list[dict]], sides: lis
           cluster: dict) -> dict[str, dict]:
     """The problems' results as ``run_sides`` gives them for the whole suite, per side: cases in problem
     order, each with the device it ran on, rounds joined, one provenance. A failed problem's cases
-    (``expected``: problem -> the driver's case descriptions) are ``failed`` with the task's reason; a
-    problem whose contenders' code differs from the first problem's host is failed too."""
+    (``expected``: problem -> the driver's case descriptions) are ``failed`` with the task's reason. Each
+    task records the code of what its problem measured (a copy problem: torch's alone): the merged
+    report holds their union, and a problem that records a file or contender otherwise than an earlier
+    one (hosts with different code installed) is failed too."""
     ok = [o for o in outcomes.values() if "result" in o]
     if not ok:
         first = next(iter(outcomes.values()), {})
         raise ClusterError(f"every problem failed on the cluster, first: {first.get('problem')}: "
                            f"{first.get('failed')}")
     base = {s: ok[0]["result"]["sides"][s]["provenance"] for s in sides}
-    merged = {s: {"cases": [], "rounds": [], "provenance": dict(base[s], git=git[s], artifacts_sha256={}),
-                  "nodes": set()} for s in sides}
+    merged = {s: {"cases": [], "rounds": [], "nodes": set(),
+                  "provenance": dict(base[s], git=git[s], artifacts_sha256={}, measured_packages=[],
+                                     **{f: {} for f in CODE_FIELDS})} for s in sides}
     stops = []
     for problem, outcome in outcomes.items():
         reason = outcome.get("failed")
         result = outcome.get("result")
         if result is not None:
-            differ = [s for s in sides if any(result["sides"][s]["provenance"].get(k) != base[s].get(k)
-                                              for k in ("sources_sha256", "impl_sources"))]
+            differ = {s: _code_conflicts(merged[s]["provenance"], result["sides"][s]["provenance"]) for s in sides}
+            differ = {s: c for s, c in differ.items() if c}
             if differ:
-                reason = (f"the code measured on {result['node']['host']} differs from the first problem's "
-                          f"({', '.join(differ)}): hosts must install the same contenders")
+                reason = (f"the code measured on {result['node']['host']} differs from earlier problems' ("
+                          + "; ".join(f"{s}: {', '.join(c[:3])}" for s, c in differ.items())
+                          + "): hosts must install the same contenders")
+            else:
+                for s in sides:
+                    _add_code(merged[s]["provenance"], result["sides"][s]["provenance"])
         for s in sides:
             side = merged[s]
             if reason is not None:
@@ -513,6 +520,21 @@ def merge(outcomes: dict[str, dict], expected: dict[str, list[dict]], sides: lis
             side["stopping"] = {"rounds": max(st["rounds"] for st in stops),
                                 "reason": "; ".join(sorted({st["reason"] for st in stops}))}
     return merged
+
+
+CODE_FIELDS = ("sources_sha256", "impl_sources")  # path -> sha256, and impl -> its distribution's files
+
+
+def _code_conflicts(merged: dict, prov: dict) -> list[str]:
+    """The entries of a problem's code fields that earlier problems recorded otherwise."""
+    return [f"{field}[{key!r}]" for field in CODE_FIELDS for key, value in (prov.get(field) or {}).items()
+            if key in merged[field] and merged[field][key] != value]
+
+
+def _add_code(merged: dict, prov: dict) -> None:
+    for field in CODE_FIELDS:
+        merged[field].update(prov.get(field) or {})
+    merged["measured_packages"] = sorted({*merged["measured_packages"], *(prov.get("measured_packages") or [])})
 
 
 def retried(outcomes: dict[str, dict]) -> dict[str, list[str]]:
