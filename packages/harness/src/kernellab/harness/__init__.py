@@ -4,7 +4,7 @@ from .case import Impl, Problem, Suite, Tolerance, Unsupported
 from .report import ReportError, load, seal, write
 from .runner import Bench, Config
 
-__version__ = "0.5.0"
+__version__ = "0.5.1"
 
 __all__ = ["Bench", "Config", "Impl", "Problem", "ReportError", "Suite", "Tolerance", "Unsupported", "load",
            "seal", "write", "__version__"]
