@@ -91,7 +91,8 @@ def tests(session: nox.Session, package: str) -> None:
     else:
         install(session, package, extras=PACKAGES[package][1])
         path = f"packages/{package}/tests"
-    session.run("pytest", path, *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
+    # the ten slowest tests are listed at the end: where the session's time goes, in every CI log
+    session.run("pytest", path, "--durations=10", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
 
 
 @nox.session(python=PYTHON)

@@ -1,20 +1,9 @@
 """tools/stress_check.py counts each test's passes over runs and says whether every run passed."""
 
-import importlib.util
 import json
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location("stress_check", ROOT / "tools" / "stress_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_counts_passes_and_failures_per_test(tmp_path):
+def test_counts_passes_and_failures_per_test(load_tool, tmp_path):
     flaky = tmp_path / "test_planted.py"
     counter = tmp_path / "count"
     flaky.write_text(f"""
@@ -28,7 +17,7 @@ def test_second_run_fails():
     assert n != 1
 """)
     out = tmp_path / "record.json"
-    assert _tool().main(["--runs", "3", "--load", "0", "--out", str(out), str(flaky)]) == 1
+    assert load_tool("stress_check").main(["--runs", "3", "--load", "0", "--out", str(out), str(flaky)]) == 1
     record = json.loads(out.read_text())
     assert [r["failed"] for r in record["runs"]] == [0, 1, 0] and not record["every_run_passed"]
     tests = {k.rsplit("::", 1)[1]: v for k, v in record["tests"].items()}
@@ -36,9 +25,9 @@ def test_second_run_fails():
     assert tests["test_second_run_fails"] == {"passed": 2, "failed": 1, "skipped": 0}
 
 
-def test_a_run_that_executes_no_test_is_not_a_pass(tmp_path):
+def test_a_run_that_executes_no_test_is_not_a_pass(load_tool, tmp_path):
     empty = tmp_path / "test_none.py"
     empty.write_text("X = 1\n")
     out = tmp_path / "record.json"
-    assert _tool().main(["--runs", "1", "--load", "0", "--out", str(out), str(empty)]) == 1
+    assert load_tool("stress_check").main(["--runs", "1", "--load", "0", "--out", str(out), str(empty)]) == 1
     assert json.loads(out.read_text())["every_run_passed"] is False

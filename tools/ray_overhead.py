@@ -6,7 +6,7 @@ process timed around the whole call, in pairs whose order alternates so that a m
 during the pairs moves both sides alike. Ray's start-up, which the cluster report records, is left out
 of the ratio and reported apart.
 
-    python tools/ray_overhead.py --pairs 3 --out reports/cpu/ray-overhead [--suite cpu-ops] [--cases P] [-- BENCH OPTIONS]
+    python tools/ray_overhead.py --pairs 3 --out DIR [--suite cpu-ops] [--cases P] [-- BENCH OPTIONS]
 
 Writes ``ray-overhead.json`` (every pair's wall times, the ratios, the two reports of each pair by name
 and sha256, the machine's provenance, and a sha256 over it as reports carry) with the reports beside it, and prints a
