@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from . import stats, validate
+from .progress import Progress, describe_samples
 from .provenance import sha256_file
-from .runner import Progress, describe_samples
 
 PROTOCOL = 2
 
@@ -208,9 +208,9 @@ def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds:
     patched the harness inside its worker cannot pass its own results. A case that runs past
     ``case_timeout_s`` kills its worker and raises ``RevisionError``."""
     names = [n for n in ("reference", "candidate") if n in roots]
-    checker = ShippedChecker(request["suite"])
     with tempfile.TemporaryDirectory(prefix="kernellab-shipped-") as ship_dir, contextlib.ExitStack() as stack:
         workers = {n: stack.enter_context(Worker(roots[n], n)) for n in names}
+        checker = ShippedChecker(request["suite"])  # loads torch here while the workers start
         sides: dict[str, dict] = {}
         schedules = {}
         for name, w in workers.items():
@@ -276,6 +276,8 @@ class ShippedChecker:
     problems only, never its contenders."""
 
     def __init__(self, suite: str):
+        import torch  # noqa: F401 - every check needs it: loaded now, not at the first result
+
         from . import registry
 
         try:
