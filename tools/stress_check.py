@@ -5,9 +5,10 @@ must give the same answer on a machine whose cores are all busy. This runs them 
 with ``stress -c LOAD`` spinning beside them and writes one JSON record: per run its wall time and
 outcome counts, per test its passes out of the runs, the load average seen, and the commit.
 
-    python tools/stress_check.py --runs 10 --out reports/cpu/trust/stress-check-unit.json -- \\
-        packages/harness/tests/test_cheats.py packages/harness/tests/test_consistency.py \\
-        packages/harness/tests/test_signing.py packages/audit/tests/test_verdict.py
+    python tools/stress_check.py --runs 10 --out reports/cpu/trust/stress-check-trust.json -- \\
+        -n 2 --dist loadfile packages/harness/tests/test_cheats.py packages/harness/tests/test_consistency.py \\
+        packages/harness/tests/test_signing.py packages/audit/tests/test_verdict.py \\
+        packages/audit/tests/test_audit.py packages/audit/tests/test_planted_contenders.py
 """
 
 from __future__ import annotations
