@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             wall, rep = bench(common, path, side == "ray")
             pair[f"{side}_report"] = {"file": path.name, "sha256": rep["sha256"]}
             if side == "ray":
-                info = next(c for c in [rep["provenance"].get("cluster")] if c)
+                info = rep["provenance"]["cluster"]
                 pair.update(ray_wall_s=wall, ray_startup_s=info["ray_startup_s"], ray_run_s=info["run_s"],
                             ray_s=wall - info["ray_startup_s"], ray_nodes=len(info["nodes"]))
             else:
