@@ -81,6 +81,17 @@ def install(session: nox.Session, *names: str, extras: tuple[str, ...] = ("test"
     session.install("--quiet", *args)
 
 
+def test_workers() -> list[str]:
+    """pytest-xdist options for the tests session: ``$KERNELLAB_TEST_WORKERS`` processes, by default 2 on a
+    machine without a GPU (each test file in one process, so a file's module fixtures are made once; on a
+    loaded machine two processes also get a larger share of the cores) and 1 where ``nvidia-smi`` is found
+    (GPU tests time kernels: they must not share the device)."""
+    workers = os.environ.get("KERNELLAB_TEST_WORKERS") or ("1" if shutil.which("nvidia-smi") else "2")
+    if not workers.isdigit():
+        raise SystemExit(f"KERNELLAB_TEST_WORKERS: expected a whole number of processes, got {workers!r}")
+    return [] if int(workers) <= 1 else ["-n", workers, "--dist", "loadfile"]
+
+
 @nox.session(python=PYTHON)
 @nox.parametrize("package", [*PACKAGES, "integration"])
 def tests(session: nox.Session, package: str) -> None:
@@ -91,7 +102,8 @@ def tests(session: nox.Session, package: str) -> None:
     else:
         install(session, package, extras=PACKAGES[package][1])
         path = f"packages/{package}/tests"
-    session.run("pytest", path, *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
+    # the ten slowest tests are listed at the end: where the session's time goes, in every CI log
+    session.run("pytest", path, *test_workers(), "--durations=10", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
 
 
 @nox.session(python=PYTHON)

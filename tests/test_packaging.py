@@ -81,3 +81,21 @@ def test_the_pytest_setup_reaches_tests_run_outside_the_repo():
     plugins = project("harness")["entry-points"]["pytest11"]
     assert plugins == {"kernellab.harness.pytest_plugin": "kernellab.harness.pytest_plugin"}
     assert (ROOT / "packages/harness/src/kernellab/harness/pytest_plugin.py").is_file()
+
+
+def test_ray_is_an_extra_of_the_harness_the_wheelhouse_and_the_tests_take():
+    """--ray needs Ray on every host: an optional extra (never a plain dependency), in the wheelhouse for
+    offline GPU hosts, and in the test extra so CI runs the cluster tests."""
+    assert "ray" not in requirements("harness")
+    assert "ray" in requirements("harness", "ray") and "nvidia-ml-py" in requirements("harness", "ray")
+    assert "ray" in requirements("harness", "test")
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import wheelhouse
+    finally:
+        sys.path.pop(0)
+    assert any(str(r).startswith("ray") for r in wheelhouse.requirements(["ray"], with_torch=False))
+    default = re.search(r'"--extras", default="([^"]*)"', (ROOT / "tools" / "wheelhouse.py").read_text()).group(1)
+    assert "ray" in default.split(",")

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--platform", action="append", required=True, help="pip platform tag (repeatable)")
     p.add_argument("--python", required=True, help="target Python version, e.g. 3.12")
     p.add_argument("--dest", default="wheelhouse", help="output folder (default: wheelhouse)")
-    p.add_argument("--extras", default="gpu,bench,plot", help="extras whose requirements to include")
+    p.add_argument("--extras", default="gpu,bench,plot,ray", help="extras whose requirements to include")
     p.add_argument("--with-torch", action="store_true", help="include torch (several GB for CUDA builds)")
     args = p.parse_args(argv)
     dest = Path(args.dest).resolve()

@@ -18,8 +18,16 @@ ROOT = HERE.parents[2]
 if not (ROOT / "packages" / "harness" / "pyproject.toml").is_file():
     pytest.skip("the end-to-end audit tests build a git repository from the monorepo's packages/harness and "
                 "packages/audit; an unpacked sdist has neither", allow_module_level=True)
-BENCH = ["--suite", "cpu-ops", "--cases", "softmax_128x512_fp32", "--impls", "planted", "--rounds", "3",
-         "--samples", "12", "--warmup", "2", "--iterations", "3", "--rotation-limit", "16", "--quiet", "--no-plot"]
+# Commits carry fixed dates, so the same files and message make the same commit in every test's repository,
+# and a report benched at one commit in one test serves every later test asking for it (copied, never shared).
+GIT_DATES = {"GIT_AUTHOR_DATE": "2026-01-01T00:00:00+00:00", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+00:00"}
+_REPORTS: dict[tuple, Path] = {}
+# One mode: e2e_latency evicts the cache before every sample (a write of twice the last-level cache, 42 ms
+# where the OS reports 480 MiB), which would be most of these tests' time and tests nothing the audit
+# does differently per mode.
+BENCH = ["--suite", "cpu-ops", "--cases", "softmax_128x512_fp32", "--impls", "planted", "--modes", "e2e_throughput",
+         "--rounds", "3", "--samples", "12", "--warmup", "2", "--iterations", "3", "--rotation-limit", "16", "--quiet",
+         "--no-plot"]
 
 
 class Repo:
@@ -41,7 +49,7 @@ class Repo:
 
     def git(self, *args) -> str:
         res = subprocess.run(["git", "-C", str(self.path), "-c", "user.name=t", "-c", "user.email=t@example.invalid",
-                              *args], capture_output=True, text=True, check=True)
+                              *args], capture_output=True, text=True, check=True, env={**os.environ, **GIT_DATES})
         return res.stdout.strip()
 
     def commit(self, behaviour: str, message: str) -> str:
@@ -62,6 +70,10 @@ class Repo:
         return env
 
     def bench(self, commit: str, out: Path) -> Path:
+        key = (commit, tuple(self.bench_args), tuple(self.extra_paths))
+        if key in _REPORTS:
+            shutil.copy(_REPORTS[key], out)
+            return out
         branch = self.git("rev-parse", "--abbrev-ref", "HEAD")
         self.git("checkout", "-q", commit)
         try:
@@ -70,6 +82,8 @@ class Repo:
         finally:
             self.git("checkout", "-q", branch)
         assert out.exists(), res.stderr
+        _REPORTS[key] = out.with_suffix(".pristine.json")
+        shutil.copy(out, _REPORTS[key])
         return out
 
     def audit(self, reference: Path, candidate: Path) -> tuple[int, dict]:
@@ -79,11 +93,6 @@ class Repo:
         res = subprocess.run(cmd, cwd=self.path, env=self.env(), capture_output=True, text=True, timeout=600)
         assert out.exists(), f"{res.stdout}\n{res.stderr}"
         return res.returncode, json.loads(out.read_text())
-
-
-@pytest.fixture
-def repo(tmp_path):
-    return Repo(tmp_path / "repo")
 
 
 def _pair(repo, tmp_path, behaviour: str):
@@ -100,7 +109,7 @@ def test_honest_revisions_pass(repo, tmp_path):
     assert code == {"pass": 0, "inconclusive": 2}[audit["status"]]
     if audit["status"] == "inconclusive":
         assert all("undecided" in r for r in audit["reasons"]), audit["reasons"]
-    assert audit["replay_pairs"] == 2 and audit["executed_output_validations"] > 0
+    assert audit["replay_pairs"] == 1 and audit["executed_output_validations"] > 0  # one case, one mode
     assert audit["recorded_unchanged_artifacts"] == 2 and audit["current_artifacts_checked"] is True
     assert set(audit["source_reports_sha256"]) == {"reference", "candidate"}
     lo, hi = audit["torch_probe_control_ratio_range"]
@@ -108,19 +117,6 @@ def test_honest_revisions_pass(repo, tmp_path):
     for field in ("replay_sha256", "audit_sha256", "summaries", "records"):
         assert field in audit
     assert audit["audit_sha256"] == report.report_hash(audit, "audit_sha256")
-
-
-@pytest.mark.parametrize("behaviour, symptom", [
-    ("skips_after_first_call", "unwritten or NaN"),
-    ("caches_by_pointer", "elements wrong"),
-    ("writes_input", "wrote its inputs"),
-    ("leaves_tail_unwritten", "unwritten or NaN"),
-])
-def test_planted_kernels_fail(repo, tmp_path, behaviour, symptom):
-    ref, cand = _pair(repo, tmp_path, behaviour)
-    code, audit = repo.audit(ref, cand)
-    assert audit["status"] == "fail" and code == 1
-    assert any("validation(s) failed" in r and symptom in r for r in audit["reasons"]), audit["reasons"]
 
 
 def _edit(path: Path, change, reseal: bool) -> None:
@@ -145,59 +141,6 @@ def _scale_planted(factor):
         data["versus_control"] = assemble.versus_control(data["cases"], data["control"])
         assert consistency.check(data) == []
     return change
-
-
-@pytest.mark.parametrize("behaviour, symptom", [
-    ("works_when_poisoned", "timed batches gave wrong results"),
-    ("patches_the_comparison", "harness's own code was replaced"),
-    ("patches_its_samples", "harness's own code was replaced"),
-])
-def test_the_bench_fails_contenders_that_cheat_its_timing(repo, tmp_path, behaviour, symptom):
-    commit = repo.commit(behaviour, behaviour)
-    report = json.loads(repo.bench(commit, tmp_path / "run.json").read_text())
-    case = next(c for c in report["cases"] if c["impl"] == "planted")
-    assert case["status"] == "failed" and symptom in case["reason"], case["reason"]
-
-
-def _outsider(site: Path, text: str) -> Path:
-    """A contender installed outside the checkout, in no kernellab package: a module and its dist-info."""
-    site.mkdir(parents=True, exist_ok=True)
-    (site / "outsider.py").write_text(text)
-    info = site / "outsider-1.0.dist-info"
-    info.mkdir(exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: outsider\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[kernellab.suites]\ncpu-ops.outsider = outsider:impls\n")
-    return site / "outsider.py"
-
-
-OUTSIDER = '''
-def impls():
-    import torch
-    from kernellab.harness.case import Impl, Unsupported
-
-    def bind(problem):
-        if problem.op != "softmax":
-            raise Unsupported("softmax only")
-        return lambda i, o: (torch.softmax(i["x"], dim=-1, out=o["y"]), o)[1]
-
-    return [Impl("outsider", bind=bind)]
-'''
-
-
-def test_a_contender_installed_outside_the_checkout_is_hashed_and_rechecked(repo, tmp_path):
-    module = _outsider(tmp_path / "site", OUTSIDER)
-    repo.extra_paths.append(str(tmp_path / "site"))
-    repo.bench_args = [a if a != "planted" else "outsider" for a in BENCH]
-    head = repo.git("rev-parse", "HEAD")
-    ref, cand = repo.bench(head, tmp_path / "ref.json"), repo.bench(head, tmp_path / "cand.json")
-    recorded = json.loads(cand.read_text())["provenance"]["impl_sources"]["outsider"]
-    assert recorded["distribution"] == "outsider" and not recorded["in_tree"] and "outsider.py" in recorded["files"]
-    module.write_text(OUTSIDER + "\n# changed after the report\n")
-    code, audit = repo.audit(ref, cand)
-    assert code == 1 and any("contender code differs" in r and "outsider" in r for r in audit["reasons"])
-    module.unlink()  # not installed where the audit runs: it cannot be re-checked or replayed
-    code, audit = repo.audit(ref, cand)
-    assert audit["status"] != "pass" and any("not installed here" in r for r in audit["reasons"]), audit["reasons"]
 
 
 def test_edited_timings_fail_on_the_hash(repo, tmp_path):
@@ -255,9 +198,22 @@ def test_dirty_report_is_located_by_its_sources(repo, tmp_path):
     assert trees.locate(lost, repo.path, tmp_path / "d")["source"] == f"commit {stale}"  # no commit holds them
 
 
+def test_artifacts_are_matched_across_checkouts():
+    """A report made in another checkout names its built files under that checkout: a changed file is
+    found by its path in the tree, not left unchecked."""
+    from kernellab.audit import trees
+
+    recorded = {"/a/co/build/x.so": "h1", "/a/co/build/y.so": "h2", "/opt/z.so": "h3"}
+    current = {"/b/tree/build/x2.so": "h1", "/b/tree/build/y.so": "hX"}
+    assert trees.artifact_changes(recorded, current, "/a/co", "/b/tree") == {
+        "unchanged": ["/a/co/build/x.so"], "changed": ["/a/co/build/y.so"], "unchecked": ["/opt/z.so"]}
+    assert trees.artifact_changes(recorded, current)["unchecked"] == ["/a/co/build/y.so", "/opt/z.so"]
+
+
 @pytest.mark.gpu
 def test_graph_replaying_a_stale_result_fails(tmp_path):
-    repo = Repo(tmp_path / "repo", ["--suite", "gpu-norm", "--cases", "softmax_256x3072_fp32", *BENCH[4:]])
+    repo = Repo(tmp_path / "repo", ["--suite", "gpu-norm", "--cases", "softmax_256x3072_fp32",
+                                         *[a if a != "e2e_throughput" else "gpu_throughput" for a in BENCH[4:]]])
     ref, cand = _pair(repo, tmp_path, "stale_graph")
     code, audit = repo.audit(ref, cand)
     assert code == 1
@@ -365,12 +321,19 @@ def test_a_report_from_another_device_is_inconclusive(benched, tmp_path):
 
 
 def test_claims_off_by_50x_fail_here_and_are_doubted_from_another_device(benched):
-    """The replay's timing contradicts a 50x claim; made on another device, that is a doubt, not a fail."""
+    """The replay's timing contradicts a 50x claim; made on another device, that is a doubt, not a fail.
+    The real report's samples are replaced by steady synthetic ones: how noisy this machine was when it
+    benched them must not decide the verdict (under load they made the replay uninformative)."""
     from kernellab.audit.audit import Audit, Options
     from kernellab.harness import assemble, consistency
 
     _, honest = benched
     ref = report.load(honest)
+    for case in ref["cases"]:
+        for m in case["modes"].values():
+            m["rounds_us"] = [[10.0 + 0.01 * ((k + r) % 3) for k in range(len(samples))]
+                              for r, samples in enumerate(m["rounds_us"])]
+    ref["cases"] = consistency.recompute_cases(ref["cases"], ref["ceiling_op"], "torch")
     cand = json.loads(json.dumps(ref))
     for case in cand["cases"]:
         if case["impl"] == "planted":

@@ -51,6 +51,23 @@ def test_work_finished_in_a_thread_is_inside_the_clock():
         assert min(result["samples_us"][mode]) >= 2000, result["samples_us"]
 
 
+def test_work_a_hidden_thread_finishes_after_the_clock_stopped_fails():
+    """No synchronization reaches a native thread; the outputs are held the moment the clock stops, so
+    work that ends later fails, here even though it ends before the check begins comparing."""
+    from fakes import Checked, Gate, finishes_in_a_hidden_thread
+
+    gate = Gate()
+    suite = affine_suite(Impl("cheat", bind=finishes_in_a_hidden_thread(gate)))
+    suite.make_problems = lambda: [Checked((8, 16), "fp32", "cpu", gate)]
+    bench = Bench(suite, Config(rounds=1, samples=3, warmup=0, iterations=1, rotate=False))
+    result = bench.run_case("affine_8x16_fp32/cheat", 0)
+    gate.release()
+    timed = {v["mode"]: v for v in result["validations"] if v.get("timed_batches")}
+    for mode in ("e2e_throughput", "e2e_latency"):
+        assert not timed[mode]["passed"] and timed[mode]["failed_batches"] == 3, timed[mode]
+        assert "unwritten or NaN" in timed[mode]["error"], timed[mode]["error"]
+
+
 def test_a_thread_left_running_is_an_error():
     import threading
 

@@ -7,6 +7,7 @@ import datetime
 import json
 import threading
 import types
+from pathlib import Path
 
 import pytest
 from fakes import affine_suite, honest
@@ -87,10 +88,12 @@ def test_list_marks_gpu_suites_that_cannot_run_here(affine, monkeypatch, capsys)
     assert "affine (cpu): test suite" in lines
 
 
-def run_report(tmp_path, capsys) -> str:
-    assert cli.main([*REAL, "--out", str(tmp_path / "r.json")]) == 0
-    capsys.readouterr()
-    return str(tmp_path / "r.json")
+@pytest.fixture(scope="module")
+def real_report(tmp_path_factory) -> Path:
+    """One real report, benched once for the tests below, which read it or write damaged copies."""
+    out = tmp_path_factory.mktemp("real") / "r.json"
+    assert cli.main([*REAL, "--out", str(out)]) == 0
+    return out
 
 
 def test_show_refuses_what_is_not_a_report(tmp_path, capsys):
@@ -107,9 +110,8 @@ def test_show_refuses_what_is_not_a_report(tmp_path, capsys):
     (lambda r: r["cases"][0].pop("modes"), r"cases[0] lacks ['modes']"),
     (lambda r: r["cases"][0].update(modes=[1]), r"cases[0].modes must map each mode"),
 ])
-def test_show_refuses_a_validly_hashed_report_with_a_wrong_inside(tmp_path, capsys, damage, message):
-    path = run_report(tmp_path, capsys)
-    data = json.loads(open(path).read())
+def test_show_refuses_a_validly_hashed_report_with_a_wrong_inside(real_report, tmp_path, capsys, damage, message):
+    data = json.loads(real_report.read_text())
     damage(data)
     data.pop(report_io.HASH_FIELD)
     data[report_io.HASH_FIELD] = report_io.report_hash(data)  # rehashed: the hash is fine, the inside is not
@@ -118,8 +120,8 @@ def test_show_refuses_a_validly_hashed_report_with_a_wrong_inside(tmp_path, caps
     assert message in error_of(capsys)
 
 
-def test_pivot_on_a_mode_the_report_lacks_is_refused(tmp_path, capsys):
-    path = run_report(tmp_path, capsys)
+def test_pivot_on_a_mode_the_report_lacks_is_refused(real_report, capsys):
+    path = str(real_report)
     assert cli.main(["--show", path, "--pivot", "graph_throughput"]) == 2
     assert "has no graph_throughput measurements; it has ['e2e_throughput', 'e2e_latency']" in error_of(capsys)
     assert cli.main(["--show", path, "--pivot", "e2e_latency", "--format", "github"]) == 0

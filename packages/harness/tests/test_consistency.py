@@ -284,3 +284,19 @@ def test_committed_reports_are_consistent():
             found += 1
             assert consistency.check(report_io.load(path)) == [], path
     assert found >= 1
+
+
+def test_a_case_failed_before_any_validation_keeps_its_status_but_not_once_it_ran():
+    """A cluster task that died leaves its cases failed with no validations or samples: consistent; the
+    same status on a case whose validations all passed is a forgery."""
+    side = synthetic.side(1)
+    side["rounds"] = [{cid: d for cid, d in r.items() if not cid.startswith("softmax_64x64_fp32/")}
+                      for r in side["rounds"]]
+    for case in side["cases"]:
+        if case["id"].startswith("softmax_64x64_fp32/"):
+            case.update(status="failed", reason="cluster task failed: worker died")
+    report = report_io.seal(assemble.run_report(synthetic.SUITE, synthetic.CONFIG, side))
+    assert consistency.check(report) == []
+    ran = _case(report, "softmax_32x96_fp32", "ours")
+    forged = edited(report, ("cases", ran, "status"), lambda _: "failed")
+    assert f"cases[{ran}].status" in paths(forged)

@@ -1,6 +1,7 @@
 """Which commit a report names: git's, or the sender's for a copied tree (no .git, or a stale one)."""
 
 import subprocess
+import sys
 
 import pytest
 
@@ -49,3 +50,71 @@ def test_tree_without_git_takes_the_stated_commit(tmp_path, monkeypatch):
     monkeypatch.delenv("KERNELLAB_GIT_DIRTY", raising=False)
     state = provenance.git_state(tmp_path)
     assert state["commit"] == "d" * 40 and state["dirty"] is None
+
+
+def test_the_gpu_is_looked_up_by_its_uuid_not_by_torchs_index(monkeypatch):
+    """Under CUDA_VISIBLE_DEVICES=3 torch's device 0 is the host's GPU 3: NVML is asked for the UUID
+    torch gives, never for index 0."""
+    import types
+
+    asked = []
+
+    class FakeNvml(types.ModuleType):
+        NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 0, 1, 0
+
+        def nvmlInit(self):
+            pass
+
+        def nvmlShutdown(self):
+            pass
+
+        def nvmlDeviceGetHandleByUUID(self, uuid):
+            asked.append(uuid)
+            return uuid
+
+        def nvmlDeviceGetHandleByIndex(self, index):
+            raise AssertionError("looked up by index")
+
+        def nvmlDeviceGetName(self, h):
+            return b"NVIDIA H100 80GB HBM3"
+
+        def nvmlDeviceGetUUID(self, h):
+            return h
+
+        def nvmlSystemGetDriverVersion(self):
+            return "570.1"
+
+        def nvmlDeviceGetClockInfo(self, h, which):
+            return 1980 if which == self.NVML_CLOCK_SM else 2619
+
+        def nvmlDeviceGetMaxClockInfo(self, h, which):
+            return 1980
+
+        def nvmlDeviceGetTemperature(self, h, which):
+            return 41
+
+        def nvmlDeviceGetPowerUsage(self, h):
+            return 123456
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml("pynvml"))
+    monkeypatch.setattr(provenance, "current_gpu_uuid", lambda: "GPU-3333")
+    q = provenance.gpu_query()
+    assert asked == ["GPU-3333"]
+    assert q["uuid"] == "GPU-3333" and q["name"] == "NVIDIA H100 80GB HBM3" and q["driver_version"] == "570.1"
+    assert q["clocks.sm"] == "1980" and q["clocks.mem"] == "2619" and q["power.draw"] == "123.46"
+
+
+def test_without_nvidia_ml_py_nvidia_smi_is_asked_for_the_uuid(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    monkeypatch.setattr(provenance, "current_gpu_uuid", lambda: "GPU-3333")
+    monkeypatch.setattr(provenance.shutil, "which", lambda exe: "/usr/bin/nvidia-smi")
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "NVIDIA H200, GPU-3333, 570.1, 1980, 3201, 1980, 40, 100\n", "")
+
+    monkeypatch.setattr(provenance.subprocess, "run", fake_run)
+    q = provenance.gpu_query()
+    assert calls[0][-2:] == ["-i", "GPU-3333"]
+    assert q["name"] == "NVIDIA H200" and q["uuid"] == "GPU-3333"

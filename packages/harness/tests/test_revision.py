@@ -100,3 +100,23 @@ def test_extra_rounds_go_to_whole_problems_whose_interval_is_wide_and_never_to_f
         sides["candidate"]["rounds"][r]["q/ours"] = loud["rounds"][r]["q/ours"]
     ids = ["p/torch", "p/ours", "q/torch", "q/ours", "s/torch", "s/ours"]
     assert _wide_pairs(sides, ids, 1.10, 100) == ["p/torch", "p/ours"]  # its control too; q failed; s is quiet
+
+
+def test_a_case_past_its_timeout_kills_its_worker(monkeypatch):
+    """A kernel that never returns: its worker is killed once the case runs past the timeout, and the
+    error says so (a cluster task then retries it, then records it failed)."""
+    import time
+    from pathlib import Path
+
+    from kernellab.harness.revision import run_sides
+    from kernellab.harness.runner import Config
+
+    planted = Path(__file__).parent / "ray_planted"
+    monkeypatch.setenv("PYTHONPATH", str(planted))
+    monkeypatch.syspath_prepend(str(planted))
+    config = Config(rounds=1, samples=2, warmup=0, iterations=1, modes=("e2e_throughput",), rotate=False)
+    request = {"suite": "ray-hung", "config": config.to_json(), "cases": None, "impls": None}
+    t0 = time.monotonic()
+    with pytest.raises(RevisionError, match=r"gave no answer to 'case' within 10 s \(a hung kernel\?\); it was killed"):
+        run_sides({"candidate": Path(__file__).resolve().parents[3]}, request, 1, progress=False, case_timeout_s=10)
+    assert time.monotonic() - t0 < 120

@@ -49,6 +49,19 @@ def test_outputs_require_grad_and_backward_fills_grads():
         assert p.grad is not None and p.grad.isfinite().all() and p.grad.abs().sum() > 0
 
 
+def test_eager_autograd_calls_the_kernels_without_the_custom_ops_dispatch():
+    """In eager mode each op's graph node is its autograd Function (the op bodies called directly, as on the
+    GPU); the custom ops are what torch.compile traces."""
+    x = torch.randn(4, 32, requires_grad=True)
+    weight, bias = torch.nn.Parameter(torch.randn(32)), torch.nn.Parameter(torch.randn(32))
+    nodes = {"SoftmaxFunction": kernels.softmax(x), "RMSNormFunction": kernels.rmsnorm(x, weight),
+             "RMSNormResidualFunction": kernels.rmsnorm(x, weight, 1e-6, torch.randn(4, 32))[0],
+             "LayerNormFunction": kernels.layernorm(x, weight, bias),
+             "LinearFunction": kernels.linear_forward(x, torch.nn.Parameter(torch.randn(8, 32)), bias[:8])}
+    for function, y in nodes.items():
+        assert type(y.grad_fn).__name__ == f"{function}Backward"
+
+
 def test_no_grad_mode_returns_untracked_tensors():
     x = torch.randn(4, 32, requires_grad=True)
     with torch.no_grad():
@@ -333,3 +346,36 @@ def test_public_backward_functions_name_bad_arguments():
         kernels.cpu.rmsnorm_backward(x, torch.ones(4, dtype=torch.float64), dy)
     with pytest.raises(RuntimeError, match="not differentiable"):
         kernels.cpu.softmax_backward(x, dy.requires_grad_())
+
+
+def test_backward_fast_entries_take_the_common_case_and_decline_the_rest():
+    """The library's backward entries run contiguous untracked fp32 arguments of matching shapes, and
+    return None (so that the checks in Python name the argument) for anything else: a shape mismatch,
+    a tensor autograd must track, an output that overlaps an input."""
+    lib = kernels.cpu.library()
+    g = generator(11)
+    x, dy = torch.randn(5, 24, generator=g), torch.randn(5, 24, generator=g)
+    mean, rstd, w = x.mean(-1), torch.rand(5, generator=g) + 0.5, torch.randn(24, generator=g)
+    y = torch.softmax(x, -1)
+
+    dx = lib.softmax_backward_fast(y, dy, None)
+    torch.testing.assert_close(dx.double(), reference.softmax_backward(y.double(), dy.double()))
+    assert lib.softmax_backward_fast(y, dy[:, :23], None) is None
+    assert lib.softmax_backward_fast(y, dy, dy) is None  # an output on an input: Python decides
+
+    got = lib.rmsnorm_backward_fast(x, rstd, dy, w, None, None, None)
+    want = kernels.cpu.rmsnorm_backward(x.clone(), rstd, dy, w, dx=torch.empty(5, 25)[:, :24])  # the checked path
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+    assert lib.rmsnorm_backward_fast(x, rstd[:4], dy, w, None, None, None) is None
+    assert lib.rmsnorm_backward_fast(x, rstd, dy, w, None, None, w) is None  # dweight is the weight
+    with torch.enable_grad():
+        assert lib.rmsnorm_backward_fast(x, rstd, dy.clone().requires_grad_(), w, None, None, None) is None
+
+    got = lib.layernorm_backward_fast(x, mean, rstd, dy, w, None, None, None)
+    want = kernels.cpu.layernorm_backward(x, mean, rstd, dy, w, dx=torch.empty(5, 25)[:, :24])
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+    assert lib.layernorm_backward_fast(x, mean[:, None], rstd, dy, w, None, None, None) is None
+    shared = torch.empty(24)
+    assert lib.layernorm_backward_fast(x, mean, rstd, dy, w, None, shared, shared) is None  # dweight is dbias

@@ -335,7 +335,7 @@ def test_norms_of_a_four_million_element_row_stay_near_float64():
 
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
 def test_decode_rows_take_the_skinny_paths_bitwise_alike_on_any_split(m):
-    """Few rows of x (up to 8 forward, 16 backward) stream W instead of packing it; threads split W's rows
+    """Few rows of x (up to 8) stream W instead of packing it; threads split W's rows
     (forward) or its columns (backward), so every result is the same whatever the split."""
     g = generator(m)
     x = torch.randn(m, 515, generator=g)
@@ -364,3 +364,26 @@ def same_on_one_and_two_threads(run):
     for got, want in zip(results, serial, strict=True):
         assert torch.equal(got, want)
     return results
+
+
+@pytest.mark.parametrize("m", [1, 4, 8, 9, 40])
+@pytest.mark.parametrize("layout", ["aligned", "offset", "row stride 65"])
+def test_weight_gradient_with_and_without_streaming_stores(m, layout):
+    """dW goes out with streaming stores when it is aligned for them (a fresh tensor with K % 16 == 0) and
+    with plain stores otherwise (a buffer one float off, or rows 65 floats apart): the same truth, every
+    element written, both on the skinny path (m <= 8) and the GEMM's, whose edge tiles (N = 40 is not
+    a whole number of 32-column tiles) never stream."""
+    g = generator(m)
+    k, n = 64, 40
+    x, weight, dy = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g) / 8, torch.randn(m, n, generator=g)
+    if layout == "aligned":
+        dw = torch.full((n, k), NAN)
+    elif layout == "offset":
+        dw = torch.full((n * k + 1,), NAN)[1:].view(n, k)
+    else:
+        dw = poisoned((n, k), pad=1)
+    dx, db = cpu.linear_backward(x, weight, dy, dweight=dw)[::2]
+    for got, want, reduction in zip((dx, dw, db), reference.linear_backward(x, weight, dy), (n, m, m), strict=True):
+        assert_close(got, want, atol=linear_atol(reduction, 1.0))
+    if layout == "row stride 65":
+        assert_gaps_untouched(dw)

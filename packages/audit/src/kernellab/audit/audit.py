@@ -40,6 +40,8 @@ class Options:
     max_rounds: int | None = None  # extra replay rounds for wide intervals (None: three times the rounds)
     time_limit_s: float = 600.0  # no extra replay round starts after this
     trusted_keys: Path | None = None  # public keys that must have signed both reports (a PEM file or directory)
+    ray: str | None = None  # replay on a Ray cluster at this address ("": a local one); None: in this process
+    case_timeout_s: float = 3600.0  # on the cluster: a replayed case running longer kills its task
 
 
 class Audit:
@@ -103,7 +105,7 @@ class Audit:
             self.check("same suite", False, msg, fail=msg)
             return None
         self.out["suite"] = reports["candidate"]["suite"]
-        for side, rep in reports.items():
+        for side, rep in (reports.items() if self.options.ray is None else ()):  # a cluster: each problem on its own
             reason = device_mismatch(rep)
             self.foreign_device |= reason is not None
             self.check(f"{side} report made on this device", None if reason else True,
@@ -160,14 +162,19 @@ class Audit:
                        doubt="the two reports share no case: nothing to replay or compare")
             return
         request = {"suite": cand["suite"], "config": config, "cases": ",".join(names), "impls": ",".join(impls)}
-        try:
-            sides = run_sides(roots, request, config["rounds"], progress=self.options.progress,
-                              extension=Extension(max_rounds=self.options.max_rounds or 3 * config["rounds"],
-                                                  time_limit_s=self.options.time_limit_s))
-        except RevisionError as e:
-            self.check("replay", False, str(e), fail=f"replay failed: {e}")
-            return
-        self._check_artifacts(reports, sides)
+        extension = Extension(max_rounds=self.options.max_rounds or 3 * config["rounds"],
+                              time_limit_s=self.options.time_limit_s)
+        if self.options.ray is not None:
+            sides = self._replay_on_cluster(reports, roots, request, names, extension)
+            if sides is None:
+                return
+        else:
+            try:
+                sides = run_sides(roots, request, config["rounds"], progress=self.options.progress, extension=extension)
+            except RevisionError as e:
+                self.check("replay", False, str(e), fail=f"replay failed: {e}")
+                return
+        self._check_artifacts(reports, sides, roots)
         self._check_validations(sides)
         self._check_replayed_impls(cand, sides["candidate"])
         suite = types.SimpleNamespace(name=cand["suite"], device=cand.get("suite_device", "cpu"),
@@ -189,6 +196,64 @@ class Audit:
             "replay_provenance": {side: sides[side]["provenance"] for side in sides},
         })
 
+    def _replay_on_cluster(self, reports: dict, roots: dict, request: dict, names: list[str],
+                           extension: Extension) -> dict | None:
+        """The replay on a Ray cluster, one task per problem, each on a node that has a device of the name
+        both reports recorded for that problem's cases; a problem no node can take, or whose task failed,
+        is said not to be replayed (and why)."""
+        from kernellab.harness import cluster
+
+        try:
+            session = cluster.connect(self.options.ray or None)
+        except cluster.ClusterError as e:
+            self.check("replay", False, str(e), fail=f"replay failed: {e}")
+            return None
+        try:
+            wanted, cannot = {}, {}
+            for name in names:
+                recorded = {side: recorded_device(rep, name) for side, rep in reports.items()}
+                if recorded["reference"] != recorded["candidate"]:
+                    cannot[name] = (f"the reports recorded it on different devices ({recorded['reference']} and "
+                                    f"{recorded['candidate']}), which one replay cannot match")
+                else:
+                    wanted[name] = recorded["candidate"]
+            found, missing = cluster.nodes_with(wanted, cluster.node_devices(session))
+            cannot.update(missing)
+            runnable = [n for n in names if n in found]
+            if not runnable:
+                self.check("each problem replayed on a device of its recorded name", None, cannot,
+                           doubt=f"no problem can be replayed on the device its report recorded, first: "
+                                 f"{next(iter(cannot.items()))}")
+                return None
+            expected = {n: [{k: c.get(k) for k in ("id", "problem", "impl", "status", "reason")}
+                            for c in reports["candidate"]["cases"] if c["name"] == n] for n in runnable}
+
+            def ran_where_recorded(outcomes: dict) -> None:
+                for problem, outcome in outcomes.items():
+                    if "result" in outcome:
+                        got = outcome["result"]["sides"]["candidate"]["provenance"]["device"].get("name")
+                        if got != wanted[problem][1]:
+                            outcomes[problem] = {"problem": problem,
+                                                 "failed": f"ran on {got!r}, not the recorded {wanted[problem][1]!r}"}
+
+            plan = cluster.Plan(trees=dict(roots), request=request, rounds=request["config"]["rounds"],
+                                device=reports["candidate"].get("suite_device", "cpu"), extension=extension,
+                                case_timeout_s=self.options.case_timeout_s, nodes_for=found)
+            sides = cluster.run_plan(session, plan, runnable, expected,
+                                     display=cluster.Display(len(runnable), enabled=self.options.progress),
+                                     on_outcomes=ran_where_recorded)
+        except cluster.ClusterError as e:
+            self.check("replay", False, str(e), fail=f"replay failed: {e}")
+            return None
+        finally:
+            session.close()
+        cannot.update(sides["candidate"]["provenance"]["cluster"]["failed_problems"])
+        self.check("each problem replayed on a device of its recorded name", None if cannot else True,
+                   cannot or {n: f"{kind} {name!r}" for n, (kind, name) in wanted.items()},
+                   doubt=f"{len(cannot)} problem(s) not replayed on the device their report recorded, first: "
+                         f"{next(iter(cannot.items()))}" if cannot else None)
+        return sides
+
     def _check_replayed_impls(self, report: dict, replayed: dict) -> None:
         """Every case the candidate report measured is replayed, or the verdict says why not."""
         ran = {c["id"]: c for c in replayed["cases"]}
@@ -201,12 +266,13 @@ class Audit:
         self.check("every measured case replayed", None if missing else True, missing,
                    doubt=f"{len(missing)} measured case(s) not replayed, first: {missing[0]}" if missing else None)
 
-    def _check_artifacts(self, reports: dict, sides: dict) -> None:
+    def _check_artifacts(self, reports: dict, sides: dict, roots: dict) -> None:
         unchanged, checked = 0, True
         for side, rep in reports.items():
             recorded = rep["provenance"].get("artifacts_sha256", {})
             current = sides[side]["provenance"].get("artifacts_sha256", {})
-            changes = trees.artifact_changes(recorded, current)
+            changes = trees.artifact_changes(recorded, current, rep["provenance"].get("git", {}).get("root"),
+                                             str(roots[side]))
             unchanged += len(changes["unchanged"])
             checked &= not changes["unchecked"]
             if changes["changed"]:
@@ -302,6 +368,16 @@ def integrity(report: dict, trusted: dict | None) -> list[tuple[str, bool | None
     elif signing.signer(report):
         out.append(("signature", None, f"signed by key {signing.signer(report)}, not verified (no trusted keys)"))
     return out
+
+
+def recorded_device(report: dict, problem: str) -> tuple[str, str]:
+    """(kind, name) of the device a report measured ``problem`` on: its cases' own (a cluster run's),
+    else the report's."""
+    for case in report["cases"]:
+        if case["name"] == problem and isinstance(case.get("device"), dict):
+            return case["device"].get("kind"), case["device"].get("name")
+    device = (report.get("provenance") or {}).get("device") or {}
+    return device.get("kind") or report.get("suite_device", "cpu"), device.get("name")
 
 
 def device_mismatch(report: dict) -> str | None:

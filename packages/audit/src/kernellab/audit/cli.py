@@ -42,6 +42,11 @@ def parser() -> argparse.ArgumentParser:
                    "still wide (default: three times the report's rounds)")
     p.add_argument("--time-limit", type=float, default=600.0, help="seconds after which no extra replay round "
                    "starts (default 600)")
+    p.add_argument("--ray", metavar="ADDRESS", nargs="?", const="", help="replay on a Ray cluster, one problem per "
+                   "task, each on a device of the name its reports recorded (or said not to be replayed): the "
+                   "cluster at ADDRESS ('auto': the one running on this host), or a local one without ADDRESS")
+    p.add_argument("--case-timeout", type=float, default=3600.0, metavar="SECONDS", help="with --ray: a replayed "
+                   "case running longer kills its task, which is retried once (default 3600)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--trusted-keys", metavar="PATH", help="Ed25519 public keys (a PEM file, or a directory of "
                    ".pem/.pub files) one of which must have signed each report; unsigned reports then fail")
@@ -162,6 +167,8 @@ def run(argv: list[str] | None) -> int:
             value = getattr(args, name)
             if value is not None and value < 1:
                 raise UsageError(f"--{name} must be >= 1, got {value}")
+        if not args.case_timeout > 0:
+            raise UsageError(f"--case-timeout must be > 0 seconds, got {args.case_timeout}")
         if not 0 <= args.tolerance < 10:
             raise UsageError(f"--tolerance must be in [0, 10), got {args.tolerance}")
         out = Path(args.out) if args.out else repo / "reports" / "runs" / f"audit-{candidate.stem}.json"
@@ -174,7 +181,8 @@ def run(argv: list[str] | None) -> int:
     result = Audit(reference, candidate, repo, Options(rounds=args.rounds, samples=args.samples,
                                                        tolerance=args.tolerance, progress=not args.quiet,
                                                        max_rounds=args.max_rounds, time_limit_s=args.time_limit,
-                                                       trusted_keys=keys)).run()
+                                                       trusted_keys=keys, ray=args.ray,
+                                                       case_timeout_s=args.case_timeout)).run()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report_io.clean(result), indent=1, sort_keys=True) + "\n")
     print(summary(result))

@@ -73,12 +73,25 @@ def source_changes(report: dict, root: str | Path) -> dict[str, list[str]]:
     }
 
 
-def artifact_changes(recorded: dict[str, str], current: dict[str, str]) -> dict[str, list[str]]:
+def artifact_changes(recorded: dict[str, str], current: dict[str, str], recorded_root: str | None = None,
+                     current_root: str | None = None) -> dict[str, list[str]]:
     """Recorded built files against the files the replay built or loaded, matched by content (a
-    materialized tree may build the same file at another path) and then by path."""
+    materialized tree may build the same file at another path) and then by path, relative to each
+    side's tree root where the file lies under it (a report made in another checkout names its files
+    under that checkout)."""
+    def relative(path: str, root: str | None) -> str:
+        if root:
+            try:
+                return Path(path).relative_to(root).as_posix()
+            except ValueError:
+                pass
+        return path
+
     present = set(current.values())
+    current_paths = {relative(q, current_root) for q in current} | set(current)
+    here = {p: relative(p, recorded_root) in current_paths or p in current for p in recorded}
     return {
         "unchanged": sorted(p for p, h in recorded.items() if h in present),
-        "changed": sorted(p for p, h in recorded.items() if h not in present and p in current),
-        "unchecked": sorted(p for p, h in recorded.items() if h not in present and p not in current),
+        "changed": sorted(p for p, h in recorded.items() if h not in present and here[p]),
+        "unchecked": sorted(p for p, h in recorded.items() if h not in present and not here[p]),
     }

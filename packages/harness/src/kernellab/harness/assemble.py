@@ -61,6 +61,8 @@ def case_table(cases: list[dict], rounds: list[dict], ceiling_op: str | None = N
             "validations": [],
             "modes": {},
         }
+        if "device" in desc:  # a cluster run's: the device this case's task ran on
+            entry["device"] = desc["device"]
         per_mode: dict[str, list[list[float]]] = {}
         noise_of: dict[str, list[dict]] = {}
         for r, data in enumerate(rounds):

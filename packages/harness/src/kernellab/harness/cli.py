@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import datetime
 import importlib
+import json
 import os
 import sys
 import tempfile
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from tabulate import tabulate_formats
 
-from . import assemble, gate, plot, provenance, registry, signing, table
+from . import assemble, cluster, gate, plot, provenance, registry, signing, table
 from . import report as report_io
 from .revision import Extension, RevisionError, materialize, run_sides
 from .runner import Config, match
@@ -35,34 +36,23 @@ class Interrupted(Exception):
         self.partial = partial
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _bounded(convert, ok, expected: str):
+    """An argparse type: ``convert`` the text, and refuse it unless ``ok``, saying what was ``expected``."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
+        return value
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
-
-
-def percentage(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a percentage >= 0, got {text!r}") from None
-    if not value >= 0.0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a percentage >= 0, got {text}")
-    return value
+positive_int = _bounded(int, lambda v: v >= 1, "a positive integer")
+non_negative_int = _bounded(int, lambda v: v >= 0, "an integer >= 0")
+positive_float = _bounded(float, lambda v: 0 < v < float("inf"), "a number of seconds > 0")
+percentage = _bounded(float, lambda v: 0 <= v < float("inf"), "a percentage >= 0")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -106,6 +96,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="simple", help="table format for --show (tabulate's; 'github' for READMEs)")
     p.add_argument("--pivot", metavar="MODE", nargs="?", const="", help="with --show: one row per problem, one "
                    "column per impl, in MODE (default: the primary mode)")
+    p.add_argument("--ray", metavar="ADDRESS", nargs="?", const="", help="run the suites as Ray tasks, one problem "
+                   "per task (one GPU, or a node's cores, each): on the cluster at ADDRESS ('auto': the one running "
+                   "on this host), or without ADDRESS on a local cluster started for this run")
+    p.add_argument("--resume", metavar="CHECKPOINT", help="with --ray: finish the run whose checkpoint this is "
+                   "(printed at its start), without redoing its completed problems")
+    p.add_argument("--case-timeout", metavar="SECONDS", type=positive_float, default=3600.0,
+                   help="with --ray: a case running longer (a hung kernel) kills its task, which is retried once, "
+                   "then recorded failed (default 3600)")
+    p.add_argument("--ray-cpus", metavar="N", type=positive_int, help="with --ray: CPUs per task (default: a CPU "
+                   "suite takes the smallest node's cores, a GPU suite one CPU beside its GPU)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--sign", metavar="KEYFILE", help="sign the reports written with this Ed25519 private key (PEM)")
     p.add_argument("--keygen", metavar="PATH", help="write a new Ed25519 key pair (PATH, PATH.pub), then exit")
@@ -203,8 +203,11 @@ def measure_side(suite, config: Config, args) -> dict:
     checks the results the worker ships without importing any contender code (``revision.run_sides``).
     After Ctrl-C the completed rounds are raised as a partial report (``Interrupted``)."""
     root = provenance.find_repo_root(Path(__file__))
-    request = {"suite": suite.name, "config": config.to_json(), "cases": args.cases, "impls": args.impls}
-    side = run_sides({"candidate": root}, request, config.rounds, progress=not args.quiet)["candidate"]
+    if getattr(args, "cluster", None) is not None:
+        side = cluster_sides(suite, config, args, {"candidate": root})["candidate"]
+    else:
+        request = {"suite": suite.name, "config": config.to_json(), "cases": args.cases, "impls": args.impls}
+        side = run_sides({"candidate": root}, request, config.rounds, progress=not args.quiet)["candidate"]
     git = side["provenance"]["git"]
     side["revision"] = {"revision": "working tree", "kind": "local", "commit": git["commit"], "dirty": git["dirty"]}
     if side.get("interrupted"):
@@ -215,6 +218,36 @@ def measure_side(suite, config: Config, args) -> dict:
         partial["interrupted"] = side["interrupted"]
         raise Interrupted(report_io.seal(partial))
     return side
+
+
+def cluster_sides(suite, config: Config, args, trees: dict) -> dict:
+    """``run_sides`` on the Ray cluster: one task per problem, checkpointed (``--resume``), merged."""
+    problems = [p for p in suite.make_problems() if match(p.name, args.cases)]
+    impls = [i for i in suite.impls if i.name == suite.control or match(i.name, args.impls)]
+    expected = {p.name: [{"id": f"{p.name}/{i.name}", "problem": p.describe(), "impl": i.name, "status": "failed",
+                          "reason": None} for i in impls] for p in problems}
+    request = {"suite": suite.name, "config": config.to_json(), "cases": None, "impls": args.impls}
+    plan = cluster.Plan(trees={k: Path(v) for k, v in trees.items()}, request=request, rounds=config.rounds,
+                        device=suite.device, cpus=args.ray_cpus, case_timeout_s=args.case_timeout,
+                        extension=extension_for(args) if len(trees) == 2 else None)
+    header = {"suite": suite.name, "config": config.to_json(), "cases": args.cases, "impls": args.impls,
+              "sides": sorted(trees), "trees": plan.fingerprints(),
+              "extension": dataclasses.asdict(plan.extension) if plan.extension else None}
+    if args.resume:
+        checkpoint = cluster.Checkpoint.resume(args.resume, header)
+        print(f"resuming {args.resume}: {len(checkpoint.done)} of {len(problems)} problems done", file=sys.stderr)
+    else:
+        path = out_path(args, suite.name, "run")
+        path = path.with_name(f"{path.stem}.checkpoint.jsonl")
+        checkpoint = cluster.Checkpoint.start(path, header)
+        print(f"checkpoint: {path} (after a kill, finish the run with --resume {path})", file=sys.stderr)
+    sides = cluster.run_plan(args.cluster, plan, [p.name for p in problems], expected, checkpoint,
+                             cluster.Display(len(problems), enabled=not args.quiet))
+    info = sides[next(iter(sides))]["provenance"]["cluster"]
+    print(f"cluster: {len(problems)} problems in {info['run_s']:.1f} s on {len(info['nodes'])} node(s); "
+          f"Ray start-up {info['ray_startup_s']:.1f} s apart", file=sys.stderr)
+    args.checkpoints.append(checkpoint)
+    return sides
 
 
 def run_single(suite, config: Config, args) -> dict:
@@ -272,8 +305,11 @@ def run_ab(suite, config: Config, args) -> tuple[dict, dict | None]:
         cand = {"revision": "working tree", "kind": "local", "commit": git["commit"], "dirty": git["dirty"],
                 "root": str(repo)}
         request = {"suite": suite.name, "config": config.to_json(), "cases": args.cases, "impls": args.impls}
-        sides = run_sides({"reference": base["root"], "candidate": repo}, request, config.rounds,
-                          progress=not args.quiet, extension=extension_for(args))
+        if getattr(args, "cluster", None) is not None:
+            sides = cluster_sides(suite, config, args, {"reference": base["root"], "candidate": repo})
+        else:
+            sides = run_sides({"reference": base["root"], "candidate": repo}, request, config.rounds,
+                              progress=not args.quiet, extension=extension_for(args))
         sides["reference"]["revision"], sides["candidate"]["revision"] = base, cand
     comparison = seal(assemble.comparison_report(suite, config.to_json(), sides["reference"], sides["candidate"]),
                       args)
@@ -396,17 +432,58 @@ def run(argv: list[str] | None) -> int:
         return _usage(f"--against: {e}")
     if reference is not None and not args.suite:
         args.suite = [reference["suite"]]
+    problem = check_cluster_args(args)
+    if problem:
+        return _usage(problem)
     try:
         chosen = choose_suites(args, suites, broken)
     except SystemExit as e:
         return int(e.code)
     if not chosen:
         return _usage("no suite can run on this machine")
+    if args.resume and len(chosen) != 1:
+        return _usage(f"--resume finishes one suite's run; {len(chosen)} suites were chosen")
     problem = (out_problem(args, [s.name for s in chosen])
                or unmatched("--impls", args.impls, [i.name for s in chosen for i in s.impls])
                or unmatched("--cases", args.cases, [p.name for s in chosen for p in s.make_problems()]))
     if problem:
         return _usage(problem)
+    args.cluster, args.checkpoints = None, []
+    if args.ray is not None:
+        try:
+            args.cluster = cluster.connect(args.ray or None)
+        except cluster.ClusterError as e:
+            return _usage(str(e))
+        how = ("joined " + args.ray if args.ray else "started a local cluster") if args.cluster.owned else \
+            "kept this process's connection"
+        print(f"ray: {how} in {args.cluster.startup_s:.1f} s (Ray start-up, not counted in the run)", file=sys.stderr)
+    try:
+        code = run_chosen(chosen, reference, args)
+    finally:
+        if args.cluster is not None:
+            args.cluster.close()
+    return code
+
+
+def check_cluster_args(args) -> str | None:
+    """--resume and the cluster options need --ray; --resume names a checkpoint whose suite is the one run."""
+    given = [o for o, v in (("--resume", args.resume), ("--ray-cpus", args.ray_cpus)) if v is not None]
+    if args.ray is None and given:
+        return f"{given[0]} applies to a cluster run only: add --ray [ADDRESS]"
+    if args.resume:
+        try:
+            header = json.loads(Path(args.resume).read_text().splitlines()[0])
+        except (OSError, ValueError, IndexError) as e:
+            return f"--resume {args.resume}: not a readable checkpoint ({e})"
+        if not isinstance(header, dict) or header.get("format") != cluster.CHECKPOINT_FORMAT:
+            return f"--resume {args.resume}: not a kernellab checkpoint (expected format {cluster.CHECKPOINT_FORMAT})"
+        if not args.suite:
+            args.suite = [header.get("suite")]
+    return None
+
+
+def run_chosen(chosen: list, reference: dict | None, args) -> int:
+    """Measure, write and gate every chosen suite (in this process's workers, or on the cluster)."""
     ok = True
     comparisons, runs = [], []
     for suite in chosen:
@@ -433,16 +510,25 @@ def run(argv: list[str] | None) -> int:
                 report = seal(run_single(suite, config, args), args)
                 runs.append(report)
                 ok &= emit(report, out_path(args, suite.name, "run"), args)
-        except (ValueError, RevisionError, registry.SuiteError) as e:
+        except (ValueError, RevisionError, registry.SuiteError, cluster.ClusterError) as e:
             return _usage(str(e))
         except Interrupted as e:
             return interrupted(e.partial, suite, args)
+        except cluster.ClusterInterrupted as e:
+            where = f"; the {e.done} of {e.total} problems that completed are in {e.checkpoint}, which --resume " \
+                    "finishes" if e.checkpoint and e.done else ""
+            print(f"\nkernellab-bench: interrupted during suite {suite.name!r}; the cluster's tasks were cancelled, "
+                  f"no report written{where}", file=sys.stderr)
+            return EXIT_INTERRUPTED
         except KeyboardInterrupt:  # outside the rounds (an A/B's workers hold theirs): nothing to keep
             print(f"\nkernellab-bench: interrupted during suite {suite.name!r}; nothing saved", file=sys.stderr)
             return EXIT_INTERRUPTED
+    for checkpoint in args.checkpoints:  # their reports are written: nothing left to resume
+        checkpoint.remove()
     gated = gate_exit(comparisons, runs, args)
     if not ok:
-        print("kernellab-bench: some validations failed; see the report's status fields", file=sys.stderr)
+        print("kernellab-bench: some cases failed (a validation, or a cluster task); see the report's status and "
+              "reason fields", file=sys.stderr)
         return EXIT_FAILED_VALIDATION
     return gated
 

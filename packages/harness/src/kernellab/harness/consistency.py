@@ -160,14 +160,15 @@ def recompute_cases(cases: list[dict], ceiling_op: str | None, control: str) -> 
     """The case table as ``assemble.case_table`` derives it from each case's raw samples and validations.
 
     Raw and unknown fields are kept; modes, status and bandwidth are recomputed. Only a runnable case
-    (``ok``, or ``failed`` by its validations) has a status that its validations decide."""
+    (``ok``, or ``failed`` by its validations) has a status that its validations decide; a case failed
+    before anything was validated (a cluster task that died) keeps its status and reason."""
     out = []
     for case in cases:
         entry = copy.deepcopy(case)
         entry["modes"] = {mode: {**{k: v for k, v in m.items() if k not in BANDWIDTH_FIELDS},
                                  **assemble.mode_entry(m["rounds_us"], m.get("disturbance"))}
                           for mode, m in case["modes"].items()}
-        if case["status"] in ("ok", "failed"):
+        if case["status"] == "ok" or (case["status"] == "failed" and case["validations"]):
             entry["status"] = "ok"
             assemble.settle_status(entry)
             if entry["status"] == "ok":

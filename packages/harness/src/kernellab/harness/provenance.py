@@ -142,14 +142,73 @@ def cpu_clocks_mhz() -> list[float]:
 
 
 def gpu_query() -> dict:
-    """Driver, clocks, temperature and power from nvidia-smi, where present."""
-    fields = ["name", "driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm", "temperature.gpu", "power.draw"]
+    """Driver, clocks, temperature and power of the GPU torch uses: from nvidia-ml-py where installed,
+    else nvidia-smi; both look the device up by its UUID, which names the same GPU under any
+    CUDA_VISIBLE_DEVICES (torch's index 0 may be the host's GPU 3)."""
+    uuid = current_gpu_uuid()
+    return nvml_query(uuid) or smi_query(uuid)
+
+
+def current_gpu_uuid() -> str | None:
+    """``GPU-<uuid>`` of torch's current device, or None where torch cannot say."""
+    try:
+        import torch
+
+        uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)
+    except Exception:  # noqa: BLE001 - no CUDA, or a torch without device UUIDs
+        return None
+    if uuid is None:
+        return None
+    text = str(uuid)
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+
+
+def nvml_query(uuid: str | None) -> dict:
+    """The GPU ``uuid`` (None: NVML's first) through nvidia-ml-py, in nvidia-smi's field names, or {}
+    where nvidia-ml-py or the driver is missing."""
+    try:
+        import pynvml
+    except ImportError:
+        return {}
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver: nothing to read
+        return {}
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid) if uuid else pynvml.nvmlDeviceGetHandleByIndex(0)
+
+        def text(value) -> str:
+            return value.decode() if isinstance(value, bytes) else str(value)
+
+        return {
+            "name": text(pynvml.nvmlDeviceGetName(handle)),
+            "uuid": text(pynvml.nvmlDeviceGetUUID(handle)),
+            "driver_version": text(pynvml.nvmlSystemGetDriverVersion()),
+            "clocks.sm": str(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+            "clocks.mem": str(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)),
+            "clocks.max.sm": str(pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+            "temperature.gpu": str(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)),
+            "power.draw": f"{pynvml.nvmlDeviceGetPowerUsage(handle) / 1000:.2f}",
+        }
+    except Exception:  # noqa: BLE001 - a field this GPU does not report: fall back to nvidia-smi
+        return {}
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def smi_query(uuid: str | None) -> dict:
+    """The same fields from nvidia-smi, for the GPU ``uuid`` (None: the first)."""
+    fields = ["name", "uuid", "driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm", "temperature.gpu",
+              "power.draw"]
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return {}
     try:
         res = subprocess.run([exe, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
-                              "-i", _gpu_index()], capture_output=True, text=True, timeout=30)
+                              "-i", uuid or "0"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return {}
     if res.returncode != 0 or not res.stdout.strip():
@@ -158,21 +217,12 @@ def gpu_query() -> dict:
     return dict(zip(fields, values, strict=False))
 
 
-def _gpu_index() -> str:
-    try:
-        import torch
-
-        return str(torch.cuda.current_device())
-    except Exception:  # noqa: BLE001 - any failure means "the first GPU"
-        return "0"
-
-
 def clocks(device: str) -> dict:
     """A snapshot of the clocks, taken at the start and the end of a run."""
     now = datetime.datetime.now(datetime.UTC).isoformat()
     if device == "cuda":
         q = gpu_query()
-        return {"at": now, **{k: v for k, v in q.items() if k not in ("name", "driver_version")}}
+        return {"at": now, **{k: v for k, v in q.items() if k not in ("name", "uuid", "driver_version")}}
     mhz = cpu_clocks_mhz()
     return {"at": now, "cpu_mhz_min": min(mhz) if mhz else None, "cpu_mhz_max": max(mhz) if mhz else None}
 
@@ -198,6 +248,7 @@ def device_info(device: str) -> dict:
             "sm_count": props.multi_processor_count,
             "memory_bytes": props.total_memory,
             "l2_bytes": getattr(props, "L2_cache_size", None),
+            "uuid": q.get("uuid"),
             "driver": q.get("driver_version"),
             "cuda_runtime": torch.version.cuda,
         })

@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import os
+import selectors
 import subprocess
 import sys
 import tarfile
@@ -18,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from . import stats, validate
+from .progress import Progress, describe_samples
 from .provenance import sha256_file
-from .runner import Progress, describe_samples
 
 PROTOCOL = 2
 
@@ -102,14 +103,22 @@ class Worker:
             env["KERNELLAB_SOURCE_ROOT"] = str(self.root)
         else:
             env.pop("KERNELLAB_SOURCE_ROOT", None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "kernellab.harness.worker"], cwd=self.root, env=env,
+        # imported, not run with -m: one copy of the worker module, the one integrity.verify checks
+        self.proc = subprocess.Popen([sys.executable, "-c", "from kernellab.harness import worker; worker.main()"],
+                                     cwd=self.root, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
 
-    def request(self, cmd: str, **args: Any) -> dict:
+    def request(self, cmd: str, *, timeout_s: float | None = None, **args: Any) -> dict:
+        """Send one request and read its reply; past ``timeout_s`` (a hung kernel) the worker is killed."""
         if self.proc.poll() is not None:
             raise RevisionError(f"worker {self.label} ({self.root}) exited with code {self.proc.returncode}")
         self.proc.stdin.write(json.dumps({"cmd": cmd, **args}) + "\n")
         self.proc.stdin.flush()
+        if timeout_s is not None and not self._answers_within(timeout_s):
+            self.proc.kill()
+            self.proc.wait()
+            raise RevisionError(f"worker {self.label} ({self.root}) gave no answer to {cmd!r} within {timeout_s:g} s "
+                                f"(a hung kernel?); it was killed")
         line = self.proc.stdout.readline()
         if not line:
             code = self.proc.wait()
@@ -121,6 +130,13 @@ class Worker:
         if reply.get("protocol", PROTOCOL) != PROTOCOL:
             raise RevisionError(f"worker {self.label} speaks protocol {reply.get('protocol')}, this driver {PROTOCOL}")
         return reply
+
+    def _answers_within(self, timeout_s: float) -> bool:
+        """Whether the worker's reply starts within ``timeout_s`` (each request has exactly one line
+        of reply, so nothing of it waits in the pipe's buffer before this request)."""
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            return bool(sel.select(timeout_s))
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -180,7 +196,7 @@ def _wide_pairs(sides: dict, ids: list[str], width: float, resamples: int) -> li
 
 
 def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds: int, *, progress: bool = True,
-              extension: Extension | None = None) -> dict:
+              extension: Extension | None = None, case_timeout_s: float | None = None) -> dict:
     """Run one suite in one or two trees, one worker each: every case by each side back to back, the
     side order alternating by round (A B, B A, ...). Returns per side its cases, provenance and per-round
     measurements, and how the rounds stopped; after Ctrl-C, the rounds completed before it, with
@@ -189,11 +205,12 @@ def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds:
     Each worker writes a result of every validation and of each mode's last timed batch to a folder of
     this process's; this process, which imports no contender code, checks them against the float64
     truth of inputs it remakes from their seeds (``validate.check_shipped``), so that a contender that
-    patched the harness inside its worker cannot pass its own results."""
+    patched the harness inside its worker cannot pass its own results. A case that runs past
+    ``case_timeout_s`` kills its worker and raises ``RevisionError``."""
     names = [n for n in ("reference", "candidate") if n in roots]
-    checker = ShippedChecker(request["suite"])
     with tempfile.TemporaryDirectory(prefix="kernellab-shipped-") as ship_dir, contextlib.ExitStack() as stack:
         workers = {n: stack.enter_context(Worker(roots[n], n)) for n in names}
+        checker = ShippedChecker(request["suite"])  # loads torch here while the workers start
         sides: dict[str, dict] = {}
         schedules = {}
         for name, w in workers.items():
@@ -210,7 +227,8 @@ def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds:
                 sides[name]["rounds"].append({})
             for cid in ids:
                 for name in [n for n in revision_order(r) if n in workers]:
-                    data = workers[name].request("case", id=cid, round=r, ship_dir=ship_dir)["data"]
+                    data = workers[name].request("case", id=cid, round=r, ship_dir=ship_dir,
+                                                  timeout_s=case_timeout_s)["data"]
                     checker.check(cid, data)
                     sides[name]["rounds"][r][cid] = data
                     bar.step(f"round {r + 1} {name}: {cid}  {describe_samples(data)}")
@@ -258,6 +276,8 @@ class ShippedChecker:
     problems only, never its contenders."""
 
     def __init__(self, suite: str):
+        import torch  # noqa: F401 - every check needs it: loaded now, not at the first result
+
         from . import registry
 
         try:

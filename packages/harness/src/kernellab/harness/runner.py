@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import gc
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 from . import integrity, noise, threads, timing, validate
 from .case import Impl, Problem, Suite, Unsupported, seed_for
+from .progress import Progress, describe_samples
 
 WARM_MS = 20.0  # least wall time of warmup calls before each mode's samples
 
@@ -74,23 +74,6 @@ class Case:
     def describe(self) -> dict[str, Any]:
         return {"id": self.id, "problem": self.problem.describe(), "impl": self.impl.name,
                 "status": self.status, "reason": self.reason}
-
-
-class Progress:
-    """One line per case and round on stderr, with elapsed time and an estimate of what is left."""
-
-    def __init__(self, total: int, enabled: bool = True, prefix: str = ""):
-        self.total, self.done, self.enabled, self.prefix = total, 0, enabled, prefix
-        self.t0 = time.monotonic()
-
-    def step(self, text: str) -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        elapsed = time.monotonic() - self.t0
-        left = elapsed / self.done * (self.total - self.done)
-        print(f"{self.prefix}[{self.done}/{self.total} {elapsed:5.0f}s, ~{left:4.0f}s left] {text}",
-              file=sys.stderr, flush=True)
 
 
 class Bench:
@@ -287,16 +270,6 @@ class Bench:
         call = case.call
         calls = [(lambda i=i, o=o: call(i, o)) for i, o in sets]
         return calls, sets
-
-
-def describe_samples(result: dict[str, Any]) -> str:
-    """A progress line's summary of one case: p50 per mode, or what went wrong."""
-    from .stats import median
-
-    if "error" in result:
-        return f"ERROR {result['error']}"
-    text = "  ".join(f"{m} {median(v):.2f}us" for m, v in result["samples_us"].items())
-    return text if result["passed"] else f"{text}  VALIDATION FAILED"
 
 
 class HarnessPatched(RuntimeError):

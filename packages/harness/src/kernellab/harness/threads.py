@@ -49,11 +49,12 @@ def measuring(impl: str) -> Iterator[None]:
         _active = previous
 
 
-def settle(timeout: float = JOIN_TIMEOUT_S) -> None:
+def settle(timeout: float | None = None) -> None:
     """Join the threads the measured impl owns or started during its case; raise ``ThreadLeft`` naming
-    any still running after ``timeout`` seconds."""
+    any still running after ``timeout`` seconds (``JOIN_TIMEOUT_S`` as it is at the call)."""
     if _active is None:
         return
+    timeout = JOIN_TIMEOUT_S if timeout is None else timeout
     impl, before = _active
     me = threading.current_thread()
     waiting = [t for t in (alive() - before) | _owned.get(impl, set()) if t is not me and t.is_alive()]
@@ -62,4 +63,4 @@ def settle(timeout: float = JOIN_TIMEOUT_S) -> None:
     left = [t.name for t in waiting if t.is_alive()]
     if left:
         raise ThreadLeft(f"impl {impl!r} left host thread(s) {left} running after its call returned: a call is "
-                         f"over when its outputs are final (waited {timeout:.0f} s)")
+                         f"over when its outputs are final (waited {timeout:g} s)")

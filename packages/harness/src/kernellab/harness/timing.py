@@ -139,11 +139,18 @@ class Batch(Protocol):
 
     def before(self, first: int, count: int) -> None: ...
 
+    def stopped(self, result: object) -> None:
+        """The clock has just stopped: what the outputs hold now is what ``after`` checks, so that work a
+        contender left running past its return (a thread no synchronization reaches) fails."""
+
     def after(self, last: int, result: object) -> None: ...
 
 
 class _NoBatch:
     def before(self, first: int, count: int) -> None:
+        pass
+
+    def stopped(self, result: object) -> None:
         pass
 
     def after(self, last: int, result: object) -> None:
@@ -192,6 +199,7 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
             else:
                 raise RuntimeError(f"gpu_throughput: {iterations} calls could not be queued behind a hold of "
                                    f"{hold / 2:.0f} us (a launch queue fills up?); use fewer iterations")
+            batch.stopped(result)
             mark(before)
             out.append(start.elapsed_time(end) * 1e3 / iterations)
             batch.after(k + iterations - 1, result)
@@ -208,6 +216,7 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
             end.record()
             end.synchronize()
             device.sync()
+            batch.stopped(result)
             mark(before)
             out.append(start.elapsed_time(end) * 1e3)
             batch.after(s, result)
@@ -222,6 +231,7 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
                 result = calls[(k + i) % n]()
             device.sync()
             out.append((time.perf_counter_ns() - t0) / 1e3 / iterations)
+            batch.stopped(result)
             mark(before)
             batch.after(k + iterations - 1, result)
             k += iterations
@@ -235,6 +245,7 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
             result = calls[s % n]()
             device.sync()
             out.append((time.perf_counter_ns() - t0) / 1e3)
+            batch.stopped(result)
             mark(before)
             batch.after(s, result)
     elif mode == "graph_throughput":
@@ -248,6 +259,7 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
             graph.replay()
             end.record()
             end.synchronize()
+            batch.stopped(result)
             mark(before)
             out.append(start.elapsed_time(end) * 1e3 / length)
             batch.after(length - 1, result)

@@ -165,7 +165,8 @@ class BatchCheck:
     each time) are written into the input sets its calls will read and the outputs are poisoned; after
     it, the last call's result is checked against the float64 truth of that call's inputs, and the
     inputs against what was written. A result kept from an earlier call, or work done only when the
-    outputs look poisoned, fails here; so does work left for after the clock stopped."""
+    outputs look poisoned, fails here; so does work left for after the clock stopped, however soon it
+    ends: the outputs are copied the moment the clock stops (``stopped``) and that copy is checked."""
 
     def __init__(self, problem: Problem, sets: list, seed: int):
         from .case import seed_for
@@ -177,6 +178,7 @@ class BatchCheck:
         self.checked = self.failed = 0
         self.first_failure: dict | None = None
         self.last: tuple[int, Tensors, Tensors] | None = None  # (seed, result, inputs after) of the last sample
+        self._held: tuple[Tensors] | None = None  # the outputs as they were when the clock stopped
 
     def before(self, first: int, count: int) -> None:
         n = len(self.sets)
@@ -190,7 +192,16 @@ class BatchCheck:
         poison(self.sets[0][1])
         _sync(self.problem)
 
+    def stopped(self, result) -> None:
+        held = result
+        if isinstance(result, dict):  # anything else fails the comparison as it is
+            held = {k: v.detach().clone() if hasattr(v, "detach") else v for k, v in result.items()}
+        self._held = (held,)
+
     def after(self, last: int, result) -> None:
+        if self._held is None:
+            raise RuntimeError("BatchCheck.after without stopped: the outputs must be held when the clock stops")
+        (result,), self._held = self._held, None
         index = last % len(self.sets)
         seed, fresh = self._written[index]
         inputs = self.sets[index][0]

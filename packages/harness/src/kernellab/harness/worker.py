@@ -1,4 +1,4 @@
-"""The worker side of revision A/B: ``python -m kernellab.harness.worker`` in one revision's tree.
+"""The worker side of revision A/B: ``worker.main()`` in a fresh interpreter in one revision's tree.
 
 Requests and replies are JSON lines on the original stdout; everything else the process prints
 (compilers, extension builds, progress) goes to stderr so it cannot corrupt the protocol.
@@ -79,7 +79,3 @@ def main() -> None:
     sys.stdout = sys.stderr
     with os.fdopen(protocol_fd, "w", buffering=1) as out:
         serve(sys.stdin, out)
-
-
-if __name__ == "__main__":
-    main()

@@ -44,7 +44,7 @@ def cpu_ops() -> Suite:
         for shape in CPU_NORM_SHAPES:
             for problem in (Softmax, RMSNorm, LayerNorm, training.SoftmaxBackward, training.RMSNormBackward,
                             training.LayerNormBackward, training.SoftmaxTrain, training.RMSNormTrain,
-                            training.LayerNormTrain):
+                            training.LayerNormTrain, Copy):
                 out.append(problem(shape, "fp32", "cpu"))
         for shape in CPU_LINEAR_SHAPES:
             out += [LinearForward(shape, "fp32", "cpu"), LinearBackward(shape, "fp32", "cpu"),
@@ -58,8 +58,10 @@ def cpu_ops() -> Suite:
         device="cpu",
         description="CPU softmax, RMSNorm, LayerNorm at 128x512: forward, backward from the saved statistics and "
                     "forward+backward through autograd; linear forward/backward at 128x512x512 (and through "
-                    "autograd) and across a sweep of shapes (fp32)",
+                    "autograd) and across a sweep of shapes (fp32); a copy at 128x512 as the bandwidth ceiling "
+                    "the row ops are read against",
         make_problems=problems,
+        ceiling_op="copy",
         defaults={"rounds": 3, "samples": 30, "warmup": 10, "iterations": 5},
     )
 

@@ -15,10 +15,10 @@ the checks here run, with checks.py: they raise an error naming the argument, or
 cache misses each once the caller's data has evicted the tensor objects, cost several of them:
 hence the C++ fast entry.
 
-Autograd and torch.compile go through the custom ops of ``ops`` (``kernellab_cpu::*``), whose
-backward passes are native kernels too: a call takes them when grad mode is on and an input
-requires grad, or while torch.compile traces it. An ``out=`` buffer with autograd raises, as
-torch's out= functions do.
+torch.compile goes through the custom ops of ``ops`` (``kernellab_cpu::*``), whose backward passes
+are native kernels too; eager autograd (grad mode on and an input that requires grad) goes through
+``ops``' autograd Functions, which call the same op bodies without the custom ops' dispatch. An
+``out=`` buffer with autograd raises, as torch's out= functions do.
 """
 
 from __future__ import annotations
@@ -145,8 +145,10 @@ def softmax(x, *, out=None):
             return _write(out, ops.softmax(x))
         library().softmax(x, out)
         return out
-    if _compiling() or checks.needs_autograd(x):
+    if _compiling():
         return ops.softmax(x)
+    if checks.needs_autograd(x):
+        return ops.SoftmaxFunction.apply(x)
     y = _new(x.shape)
     library().softmax(x, y)
     return y
@@ -174,12 +176,16 @@ def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None, *, out=None, resid
                  in_place=("x", "residual"))
     if out is not None or residual_out is not None:
         checks.no_autograd_with_out("rmsnorm", x, weight, residual, out, residual_out)
-    if _compiling() or (out is None and residual_out is None and checks.needs_autograd(x, weight, residual)):
+    if _compiling():
         if residual is None:
             y = ops.rmsnorm(x, weight, eps)[0]
             return y if out is None else _write(out, y)
         y, h, _ = ops.rmsnorm_residual(x, residual, weight, eps)
         return (y if out is None else _write(out, y)), (h if residual_out is None else _write(residual_out, h))
+    if out is None and residual_out is None and checks.needs_autograd(x, weight, residual):
+        if residual is None:
+            return ops.RMSNormFunction.apply(x, weight, eps)
+        return ops.RMSNormResidualFunction.apply(x, residual, weight, eps)
     y = _new(x.shape) if out is None else out
     if residual is None:
         library().rmsnorm(x, None, weight, eps, y, None, None)
@@ -205,9 +211,11 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
     _check_apart({"out": out}, {"x": x, "weight": weight, "bias": bias}, in_place=("x",))
     if out is not None:
         checks.no_autograd_with_out("layernorm", x, weight, bias, out)
-    if _compiling() or (out is None and checks.needs_autograd(x, weight, bias)):
+    if _compiling():
         y = ops.layernorm(x, weight, bias, eps)[0]
         return y if out is None else _write(out, y)
+    if out is None and checks.needs_autograd(x, weight, bias):
+        return ops.LayerNormFunction.apply(x, weight, bias, eps)
     y = _new(x.shape) if out is None else out
     library().layernorm(x, weight, bias, eps, y, None, None)
     return y
@@ -238,6 +246,10 @@ def _not_differentiable(op: str, *tensors) -> None:
 
 def softmax_backward(y, grad_out, *, out=None):
     """dx = y * (dy - sum(y * dy)) per row: the gradient of softmax from its output y and dy."""
+    if isinstance(y, _TENSOR) and isinstance(grad_out, _TENSOR) and _tensors(out) and not _compiling():
+        dx = library().softmax_backward_fast(y, grad_out, out)
+        if dx is not None:
+            return dx
     y = _rows_input("y", y)
     grad_out = _check_grad_like("grad_out", grad_out, y)
     _check_output("out", out, y.shape)
@@ -254,6 +266,11 @@ def rmsnorm_backward(h, rstd, grad_out, weight=None, grad_h=None, *, dx=None, dw
     """(dh, dweight) of y = h * rstd * weight, from the forward's normalized input h (x, or x + residual) and
     its rstd; grad_h (the gradient reaching h directly, as the residual output's) is added to dh, which is
     the gradient of x and of the residual. dweight is that of a unit weight when weight is None."""
+    if (isinstance(h, _TENSOR) and isinstance(rstd, _TENSOR) and isinstance(grad_out, _TENSOR)
+            and _tensors(weight, grad_h, dx, dweight) and not _compiling()):
+        grads = library().rmsnorm_backward_fast(h, rstd, grad_out, weight, grad_h, dx, dweight)
+        if grads is not None:
+            return grads
     h = _rows_input("h", h)
     _check_stat("rstd", rstd, h)
     grad_out = _check_grad_like("grad_out", grad_out, h)
@@ -276,6 +293,11 @@ def rmsnorm_backward(h, rstd, grad_out, weight=None, grad_h=None, *, dx=None, dw
 def layernorm_backward(x, mean, rstd, grad_out, weight=None, *, dx=None, dweight=None, dbias=None):
     """(dx, dweight, dbias) of y = (x - mean) * rstd * weight + bias, from the forward's mean and rstd;
     dweight and dbias are those of a unit weight and a zero bias when the forward had none."""
+    if (isinstance(x, _TENSOR) and isinstance(mean, _TENSOR) and isinstance(rstd, _TENSOR)
+            and isinstance(grad_out, _TENSOR) and _tensors(weight, dx, dweight, dbias) and not _compiling()):
+        grads = library().layernorm_backward_fast(x, mean, rstd, grad_out, weight, dx, dweight, dbias)
+        if grads is not None:
+            return grads
     x = _rows_input("x", x)
     _check_stat("mean", mean, x)
     _check_stat("rstd", rstd, x)
@@ -315,9 +337,11 @@ def linear_forward(x, weight, bias=None, *, out=None):
     _check_apart({"out": out}, {"x": x, "weight": weight, "bias": bias})
     if out is not None:
         checks.no_autograd_with_out("linear_forward", x, weight, bias, out)
-    if _compiling() or (out is None and checks.needs_autograd(x, weight, bias)):
+    if _compiling():
         y = ops.linear(x, weight, bias)
         return y if out is None else _write(out, y)
+    if out is None and checks.needs_autograd(x, weight, bias):
+        return ops.LinearFunction.apply(x, weight, bias)
     y = _new((x.shape[0], weight.shape[0])) if out is None else out
     library().linear_forward(x, weight, bias, y)
     return y

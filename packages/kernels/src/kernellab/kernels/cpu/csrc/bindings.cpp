@@ -206,6 +206,49 @@ std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> linear_backward_fa
     return std::make_tuple(dx_, dw_, db_);
 }
 
+// The backward entries compute every gradient (the per-feature ones too), as their Python functions do.
+std::optional<at::Tensor> softmax_backward_fast(const at::Tensor& y, const at::Tensor& dy, const Opt& out) {
+    if (!plain(y) || !plain_like(dy, y.sizes()) || !absent_or_like(out, y.sizes()) || !apart(out, {&y, &dy}))
+        return std::nullopt;
+    at::Tensor dx = given_or_new(out, y.sizes());
+    softmax_backward(y, dy, dx);
+    return dx;
+}
+
+std::optional<std::tuple<at::Tensor, at::Tensor>> rmsnorm_backward_fast(const at::Tensor& h, const at::Tensor& rstd,
+                                                                        const at::Tensor& dy, const Opt& weight,
+                                                                        const Opt& dh_extra, const Opt& dx,
+                                                                        const Opt& dweight) {
+    if (!plain(h)) return std::nullopt;  // first: a 0-d h has no last dimension to slice
+    const auto n = h.sizes().slice(h.dim() - 1);
+    if (!plain_like(rstd, h.sizes().slice(0, h.dim() - 1)) || !plain_like(dy, h.sizes()) ||
+        !absent_or_like(weight, n) || !absent_or_like(dh_extra, h.sizes()) || !absent_or_like(dx, h.sizes()) ||
+        !absent_or_like(dweight, n) || !apart(dx, {&h, &rstd, &dy, ptr(weight), ptr(dh_extra), ptr(dweight)}) ||
+        !apart(dweight, {&h, &rstd, &dy, ptr(weight), ptr(dh_extra)}))
+        return std::nullopt;
+    at::Tensor dx_ = given_or_new(dx, h.sizes()), dw_ = given_or_new(dweight, n);
+    rmsnorm_backward(h, rstd, weight, dy, dh_extra, dx_, dw_);
+    return std::make_tuple(dx_, dw_);
+}
+
+std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> layernorm_backward_fast(
+    const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd, const at::Tensor& dy, const Opt& weight,
+    const Opt& dx, const Opt& dweight, const Opt& dbias) {
+    if (!plain(x)) return std::nullopt;
+    const auto n = x.sizes().slice(x.dim() - 1);
+    const auto stats = x.sizes().slice(0, x.dim() - 1);
+    if (!plain_like(mean, stats) || !plain_like(rstd, stats) || !plain_like(dy, x.sizes()) ||
+        !absent_or_like(weight, n) || !absent_or_like(dx, x.sizes()) || !absent_or_like(dweight, n) ||
+        !absent_or_like(dbias, n) ||
+        !apart(dx, {&x, &mean, &rstd, &dy, ptr(weight), ptr(dweight), ptr(dbias)}) ||
+        !apart(dweight, {&x, &mean, &rstd, &dy, ptr(weight), ptr(dbias)}) ||
+        !apart(dbias, {&x, &mean, &rstd, &dy, ptr(weight)}))
+        return std::nullopt;
+    at::Tensor dx_ = given_or_new(dx, x.sizes()), dw_ = given_or_new(dweight, n), db_ = given_or_new(dbias, n);
+    layernorm_backward(x, mean, rstd, weight, dy, dx_, dw_, db_);
+    return std::make_tuple(dx_, dw_, db_);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -223,6 +266,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("layernorm_fast", &layernorm_fast, nogil);
     m.def("linear_forward_fast", &linear_forward_fast, nogil);
     m.def("linear_backward_fast", &linear_backward_fast, nogil);
+    m.def("softmax_backward_fast", &softmax_backward_fast, nogil);
+    m.def("rmsnorm_backward_fast", &rmsnorm_backward_fast, nogil);
+    m.def("layernorm_backward_fast", &layernorm_backward_fast, nogil);
     m.def("overlap", &overlap);
     // The vector width this build compiled to, for tests and diagnostics.
 #if defined(__AVX512F__)

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <type_traits>
 
 #include "kernels.h"
 #include "simd.h"
@@ -149,9 +150,10 @@ void pack_b_panels(Operand b, long n, long p0, long kc, long jb0, long jb1, floa
 
 enum class Init { Zero, Bias, Accumulate };
 
-// C tile (mr x nr at c, row stride ldc) = [0 | bias | C] + Ap-panel . Bp-panel over kc.
+// C tile (mr x nr at c, row stride ldc) = [0 | bias | C] + Ap-panel . Bp-panel over kc. stream: a
+// full tile goes out with streaming stores (the caller checked the alignment and fences).
 void microkernel(long kc, const float* __restrict ap, const float* __restrict bp, float* c, long ldc, int mr,
-                 int nr, Init init, const float* bias) {
+                 int nr, Init init, const float* bias, bool stream) {
     constexpr int NV = NR / VW;
     const bool full = mr == MR && nr == NR;
     alignas(64) float edge[MR * NR];  // staging for partial tiles at the matrix edges
@@ -185,6 +187,13 @@ void microkernel(long kc, const float* __restrict ap, const float* __restrict bp
             for (int v = 0; v < NV; ++v) acc[i][v] += a * b[v];
         }
     }
+    if (full && stream) {
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) kl::stream(out + i * ldo + v * VW, acc[i][v]);
+        return;
+    }
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
@@ -195,9 +204,11 @@ void microkernel(long kc, const float* __restrict ap, const float* __restrict bp
 }
 
 // C (m, n) = A (m, k) B (k, n) [+ bias (n)], every element of C overwritten. a_row_sums (optional,
-// length m) receives the sums of A's rows, computed while packing A.
+// length m) receives the sums of A's rows, computed while packing A. stream_c: C's final values go
+// out with streaming stores where C is aligned for them, sparing the read of each line that a
+// plain store first makes; for an output that a later op, not the next one, reads (dW).
 void gemm(long m, long n, long k, Operand a, Operand b, float* c, long ldc, const float* bias, float* a_row_sums,
-          int threads) {
+          int threads, bool stream_c = false) {
     const long tiles_m = ceil_div(m, MR), tiles_n = ceil_div(n, NR), tiles = tiles_m * tiles_n;
     const long kc_max = std::min(k, KC);
     // Both panels start 64-byte aligned: the microkernel reads B with aligned vector loads.
@@ -213,6 +224,8 @@ void gemm(long m, long n, long k, Operand a, Operand b, float* c, long ldc, cons
     int team = threads;
     if (macs < kParallelMinMacs) team = 1;
     team = static_cast<int>(std::min<long>(team, tiles));
+    // Full tiles start on whole NR columns, so C's base and row stride decide every tile's alignment.
+    const bool stream = stream_c && stream_aligned(c) && ldc % VW == 0;
 
     run_team(team, [&](int t, int nt) {
         long begin, end;
@@ -228,14 +241,16 @@ void gemm(long m, long n, long k, Operand a, Operand b, float* c, long ldc, cons
 #pragma omp barrier
             }
             const Init init = p0 > 0 ? Init::Accumulate : (bias ? Init::Bias : Init::Zero);
+            const bool last = p0 + KC >= k;
             split(tiles, t, nt, begin, end);
             for (long tile = begin; tile < end; ++tile) {
                 const long jb = tile / tiles_m, ib = tile % tiles_m;
                 const long i0 = ib * MR, j0 = jb * NR;
                 microkernel(kc, ap + ib * MR * kc, bp + jb * NR * kc, c + i0 * ldc + j0, ldc,
                             static_cast<int>(std::min<long>(MR, m - i0)), static_cast<int>(std::min<long>(NR, n - j0)),
-                            init, bias ? bias_pad + j0 : nullptr);
+                            init, bias ? bias_pad + j0 : nullptr, stream && last);
             }
+            if (stream && last) fence_streams();
             if (nt > 1 && p0 + KC < k) {
 #pragma omp barrier
             }
@@ -248,10 +263,12 @@ void gemm(long m, long n, long k, Operand a, Operand b, float* c, long ldc, cons
 // With few rows of x the GEMM's packing of W costs as much as the product itself, which is bound by
 // reading W once (forward) or reading W and writing dW once (backward). These loops stream W in
 // place, each W vector loaded once and used for every row of x. The row limits: up to them these
-// loops beat the GEMM on the development Xeon (one thread; at 16 rows the backward took 190 us
-// against the GEMM's 210 us, forward at 8 rows 35 us).
+// loops beat the GEMM on the development Xeon (forward at 8 rows 35 us). Backward, measured with one
+// thread over rotated inputs once both paths streamed dW: at 9-16 rows of a 512x512 W the GEMM took
+// 0.5-0.85x the loops' time; at 8 rows the loops won for a 2048x2048 W (5.9 ms against 7.7 ms, the
+// GEMM packing 16 MB of W) and lost by 0.8x for a 512x512 one.
 constexpr long kSkinnyForwardRows = 8;
-constexpr long kSkinnyBackwardRows = 16;
+constexpr long kSkinnyBackwardRows = 8;
 // A second thread repays its fork once W holds this many elements (128 KiB).
 constexpr long kSkinnyParallelMin = 1L << 15;
 
@@ -319,7 +336,7 @@ void skinny_forward(const float* x, long ldx, const float* w, long ldw, const fl
 
 // For RB rows j.. of w and the columns [p0, p1): dx_i += sum_r dy(i, j + r) w_{j+r} and
 // dw_{j+r} = sum_i dy(i, j + r) x_i. coef[i * 4 + r] holds dy(i, j + r) splatted.
-template <int RB>
+template <int RB, bool Stream>
 void outer_rows(const float* x, long ldx, long m, const float* w, long ldw, const vf* coef, float* dx, long lddx,
                 float* dw, long lddw, long p0, long p1) {
     long p = p0;
@@ -339,7 +356,10 @@ void outer_rows(const float* x, long ldx, long m, const float* w, long ldw, cons
             }
             storeu(dx + i * lddx + p, d);
         }
-        for (int r = 0; r < RB; ++r) storeu(dw + r * lddw + p, acc[r]);
+        for (int r = 0; r < RB; ++r) {
+            if constexpr (Stream) stream(dw + r * lddw + p, acc[r]);
+            else storeu(dw + r * lddw + p, acc[r]);
+        }
     }
     for (; p < p1; ++p) {
         float acc[RB] = {};
@@ -363,6 +383,17 @@ void skinny_backward(const float* x, long ldx, const float* w, long ldw, const f
                      long lddx, float* dw, long lddw, float* db, long m, long k, long n, int threads) {
     constexpr long kBlock = 512;
     const long vectors = ceil_div(k, VW);
+    // dW is written once, from registers, and read by a later op: streaming stores spare the read
+    // of each of its lines, a third of the traffic where m is small. Every thread's columns start on a
+    // whole vector, so one alignment check covers all of them.
+    const bool stream_dw = stream_aligned(dw) && lddw % VW == 0;
+    auto rows_of_w = [&](auto rb, long j, const vf* coef, long b0, long b1) {
+        constexpr int RB = decltype(rb)::value;
+        if (stream_dw)
+            outer_rows<RB, true>(x, ldx, m, w + j * ldw, ldw, coef, dx, lddx, dw + j * lddw, lddw, b0, b1);
+        else
+            outer_rows<RB, false>(x, ldx, m, w + j * ldw, ldw, coef, dx, lddx, dw + j * lddw, lddw, b0, b1);
+    };
     const int team = n * k < kSkinnyParallelMin ? 1 : static_cast<int>(std::min<long>(threads, vectors));
     run_team(team, [&](int t, int nt) {
         long v0, v1;
@@ -377,16 +408,16 @@ void skinny_backward(const float* x, long ldx, const float* w, long ldw, const f
                 for (long i = 0; i < m; ++i)
                     for (int r = 0; r < 4; ++r) coef[i * 4 + r] = splat(r < rb ? dy[i * lddy + j + r] : 0.0f);
                 if (rb == 4) {
-                    outer_rows<4>(x, ldx, m, w + j * ldw, ldw, coef, dx, lddx, dw + j * lddw, lddw, b0, b1);
+                    rows_of_w(std::integral_constant<int, 4>{}, j, coef, b0, b1);
                 } else {
                     for (int r = 0; r < rb; ++r) {
                         for (long i = 0; i < m; ++i) coef[i * 4] = splat(dy[i * lddy + j + r]);
-                        outer_rows<1>(x, ldx, m, w + (j + r) * ldw, ldw, coef, dx, lddx, dw + (j + r) * lddw, lddw,
-                                      b0, b1);
+                        rows_of_w(std::integral_constant<int, 1>{}, j + r, coef, b0, b1);
                     }
                 }
             }
         }
+        if (stream_dw) fence_streams();
         if (t == 0) {
             for (long j = 0; j < n; ++j) {
                 float s = 0.0f;
@@ -418,7 +449,7 @@ void linear_backward(const float* x, long ldx, const float* w, long ldw, const f
     // dx (m, k) = dy (m, n) W (n, k).
     auto dx_gemm = [&](int team) { gemm(m, k, n, {dy, lddy, 1}, {w, ldw, 1}, dx, lddx, nullptr, nullptr, team); };
     // dW (n, k) = dy^T (n, m) x (m, k); A(i, p) = dy[p * lddy + i], whose row sums are db.
-    auto dw_gemm = [&](int team) { gemm(n, k, m, {dy, 1, lddy}, {x, ldx, 1}, dw, lddw, nullptr, db, team); };
+    auto dw_gemm = [&](int team) { gemm(n, k, m, {dy, 1, lddy}, {x, ldx, 1}, dw, lddw, nullptr, db, team, true); };
     // The two products have the same multiply-adds (m n k). With two threads each takes one, packing
     // its own operands into its own scratch: one fork and join instead of two, no barriers between
     // packing and computing, no panel shared across cores, and each core's L2 holds its own panels.

@@ -379,25 +379,31 @@ void layernorm(const float* x, long ldx, const float* weight, const float* bias,
 
 namespace {
 
-// Runs row(r, partial) over the rows on a team, where partial is the thread's own zeroed block of
-// nsums vectors of `width` floats; then writes the sum over threads of vector s into sums[s]
+// Runs row(r, partial, more) over the rows on a team, where partial is the thread's own zeroed block
+// of nsums vectors of `width` floats and `more` says whether the thread owns row r + 1 too; then writes the sum over threads of vector s into sums[s]
 // (skipped where sums[s] is null).
 template <class RowFn>
 void rows_with_sums(long rows, long n, int threads, long width, float* const* sums, int nsums, RowFn&& row) {
     const int team = row_threads(rows, n, threads);
-    std::vector<float> partials(static_cast<size_t>(team) * nsums * width, 0.0f);
+    // Each thread's block starts on a cache line of its own: the per-row read-modify-write of the
+    // partials then never splits a line, nor shares one with the other thread's block.
+    constexpr long line = 64 / sizeof(float);
+    const long block = (static_cast<long>(nsums) * width + line - 1) / line * line;
+    std::vector<float> storage(static_cast<size_t>(team * block + line), 0.0f);
+    const long misaligned = reinterpret_cast<uintptr_t>(storage.data()) / sizeof(float) % line;
+    float* const partials = storage.data() + (line - misaligned) % line;
     run_team(team, [&](int t, int nt) {
         long begin, end;
         split(rows, t, nt, begin, end);
-        float* mine = partials.data() + static_cast<size_t>(t) * nsums * width;
-        for (long r = begin; r < end; ++r) row(r, mine);
+        float* mine = width ? partials + t * block : nullptr;
+        for (long r = begin; r < end; ++r) row(r, mine, r + 1 < end);
     });
     for (int s = 0; s < nsums; ++s) {
         if (!sums[s]) continue;
         float* dst = sums[s];
         for (long i = 0; i < width; ++i) dst[i] = partials[s * width + i];
         for (int t = 1; t < team; ++t) {
-            const float* src = partials.data() + (static_cast<size_t>(t) * nsums + s) * width;
+            const float* src = partials + t * block + s * width;
             for (long i = 0; i < width; ++i) dst[i] += src[i];
         }
     }
@@ -436,15 +442,30 @@ float dot_row(const float* a, const float* b, const float* w, long n) {
     return s;
 }
 
+// The rows after this one (null when there is none), prefetched a line per vector by the last pass
+// over this row, which itself hits L1: the next row's misses then overlap this row's compute.
+struct NextRows {
+    const float* a = nullptr;
+    const float* b = nullptr;
+    const float* c = nullptr;
+
+    void prefetch(long i) const {
+        prefetch_line(at(a, i));
+        prefetch_line(at(b, i));
+        prefetch_line(at(c, i));
+    }
+};
+
 template <bool HasW, bool HasExtra, bool HasDw>
 void rmsnorm_backward_row(const float* h, float rstd, const float* w, const float* dy, const float* extra, float* dx,
-                          float* dw, long n) {
+                          float* dw, long n, const NextRows& next) {
     // dx = rstd * g - h * (rstd^3 * sum(g * h) / n), g = dy * w.
     const float c = static_cast<float>(static_cast<double>(rstd) * rstd * rstd * dot_row<HasW>(dy, h, w, n) / n);
     const long nv = n - n % VW;
     const vf vr = splat(rstd), vc = splat(c);
     long i = 0;
     for (; i < nv; i += VW) {
+        next.prefetch(i);
         const vf hv = loadu(h + i), d = loadu(dy + i);
         vf g = d;
         if constexpr (HasW) g = g * loadu(w + i);
@@ -464,7 +485,7 @@ void rmsnorm_backward_row(const float* h, float rstd, const float* w, const floa
 
 template <bool HasW, bool HasDw, bool HasDb>
 void layernorm_backward_row(const float* x, float mean, float rstd, const float* w, const float* dy, float* dx,
-                            float* dw, float* db, long n) {
+                            float* dw, float* db, long n, const NextRows& next) {
     // First pass: sum(g) and sum(g * xhat), g = dy * w.
     const long nv = n - n % VW;
     const vf vm = splat(mean), vr = splat(rstd);
@@ -496,6 +517,7 @@ void layernorm_backward_row(const float* x, float mean, float rstd, const float*
     const float a = sg / n, b = sx / n;
     const vf va = splat(a), vb = splat(b);
     for (i = 0; i < nv; i += VW) {
+        next.prefetch(i);
         const vf d = loadu(dy + i), xh = (loadu(x + i) - vm) * vr;
         vf g = d;
         if constexpr (HasW) g = g * loadu(w + i);
@@ -515,14 +537,16 @@ void layernorm_backward_row(const float* x, float mean, float rstd, const float*
 
 void softmax_backward(const float* y, long ldy, const float* dy, long lddy, float* dx, long lddx, long rows, long n,
                       int threads) {
-    for_rows(rows, n, threads, [&](long r, bool) {
+    for_rows(rows, n, threads, [&](long r, bool more) {
         const float* yr = y + r * ldy;
         const float* dr = dy + r * lddy;
         float* out = dx + r * lddx;
+        const NextRows next = more ? NextRows{yr + ldy, dr + lddy} : NextRows{};
         const vf dot = splat(dot_row<false>(yr, dr, nullptr, n));
         const long nv = n - n % VW;
         long i = 0;
         for (; i < nv; i += VW) {
+            next.prefetch(i);
             const vf yv = loadu(yr + i);
             storeu(out + i, yv * (loadu(dr + i) - dot));
         }
@@ -534,14 +558,15 @@ void rmsnorm_backward(const float* h, long ldh, const float* rstd, const float* 
                       const float* dh_extra, long ldde, float* dx, long lddx, float* dweight, long rows, long n,
                       int threads) {
     float* const sums[] = {dweight};
-    rows_with_sums(rows, n, threads, dweight ? n : 0, sums, 1, [&](long r, float* partial) {
+    rows_with_sums(rows, n, threads, dweight ? n : 0, sums, 1, [&](long r, float* partial, bool more) {
         const float* hr = h + r * ldh;
         const float* dr = dy + r * lddy;
         const float* er = dh_extra ? dh_extra + r * ldde : nullptr;
         float* out = dx + r * lddx;
+        const NextRows next = more ? NextRows{hr + ldh, dr + lddy, er ? er + ldde : nullptr} : NextRows{};
         with_flags(weight != nullptr, er != nullptr, dweight != nullptr, [&](auto w, auto e, auto d) {
             rmsnorm_backward_row<decltype(w)::value, decltype(e)::value, decltype(d)::value>(hr, rstd[r], weight, dr,
-                                                                                            er, out, partial, n);
+                                                                                            er, out, partial, n, next);
         });
     });
 }
@@ -550,15 +575,16 @@ void layernorm_backward(const float* x, long ldx, const float* mean, const float
                         const float* dy, long lddy, float* dx, long lddx, float* dweight, float* dbias, long rows,
                         long n, int threads) {
     float* const sums[] = {dweight, dbias};
-    rows_with_sums(rows, n, threads, dweight || dbias ? n : 0, sums, 2, [&](long r, float* partial) {
+    rows_with_sums(rows, n, threads, dweight || dbias ? n : 0, sums, 2, [&](long r, float* partial, bool more) {
         const float* xr = x + r * ldx;
         const float* dr = dy + r * lddy;
         float* out = dx + r * lddx;
+        const NextRows next = more ? NextRows{xr + ldx, dr + lddy} : NextRows{};
         float* pw = partial;
         float* pb = partial ? partial + n : nullptr;
         with_flags(weight != nullptr, dweight != nullptr, dbias != nullptr, [&](auto w, auto d, auto e) {
             layernorm_backward_row<decltype(w)::value, decltype(d)::value, decltype(e)::value>(
-                xr, mean[r], rstd[r], weight, dr, out, pw, pb, n);
+                xr, mean[r], rstd[r], weight, dr, out, pw, pb, n, next);
         });
     });
 }

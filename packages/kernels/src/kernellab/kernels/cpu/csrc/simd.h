@@ -52,6 +52,28 @@ inline vf loadu(const float* p) {
 
 inline void storeu(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
 
+// Whether p may take a streaming store (aligned to the vector).
+inline bool stream_aligned(const float* p) { return reinterpret_cast<uintptr_t>(p) % sizeof(vf) == 0; }
+
+// A store that bypasses the caches (p aligned to the vector): for outputs written once and read by
+// a later op, it spares the read of each line that a plain store first makes. fence_streams() must
+// follow before another thread may read what was stored.
+inline void stream(float* p, vf v) {
+#if defined(__AVX512F__)
+    _mm512_stream_ps(p, (__m512)v);
+#elif defined(__AVX__)
+    _mm256_stream_ps(p, (__m256)v);
+#else
+    std::memcpy(p, &v, sizeof v);
+#endif
+}
+
+inline void fence_streams() {
+#if defined(__AVX__)
+    _mm_sfence();
+#endif
+}
+
 // The first n (< VW) lanes from p, the others `fill` (a value neutral for the reduction at hand).
 inline vf load_part(const float* p, long n, float fill) {
     vf v = splat(fill);
