@@ -15,6 +15,7 @@ appended to a checkpoint file, so ``--resume CHECKPOINT`` finishes a killed run 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import hashlib
@@ -136,12 +137,10 @@ def unpack_tree(blob: bytes, dest: Path) -> Path:
 
 class Board:
     """Where tasks say they started (an async Ray actor), so that the driver can show what runs where.
-    The driver waits on ``after`` beside the tasks' results rather than polling: on a small node a poll
-    twice a second slowed the timing loop beside it by about 5%."""
+    The driver waits on ``after`` beside the tasks' results rather than polling it, so that nothing of
+    the driver's runs beside a task's timing loop between results."""
 
     def __init__(self):
-        import asyncio
-
         self.started: list[tuple[str, int, dict]] = []
         self.changed = asyncio.Event()
 
