@@ -400,6 +400,40 @@ class GradKernel(RowKernel):
                 self._copy_chunks(self.part(thr, src, block, 0), frag, cols)
 
     @cute.jit
+    def prefetch_row_values(self, thr, tensors, frag, rows, block):
+        """Load row block ``block``'s entries of (M,) fp32 tensors (rstd, mean) into ``frag``, one per tensor
+        (1.0 past M), alongside the row's prefetch: issued a row ahead, they are not a dependent load at the
+        row's start."""
+        row = self.row_coord(thr, rows, block, 0)[0]
+        for i, src in enumerate(tensors):
+            frag[i] = Float32(1.0)
+            if row < rows:
+                frag[i] = Float32(src[row])
+
+    @cute.jit
+    def row_sums(self, a: Float32, b: Float32, stage: int, buffer):
+        """Two independent sums over the threads of each row with one shared-memory exchange (stages
+        ``stage`` and ``stage + 1``): one CTA barrier where two ``row_reduce`` calls would take two."""
+        lanes = min(self.threads_per_row, WARP)
+        a = cute.arch.warp_reduction(a, ADD, threads_in_group=lanes)
+        b = cute.arch.warp_reduction(b, ADD, threads_in_group=lanes)
+        if const_expr(buffer is not None):
+            lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
+            row, col = warp // self.warps_per_row, warp % self.warps_per_row
+            if lane == 0:
+                buffer[row, col, stage] = a
+                buffer[row, col, stage + 1] = b
+            cute.arch.barrier()
+            sum_a, sum_b = Float32(0.0), Float32(0.0)
+            for i in cutlass.range_constexpr(_ceil_div(self.warps_per_row, WARP)):
+                if lane + i * WARP < self.warps_per_row:
+                    sum_a = sum_a + buffer[row, lane + i * WARP, stage]
+                    sum_b = sum_b + buffer[row, lane + i * WARP, stage + 1]
+            a = cute.arch.warp_reduction(sum_a, ADD, threads_in_group=WARP)
+            b = cute.arch.warp_reduction(sum_b, ADD, threads_in_group=WARP)
+        return a, b
+
+    @cute.jit
     def accumulator(self, thr, m_partials):
         """A zeroed fp32 register accumulator of one tile (held rows and a partials tensor), else None."""
         acc = None

@@ -3,8 +3,8 @@
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
     dweight = sum over rows of dy * xhat,  dbias = sum over rows of dy (fp32 partials per CTA row)
 
-Two row reductions (mean(g), mean(g * xhat)). Columns past N load dy as 0, so g and both terms are 0
-there although xhat is not.
+Two row sums (of g and g * xhat), exchanged between warps together. Columns past N load dy as 0, so g
+and both terms are 0 there although xhat is not.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from .base import ADD, GradKernel
+from .base import GradKernel
 
 
 class LayerNormBackward(GradKernel):
@@ -50,20 +50,21 @@ class LayerNormBackward(GradKernel):
         dw, db = self.accumulator(thr, mDW), self.accumulator(thr, mDB)
         if const_expr(self.tiles == 1):
             frags = [cute.make_rmem_tensor_like(self.part(thr, t, 0, 0)) for t in (mX, mDY)]
+            stats = cute.make_rmem_tensor(cute.make_layout(2), Float32)
             self.prefetch(thr, (mX, mDY), frags, rows, bidx, cols)
+            self.prefetch_row_values(thr, (mMean, mRstd), stats, rows, bidx)
             for block in cutlass.range(bidx, blocks, grid):
                 stage = ((block - bidx) // grid) % 2 * 2
-                mean = self.load_row_value(thr, mMean, rows, block, 0, 0.0)
-                rstd = self.load_row_value(thr, mRstd, rows, block, 0, 1.0)
+                mean, rstd = stats[0], stats[1]
                 row_ok, _ = self.predicates(thr, rows, block, 0)
                 x = (frags[0].load().to(Float32) - mean) * rstd
                 dy = frags[1].load().to(Float32)
                 self.prefetch(thr, (mX, mDY), frags, rows, block + grid, cols)
+                self.prefetch_row_values(thr, (mMean, mRstd), stats, rows, block + grid)
                 g = dy if const_expr(w is None) else dy * w
-                mean_g = self.row_reduce(g.reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, stage, buffer, None)
-                mean_gx = self.row_reduce((g * x).reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, stage + 1,
-                                          buffer, None)
-                dx = (g - mean_g / self.n - x * (mean_gx / self.n)) * rstd
+                sum_g, sum_gx = self.row_sums(g.reduce(cute.ReductionOp.ADD, 0.0, 0),
+                                              (g * x).reduce(cute.ReductionOp.ADD, 0.0, 0), stage, buffer)
+                dx = (g - sum_g / self.n - x * (sum_gx / self.n)) * rstd
                 self.store(dx, self.part(thr, mDX, block, 0), row_ok, cols)
                 self.partials(thr, mDW, bidx, 0, cols, block != bidx, dy * x, dw)
                 self.partials(thr, mDB, bidx, 0, cols, block != bidx, dy, db)
@@ -80,8 +81,8 @@ class LayerNormBackward(GradKernel):
                                           row_ok, tcols)
                     sum_g = sum_g + g.reduce(cute.ReductionOp.ADD, 0.0, 0)
                     sum_gx = sum_gx + (g * x).reduce(cute.ReductionOp.ADD, 0.0, 0)
-                mean_g = self.row_reduce(sum_g, ADD, 0.0, stage, buffer, None) / self.n
-                mean_gx = self.row_reduce(sum_gx, ADD, 0.0, stage + 1, buffer, None) / self.n
+                sum_g, sum_gx = self.row_sums(sum_g, sum_gx, stage, buffer)
+                mean_g, mean_gx = sum_g / self.n, sum_gx / self.n
                 for t in cutlass.range(self.tiles):
                     row_ok, tcols = self.predicates(thr, rows, block, t)
                     x, dy, g = self.terms(thr, mX, mDY, self.load_vector(thr, gW, t, tcols), mean, rstd, block, t,

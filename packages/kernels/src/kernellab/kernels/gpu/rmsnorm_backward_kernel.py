@@ -49,14 +49,17 @@ class RMSNormBackward(GradKernel):
         dw = self.accumulator(thr, mDW)
         if const_expr(self.tiles == 1):
             frags = [cute.make_rmem_tensor_like(self.part(thr, t, 0, 0)) for t in (mX, mDY)]
+            stats = cute.make_rmem_tensor(cute.make_layout(1), Float32)
             self.prefetch(thr, (mX, mDY), frags, rows, bidx, cols)
+            self.prefetch_row_values(thr, (mRstd,), stats, rows, bidx)
             for block in cutlass.range(bidx, blocks, grid):
                 half = ((block - bidx) // grid) % 2
-                rstd = self.load_row_value(thr, mRstd, rows, block, 0, 1.0)
+                rstd = stats[0]
                 row_ok, _ = self.predicates(thr, rows, block, 0)
                 x = frags[0].load().to(Float32) * rstd
                 dy = frags[1].load().to(Float32)
                 self.prefetch(thr, (mX, mDY), frags, rows, block + grid, cols)
+                self.prefetch_row_values(thr, (mRstd,), stats, rows, block + grid)
                 g = dy if const_expr(w is None) else dy * w
                 dot = self.row_reduce((g * x).reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, half, buffer, None)
                 self.store_dx(thr, mDH, mDX, x, g, rstd, dot / self.n, block, 0, row_ok, cols)
