@@ -359,10 +359,12 @@ class GradKernel(RowKernel):
     """A backward kernel: the BACKWARD plan, and for the ones with vector gradients (dweight, dbias) a
     persistent grid. Each CTA loops over row blocks ``bidx, bidx + grid, ...`` and sums its rows' terms of
     each vector gradient in fp32 (in registers for held rows; in its own row of the partials for streamed
-    rows), then leaves one fp32 row per thread row in a (grid * rows_per_cta, N) partials tensor: no atomics,
-    and the host reduces the partials once. Successive rows use alternate halves of the reduction buffer
-    (``reductions`` stages each), so that a warp already in the next row never overwrites a value another warp
-    of the CTA is still reading."""
+    rows), then leaves one fp32 row per thread row in a (grid * rows_per_cta, N) partials tensor. A grid
+    barrier follows (the launch is cooperative, so every CTA is resident), and the grid sums the partials
+    into the vector gradients in their own dtype: one launch, no atomics on the outputs, the same order
+    of additions on every run. Successive rows use alternate halves of the reduction buffer (``reductions``
+    stages each), so that a warp already in the next row never overwrites a value another warp of the CTA
+    is still reading."""
 
     reductions = 1
 
@@ -371,10 +373,68 @@ class GradKernel(RowKernel):
         if self.ctas != 1:
             raise ValueError(f"backward plans stream long rows on one CTA; N={n} asked for a cluster")
         self.stages = 2 * self.reductions
+        self.part_vec = min(vec, 4)  # fp32 columns per load of the partials (their rows are aligned as x's)
 
-    def launch_persistent(self, kernel, grid, stream) -> None:
+    def launch_persistent(self, kernel, grid, stream, barrier: bool) -> None:
+        """A grid of ``grid`` CTAs; with a grid ``barrier``, a cooperative launch: all CTAs resident at once,
+        or the launch fails rather than hang."""
         kernel.launch(grid=[grid, 1, 1], block=[self.num_threads, 1, 1], min_blocks_per_mp=self.min_ctas_per_sm,
-                      preferred_smem_carveout=-1 if const_expr(self.min_ctas_per_sm > 1) else None, stream=stream)
+                      preferred_smem_carveout=-1 if const_expr(self.min_ctas_per_sm > 1) else None,
+                      cooperative=barrier, stream=stream)
+
+    @cute.jit
+    def grid_barrier(self, m_sync: cute.Tensor, grid: Int32):
+        """Wait until every CTA of the grid has arrived, with what each wrote before visible to all.
+        ``m_sync`` holds (arrivals, generation) as int32: the last CTA to arrive resets the arrivals and
+        advances the generation the others wait on, so the words are zeroed once, not before every launch."""
+        cute.arch.barrier()
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            arrivals, generation = m_sync.iterator, m_sync.iterator + 1
+            gen = cute.arch.atomic_add(generation, Int32(0), sem="acquire", scope="gpu")
+            cute.arch.fence_acq_rel_gpu()
+            arrived = cute.arch.atomic_add(arrivals, Int32(1), sem="acq_rel", scope="gpu")
+            if arrived == grid - 1:
+                cute.arch.atomic_exch(arrivals, Int32(0), sem="relaxed", scope="gpu")
+                cute.arch.atomic_add(generation, Int32(1), sem="release", scope="gpu")
+            else:
+                seen = gen
+                while seen == gen:
+                    seen = cute.arch.atomic_add(generation, Int32(0), sem="acquire", scope="gpu")
+            cute.arch.fence_acq_rel_gpu()
+        cute.arch.barrier()
+
+    @cute.jit
+    def reduce_partials(self, pairs, m_sync: cute.Tensor, grid: Int32):
+        """After the grid barrier, each (partials, output) pair's output = the sum of its partials' rows, in
+        the output's dtype. Warp w of the grid owns column groups w, w + warps, ... of ``part_vec`` columns;
+        its lanes sum every 32nd row (vector loads, four rows in flight), then one warp reduction."""
+        self.grid_barrier(m_sync, grid)
+        warps = self.num_threads // WARP
+        bidx, _, _ = cute.arch.block_idx()
+        lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
+        rows = pairs[0][0].shape[0]
+        tile = (1, self.part_vec)
+        for group in cutlass.range(bidx * warps + warp, self.n // self.part_vec, grid * warps):
+            sums = []
+            for m_part, _ in pairs:
+                acc = cute.make_rmem_tensor_like(cute.local_tile(m_part, tile, (0, group)), Float32)
+                acc.fill(0.0)
+                sums.append(acc)
+            for r in cutlass.range(lane, rows, WARP, unroll=4):
+                for (m_part, _), acc in zip(pairs, sums, strict=True):
+                    src = cute.local_tile(m_part, tile, (r, group))
+                    frag = cute.make_rmem_tensor_like(src)
+                    cute.autovec_copy(src, frag)
+                    acc.store(acc.load() + frag.load())
+            for (_, m_out), acc in zip(pairs, sums, strict=True):
+                for k in cutlass.range_constexpr(self.part_vec):
+                    acc[0, k] = cute.arch.warp_reduction(acc[0, k], ADD, threads_in_group=WARP)
+                if lane == 0:
+                    dst = cute.local_tile(self.broadcast_rows(m_out), tile, (0, group))
+                    out = cute.make_rmem_tensor_like(dst)
+                    out.store(acc.load().to(m_out.element_type))
+                    cute.autovec_copy(out, dst)
 
     @cute.jit
     def partials(self, thr, m_partials, block, tile, cols, later, values, held):

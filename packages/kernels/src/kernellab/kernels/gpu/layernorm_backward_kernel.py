@@ -1,7 +1,8 @@
 """LayerNorm backward from the forward's mean and rstd: with xhat = (x - mean) * rstd and g = dy * w,
 
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
-    dweight = sum over rows of dy * xhat,  dbias = sum over rows of dy (fp32 partials per CTA row)
+    dweight = sum over rows of dy * xhat,  dbias = sum over rows of dy (fp32 partials per CTA row, summed by
+    the grid after a barrier)
 
 Two row sums (of g and g * xhat), exchanged between warps together. Columns past N load dy as 0, so g
 and both terms are 0 there although xhat is not.
@@ -32,12 +33,18 @@ class LayerNormBackward(GradKernel):
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor | None, mDY: cute.Tensor, mMean: cute.Tensor,
                  mRstd: cute.Tensor, mDX: cute.Tensor, mDW: cute.Tensor | None, mDB: cute.Tensor | None,
+                 mWeightGrad: cute.Tensor | None, mBiasGrad: cute.Tensor | None, mSync: cute.Tensor | None,
                  grid: Int32, stream: cuda.CUstream):
-        self.launch_persistent(self.kernel(mX, mW, mDY, mMean, mRstd, mDX, mDW, mDB, grid), grid, stream)
+        """mDW / mDB: (grid * rows_per_cta, N) fp32 partials; mWeightGrad / mBiasGrad: dweight / dbias in their
+        dtypes (None where not wanted); mSync: the grid barrier's two int32 words (None with neither)."""
+        self.launch_persistent(self.kernel(mX, mW, mDY, mMean, mRstd, mDX, mDW, mDB, mWeightGrad, mBiasGrad, mSync,
+                                           grid), grid, stream, barrier=mSync is not None)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor | None, mDY: cute.Tensor, mMean: cute.Tensor,
-               mRstd: cute.Tensor, mDX: cute.Tensor, mDW: cute.Tensor | None, mDB: cute.Tensor | None, grid: Int32):
+               mRstd: cute.Tensor, mDX: cute.Tensor, mDW: cute.Tensor | None, mDB: cute.Tensor | None,
+               mWeightGrad: cute.Tensor | None, mBiasGrad: cute.Tensor | None, mSync: cute.Tensor | None,
+               grid: Int32):
         rows = mX.shape[0]
         thr, bidx, _ = self.thread_slice()
         buffer, _ = self.reduction_storage()
@@ -92,6 +99,13 @@ class LayerNormBackward(GradKernel):
                     self.partials(thr, mDB, bidx, t, tcols, later, dy, None)
         self.store_accumulator(thr, mDW, dw, bidx, cols)
         self.store_accumulator(thr, mDB, db, bidx, cols)
+        pairs = []
+        if const_expr(mDW is not None):
+            pairs.append((mDW, mWeightGrad))
+        if const_expr(mDB is not None):
+            pairs.append((mDB, mBiasGrad))
+        if const_expr(len(pairs) > 0):
+            self.reduce_partials(pairs, mSync, grid)
 
     @cute.jit
     def terms(self, thr, mX, mDY, w, mean, rstd, block, tile, row_ok, cols):

@@ -1,7 +1,7 @@
 """RMSNorm backward from the forward's rstd: with xhat = x * rstd and g = dy * w,
 
     dx = rstd * (g - xhat * mean(g * xhat)) (+ dh, the gradient of the residual output h = x + residual)
-    dweight = sum over rows of dy * xhat (fp32 partials per CTA row, reduced once on the host side)
+    dweight = sum over rows of dy * xhat (fp32 partials per CTA row, summed by the grid after a barrier)
 
 One row reduction (the mean of g * xhat). x is the normalized input (h for the residual form).
 """
@@ -30,13 +30,17 @@ class RMSNormBackward(GradKernel):
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor | None, mDY: cute.Tensor, mRstd: cute.Tensor,
-                 mDH: cute.Tensor | None, mDX: cute.Tensor, mDW: cute.Tensor | None, grid: Int32,
-                 stream: cuda.CUstream):
-        self.launch_persistent(self.kernel(mX, mW, mDY, mRstd, mDH, mDX, mDW, grid), grid, stream)
+                 mDH: cute.Tensor | None, mDX: cute.Tensor, mDW: cute.Tensor | None, mWeightGrad: cute.Tensor | None,
+                 mSync: cute.Tensor | None, grid: Int32, stream: cuda.CUstream):
+        """mDW: the (grid * rows_per_cta, N) fp32 partials; mWeightGrad: dweight in the weight's dtype; mSync:
+        the grid barrier's two int32 words (all three None without a weight)."""
+        self.launch_persistent(self.kernel(mX, mW, mDY, mRstd, mDH, mDX, mDW, mWeightGrad, mSync, grid), grid,
+                               stream, barrier=mDW is not None)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor | None, mDY: cute.Tensor, mRstd: cute.Tensor,
-               mDH: cute.Tensor | None, mDX: cute.Tensor, mDW: cute.Tensor | None, grid: Int32):
+               mDH: cute.Tensor | None, mDX: cute.Tensor, mDW: cute.Tensor | None, mWeightGrad: cute.Tensor | None,
+               mSync: cute.Tensor | None, grid: Int32):
         rows = mX.shape[0]
         thr, bidx, _ = self.thread_slice()
         buffer, _ = self.reduction_storage()
@@ -82,6 +86,8 @@ class RMSNormBackward(GradKernel):
                     self.store_dx(thr, mDH, mDX, x, g, rstd, dot, block, t, row_ok, tcols)
                     self.partials(thr, mDW, bidx, t, tcols, block != bidx, dy * x, None)
         self.store_accumulator(thr, mDW, dw, bidx, cols)
+        if const_expr(mDW is not None):
+            self.reduce_partials([(mDW, mWeightGrad)], mSync, grid)
 
     @cute.jit
     def terms(self, thr, mX, mDY, w, rstd, block, tile, row_ok, cols):
