@@ -374,6 +374,11 @@ class GradKernel(RowKernel):
             raise ValueError(f"backward plans stream long rows on one CTA; N={n} asked for a cluster")
         self.stages = 2 * self.reductions
         self.part_vec = min(vec, 4)  # fp32 columns per load of the partials (their rows are aligned as x's)
+        # A held row keeps the weight (fp32) and its vector gradients' sums in registers across rows, unless the
+        # CTA is so large (512 threads: at most 128 registers each) that x, dy and the next row's prefetch fill
+        # them already: then each row re-reads the weight (an L1 hit) and the sums live in shared memory, each
+        # thread's own slots, rather than spill.
+        self.spare_registers = self.num_threads <= 256
 
     def launch_persistent(self, kernel, grid, stream, barrier: bool) -> None:
         """A grid of ``grid`` CTAs; with a grid ``barrier``, a cooperative launch: all CTAs resident at once,
@@ -400,41 +405,51 @@ class GradKernel(RowKernel):
             else:
                 seen = gen
                 while seen == gen:
-                    seen = cute.arch.atomic_add(generation, Int32(0), sem="acquire", scope="gpu")
+                    seen = cute.arch.load(generation, Int32, sem="acquire", scope="gpu")
             cute.arch.fence_acq_rel_gpu()
         cute.arch.barrier()
 
     @cute.jit
     def reduce_partials(self, pairs, m_sync: cute.Tensor, grid: Int32):
         """After the grid barrier, each (partials, output) pair's output = the sum of its partials' rows, in
-        the output's dtype. Warp w of the grid owns column groups w, w + warps, ... of ``part_vec`` columns;
-        its lanes sum every 32nd row (vector loads, four rows in flight), then one warp reduction."""
+        the output's dtype. Column groups of ``part_vec`` columns go to the grid's warps in batches of
+        ``batch`` groups per warp; lanes sum every 32nd row of the batch's groups (its loads independent, in
+        flight together), then one warp reduction per group."""
         self.grid_barrier(m_sync, grid)
         warps = self.num_threads // WARP
         bidx, _, _ = cute.arch.block_idx()
         lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
         rows = pairs[0][0].shape[0]
-        tile = (1, self.part_vec)
-        for group in cutlass.range(bidx * warps + warp, self.n // self.part_vec, grid * warps):
+        tile, groups, batch = (1, self.part_vec), self.n // self.part_vec, max(1, 8 // self.part_vec)
+        stride = grid * warps
+        for first in cutlass.range(bidx * warps + warp, groups, stride * batch):
             sums = []
             for m_part, _ in pairs:
-                acc = cute.make_rmem_tensor_like(cute.local_tile(m_part, tile, (0, group)), Float32)
-                acc.fill(0.0)
-                sums.append(acc)
-            for r in cutlass.range(lane, rows, WARP, unroll=4):
-                for (m_part, _), acc in zip(pairs, sums, strict=True):
-                    src = cute.local_tile(m_part, tile, (r, group))
-                    frag = cute.make_rmem_tensor_like(src)
-                    cute.autovec_copy(src, frag)
-                    acc.store(acc.load() + frag.load())
-            for (_, m_out), acc in zip(pairs, sums, strict=True):
-                for k in cutlass.range_constexpr(self.part_vec):
-                    acc[0, k] = cute.arch.warp_reduction(acc[0, k], ADD, threads_in_group=WARP)
-                if lane == 0:
-                    dst = cute.local_tile(self.broadcast_rows(m_out), tile, (0, group))
-                    out = cute.make_rmem_tensor_like(dst)
-                    out.store(acc.load().to(m_out.element_type))
-                    cute.autovec_copy(out, dst)
+                for _ in cutlass.range_constexpr(batch):
+                    acc = cute.make_rmem_tensor_like(cute.local_tile(m_part, tile, (0, 0)), Float32)
+                    acc.fill(0.0)
+                    sums.append(acc)
+            for r in cutlass.range(lane, rows, WARP):
+                for p, (m_part, _) in enumerate(pairs):
+                    for b in cutlass.range_constexpr(batch):
+                        group = first + b * stride
+                        if group < groups:
+                            src = cute.local_tile(m_part, tile, (r, group))
+                            frag = cute.make_rmem_tensor_like(src)
+                            cute.autovec_copy(src, frag)
+                            acc = sums[p * batch + b]
+                            acc.store(acc.load() + frag.load())
+            for p, (_, m_out) in enumerate(pairs):
+                for b in cutlass.range_constexpr(batch):
+                    group = first + b * stride
+                    acc = sums[p * batch + b]
+                    for k in cutlass.range_constexpr(self.part_vec):
+                        acc[0, k] = cute.arch.warp_reduction(acc[0, k], ADD, threads_in_group=WARP)
+                    if lane == 0 and group < groups:
+                        dst = cute.local_tile(self.broadcast_rows(m_out), tile, (0, group))
+                        out = cute.make_rmem_tensor_like(dst)
+                        out.store(acc.load().to(m_out.element_type))
+                        cute.autovec_copy(out, dst)
 
     @cute.jit
     def partials(self, thr, m_partials, block, tile, cols, later, values, held):
@@ -495,11 +510,18 @@ class GradKernel(RowKernel):
 
     @cute.jit
     def accumulator(self, thr, m_partials):
-        """A zeroed fp32 register accumulator of one tile (held rows and a partials tensor), else None."""
+        """A zeroed fp32 accumulator of one tile (held rows and a partials tensor), else None: this thread's
+        registers, or (without spare registers) its slots of a tile in shared memory."""
         acc = None
         if const_expr(m_partials is not None and self.tiles == 1):
-            acc = cute.make_rmem_tensor_like(self.part(thr, m_partials, 0, 0))
-            acc.fill(0.0)
+            zeros = cute.make_rmem_tensor_like(self.part(thr, m_partials, 0, 0))
+            zeros.fill(0.0)
+            if const_expr(self.spare_registers):
+                acc = zeros
+            else:
+                layout = cute.make_ordered_layout(self.tiler, order=(1, 0))
+                acc = self.part(thr, SmemAllocator().allocate_tensor(Float32, layout, byte_alignment=16), 0, 0)
+                cute.autovec_copy(zeros, acc)
         return acc
 
     @cute.jit

@@ -52,7 +52,7 @@ class LayerNormBackward(GradKernel):
         gW = self.broadcast_rows(mW)
         _, cols = self.predicates(thr, rows, bidx, 0)  # the columns of a held row (the same for every row)
         w = None
-        if const_expr(self.tiles == 1):
+        if const_expr(self.tiles == 1 and self.spare_registers):
             w = self.load_vector(thr, gW, 0, cols)
         dw, db = self.accumulator(thr, mDW), self.accumulator(thr, mDB)
         if const_expr(self.tiles == 1):
@@ -68,7 +68,8 @@ class LayerNormBackward(GradKernel):
                 dy = frags[1].load().to(Float32)
                 self.prefetch(thr, (mX, mDY), frags, rows, block + grid, cols)
                 self.prefetch_row_values(thr, (mMean, mRstd), stats, rows, block + grid)
-                g = dy if const_expr(w is None) else dy * w
+                row_w = w if const_expr(self.spare_registers) else self.load_vector(thr, gW, 0, cols)
+                g = dy if const_expr(row_w is None) else dy * row_w
                 sum_g, sum_gx = self.row_sums(g.reduce(cute.ReductionOp.ADD, 0.0, 0),
                                               (g * x).reduce(cute.ReductionOp.ADD, 0.0, 0), stage, buffer)
                 dx = (g - sum_g / self.n - x * (sum_gx / self.n)) * rstd

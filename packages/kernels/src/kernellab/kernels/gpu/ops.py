@@ -276,7 +276,7 @@ def _grid_sync(device) -> torch.Tensor:
         if torch.cuda.is_current_stream_capturing():
             return torch.zeros(2, dtype=torch.int32, device=device)
         table = _SYNC[index] = torch.zeros(_SYNC_SLOTS, 2, dtype=torch.int32, device=device)
-    key = (index, torch.cuda.current_stream(device).cuda_stream)
+    key = (index, torch._C._cuda_getCurrentRawStream(index))  # the stream's handle, without a Stream object
     slot = _SYNC_SLOT.get(key)
     if slot is None:
         slot = _SYNC_SLOT[key] = len(_SYNC_SLOT) % _SYNC_SLOTS

@@ -48,7 +48,7 @@ class RMSNormBackward(GradKernel):
         gW = self.broadcast_rows(mW)
         _, cols = self.predicates(thr, rows, bidx, 0)  # the columns of a held row (the same for every row)
         w = None
-        if const_expr(self.tiles == 1):
+        if const_expr(self.tiles == 1 and self.spare_registers):
             w = self.load_vector(thr, gW, 0, cols)
         dw = self.accumulator(thr, mDW)
         if const_expr(self.tiles == 1):
@@ -64,7 +64,8 @@ class RMSNormBackward(GradKernel):
                 dy = frags[1].load().to(Float32)
                 self.prefetch(thr, (mX, mDY), frags, rows, block + grid, cols)
                 self.prefetch_row_values(thr, (mRstd,), stats, rows, block + grid)
-                g = dy if const_expr(w is None) else dy * w
+                row_w = w if const_expr(self.spare_registers) else self.load_vector(thr, gW, 0, cols)
+                g = dy if const_expr(row_w is None) else dy * row_w
                 dot = self.row_reduce((g * x).reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, half, buffer, None)
                 self.store_dx(thr, mDH, mDX, x, g, rstd, dot / self.n, block, 0, row_ok, cols)
                 self.partials(thr, mDW, bidx, 0, cols, block != bidx, dy * x, dw)
