@@ -95,7 +95,9 @@ def connect(address: str | None, **init: Any) -> Session:
             ray.init(address=address, **init)
         else:
             os.environ.setdefault("RAY_worker_niceness", "0")  # the local raylet starts its workers un-niced
-            ray.init(include_dashboard=False, **init)
+            # "local": a cluster of this run's own, never one that happens to run on the host already (a plain
+            # ray.init() would join that one, and another run's shutdown would take the tasks with it)
+            ray.init(address="local", include_dashboard=False, **init)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise ClusterError(f"--ray {address or '(a local cluster)'}: cannot connect: {e}") from None
     return Session(address, time.monotonic() - started, owned=True)
