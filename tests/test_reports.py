@@ -91,7 +91,7 @@ def test_the_layout_holds():
 def test_every_reference_to_a_committed_report_resolves():
     layout = load_tool("reports_layout")
     present = set(tracked("reports"))
-    token = re.compile(r"reports/(?:h200|cpu)/[\w{},*./-]+\.(?:json|png)")
+    token = re.compile(r"reports/(?:h200|h100|cpu)/[\w{},*./-]+\.(?:json|png)")
     for path in tracked():
         if path.startswith("reports/") or Path(path).suffix not in layout.TEXT_SUFFIXES or path == THIS:
             continue

@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SELF = "tools/reports_layout.py"  # its own examples are not references
-DEVICE_DIRS = ("reports/h200", "reports/cpu")
+DEVICE_DIRS = ("reports/h200", "reports/h100", "reports/cpu")
 RULES = (  # (shell pattern over a top-level file name, topic folder); first match wins
     ("megakernel-sweep*", "sweeps"),
     ("megakernel-profile*", "profiles"),
@@ -38,7 +38,7 @@ RULES = (  # (shell pattern over a top-level file name, topic folder); first mat
 )
 SANITIZE_FOLDER = "sanitize-history"  # megakernel-sanitize-<commit>.json but the headline's (sanitize_moves)
 TEXT_SUFFIXES = {".md", ".py", ".sh", ".toml", ".txt", ".cfg", ".yaml", ".yml", ".ini"}
-TOKEN = re.compile(r"(?<![\w/.{},*-])(?P<pre>reports/(?:h200|cpu)/)?(?P<name>[\w{},*.-]+\.(?:json|png))")
+TOKEN = re.compile(r"(?<![\w/.{},*-])(?P<pre>reports/(?:h200|h100|cpu)/)?(?P<name>[\w{},*.-]+\.(?:json|png))")
 
 
 def git(*args: str) -> str:

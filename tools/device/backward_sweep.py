@@ -23,6 +23,7 @@ from kernellab.harness import timing
 from kernellab.kernels.gpu import compiler
 from kernellab.kernels.gpu.base import BACKWARD, Tuning
 from kernellab.kernels.gpu.compiler import Variant, widest_vector
+from kernellab.kernels.gpu.ops import _grid_sync as grid_sync
 
 SHAPES = [(16384, 8192), (8192, 16384), (65536, 1024), (768, 6144), (1024, 4096), (256, 3072), (37, 1537)]
 PLANS = {
@@ -70,13 +71,13 @@ def ours(op, variant, w, sms):
             fn(x, dy, dx)
             return (dx,)
         grid = min(-(-m // rows_per_cta), per_wave)
-        pw = torch.empty(grid * rows_per_cta, n, device="cuda")
+        pw, dw, sync = torch.empty(grid * rows_per_cta, n, device="cuda"), torch.empty_like(w), grid_sync(x.device)
         if op == "rmsnorm":
-            fn(x, w, dy, i["rstd"], None, dx, pw, grid)
-            return dx, pw.sum(0)
-        pb = torch.empty_like(pw)
-        fn(x, w, dy, i["mean"], i["rstd"], dx, pw, pb, grid)
-        return dx, pw.sum(0), pb.sum(0)
+            fn(x, w, dy, i["rstd"], None, dx, pw, dw, sync, grid)
+            return dx, dw
+        pb, db = torch.empty_like(pw), torch.empty_like(w)
+        fn(x, w, dy, i["mean"], i["rstd"], dx, pw, pb, dw, db, sync, grid)
+        return dx, dw, db
 
     return call
 

@@ -213,7 +213,7 @@ def test_artifacts_are_matched_across_checkouts():
 @pytest.mark.gpu
 def test_graph_replaying_a_stale_result_fails(tmp_path):
     repo = Repo(tmp_path / "repo", ["--suite", "gpu-norm", "--cases", "softmax_256x3072_fp32",
-                                         *[a if a != "e2e_throughput" else "gpu_throughput" for a in BENCH[4:]]])
+                                         *[a if a != "e2e_throughput" else "graph_throughput" for a in BENCH[4:]]])
     ref, cand = _pair(repo, tmp_path, "stale_graph")
     code, audit = repo.audit(ref, cand)
     assert code == 1

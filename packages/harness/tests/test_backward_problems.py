@@ -1,5 +1,5 @@
-"""The gpu-norm-backward suite's problems on the CPU: torch's own backward (the control) meets the float64
-truth within the tolerance, an output off by a little more than it does not, and the byte counts."""
+"""The backward and forward+backward problems on each device: torch's own backward (the control) meets the
+float64 truth within the tolerance, an output off by a little more than it does not, and the byte counts."""
 
 import pytest
 
@@ -16,23 +16,22 @@ from kernellab.harness.suites.problems import (
 )
 
 KINDS = [SoftmaxBackward, RMSNormBackward, LayerNormBackward, SoftmaxTrain, RMSNormTrain, LayerNormTrain]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
-# torch has no CPU kernel of aten::_fused_rms_norm_backward (RMSNormBackward's control): CUDA only
-CPU_KINDS = [k for k in KINDS if k is not RMSNormBackward]
-
-
-@pytest.mark.parametrize("kind", CPU_KINDS)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("shape", [(1, 7), (33, 257), (300, 64)])
-def test_torch_control_meets_the_float64_truth(kind, shape):
-    problem = kind(shape, "fp32", "cpu")
+def test_torch_control_meets_the_float64_truth(kind, shape, device):
+    problem = kind(shape, "fp32", device)
     report = validate.validate_call(problem, problem.control, seed_for(problem.name, 0))
     assert report["passed"], report
 
 
-@pytest.mark.parametrize("kind", CPU_KINDS)
-def test_a_wrong_gradient_fails(kind):
-    problem = kind((16, 96), "fp32", "cpu")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_wrong_gradient_fails(kind, device):
+    problem = kind((16, 96), "fp32", device)
 
     def off(i, o):
         out = problem.control(i, o)
@@ -43,10 +42,18 @@ def test_a_wrong_gradient_fails(kind):
 
 def test_bytes_are_the_minimum_the_backward_moves():
     m, n = 64, 1000
-    assert SoftmaxBackward((m, n), "bf16", "cpu").bytes_moved() == 3 * m * n * 2
-    assert RMSNormBackward((m, n), "fp32", "cpu").bytes_moved() == (3 * m * n + 2 * n) * 4
-    assert LayerNormBackward((m, n), "fp32", "cpu").bytes_moved() == (3 * m * n + 4 * n) * 4
-    assert LayerNormTrain((m, n), "bf16", "cpu").bytes_moved() == (5 * m * n + 6 * n) * 2
+    assert SoftmaxBackward((m, n), "bf16", "cuda").bytes_moved() == 3 * m * n * 2
+    assert RMSNormBackward((m, n), "fp32", "cuda").bytes_moved() == (3 * m * n + 2 * n) * 4
+    assert LayerNormBackward((m, n), "fp32", "cuda").bytes_moved() == (3 * m * n + 4 * n) * 4
+    assert LayerNormTrain((m, n), "bf16", "cuda").bytes_moved() == (5 * m * n + 6 * n) * 2
+
+
+def test_cpu_ops_counts_the_saved_statistics_and_each_vector_twice_in_a_step():
+    m, n = 64, 1000
+    assert SoftmaxBackward((m, n), "fp32", "cpu").bytes_moved() == 3 * m * n * 4
+    assert RMSNormBackward((m, n), "fp32", "cpu").bytes_moved() == (3 * m * n + 2 * n + m) * 4
+    assert LayerNormBackward((m, n), "fp32", "cpu").bytes_moved() == (3 * m * n + 4 * n + 2 * m) * 4
+    assert LayerNormTrain((m, n), "fp32", "cpu").bytes_moved() == (5 * m * n + 4 * n) * 4
 
 
 def test_suite_has_backward_and_train_cases_at_the_example_shapes():
@@ -60,8 +67,9 @@ def test_suite_has_backward_and_train_cases_at_the_example_shapes():
 
 
 def test_slack_covers_only_the_vector_gradients():
-    problem = LayerNormBackward((8, 16), "fp32", "cpu")
-    slack = problem.slack(problem.make_inputs(3))
+    inputs = LayerNormBackward((8, 16), "fp32", "cpu").make_inputs(3)  # the slack reads x and dy alone
+    slack = LayerNormBackward((8, 16), "fp32", "cuda").slack(inputs)
     assert set(slack) == {"dweight", "dbias"}
     assert all(s.shape == (16,) and bool((s > 0).all()) for s in slack.values())
-    assert SoftmaxBackward((8, 16), "fp32", "cpu").slack(SoftmaxBackward((8, 16), "fp32", "cpu").make_inputs(3)) == {}
+    assert SoftmaxBackward((8, 16), "fp32", "cuda").slack(SoftmaxBackward((8, 16), "fp32", "cpu").make_inputs(3)) == {}
+    assert LayerNormBackward((8, 16), "fp32", "cpu").slack(inputs) == {}, "cpu-ops' tolerance covers the sums"

@@ -89,6 +89,29 @@ def test_a_thread_left_running_is_an_error():
     assert not result["passed"] and "planted-pool" in result["error"], result.get("error")
 
 
+def test_a_thread_started_by_the_availability_check_is_the_impls():
+    """``available()`` is contender code too: a thread it starts is waited for like one started at bind."""
+    import threading
+
+    stop = threading.Event()
+
+    def available():
+        threading.Thread(target=stop.wait, name="planted-at-check", daemon=True).start()
+        return None
+
+    from kernellab.harness import threads
+    old = threads.JOIN_TIMEOUT_S
+    threads.JOIN_TIMEOUT_S = 0.05
+    try:
+        impl = Impl("cheat", bind=lambda problem: lambda i, o: o, available=available)
+        bench = Bench(affine_suite(impl, shapes=((8, 16),)), FAST)
+        result = bench.run_case("affine_8x16_fp32/cheat", 0)
+    finally:
+        threads.JOIN_TIMEOUT_S = old
+        stop.set()
+    assert not result["passed"] and "planted-at-check" in result["error"], result.get("error")
+
+
 @pytest.mark.parametrize("cheat, restore", [
     (patches_the_comparison, lambda: setattr(validate, "compare", ORIGINAL_COMPARE)),
     (patches_the_clock, lambda: setattr(time, "perf_counter_ns", ORIGINAL_CLOCK)),

@@ -1,5 +1,6 @@
 """The cluster run's parts that need no cluster: checkpoint, patterns, failure reasons, the display."""
 
+import asyncio
 import io
 import json
 import types
@@ -142,3 +143,20 @@ def test_problems_measuring_different_packages_merge_into_their_union():
     assert prov["sources_sha256"] == {"harness/case.py": "h1", **kernels}
     assert prov["impl_sources"] == {"native": {"files": {"bench.py": "k1"}}}
     assert prov["measured_packages"] == ["harness", "kernels"]
+
+
+def test_the_board_answers_a_wait_once_a_task_has_started():
+    """The driver waits on the board instead of polling it: ``after(n)`` returns the starts past the first n,
+    and only once there is one."""
+
+    async def scenario():
+        board = cluster.Board()
+        await board.start("a", 1, {"host": "h"})
+        assert await board.after(0) == [("a", 1, {"host": "h"})]
+        waiting = asyncio.ensure_future(board.after(1))
+        await asyncio.sleep(0)
+        assert not waiting.done()  # nothing new yet: the call waits
+        await board.start("b", 1, {"host": "h"})
+        assert await asyncio.wait_for(waiting, 5) == [("b", 1, {"host": "h"})]
+
+    asyncio.run(scenario())

@@ -262,3 +262,54 @@ def test_cuda_graph_of_a_training_step_replays():
     torch.cuda.synchronize()
     for a, e in zip(captured, step(), strict=True):
         torch.testing.assert_close(a, e)
+
+
+def test_grid_barrier_words_are_per_stream_and_left_at_rest():
+    """Two streams get barrier words of their own; every launch leaves the arrivals at 0 and advances the
+    generation once; the vector gradients come out bitwise alike on every run (a fixed order of sums)."""
+    x = torch.randn(5000, 1024, device="cuda")
+    w, dy = torch.randn(1024, device="cuda"), torch.randn_like(x)
+    rstd = torch.rsqrt(x.pow(2).mean(-1) + 1e-6)
+    first = gpu.rmsnorm_backward(x, w, dy, rstd)[1]  # an eager call: the device's words exist from here
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    table = ops._SYNC[x.device.index]
+    found = []
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            gpu.rmsnorm_backward(x, w, dy, rstd)  # takes the stream's slot
+            slot = ops._SYNC_SLOT[(x.device.index, s.cuda_stream)]
+            before = table[slot, 1].item()
+            found += [(slot, before, [gpu.rmsnorm_backward(x, w, dy, rstd)[1] for _ in range(3)])]
+    torch.cuda.synchronize()
+    assert found[0][0] != found[1][0], "each stream its own barrier words"
+    for slot, before, grads in found:
+        assert table[slot, 0].item() == 0, "arrivals reset by the last CTA"
+        assert table[slot, 1].item() == before + 3, "one generation per launch"
+        assert all(torch.equal(g, first) for g in grads), "dweight bitwise alike run to run"
+
+
+def test_cuda_graph_captured_first_zeroes_its_own_barrier_words(monkeypatch):
+    """A graph captured before any eager backward on the device: its barrier words are zeroed in the graph,
+    so replays hold; the gradients match an eager call."""
+    monkeypatch.setattr(ops, "_SYNC", {})
+    monkeypatch.setattr(ops, "_SYNC_SLOT", {})
+    x = torch.randn(3000, 2048, device="cuda", dtype=torch.bfloat16)
+    w, b = torch.randn(2048, device="cuda", dtype=torch.bfloat16), torch.randn(2048, device="cuda")
+    dy = torch.randn_like(x)
+    xf = x.float()
+    mean = xf.mean(-1)
+    rstd = torch.rsqrt((xf - mean[:, None]).pow(2).mean(-1) + 1e-5)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        ops._grad_function("layernorm_backward", x, 16, w, False, torch.float32)  # compile off the capture
+        with torch.cuda.graph(graph, stream=side):
+            captured = gpu.layernorm_backward(x, w, dy, mean, rstd, bias=b)
+    assert not ops._SYNC, "no eager call: the words were made inside the graph"
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    for a, e in zip(captured, gpu.layernorm_backward(x, w, dy, mean, rstd, bias=b), strict=True):
+        assert torch.equal(a, e)

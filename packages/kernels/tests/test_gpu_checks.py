@@ -249,13 +249,17 @@ def _torch_kernel(variant):
 
 def _torch_norm_backward(variant, x, w, dy, *rest):
     """The norm backwards' stand-in: dx, and each row's vector-gradient terms added into the partials row of
-    the CTA (grid-strided over row blocks) and thread row that the kernel would give it."""
+    the CTA (grid-strided over row blocks) and thread row that the kernel would give it; then the partials
+    summed into each vector gradient in its dtype, as the grid does after its barrier."""
     if variant.op == "rmsnorm_backward":
-        rstd, dh, dx, pw, grid = rest
-        mean, pb = None, None
+        rstd, dh, dx, pw, dw, sync, grid = rest
+        mean, pb, db = None, None, None
     else:
-        mean, rstd, dx, pw, pb, grid = rest
+        mean, rstd, dx, pw, pb, dw, db, sync, grid = rest
         dh = None
+    assert (sync is not None) == (pw is not None or pb is not None)
+    if sync is not None:
+        assert sync.shape == (2,) and sync.dtype == torch.int32 and not sync.any(), "the barrier's words start at 0"
     rows = torch.arange(x.shape[0])
     xhat = (x.double() - (0 if mean is None else mean.double()[:, None])) * rstd.double()[:, None]
     g = dy.double() * (1 if w is None else w.double())
@@ -265,11 +269,12 @@ def _torch_norm_backward(variant, x, w, dy, *rest):
     else:
         d = rstd.double()[:, None] * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
     dx.copy_(d if dh is None else d + dh.double())
-    for partials, terms in ((pw, dy.double() * xhat), (pb, dy.double())):
+    for partials, out, terms in ((pw, dw, dy.double() * xhat), (pb, db, dy.double())):
         if partials is not None:
             per_cta = partials.shape[0] // grid
             slot = (rows // per_cta) % grid * per_cta + rows % per_cta
             partials.zero_().index_add_(0, slot, terms.float())
+            out.copy_(partials.sum(0))
 
 
 @pytest.fixture
@@ -292,6 +297,7 @@ def torch_kernels(monkeypatch):
     monkeypatch.setattr(ops, "_FAST", {})
     monkeypatch.setattr(ops, "_GRADS", {})
     monkeypatch.setattr(ops, "wave", lambda variant, sms: (2, 3))  # 2 rows per CTA, 3 CTAs per wave
+    monkeypatch.setattr(ops, "_grid_sync", lambda device: torch.zeros(2, dtype=torch.int32, device=device))
     return seen
 
 
@@ -394,7 +400,7 @@ def _grads64(forward, inputs, dy):
 
 def test_backward_host_side_views_grids_and_partials(torch_kernels):
     """Leading dims, an expanded and a transposed dy, the persistent grid (3 CTAs over 7 row blocks), the
-    partials' host reduction and the gradients' dtypes, with the kernels replaced by torch."""
+    partials and the gradients' dtypes, with the kernels replaced by torch."""
     from kernellab.harness.suites import reference
 
     x = torch.randn(2, 7, 40)
@@ -403,7 +409,8 @@ def test_backward_host_side_views_grids_and_partials(torch_kernels):
     mean = xf.mean(-1).view(2, 7)
     rstd = torch.rsqrt((x - mean[..., None]).pow(2).mean(-1) + 1e-5)
     for dy in (torch.randn(40).expand(2, 7, 40), torch.randn(2, 40, 7).transpose(1, 2)):
-        dx, dw, db = ops._grad_launch("layernorm_backward", x, dy, weight=w, mean=mean, rstd=rstd, dbias=True)
+        dx, dw, db = ops._grad_launch("layernorm_backward", x, dy, weight=w, mean=mean, rstd=rstd,
+                                      dbias=torch.float32)
         want = _grads64(lambda a, c, d: reference.layernorm(a, c, d, 1e-5), (x, w, b), dy)
         for got, e in zip((dx, dw, db), want, strict=True):
             torch.testing.assert_close(got.double(), e, rtol=1e-4, atol=1e-4)
@@ -426,6 +433,6 @@ def test_backward_host_side_views_grids_and_partials(torch_kernels):
 def test_backward_of_no_rows_gives_zero_vector_gradients(torch_kernels):
     x = torch.empty(0, 16)
     dx, dw, db = ops._grad_launch("layernorm_backward", x, x, weight=torch.ones(16), mean=torch.empty(0),
-                                  rstd=torch.empty(0), dbias=True)
+                                  rstd=torch.empty(0), dbias=torch.float32)
     assert dx.shape == (0, 16) and torch.equal(dw, torch.zeros(16)) and torch.equal(db, torch.zeros(16))
     assert not torch_kernels.calls, "nothing to launch"

@@ -15,6 +15,7 @@ appended to a checkpoint file, so ``--resume CHECKPOINT`` finishes a killed run 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import hashlib
@@ -37,7 +38,7 @@ RAY_MISSING = ("--ray needs Ray, which is not installed here: pip install 'kerne
                "(on every host of the cluster)")
 ATTEMPTS = 2  # a problem whose task dies is run once more, then recorded as failed
 CHECKPOINT_FORMAT = "kernellab.checkpoint/1"
-POLL_S = 0.5  # how often the driver looks at the cluster between results
+WAKE_S = 2.0  # the longest the driver blocks on the cluster (so that Ctrl-C is seen); it polls nothing
 
 
 class ClusterError(RuntimeError):
@@ -94,7 +95,9 @@ def connect(address: str | None, **init: Any) -> Session:
             ray.init(address=address, **init)
         else:
             os.environ.setdefault("RAY_worker_niceness", "0")  # the local raylet starts its workers un-niced
-            ray.init(include_dashboard=False, **init)
+            # "local": a cluster of this run's own, never one that happens to run on the host already (a plain
+            # ray.init() would join that one, and another run's shutdown would take the tasks with it)
+            ray.init(address="local", include_dashboard=False, **init)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise ClusterError(f"--ray {address or '(a local cluster)'}: cannot connect: {e}") from None
     return Session(address, time.monotonic() - started, owned=True)
@@ -135,15 +138,23 @@ def unpack_tree(blob: bytes, dest: Path) -> Path:
 # ---- the task -----------------------------------------------------------------------------------
 
 class Board:
-    """Where tasks say they started (a Ray actor), so that the driver can show what runs where."""
+    """Where tasks say they started (an async Ray actor), so that the driver can show what runs where.
+    The driver waits on ``after`` beside the tasks' results rather than polling it, so that nothing of
+    the driver's runs beside a task's timing loop between results."""
 
     def __init__(self):
         self.started: list[tuple[str, int, dict]] = []
+        self.changed = asyncio.Event()
 
-    def start(self, problem: str, attempt: int, node: dict) -> None:
+    async def start(self, problem: str, attempt: int, node: dict) -> None:
         self.started.append((problem, attempt, node))
+        self.changed.set()
 
-    def read(self, since: int) -> list[tuple[str, int, dict]]:
+    async def after(self, since: int) -> list[tuple[str, int, dict]]:
+        """The starts after the first ``since``, once there is one."""
+        while len(self.started) <= since:
+            self.changed.clear()
+            await self.changed.wait()
         return self.started[since:]
 
 
@@ -420,15 +431,18 @@ def run_problems(session: Session, plan: Plan, problems: list[str], checkpoint: 
     try:
         for p in todo:
             submit(p, 1)
+        news = board.after.remote(seen)
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
-            for started in ray.get(board.read.remote(seen)):
-                seen += 1
-                problem, attempt, node = started
-                ran_on[(problem, attempt)] = node
-                if attempt == attempts.get(problem) and display.state.get(problem, ("",))[0] == "queued":
-                    display.set(problem, "running", node)
-            for ref in ready:
+            ready, _ = ray.wait([news, *pending], num_returns=1, timeout=WAKE_S)
+            if news in ready:
+                for started in ray.get(news):
+                    seen += 1
+                    problem, attempt, node = started
+                    ran_on[(problem, attempt)] = node
+                    if attempt == attempts.get(problem) and display.state.get(problem, ("",))[0] == "queued":
+                        display.set(problem, "running", node)
+                news = board.after.remote(seen)
+            for ref in [r for r in ready if r in pending]:
                 problem, attempt = pending.pop(ref)
                 try:
                     entry = {"problem": problem, "result": ray.get(ref),

@@ -99,7 +99,7 @@ class Bench:
     # ---- setup -----------------------------------------------------------------------------
     def _bind_all(self) -> None:
         for case in self.cases:
-            why = case.impl.available()
+            why = threads.own(case.impl.name, case.impl.available)  # contender code: its threads are the impl's
             if why:
                 case.status, case.reason = "unavailable", why
                 continue

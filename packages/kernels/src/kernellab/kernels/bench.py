@@ -50,7 +50,7 @@ def _native_call(problem):
     train = _TRAIN_FORWARDS.get(op)
     if train is not None:
         forward = train(problem)
-        return lambda i, o: problem.run(forward, i)
+        return lambda i, o: problem.step(forward, i)
     raise Unsupported(f"native has no {op}")
 
 
@@ -139,15 +139,15 @@ def _cute_gradients(problem, op: str, kind: str):
                    "layernorm": lambda x, weight, bias: gpu.layernorm(x, weight, bias, eps)}[op]
         return lambda i, o: problem.step(forward, i)
     if op == "softmax":
-        return lambda i, o: {"dx": gpu.softmax_backward(i["y"], i["dy"])}
+        return lambda i, o: {"dx": gpu.softmax_backward(i["y"], i["grad_out"])}
     if op == "rmsnorm":
         def rms(i, o):
-            dx, dw = gpu.rmsnorm_backward(i["x"], i["weight"], i["dy"], i["rstd"])
+            dx, dw = gpu.rmsnorm_backward(i["x"], i["weight"], i["grad_out"], i["rstd"])
             return {"dx": dx, "dweight": dw}
         return rms
 
     def ln(i, o):
-        dx, dw, db = gpu.layernorm_backward(i["x"], i["weight"], i["dy"], i["mean"], i["rstd"])
+        dx, dw, db = gpu.layernorm_backward(i["x"], i["weight"], i["grad_out"], i["mean"], i["rstd"])
         return {"dx": dx, "dweight": dw, "dbias": db}
     return ln
 
@@ -263,17 +263,17 @@ def _quack_gradients(problem, op: str, kind: str, aligned: bool):
         return lambda i, o: problem.step(forward, i)
     if op == "softmax":
         def soft(i, o):
-            quack_softmax._softmax_backward(i["dy"], i["y"], o["dx"])
+            quack_softmax._softmax_backward(i["grad_out"], i["y"], o["dx"])
             return {"dx": o["dx"]}
         return soft
     if op == "rmsnorm":
         def rms(i, o):
-            dx, dw, _, _ = quack_norms.rmsnorm_bwd(i["x"], i["weight"], i["dy"], i["rstd"])
+            dx, dw, _, _ = quack_norms.rmsnorm_bwd(i["x"], i["weight"], i["grad_out"], i["rstd"])
             return {"dx": dx, "dweight": dw}
         return rms
 
     def ln(i, o):
-        dx, dw, db = quack_norms.layernorm_bwd(i["x"], i["weight"], i["dy"], i["rstd"], i["mean"], has_bias=True)
+        dx, dw, db = quack_norms.layernorm_bwd(i["x"], i["weight"], i["grad_out"], i["rstd"], i["mean"], has_bias=True)
         return {"dx": dx, "dweight": dw, "dbias": db}
     return ln
 

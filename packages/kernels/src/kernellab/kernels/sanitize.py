@@ -60,6 +60,9 @@ BACKWARD_CASES = [
     ("layernorm", "bfloat16", 5000, 64, "float32", True, False, 0),
     ("rmsnorm", "bfloat16", 300, 20000, "x", False, False, 0),
     ("layernorm", "float32", 300, 20000, "x", True, False, 0),
+    # 512-thread CTAs: the vector gradients' sums in shared memory, the weight re-read per row
+    ("layernorm", "float32", 200, 8192, "x", True, False, 0),
+    ("rmsnorm", "float32", 200, 8192, "float32", False, True, 0),
 ]
 
 

@@ -7,7 +7,6 @@ Other packages add contenders to them through ``kernellab.suites`` entry points 
 from __future__ import annotations
 
 from ..case import Suite
-from . import training
 from .problems import (
     Copy,
     LayerNorm,
@@ -15,6 +14,7 @@ from .problems import (
     LayerNormTrain,
     LinearBackward,
     LinearForward,
+    LinearTrain,
     RMSNorm,
     RMSNormBackward,
     RMSNormTrain,
@@ -42,13 +42,12 @@ def cpu_ops() -> Suite:
     def problems():
         out = []
         for shape in CPU_NORM_SHAPES:
-            for problem in (Softmax, RMSNorm, LayerNorm, training.SoftmaxBackward, training.RMSNormBackward,
-                            training.LayerNormBackward, training.SoftmaxTrain, training.RMSNormTrain,
-                            training.LayerNormTrain, Copy):
+            for problem in (Softmax, RMSNorm, LayerNorm, SoftmaxBackward, RMSNormBackward, LayerNormBackward,
+                            SoftmaxTrain, RMSNormTrain, LayerNormTrain, Copy):
                 out.append(problem(shape, "fp32", "cpu"))
         for shape in CPU_LINEAR_SHAPES:
             out += [LinearForward(shape, "fp32", "cpu"), LinearBackward(shape, "fp32", "cpu"),
-                    training.LinearTrain(shape, "fp32", "cpu")]
+                    LinearTrain(shape, "fp32", "cpu")]
         for shape in CPU_LINEAR_SWEEP:
             out += [LinearForward(shape, "fp32", "cpu"), LinearBackward(shape, "fp32", "cpu")]
         return out

@@ -359,10 +359,12 @@ class GradKernel(RowKernel):
     """A backward kernel: the BACKWARD plan, and for the ones with vector gradients (dweight, dbias) a
     persistent grid. Each CTA loops over row blocks ``bidx, bidx + grid, ...`` and sums its rows' terms of
     each vector gradient in fp32 (in registers for held rows; in its own row of the partials for streamed
-    rows), then leaves one fp32 row per thread row in a (grid * rows_per_cta, N) partials tensor: no atomics,
-    and the host reduces the partials once. Successive rows use alternate halves of the reduction buffer
-    (``reductions`` stages each), so that a warp already in the next row never overwrites a value another warp
-    of the CTA is still reading."""
+    rows), then leaves one fp32 row per thread row in a (grid * rows_per_cta, N) partials tensor. A grid
+    barrier follows (the launch is cooperative, so every CTA is resident), and the grid sums the partials
+    into the vector gradients in their own dtype: one launch, no atomics on the outputs, the same order
+    of additions on every run. Successive rows use alternate halves of the reduction buffer (``reductions``
+    stages each), so that a warp already in the next row never overwrites a value another warp of the CTA
+    is still reading."""
 
     reductions = 1
 
@@ -371,10 +373,83 @@ class GradKernel(RowKernel):
         if self.ctas != 1:
             raise ValueError(f"backward plans stream long rows on one CTA; N={n} asked for a cluster")
         self.stages = 2 * self.reductions
+        self.part_vec = min(vec, 4)  # fp32 columns per load of the partials (their rows are aligned as x's)
+        # A held row keeps the weight (fp32) and its vector gradients' sums in registers across rows, unless the
+        # CTA is so large (512 threads: at most 128 registers each) that x, dy and the next row's prefetch fill
+        # them already: then each row re-reads the weight (an L1 hit) and the sums live in shared memory, each
+        # thread's own slots, rather than spill.
+        self.spare_registers = self.num_threads <= 256
 
-    def launch_persistent(self, kernel, grid, stream) -> None:
+    def launch_persistent(self, kernel, grid, stream, barrier: bool) -> None:
+        """A grid of ``grid`` CTAs; with a grid ``barrier``, a cooperative launch: all CTAs resident at once,
+        or the launch fails rather than hang."""
         kernel.launch(grid=[grid, 1, 1], block=[self.num_threads, 1, 1], min_blocks_per_mp=self.min_ctas_per_sm,
-                      preferred_smem_carveout=-1 if const_expr(self.min_ctas_per_sm > 1) else None, stream=stream)
+                      preferred_smem_carveout=-1 if const_expr(self.min_ctas_per_sm > 1) else None,
+                      cooperative=barrier, stream=stream)
+
+    @cute.jit
+    def grid_barrier(self, m_sync: cute.Tensor, grid: Int32):
+        """Wait until every CTA of the grid has arrived, with what each wrote before visible to all.
+        ``m_sync`` holds (arrivals, generation) as int32: the last CTA to arrive resets the arrivals and
+        advances the generation the others wait on, so the words are zeroed once, not before every launch."""
+        cute.arch.barrier()
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            arrivals, generation = m_sync.iterator, m_sync.iterator + 1
+            gen = cute.arch.atomic_add(generation, Int32(0), sem="acquire", scope="gpu")
+            cute.arch.fence_acq_rel_gpu()
+            arrived = cute.arch.atomic_add(arrivals, Int32(1), sem="acq_rel", scope="gpu")
+            if arrived == grid - 1:
+                cute.arch.atomic_exch(arrivals, Int32(0), sem="relaxed", scope="gpu")
+                cute.arch.atomic_add(generation, Int32(1), sem="release", scope="gpu")
+            else:
+                seen = gen
+                while seen == gen:
+                    seen = cute.arch.load(generation, Int32, sem="acquire", scope="gpu")
+            cute.arch.fence_acq_rel_gpu()
+        cute.arch.barrier()
+
+    @cute.jit
+    def reduce_partials(self, pairs, m_sync: cute.Tensor, grid: Int32):
+        """After the grid barrier, each (partials, output) pair's output = the sum of its partials' rows, in
+        the output's dtype. Column groups of ``part_vec`` columns go to the grid's warps in batches of
+        ``batch`` groups per warp; lanes sum every 32nd row of the batch's groups (its loads independent, in
+        flight together), then one warp reduction per group."""
+        self.grid_barrier(m_sync, grid)
+        warps = self.num_threads // WARP
+        bidx, _, _ = cute.arch.block_idx()
+        lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
+        rows = pairs[0][0].shape[0]
+        tile, groups, batch = (1, self.part_vec), self.n // self.part_vec, max(1, 8 // self.part_vec)
+        stride = grid * warps
+        for first in cutlass.range(bidx * warps + warp, groups, stride * batch):
+            sums = []
+            for m_part, _ in pairs:
+                for _ in cutlass.range_constexpr(batch):
+                    acc = cute.make_rmem_tensor_like(cute.local_tile(m_part, tile, (0, 0)), Float32)
+                    acc.fill(0.0)
+                    sums.append(acc)
+            for r in cutlass.range(lane, rows, WARP):
+                for p, (m_part, _) in enumerate(pairs):
+                    for b in cutlass.range_constexpr(batch):
+                        group = first + b * stride
+                        if group < groups:
+                            src = cute.local_tile(m_part, tile, (r, group))
+                            frag = cute.make_rmem_tensor_like(src)
+                            cute.autovec_copy(src, frag)
+                            acc = sums[p * batch + b]
+                            acc.store(acc.load() + frag.load())
+            for p, (_, m_out) in enumerate(pairs):
+                for b in cutlass.range_constexpr(batch):
+                    group = first + b * stride
+                    acc = sums[p * batch + b]
+                    for k in cutlass.range_constexpr(self.part_vec):
+                        acc[0, k] = cute.arch.warp_reduction(acc[0, k], ADD, threads_in_group=WARP)
+                    if lane == 0 and group < groups:
+                        dst = cute.local_tile(self.broadcast_rows(m_out), tile, (0, group))
+                        out = cute.make_rmem_tensor_like(dst)
+                        out.store(acc.load().to(m_out.element_type))
+                        cute.autovec_copy(out, dst)
 
     @cute.jit
     def partials(self, thr, m_partials, block, tile, cols, later, values, held):
@@ -400,12 +475,53 @@ class GradKernel(RowKernel):
                 self._copy_chunks(self.part(thr, src, block, 0), frag, cols)
 
     @cute.jit
+    def prefetch_row_values(self, thr, tensors, frag, rows, block):
+        """Load row block ``block``'s entries of (M,) fp32 tensors (rstd, mean) into ``frag``, one per tensor
+        (1.0 past M), alongside the row's prefetch: issued a row ahead, they are not a dependent load at the
+        row's start."""
+        row = self.row_coord(thr, rows, block, 0)[0]
+        for i, src in enumerate(tensors):
+            frag[i] = Float32(1.0)
+            if row < rows:
+                frag[i] = Float32(src[row])
+
+    @cute.jit
+    def row_sums(self, a: Float32, b: Float32, stage: int, buffer):
+        """Two independent sums over the threads of each row with one shared-memory exchange (stages
+        ``stage`` and ``stage + 1``): one CTA barrier where two ``row_reduce`` calls would take two."""
+        lanes = min(self.threads_per_row, WARP)
+        a = cute.arch.warp_reduction(a, ADD, threads_in_group=lanes)
+        b = cute.arch.warp_reduction(b, ADD, threads_in_group=lanes)
+        if const_expr(buffer is not None):
+            lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
+            row, col = warp // self.warps_per_row, warp % self.warps_per_row
+            if lane == 0:
+                buffer[row, col, stage] = a
+                buffer[row, col, stage + 1] = b
+            cute.arch.barrier()
+            sum_a, sum_b = Float32(0.0), Float32(0.0)
+            for i in cutlass.range_constexpr(_ceil_div(self.warps_per_row, WARP)):
+                if lane + i * WARP < self.warps_per_row:
+                    sum_a = sum_a + buffer[row, lane + i * WARP, stage]
+                    sum_b = sum_b + buffer[row, lane + i * WARP, stage + 1]
+            a = cute.arch.warp_reduction(sum_a, ADD, threads_in_group=WARP)
+            b = cute.arch.warp_reduction(sum_b, ADD, threads_in_group=WARP)
+        return a, b
+
+    @cute.jit
     def accumulator(self, thr, m_partials):
-        """A zeroed fp32 register accumulator of one tile (held rows and a partials tensor), else None."""
+        """A zeroed fp32 accumulator of one tile (held rows and a partials tensor), else None: this thread's
+        registers, or (without spare registers) its slots of a tile in shared memory."""
         acc = None
         if const_expr(m_partials is not None and self.tiles == 1):
-            acc = cute.make_rmem_tensor_like(self.part(thr, m_partials, 0, 0))
-            acc.fill(0.0)
+            zeros = cute.make_rmem_tensor_like(self.part(thr, m_partials, 0, 0))
+            zeros.fill(0.0)
+            if const_expr(self.spare_registers):
+                acc = zeros
+            else:
+                layout = cute.make_ordered_layout(self.tiler, order=(1, 0))
+                acc = self.part(thr, SmemAllocator().allocate_tensor(Float32, layout, byte_alignment=16), 0, 0)
+                cute.autovec_copy(zeros, acc)
         return acc
 
     @cute.jit

@@ -34,7 +34,7 @@ class Variant:
     n: int
     vec: int  # elements per access: the largest power of two (<= 128 bits) all tensors are aligned to
     weight: str | None = None
-    bias: str | None = None  # layernorm_backward: the dbias partials are computed (their dtype is the host's)
+    bias: str | None = None  # layernorm_backward: dbias is computed, in this dtype
     residual: bool = False  # rmsnorm: h = x + residual; rmsnorm_backward: the gradient of h is added to dx
     tuning: Tuning | None = None  # None: the kernel's heuristic plan
     stats: bool = False  # rmsnorm, layernorm: also store each row's rstd (and mean) for the backward
@@ -121,6 +121,11 @@ class Variant:
                                                  stride=(cute.sym_int64(divisibility=self.vec), 1),
                                                  assumed_align=min(16, self.vec * 4))
 
+        def sync(wanted):  # the grid barrier's (arrivals, generation)
+            if not wanted:
+                return None
+            return cute.runtime.make_fake_tensor(Int32, (2,), stride=(1,), assumed_align=8)
+
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         stats = per_row() if self.stats else None
         if self.op == "softmax":
@@ -136,10 +141,11 @@ class Variant:
             args = (matrix(), matrix(), matrix())
         elif self.op == "rmsnorm_backward":
             args = (matrix(), vector(self.weight), matrix(), per_row(), matrix() if self.residual else None, matrix(),
-                    partials(self.weight), Int32(1))
+                    partials(self.weight), vector(self.weight), sync(self.weight), Int32(1))
         else:
+            vectors = self.weight is not None or self.bias is not None
             args = (matrix(), vector(self.weight), matrix(), per_row(), per_row(), matrix(), partials(self.weight),
-                    partials(self.bias), Int32(1))
+                    partials(self.bias), vector(self.weight), vector(self.bias), sync(vectors), Int32(1))
         options = "--enable-tvm-ffi" + (f" --gpu-arch {arch}" if arch else "")
         with tempfile.TemporaryDirectory() as dump:  # --keep-cubin wants a dump dir; we keep our own copy
             fn = cute.compile(kernel, *args, stream, options=f"{options} --keep-cubin --dump-dir={dump}")

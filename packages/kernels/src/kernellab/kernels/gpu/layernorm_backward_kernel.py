@@ -1,10 +1,11 @@
 """LayerNorm backward from the forward's mean and rstd: with xhat = (x - mean) * rstd and g = dy * w,
 
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
-    dweight = sum over rows of dy * xhat,  dbias = sum over rows of dy (fp32 partials per CTA row)
+    dweight = sum over rows of dy * xhat,  dbias = sum over rows of dy (fp32 partials per CTA row, summed by
+    the grid after a barrier)
 
-Two row reductions (mean(g), mean(g * xhat)). Columns past N load dy as 0, so g and both terms are 0
-there although xhat is not.
+Two row sums (of g and g * xhat), exchanged between warps together. Columns past N load dy as 0, so g
+and both terms are 0 there although xhat is not.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from .base import ADD, GradKernel
+from .base import GradKernel
 
 
 class LayerNormBackward(GradKernel):
@@ -32,12 +33,18 @@ class LayerNormBackward(GradKernel):
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor | None, mDY: cute.Tensor, mMean: cute.Tensor,
                  mRstd: cute.Tensor, mDX: cute.Tensor, mDW: cute.Tensor | None, mDB: cute.Tensor | None,
+                 mWeightGrad: cute.Tensor | None, mBiasGrad: cute.Tensor | None, mSync: cute.Tensor | None,
                  grid: Int32, stream: cuda.CUstream):
-        self.launch_persistent(self.kernel(mX, mW, mDY, mMean, mRstd, mDX, mDW, mDB, grid), grid, stream)
+        """mDW / mDB: (grid * rows_per_cta, N) fp32 partials; mWeightGrad / mBiasGrad: dweight / dbias in their
+        dtypes (None where not wanted); mSync: the grid barrier's two int32 words (None with neither)."""
+        self.launch_persistent(self.kernel(mX, mW, mDY, mMean, mRstd, mDX, mDW, mDB, mWeightGrad, mBiasGrad, mSync,
+                                           grid), grid, stream, barrier=mSync is not None)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor | None, mDY: cute.Tensor, mMean: cute.Tensor,
-               mRstd: cute.Tensor, mDX: cute.Tensor, mDW: cute.Tensor | None, mDB: cute.Tensor | None, grid: Int32):
+               mRstd: cute.Tensor, mDX: cute.Tensor, mDW: cute.Tensor | None, mDB: cute.Tensor | None,
+               mWeightGrad: cute.Tensor | None, mBiasGrad: cute.Tensor | None, mSync: cute.Tensor | None,
+               grid: Int32):
         rows = mX.shape[0]
         thr, bidx, _ = self.thread_slice()
         buffer, _ = self.reduction_storage()
@@ -45,25 +52,27 @@ class LayerNormBackward(GradKernel):
         gW = self.broadcast_rows(mW)
         _, cols = self.predicates(thr, rows, bidx, 0)  # the columns of a held row (the same for every row)
         w = None
-        if const_expr(self.tiles == 1):
+        if const_expr(self.tiles == 1 and self.spare_registers):
             w = self.load_vector(thr, gW, 0, cols)
         dw, db = self.accumulator(thr, mDW), self.accumulator(thr, mDB)
         if const_expr(self.tiles == 1):
             frags = [cute.make_rmem_tensor_like(self.part(thr, t, 0, 0)) for t in (mX, mDY)]
+            stats = cute.make_rmem_tensor(cute.make_layout(2), Float32)
             self.prefetch(thr, (mX, mDY), frags, rows, bidx, cols)
+            self.prefetch_row_values(thr, (mMean, mRstd), stats, rows, bidx)
             for block in cutlass.range(bidx, blocks, grid):
                 stage = ((block - bidx) // grid) % 2 * 2
-                mean = self.load_row_value(thr, mMean, rows, block, 0, 0.0)
-                rstd = self.load_row_value(thr, mRstd, rows, block, 0, 1.0)
+                mean, rstd = stats[0], stats[1]
                 row_ok, _ = self.predicates(thr, rows, block, 0)
                 x = (frags[0].load().to(Float32) - mean) * rstd
                 dy = frags[1].load().to(Float32)
                 self.prefetch(thr, (mX, mDY), frags, rows, block + grid, cols)
-                g = dy if const_expr(w is None) else dy * w
-                mean_g = self.row_reduce(g.reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, stage, buffer, None)
-                mean_gx = self.row_reduce((g * x).reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, stage + 1,
-                                          buffer, None)
-                dx = (g - mean_g / self.n - x * (mean_gx / self.n)) * rstd
+                self.prefetch_row_values(thr, (mMean, mRstd), stats, rows, block + grid)
+                row_w = w if const_expr(self.spare_registers) else self.load_vector(thr, gW, 0, cols)
+                g = dy if const_expr(row_w is None) else dy * row_w
+                sum_g, sum_gx = self.row_sums(g.reduce(cute.ReductionOp.ADD, 0.0, 0),
+                                              (g * x).reduce(cute.ReductionOp.ADD, 0.0, 0), stage, buffer)
+                dx = (g - sum_g / self.n - x * (sum_gx / self.n)) * rstd
                 self.store(dx, self.part(thr, mDX, block, 0), row_ok, cols)
                 self.partials(thr, mDW, bidx, 0, cols, block != bidx, dy * x, dw)
                 self.partials(thr, mDB, bidx, 0, cols, block != bidx, dy, db)
@@ -80,8 +89,8 @@ class LayerNormBackward(GradKernel):
                                           row_ok, tcols)
                     sum_g = sum_g + g.reduce(cute.ReductionOp.ADD, 0.0, 0)
                     sum_gx = sum_gx + (g * x).reduce(cute.ReductionOp.ADD, 0.0, 0)
-                mean_g = self.row_reduce(sum_g, ADD, 0.0, stage, buffer, None) / self.n
-                mean_gx = self.row_reduce(sum_gx, ADD, 0.0, stage + 1, buffer, None) / self.n
+                sum_g, sum_gx = self.row_sums(sum_g, sum_gx, stage, buffer)
+                mean_g, mean_gx = sum_g / self.n, sum_gx / self.n
                 for t in cutlass.range(self.tiles):
                     row_ok, tcols = self.predicates(thr, rows, block, t)
                     x, dy, g = self.terms(thr, mX, mDY, self.load_vector(thr, gW, t, tcols), mean, rstd, block, t,
@@ -91,6 +100,13 @@ class LayerNormBackward(GradKernel):
                     self.partials(thr, mDB, bidx, t, tcols, later, dy, None)
         self.store_accumulator(thr, mDW, dw, bidx, cols)
         self.store_accumulator(thr, mDB, db, bidx, cols)
+        pairs = []
+        if const_expr(mDW is not None):
+            pairs.append((mDW, mWeightGrad))
+        if const_expr(mDB is not None):
+            pairs.append((mDB, mBiasGrad))
+        if const_expr(len(pairs) > 0):
+            self.reduce_partials(pairs, mSync, grid)
 
     @cute.jit
     def terms(self, thr, mX, mDY, w, mean, rstd, block, tile, row_ok, cols):

@@ -245,19 +245,42 @@ for _op in (_softmax_out, _rmsnorm_out, _layernorm_out):
 _GRADS: dict[tuple, tuple] = {}  # (op, dtypes, N, alignment, flags) -> (function, rows per CTA, CTAs per wave)
 
 
-def _grad_function(op: str, x, bits: int, weight, dh: bool, dbias: bool):
+def _grad_function(op: str, x, bits: int, weight, dh: bool, dbias):
     """The compiled backward of the call's alignment class, its rows per CTA, and how many of its CTAs one
-    wave holds on x's GPU (the persistent grid of the kernels with vector gradients)."""
+    wave holds on x's GPU (the persistent grid of the kernels with vector gradients). ``dbias``: dbias's
+    dtype, or None where it is not wanted."""
     n = x.shape[1]
     wdt = None if weight is None else weight.dtype
     key = (op, x.dtype, n, bits & -bits, wdt, dh, dbias)
     found = _GRADS.get(key)
     if found is None:
         vec = (bits & -bits) // x.element_size()
-        name = _NAME[x.dtype]
-        variant = Variant(op, name, n, vec, weight=_NAME.get(wdt), bias=name if dbias else None, residual=dh)
+        variant = Variant(op, _NAME[x.dtype], n, vec, weight=_NAME.get(wdt), bias=_NAME.get(dbias), residual=dh)
         found = _GRADS[key] = (call_of(compiler.compiled(variant)), *wave(variant, _sms(x)))
     return found
+
+
+# The grid barrier's words (arrivals, generation) per device: one pair per stream, so that backward kernels
+# running at once on different streams never share a barrier. Zeroed once; each barrier leaves them ready.
+_SYNC_SLOTS = 1024
+_SYNC: dict[int, torch.Tensor] = {}
+_SYNC_SLOT: dict[tuple[int, int], int] = {}
+
+
+def _grid_sync(device) -> torch.Tensor:
+    """This stream's (arrivals, generation) words on ``device``. Under CUDA graph capture before any eager
+    call on the device, a fresh zeroed pair instead: the graph zeroes it on every replay."""
+    index = device.index
+    table = _SYNC.get(index)
+    if table is None:
+        if torch.cuda.is_current_stream_capturing():
+            return torch.zeros(2, dtype=torch.int32, device=device)
+        table = _SYNC[index] = torch.zeros(_SYNC_SLOTS, 2, dtype=torch.int32, device=device)
+    key = (index, torch._C._cuda_getCurrentRawStream(index))  # the stream's handle, without a Stream object
+    slot = _SYNC_SLOT.get(key)
+    if slot is None:
+        slot = _SYNC_SLOT[key] = len(_SYNC_SLOT) % _SYNC_SLOTS
+    return table[slot]
 
 
 def _as_rows(t, n: int):
@@ -269,15 +292,15 @@ def _as_rows(t, n: int):
     return rows if rows.stride(1) == 1 else rows.contiguous()
 
 
-def _grad_launch(op: str, x, dy, weight=None, dh=None, rstd=None, mean=None, dbias: bool = False):
-    """dx (x's shape, dtype) and the fp32 sums of the vector gradients (dweight, dbias; None where not
-    asked for) of one backward kernel. x is y for softmax."""
+def _grad_launch(op: str, x, dy, weight=None, dh=None, rstd=None, mean=None, dbias=None):
+    """dx (x's shape, dtype) and the vector gradients of one backward kernel: dweight in weight's dtype and
+    dbias in the dtype ``dbias`` names (None where not asked for), each summed in fp32. x is y for softmax."""
     n = x.shape[-1]
     dx = _empty(x)
     m = x.numel() // n if n else 0
     if m == 0 or n == 0:  # no rows: the vector gradients are zero
-        zeros = torch.zeros(n, dtype=torch.float32, device=x.device)
-        return dx, None if weight is None else zeros, zeros.clone() if dbias else None
+        return (dx, None if weight is None else x.new_zeros(n, dtype=weight.dtype),
+                None if dbias is None else x.new_zeros(n, dtype=dbias))
     x2, dy2, dx2 = _as_rows(x, n), _as_rows(dy, n), dx.view(-1, n)
     dh2 = None if dh is None else _as_rows(dh, n)
     e = x.element_size()
@@ -291,18 +314,20 @@ def _grad_launch(op: str, x, dy, weight=None, dh=None, rstd=None, mean=None, dbi
         fn(x2, dy2, dx2)
         return dx, None, None
     blocks = -(-m // rows_per_cta)
-    grid = min(blocks, per_wave) if weight is not None or dbias else blocks
-    pw = None if weight is None else x.new_empty((grid * rows_per_cta, n), dtype=torch.float32)
-    pb = x.new_empty((grid * rows_per_cta, n), dtype=torch.float32) if dbias else None
+    vectors = weight is not None or dbias is not None
+    grid = min(blocks, per_wave) if vectors else blocks
+    pw = dw = pb = db = sync = None
+    if weight is not None:
+        pw, dw = x.new_empty((grid * rows_per_cta, n), dtype=torch.float32), torch.empty_like(weight)
+    if dbias is not None:
+        pb, db = x.new_empty((grid * rows_per_cta, n), dtype=torch.float32), x.new_empty(n, dtype=dbias)
+    if vectors:
+        sync = _grid_sync(x.device)
     if op == "rmsnorm_backward":
-        fn(x2, weight, dy2, rstd.reshape(-1), dh2, dx2, pw, grid)
+        fn(x2, weight, dy2, rstd.reshape(-1), dh2, dx2, pw, dw, sync, grid)
     else:
-        fn(x2, weight, dy2, mean.reshape(-1), rstd.reshape(-1), dx2, pw, pb, grid)
-    return dx, None if pw is None else pw.sum(0), None if pb is None else pb.sum(0)
-
-
-def _cast(t, like):
-    return None if t is None or like is None else t.to(like.dtype)
+        fn(x2, weight, dy2, mean.reshape(-1), rstd.reshape(-1), dx2, pw, pb, dw, db, sync, grid)
+    return dx, dw, db
 
 
 def _no_vector(x):
@@ -320,7 +345,7 @@ def _rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Te
                       dh: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx [+ dh], dweight; an empty tensor without a weight)."""
     dx, dw, _ = _grad_launch("rmsnorm_backward", x, dy, weight=weight, dh=dh, rstd=rstd)
-    return dx, _no_vector(x) if dw is None else dw.to(weight.dtype)
+    return dx, _no_vector(x) if dw is None else dw
 
 
 @torch.library.custom_op("kernellab::layernorm_backward", mutates_args=(), device_types="cuda")
@@ -329,8 +354,8 @@ def _layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dweight, dbias; empty tensors for an absent weight or bias). ``bias`` only gives dbias's dtype."""
     dx, dw, db = _grad_launch("layernorm_backward", x, dy, weight=weight, rstd=rstd, mean=mean,
-                              dbias=bias is not None)
-    return dx, _no_vector(x) if dw is None else dw.to(weight.dtype), _no_vector(x) if db is None else db.to(bias.dtype)
+                              dbias=None if bias is None else bias.dtype)
+    return dx, _no_vector(x) if dw is None else dw, _no_vector(x) if db is None else db
 
 
 @_softmax_backward.register_fake
@@ -387,8 +412,7 @@ def rmsnorm_backward(x, weight, dy, rstd, *, dh=None):
     if torch.compiler.is_compiling():
         dx, dw = _rmsnorm_backward(x, weight, dy, rstd, dh)
         return dx, None if weight is None else dw
-    dx, dw, _ = _grad_launch("rmsnorm_backward", x, dy, weight=weight, dh=dh, rstd=rstd)
-    return dx, _cast(dw, weight)
+    return _grad_launch("rmsnorm_backward", x, dy, weight=weight, dh=dh, rstd=rstd)[:2]
 
 
 def layernorm_backward(x, weight, dy, mean, rstd, bias=True):
@@ -405,9 +429,8 @@ def layernorm_backward(x, weight, dy, mean, rstd, bias=True):
     if torch.compiler.is_compiling():
         dx, dw, db = _layernorm_backward(x, weight, dy, mean, rstd, like)
         return dx, None if weight is None else dw, None if like is None else db
-    dx, dw, db = _grad_launch("layernorm_backward", x, dy, weight=weight, rstd=rstd, mean=mean,
-                              dbias=like is not None)
-    return dx, _cast(dw, weight), _cast(db, like)
+    return _grad_launch("layernorm_backward", x, dy, weight=weight, rstd=rstd, mean=mean,
+                        dbias=None if like is None else like.dtype)
 
 
 # ---- autograd of the forward custom ops -------------------------------------------------------------------
@@ -495,7 +518,7 @@ class _RMSNormFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
         dx, dw, _ = _grad_launch("rmsnorm_backward", x, dy, weight=weight, rstd=rstd)
-        return dx, _cast(dw, weight), None
+        return dx, dw, None
 
 
 class _RMSNormResidualFunction(torch.autograd.Function):
@@ -510,7 +533,7 @@ class _RMSNormResidualFunction(torch.autograd.Function):
     def backward(ctx, dy, dh):
         h, weight, rstd = ctx.saved_tensors
         dx, dw, _ = _grad_launch("rmsnorm_backward", h, _zeros_if_none(dy, h), weight=weight, dh=dh, rstd=rstd)
-        return dx, dx, _cast(dw, weight), None
+        return dx, dx, dw, None
 
 
 class _LayerNormFunction(torch.autograd.Function):
@@ -525,8 +548,8 @@ class _LayerNormFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight, bias, mean, rstd = ctx.saved_tensors
         dx, dw, db = _grad_launch("layernorm_backward", x, dy, weight=weight, rstd=rstd, mean=mean,
-                                  dbias=bias is not None)
-        return dx, _cast(dw, weight), _cast(db, bias), None
+                                  dbias=None if bias is None else bias.dtype)
+        return dx, dw, db, None
 
 
 # ---- public functions ---------------------------------------------------------------------------------

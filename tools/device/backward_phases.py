@@ -1,0 +1,99 @@
+"""Where the one-launch norm backward's time goes, on the GPU host: each RMSNorm / LayerNorm backward case
+timed (CUDA-graph throughput) three ways, each compiled in a process of its own:
+
+    full     the kernel as shipped: rows, grid barrier, the partials' sum into dweight / dbias
+    barrier  rows and the grid barrier, no partials' sum (dweight / dbias left unwritten)
+    rows     rows alone (dweight / dbias left unwritten): what the per-row work costs
+
+    python3 tools/device/backward_phases.py [--shapes 37x1537:float32,256x3072:bfloat16]
+
+The differences are the barrier's and the sum's costs. Only "full" gives correct vector gradients; the
+others are timing probes. Writes $OUT/backward_phases.json and prints one line per case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+SHAPES = "37x1537:float32,256x3072:bfloat16,1024x4096:bfloat16,768x6144:bfloat16,65536x1024:bfloat16"
+PHASES = ("full", "barrier", "rows")
+
+
+def probe(phase: str, shapes: str) -> dict:
+    """One phase's timings, in this process (the kernels compile after the patch)."""
+    import torch
+
+    from kernellab.harness import timing
+    from kernellab.kernels.gpu import base, compiler
+    from kernellab.kernels.gpu.compiler import Variant, widest_vector
+    from kernellab.kernels.gpu.ops import _grid_sync
+
+    if phase == "barrier":
+        base.GradKernel.reduce_partials = lambda self, pairs, m_sync, grid: self.grid_barrier(m_sync, grid)
+    elif phase == "rows":
+        base.GradKernel.reduce_partials = lambda self, pairs, m_sync, grid: None
+    device = timing.Device("cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    out = {}
+    for item in shapes.split(","):
+        shape, name = item.split(":")
+        m, n = map(int, shape.split("x"))
+        dt = getattr(torch, name)
+        x = torch.randn(m, n, device="cuda").to(dt)
+        dy, w = torch.randn_like(x), torch.randn(n, device="cuda").to(dt)
+        xf = x.float()
+        mean, rstd = xf.mean(-1), torch.rsqrt(xf.var(-1, unbiased=False) + 1e-5)
+        for op in ("rmsnorm", "layernorm"):
+            v = Variant(f"{op}_backward", name, n, widest_vector(n, name), weight=name,
+                        bias=name if op == "layernorm" else None)
+            fn = compiler.call_of(compiler.compiled(v))
+            rows_per_cta, per_wave = compiler.wave(v, sms)
+            grid = min(-(-m // rows_per_cta), per_wave)
+            pw = torch.empty(grid * rows_per_cta, n, device="cuda")
+            pb, dx = torch.empty_like(pw), torch.empty_like(x)
+            dw, db, sync = torch.empty_like(w), torch.empty_like(w), _grid_sync(x.device)
+            args = ((x, w, dy, rstd, None, dx, pw, dw, sync, grid) if op == "rmsnorm" else
+                    (x, w, dy, mean, rstd, dx, pw, pb, dw, db, sync, grid))
+            call = functools.partial(fn, *args)
+            iterations = max(20, int(3000 / (3 * m * n * x.element_size() / 4e6 + 2)))
+            samples = timing.measure("graph_throughput", [call], device, samples=7, iterations=iterations)
+            out[f"{op}_backward_{m}x{n}_{name}"] = {"p50_us": statistics.median(samples), "grid": grid,
+                                                     "rows_per_cta": rows_per_cta}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=SHAPES, help="comma-separated MxN:dtype")
+    ap.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # the per-phase subprocess
+    args = ap.parse_args()
+    if args.phase:
+        print(json.dumps(probe(args.phase, args.shapes)))
+        return 0
+    from kernellab.harness import provenance
+
+    found = {}
+    for phase in PHASES:
+        run = subprocess.run([sys.executable, __file__, "--phase", phase, "--shapes", args.shapes],
+                             capture_output=True, text=True, check=True)
+        found[phase] = json.loads(run.stdout.strip().splitlines()[-1])
+    record = {"tool": "tools/device/backward_phases.py", "phases": PHASES, "mode": "graph_throughput",
+              "provenance": provenance.of_check("cuda", __file__, ["kernels"]), "cases": found}
+    path = os.path.join(os.environ.get("OUT", "."), "backward_phases.json")
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+    for case in found["full"]:
+        t = {p: found[p][case]["p50_us"] for p in PHASES}
+        print(f"{case}: rows {t['rows']:.2f} us, + barrier {t['barrier'] - t['rows']:.2f}, "
+              f"+ sum {t['full'] - t['barrier']:.2f} = {t['full']:.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
