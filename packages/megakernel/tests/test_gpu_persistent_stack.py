@@ -34,7 +34,7 @@ def fusable_stacks(draw):
 def _validate(spec, rows, seed, **options):
     """The fused model of ``spec`` through the engines' protocol, direct and in a CUDA graph."""
     case = models.ModelCase("random", spec, fits_l2=True)
-    compiled = compile_model(spec, rows=rows, seed=seed, **options)
+    compiled = compile_model(spec, rows=rows, seed=seed, engine="persistent-stack", **options)
     assert compiled.fused is not None, compiled.plan()
     assert compiled.engines == ["persistent-stack"] * len(spec["blocks"])
     problem = models.StackProblem(case, rows, weights_seed=seed)
@@ -69,7 +69,7 @@ def test_every_rows_form_tile(tile_rows):
 def test_a_grid_plan_called_with_more_row_tiles_than_sms_runs_its_rows_form():
     spec = {"channels": 64, "blocks": [{"hidden": 256, "activation": "silu", "norm": "rmsnorm", "gated": True,
                                         "bias": False}] * 2}
-    compiled = compile_model(spec, rows=1, seed=2)
+    compiled = compile_model(spec, rows=1, seed=2, engine="persistent-stack")
     assert compiled.program.stack.form == "grid"
     rows = torch.cuda.get_device_properties(0).multi_processor_count * 16 + 5
     x = torch.randn(rows, 64, device="cuda").half()

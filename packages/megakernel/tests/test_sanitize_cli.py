@@ -33,8 +33,10 @@ def test_stack_cases_reach_both_forms_every_row_tile_and_both_gatings():
 
     plans = []
     for _, spec, rows, forced in sanitize.stack_cases():
+        assert forced["engine"] == "persistent-stack"  # compile_model's opt-in
         blocks, final = frontend.read_spec(spec)
-        plans.append(passes.plan(blocks, rows, final_norm=final, fuse=True, **forced).stack)
+        stack_plan = {k: v for k, v in forced.items() if k != "engine"}
+        plans.append(passes.plan(blocks, rows, final_norm=final, fuse=True, **stack_plan).stack)
     assert {p.form for p in plans} == {"rows", "grid"}
     assert {p.tile_rows for p in plans if p.form == "rows"} == {16, 32, 64}
     assert {p.gated for p in plans} == {True, False}

@@ -5,9 +5,9 @@ accumulation and output.
   persistent-tc (CuTe DSL), torch-cublas, torch-compile, and each as ``<name>-graph``; and the whole-stack
   engine persistent-stack (``compile_model``);
 - the compiler (``compiler``: frontend -> ir -> passes -> codegen -> runner):
-  ``compile_model(nn.Module or spec, rows=...)``: the whole stack in one persistent-stack launch where it
-  fits, else the per-block chain with the fallback persistent-tc -> persistent -> persistent-global ->
-  conventional, the reason recorded;
+  ``compile_model(nn.Module or spec, rows=...)``: the per-block chain with the fallback persistent-tc ->
+  persistent -> persistent-global -> conventional; with ``engine="persistent-stack"`` (opt-in) the whole
+  stack in one launch where it fits, else that chain, the reason recorded;
 - ``compile_all(arch="sm_90a")``: every kernel variant ahead of time, no GPU needed;
 - ``python -m kernellab.megakernel.report`` and ``... .sanitize``: the engine report, compute-sanitizer.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 from .model import ACTIVATIONS, Shape, reference, torch_forward
 from .planning import choose
 
-__version__ = "0.16.1"
+__version__ = "0.17.0"
 
 
 def compile_all(arch: str = "sm_90a", representative: bool = False, log=None) -> list[str]:

@@ -329,8 +329,9 @@ def contenders(case: ModelCase, rows: int, *, weights_seed: int = 0) -> dict[str
     (``max-autotune`` is that mode plus torch's own graphs)."""
     from .compiler.runner import compile_model
     from .engines.graph import GraphCall
+    from .planning.stack import STACK_ENGINE
 
-    fused = compile_model(case.spec, rows=rows, seed=weights_seed)  # persistent-stack, or its recorded fallback
+    fused = compile_model(case.spec, rows=rows, seed=weights_seed, engine=STACK_ENGINE)  # or its recorded fallback
     chained = compile_model(case.spec, rows=rows, seed=weights_seed, engine="persistent-tc")
     module = build_module(case.spec, seed=weights_seed, dtype=torch.float16, device="cuda")
     autotuned = torch.compile(module, mode="max-autotune-no-cudagraphs")

@@ -30,6 +30,9 @@ TOOLS = {
 ALIGNED, ODD = (33, 32, 72), (5, 19, 37)
 
 
+STACK = "persistent-stack"  # compile_model's opt-in whole-stack engine
+
+
 def stack_cases():
     """(label, spec, rows, forced fused plan): every persistent-stack variant family at a small model: both forms,
     each row tile, gated and plain, every norm and activation, odd sizes, a final norm, multi-tile CTAs."""
@@ -38,18 +41,18 @@ def stack_cases():
              {"hidden": 64, "activation": "gelu_erf"}, {"hidden": 37, "activation": "relu", "norm": "rmsnorm"}]
     return [
         ("persistent-stack grid form, gated, final norm, 3 row tiles", {"channels": 72, "final_norm": "rmsnorm",
-         "blocks": [{"hidden": 200, **gated}, {"hidden": 130, **gated}]}, 40, {"stack_form": "grid",
-                                                                               "stack_tile_rows": 16}),
+         "blocks": [{"hidden": 200, **gated}, {"hidden": 130, **gated}]}, 40,
+         {"engine": STACK, "stack_form": "grid", "stack_tile_rows": 16}),
         ("persistent-stack grid form, 64-row tile, plain, two chunks a CTA", {"channels": 64, "blocks": [
-         {"hidden": 500, "activation": "silu", "norm": "rmsnorm"}] * 2}, 50, {"stack_form": "grid"}),
+         {"hidden": 500, "activation": "silu", "norm": "rmsnorm"}] * 2}, 50, {"engine": STACK, "stack_form": "grid"}),
         ("persistent-stack grid form, plain, every norm and activation, one row", {"channels": 19, "blocks": plain},
-         1, {"stack_form": "grid"}),
+         1, {"engine": STACK, "stack_form": "grid"}),
         ("persistent-stack rows form, 16-row tiles, 2 tiles for some CTAs", {"channels": 19, "blocks": plain,
-         "final_norm": "layernorm"}, 2240, {"stack_form": "rows", "stack_tile_rows": 16}),
+         "final_norm": "layernorm"}, 2240, {"engine": STACK, "stack_form": "rows", "stack_tile_rows": 16}),
         ("persistent-stack rows form, 32-row tiles, gated", {"channels": 64, "blocks": [{"hidden": 96, **gated}] * 2},
-         70, {"stack_form": "rows", "stack_tile_rows": 32}),
+         70, {"engine": STACK, "stack_form": "rows", "stack_tile_rows": 32}),
         ("persistent-stack rows form, 64-row tiles, partial tile", {"channels": 130, "blocks": plain}, 100,
-         {"stack_form": "rows", "stack_tile_rows": 64}),
+         {"engine": STACK, "stack_form": "rows", "stack_tile_rows": 64}),
     ]
 
 

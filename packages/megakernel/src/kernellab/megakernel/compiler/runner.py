@@ -1,7 +1,7 @@
 """Running a compiled model: ``compile_model(...)(x)``.
 
 ``compile_model`` is the compiler's driver: frontend (nn.Module or spec) -> IR -> passes ->
-codegen. With ``engine="persistent-stack"`` (the default) the whole stack is one launch of the fused engine
+codegen. With ``engine="persistent-stack"`` (opt-in) the whole stack is one launch of the fused engine
 where the stack pass planned it; otherwise (or where it refused, with the reason) the ``CompiledModel`` keeps
 the buffers between blocks (the fp16 operand, two fp32 stream buffers), launches each block's steps in order
 and applies the final norm; ``plan()`` says which form runs, and per block which engine, with what tile and why.
@@ -175,16 +175,17 @@ class CompiledModel:
         return out
 
 
-def compile_model(source, *, rows: int, engine: str = STACK_ENGINE, tile_rows: int | None = None,
+def compile_model(source, *, rows: int, engine: str = "persistent-tc", tile_rows: int | None = None,
                   input_dtype: str = "float16", device=None, seed: int = 0, target: str = "cuda",
                   chain: str = "persistent-tc", stack_form: str | None = None,
                   stack_tile_rows: int | None = None) -> CompiledModel:
     """Compile an ``nn.Module`` or a spec dict for ``rows`` rows per call (any row count runs; the
-    plan is tuned for this one). ``engine`` is ``persistent-stack`` (the whole stack in one launch where it
-    can, else the per-block chain of ``chain``, the reason recorded) or a block engine, whose fallback chain
-    serves each block; ``stack_form`` / ``stack_tile_rows`` force the fused plan; ``device`` is the
-    ``planning.DeviceSpec`` to plan for (default: the current GPU's); ``seed`` makes a spec's
-    weights; ``target`` is "cuda" (needs a CUDA device) or "cpu" (the torch chain for every block)."""
+    plan is tuned for this one). ``engine`` is a block engine, whose fallback chain serves each block (the
+    default: one launch per block), or ``persistent-stack``: the whole stack in one launch where it can, else
+    the per-block chain of ``chain``, the reason recorded (opt-in: measured slower than the chain so far);
+    ``stack_form`` / ``stack_tile_rows`` force the fused plan; ``device`` is the ``planning.DeviceSpec`` to plan
+    for (default: the current GPU's); ``seed`` makes a spec's weights; ``target`` is "cuda" (needs a CUDA
+    device) or "cpu" (the torch chain for every block)."""
     import torch
 
     from .. import planning
