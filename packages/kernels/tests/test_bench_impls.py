@@ -30,6 +30,21 @@ def test_compile_raises_the_recompile_limit_and_refuses_eager_fallback():
     assert hasattr(config, "recompile_limit"), "the patch must leave the entry in place"
 
 
+def test_the_compiled_control_leaves_no_thread_behind():
+    """The harness fails a case whose contender leaves a thread running; torch.compile's first call must not
+    (compiled here for CPU tensors: the same Inductor compile path as on the GPU)."""
+    import threading
+
+    with torch._inductor.config.patch(compile_threads=torch._inductor.config.compile_threads,
+                                      force_disable_caches=True):  # a cached artifact would compile nothing
+        call = bench._compile_call(_problem())
+        before = set(threading.enumerate())
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(call({"x": x}, {})["y"], torch.softmax(x, -1))
+        left = [t.name for t in set(threading.enumerate()) - before if t.is_alive()]
+    assert not left, f"threads left by the first compiled call: {left}"
+
+
 @pytest.mark.parametrize("bind", [bench._compile_call, bench._quack_call, bench._cute_call])
 @pytest.mark.parametrize("problem", [_problem(device="cpu"), _problem(op="copy"), _problem(dtype="fp64"),
                                      _problem(op="linear_forward")])
