@@ -262,6 +262,8 @@ def _grad_function(op: str, x, bits: int, weight, dh: bool, dbias):
 
 # The grid barrier's words (arrivals, generation) per device: one pair per stream, so that backward kernels
 # running at once on different streams never share a barrier. Zeroed once; each barrier leaves them ready.
+# Past _SYNC_SLOTS streams in one process the slots are dealt out again: two of those streams then share a
+# pair, and their backward launches must not run at the same time.
 _SYNC_SLOTS = 1024
 _SYNC: dict[int, torch.Tensor] = {}
 _SYNC_SLOT: dict[tuple[int, int], int] = {}
