@@ -4,8 +4,8 @@ against torch and timed in graph throughput (inputs rotated past the L2, as the 
 
     python3 tools/device/backward_sweep.py [--cases 'rmsnorm*bf16,*x4096*'] [--plans 'B0,B1'] [--rounds 2]
 
-Writes $OUT/backward_sweep.json (after every case) and prints one line per case: each plan as a fraction of
-the copy ceiling.
+Writes $OUT/backward_sweep.json (after every case: the plans, the run's provenance and one entry per case) and
+prints one line per case: each plan as a fraction of the copy ceiling.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import statistics
 
 import torch
 
-from kernellab.harness import timing
+from kernellab.harness import provenance, timing
 from kernellab.kernels.gpu import compiler
 from kernellab.kernels.gpu.base import BACKWARD, Tuning
 from kernellab.kernels.gpu.compiler import Variant, widest_vector
@@ -146,7 +146,10 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = SHAPES if not args.shapes else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     out = os.path.join(os.environ.get("OUT", "."), "backward_sweep.json")
-    results = []
+    record = {"tool": "tools/device/backward_sweep.py", "mode": "graph_throughput",
+              "plans": {k: str(v) for k, v in PLANS.items()},
+              "provenance": provenance.of_check("cuda", __file__, ["kernels"]), "cases": []}
+    results = record["cases"]
     for m, n in shapes:
         for op in ("softmax", "rmsnorm", "layernorm"):
             for dname in DTYPES:
@@ -156,7 +159,7 @@ def main() -> None:
                 r = time_case(op, dname, m, n, args, device, sms)
                 results.append(r)
                 with open(out, "w") as f:
-                    json.dump(results, f, indent=1)
+                    json.dump(record, f, indent=1)
                 line = " ".join(f"{k}={v:.2f}" for k, v in sorted(r["of_copy"].items()))
                 print(f"{case}: {line}", flush=True)
 
