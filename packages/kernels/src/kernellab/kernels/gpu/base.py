@@ -321,21 +321,28 @@ class RowKernel:
         cute.arch.cluster_arrive_relaxed()
 
     @cute.jit
-    def row_reduce(self, value: Float32, op, identity: float, stage: int, buffer, mbar) -> Float32:
+    def row_reduce(self, value, op, identity: float, stage: int, buffer, mbar):
         """Reduce one fp32 value per thread over the threads (and cluster CTAs) of its row; every
         thread of the row gets the result. Stage s uses its own buffer slice and barrier, so
-        successive stages need no barrier to protect reuse."""
+        successive stages need no barrier to protect reuse. ``value`` may be a tuple of independent values
+        (CTAs without a cluster): they take stages stage, stage + 1, ... and one CTA barrier for all, and a
+        tuple of results comes back."""
+        many = isinstance(value, tuple)
+        values = value if many else (value,)
         lanes = min(self.threads_per_row, WARP)
-        value = cute.arch.warp_reduction(value, op, threads_in_group=lanes)
+        values = [cute.arch.warp_reduction(v, op, threads_in_group=lanes) for v in values]
         if const_expr(buffer is not None):
             lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
             row, col = warp // self.warps_per_row, warp % self.warps_per_row
             slots = self.warps_per_row * self.ctas
             if const_expr(self.ctas == 1):
                 if lane == 0:
-                    buffer[row, col, stage] = value
+                    for k, v in enumerate(values):
+                        buffer[row, col, stage + k] = v
                 cute.arch.barrier()
             else:
+                if const_expr(many):
+                    raise ValueError("a cluster's row reduction takes one value at a time")
                 if const_expr(stage == 0):
                     cute.arch.cluster_wait()
                 rank = cute.arch.block_idx_in_cluster()
@@ -345,14 +352,14 @@ class RowKernel:
                 if lane < self.ctas:  # lane p sends this warp's value to peer CTA p, same slot
                     slot = rank * self.warps_per_row + col
                     ptr = buffer.iterator + cute.crd2idx((row, slot, stage), buffer.layout)
-                    cute.arch.store_async_dsmem(ptr, value.bitcast(Int32), mbar + stage, lane)
+                    cute.arch.store_async_dsmem(ptr, values[0].bitcast(Int32), mbar + stage, lane)
                 cute.arch.mbarrier_wait(mbar + stage, 0)
-            combined = Float32(identity)
+            combined = [Float32(identity) for _ in values]
             for i in cutlass.range_constexpr(_ceil_div(slots, WARP)):
                 if lane + i * WARP < slots:
-                    combined = op(combined, buffer[row, lane + i * WARP, stage])
-            value = cute.arch.warp_reduction(combined, op, threads_in_group=WARP)
-        return value
+                    combined = [op(c, buffer[row, lane + i * WARP, stage + k]) for k, c in enumerate(combined)]
+            values = [cute.arch.warp_reduction(c, op, threads_in_group=WARP) for c in combined]
+        return tuple(values) if many else values[0]
 
 
 class GradKernel(RowKernel):
@@ -479,34 +486,8 @@ class GradKernel(RowKernel):
         """Load row block ``block``'s entries of (M,) fp32 tensors (rstd, mean) into ``frag``, one per tensor
         (1.0 past M), alongside the row's prefetch: issued a row ahead, they are not a dependent load at the
         row's start."""
-        row = self.row_coord(thr, rows, block, 0)[0]
         for i, src in enumerate(tensors):
-            frag[i] = Float32(1.0)
-            if row < rows:
-                frag[i] = Float32(src[row])
-
-    @cute.jit
-    def row_sums(self, a: Float32, b: Float32, stage: int, buffer):
-        """Two independent sums over the threads of each row with one shared-memory exchange (stages
-        ``stage`` and ``stage + 1``): one CTA barrier where two ``row_reduce`` calls would take two."""
-        lanes = min(self.threads_per_row, WARP)
-        a = cute.arch.warp_reduction(a, ADD, threads_in_group=lanes)
-        b = cute.arch.warp_reduction(b, ADD, threads_in_group=lanes)
-        if const_expr(buffer is not None):
-            lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
-            row, col = warp // self.warps_per_row, warp % self.warps_per_row
-            if lane == 0:
-                buffer[row, col, stage] = a
-                buffer[row, col, stage + 1] = b
-            cute.arch.barrier()
-            sum_a, sum_b = Float32(0.0), Float32(0.0)
-            for i in cutlass.range_constexpr(_ceil_div(self.warps_per_row, WARP)):
-                if lane + i * WARP < self.warps_per_row:
-                    sum_a = sum_a + buffer[row, lane + i * WARP, stage]
-                    sum_b = sum_b + buffer[row, lane + i * WARP, stage + 1]
-            a = cute.arch.warp_reduction(sum_a, ADD, threads_in_group=WARP)
-            b = cute.arch.warp_reduction(sum_b, ADD, threads_in_group=WARP)
-        return a, b
+            frag[i] = self.load_row_value(thr, src, rows, block, 0, 1.0)
 
     @cute.jit
     def accumulator(self, thr, m_partials):

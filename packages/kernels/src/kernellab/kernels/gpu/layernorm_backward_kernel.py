@@ -15,7 +15,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from .base import GradKernel
+from .base import ADD, GradKernel
 
 
 class LayerNormBackward(GradKernel):
@@ -70,8 +70,9 @@ class LayerNormBackward(GradKernel):
                 self.prefetch_row_values(thr, (mMean, mRstd), stats, rows, block + grid)
                 row_w = w if const_expr(self.spare_registers) else self.load_vector(thr, gW, 0, cols)
                 g = dy if const_expr(row_w is None) else dy * row_w
-                sum_g, sum_gx = self.row_sums(g.reduce(cute.ReductionOp.ADD, 0.0, 0),
-                                              (g * x).reduce(cute.ReductionOp.ADD, 0.0, 0), stage, buffer)
+                sum_g, sum_gx = self.row_reduce((g.reduce(cute.ReductionOp.ADD, 0.0, 0),
+                                                 (g * x).reduce(cute.ReductionOp.ADD, 0.0, 0)), ADD, 0.0, stage,
+                                                buffer, None)
                 dx = (g - sum_g / self.n - x * (sum_gx / self.n)) * rstd
                 self.store(dx, self.part(thr, mDX, block, 0), row_ok, cols)
                 self.partials(thr, mDW, bidx, 0, cols, block != bidx, dy * x, dw)
@@ -89,7 +90,7 @@ class LayerNormBackward(GradKernel):
                                           row_ok, tcols)
                     sum_g = sum_g + g.reduce(cute.ReductionOp.ADD, 0.0, 0)
                     sum_gx = sum_gx + (g * x).reduce(cute.ReductionOp.ADD, 0.0, 0)
-                sum_g, sum_gx = self.row_sums(sum_g, sum_gx, stage, buffer)
+                sum_g, sum_gx = self.row_reduce((sum_g, sum_gx), ADD, 0.0, stage, buffer, None)
                 mean_g, mean_gx = sum_g / self.n, sum_gx / self.n
                 for t in cutlass.range(self.tiles):
                     row_ok, tcols = self.predicates(thr, rows, block, t)
