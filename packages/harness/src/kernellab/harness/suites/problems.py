@@ -124,16 +124,23 @@ class Copy(RowProblem):
         return Tolerance(0.0, 0.0)
 
 
+def linear_operands(problem: Problem, g, *, bias: bool) -> Tensors:
+    """x (M, K), W (N, K) scaled by 1/sqrt(K) [and b (N,)] of a linear problem of shape (M, K, N), drawn from
+    ``g`` in that order: every linear problem's operands (a gradient, where there is one, is drawn after)."""
+    m, k, n = problem.shape
+    out = {"x": problem.randn((m, k), g), "weight": problem.randn((n, k), g, scale=1.0 / math.sqrt(k))}
+    if bias:
+        out["bias"] = problem.randn((n,), g, scale=0.5)
+    return out
+
+
 class LinearForward(Problem):
     """y = x W^T + b with x (M, K), W (N, K); shape is (M, K, N)."""
 
     op = "linear_forward"
 
     def make_inputs(self, seed: int) -> Tensors:
-        m, k, n = self.shape
-        g = self.generator(seed)
-        return {"x": self.randn((m, k), g), "weight": self.randn((n, k), g, scale=1.0 / math.sqrt(k)),
-                "bias": self.randn((n,), g, scale=0.5)}
+        return linear_operands(self, self.generator(seed), bias=True)
 
     def make_outputs(self, inputs: Tensors) -> Tensors:
         import torch
@@ -168,10 +175,9 @@ class LinearBackward(Problem):
     op = "linear_backward"
 
     def make_inputs(self, seed: int) -> Tensors:
-        m, k, n = self.shape
+        m, _, n = self.shape
         g = self.generator(seed)
-        return {"x": self.randn((m, k), g), "weight": self.randn((n, k), g, scale=1.0 / math.sqrt(k)),
-                "grad_out": self.randn((m, n), g)}
+        return {**linear_operands(self, g, bias=False), "grad_out": self.randn((m, n), g)}
 
     def make_outputs(self, inputs: Tensors) -> Tensors:
         import torch
@@ -525,10 +531,9 @@ class LinearTrain(Problem):
     op = "linear_train"
 
     def make_inputs(self, seed: int) -> Tensors:
-        m, k, n = self.shape
+        m, _, n = self.shape
         g = self.generator(seed)
-        return {"x": self.randn((m, k), g), "weight": self.randn((n, k), g, scale=1.0 / math.sqrt(k)),
-                "bias": self.randn((n,), g, scale=0.5), "grad_out": self.randn((m, n), g)}
+        return {**linear_operands(self, g, bias=True), "grad_out": self.randn((m, n), g)}
 
     def make_outputs(self, inputs: Tensors) -> Tensors:
         return {}  # autograd returns fresh gradients
