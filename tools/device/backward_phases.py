@@ -28,11 +28,11 @@ PHASES = ("full", "barrier", "rows")
 def probe(phase: str, shapes: str) -> dict:
     """One phase's timings, in this process (the kernels compile after the patch)."""
     import torch
+    from backward_sweep import ours  # the kernel called directly, as the plan sweep calls it (this folder)
 
     from kernellab.harness import timing
     from kernellab.kernels.gpu import base, compiler
     from kernellab.kernels.gpu.compiler import Variant, widest_vector
-    from kernellab.kernels.gpu.ops import _grid_sync
 
     if phase == "barrier":
         base.GradKernel.reduce_partials = lambda self, pairs, m_sync, grid: self.grid_barrier(m_sync, grid)
@@ -52,15 +52,9 @@ def probe(phase: str, shapes: str) -> dict:
         for op in ("rmsnorm", "layernorm"):
             v = Variant(f"{op}_backward", name, n, widest_vector(n, name), weight=name,
                         bias=name if op == "layernorm" else None)
-            fn = compiler.call_of(compiler.compiled(v))
-            rows_per_cta, per_wave = compiler.wave(v, sms)
-            grid = min(-(-m // rows_per_cta), per_wave)
-            pw = torch.empty(grid * rows_per_cta, n, device="cuda")
-            pb, dx = torch.empty_like(pw), torch.empty_like(x)
-            dw, db, sync = torch.empty_like(w), torch.empty_like(w), _grid_sync(x.device)
-            args = ((x, w, dy, rstd, None, dx, pw, dw, sync, grid) if op == "rmsnorm" else
-                    (x, w, dy, mean, rstd, dx, pw, pb, dw, db, sync, grid))
-            call = functools.partial(fn, *args)
+            call = functools.partial(ours(op, v, w, sms), {"x": x, "dy": dy, "mean": mean, "rstd": rstd})
+            rows_per_cta, per_wave = compiler.wave(v, sms)  # of the variant ours() compiled
+            grid = min(-(-m // rows_per_cta), per_wave)  # the grid it launches
             iterations = max(20, int(3000 / (3 * m * n * x.element_size() / 4e6 + 2)))
             samples = timing.measure("graph_throughput", [call], device, samples=7, iterations=iterations)
             out[f"{op}_backward_{m}x{n}_{name}"] = {"p50_us": statistics.median(samples), "grid": grid,
