@@ -182,7 +182,7 @@ def compile_model(source, *, rows: int, engine: str = "persistent-tc", tile_rows
     """Compile an ``nn.Module`` or a spec dict for ``rows`` rows per call (any row count runs; the
     plan is tuned for this one). ``engine`` is a block engine, whose fallback chain serves each block (the
     default: one launch per block), or ``persistent-stack``: the whole stack in one launch where it can, else
-    the per-block chain of ``chain``, the reason recorded (opt-in: measured slower than the chain so far);
+    the per-block chain of ``chain``, the reason recorded (opt-in: it beats the chain on some models only);
     ``stack_form`` / ``stack_tile_rows`` force the fused plan; ``device`` is the ``planning.DeviceSpec`` to plan
     for (default: the current GPU's); ``seed`` makes a spec's weights; ``target`` is "cuda" (needs a CUDA
     device) or "cpu" (the torch chain for every block)."""
