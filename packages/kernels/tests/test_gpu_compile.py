@@ -25,8 +25,8 @@ def test_compile_all_for_sm90a(tmp_path, monkeypatch):
     names = gpu.compile_all("sm_90a")
     expected = [v.name for v in compiler.suite_variants() + compiler.representative_variants()]
     assert names == expected
-    cubins = list((tmp_path / "sm_90a").glob("*.cubin"))
-    assert len(cubins) == len(expected), "each compile keeps its cubin"
+    cubins = list((tmp_path / "sm_90a" / compiler.sources_fingerprint()).glob("*.cubin"))
+    assert len(cubins) == len(expected), "each compile keeps its cubin, under the fingerprint of its sources"
 
 
 def _ownership(variant: Variant, rows: int) -> torch.Tensor:

@@ -4,12 +4,16 @@ A variant is everything that is compile-time: the op, dtypes, N, the vector widt
 class) and the flags. M and the row strides are symbolic (``cute.sym_int``), so one compiled
 function serves every M and every stride of its alignment class. Functions are compiled for the
 TVM-FFI calling convention: they take torch tensors directly and launch on the current torch
-stream. Each compile keeps a copy of its cubin in ``artifact_dir()`` for provenance.
+stream. Each compile keeps a copy of its cubin in ``artifact_dir()`` for provenance, a directory named
+by the fingerprint of this subpackage's sources (``sources_fingerprint``), so that two source trees
+compiling a variant of the same name never write the same file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import os
 import struct
 import tempfile
@@ -293,11 +297,43 @@ _RESOURCES: dict[Variant, Resources] = {}
 _LOCK = threading.Lock()
 
 
+def source_fingerprint(root: Path, members: tuple[str, ...]) -> str:
+    """12 hex digits of a sha256 over the ``.py`` files of ``members`` of ``root`` (each a directory,
+    searched recursively, or a file): per file in path order, its path relative to ``root`` and its
+    bytes, each length-prefixed. A changed byte, an added, removed or renamed file changes it.
+    (``kernellab.megakernel.engines.cache`` holds the same function: the two packages share no kernellab
+    package that could hold one copy: the kernels need only torch and ninja.)"""
+    files = set()
+    for member in members:
+        path = root / member
+        files.update(path.rglob("*.py") if path.is_dir() else [path] if path.is_file() else [])
+    h = hashlib.sha256()
+    for rel, path in sorted((p.relative_to(root).as_posix(), p) for p in files):
+        data = path.read_bytes()
+        h.update(f"{len(rel.encode())}:{rel}{len(data)}:".encode())
+        h.update(data)
+    return h.hexdigest()[:12]
+
+
+@functools.cache
+def sources_fingerprint() -> str:
+    """The fingerprint of this ``gpu`` subpackage's ``.py`` files, once per process. The kernel modules,
+    their shared tiling (``base``) and this compiler (the fake tensors and compile options) determine the
+    cubin a variant's name stands for; ``ops`` is host code, but in the subpackage too (a change to it
+    only moves the directory). Nothing outside ``gpu`` goes into a cubin: the argument ``checks`` that
+    ``ops`` imports run on the host."""
+    here = Path(__file__).resolve().parent
+    return source_fingerprint(here.parent, (here.name,))
+
+
 def artifact_dir(arch: str | None = None) -> Path:
-    """Where compiled cubins are kept: $KERNELLAB_CUTE_CACHE or ~/.cache/kernellab/cute, per arch."""
-    root = os.environ.get("KERNELLAB_CUTE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kernellab", "cute")
-    return Path(root) / (arch or "device")
+    """Where compiled cubins are kept: ``<root>/<arch or "device">/<sources_fingerprint()>``, the root
+    $KERNELLAB_CUTE_CACHE or ~/.cache/kernellab/cute ($XDG_CACHE_HOME for ~/.cache). The fingerprint
+    level keeps the cubins of two source trees apart (a revision A/B runs a worker per tree at once, each
+    hashing its own cubins for provenance), and puts a replay of the same sources at the recorded path."""
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    root = os.environ.get("KERNELLAB_CUTE_CACHE") or os.path.join(home, "kernellab", "cute")
+    return Path(root) / (arch or "device") / sources_fingerprint()
 
 
 def compiled(variant: Variant):
