@@ -1,5 +1,6 @@
 """What every CuTe DSL engine shares: the activation in device code, fake tensors for compiling
-without a GPU, and the per-process cache of compiled variants with their cubins.
+without a GPU, and the per-process cache of compiled variants with their cubins (kept on disk under
+``cache.artifact_dir``).
 
 A *variant* is everything an engine fixes at compile time (tile shape, where the hidden lives, the
 residual dtype). For the tensor-core engines, rows, channels, hidden and the activation are runtime
@@ -14,13 +15,13 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from pathlib import Path
 
 import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32
 from cutlass.base_dsl.ast_helpers import DSLOptimizationWarning
 
 from ..model import ACTIVATION_CODES, GELU_TANH_CUBIC, GELU_TANH_SCALE
+from .cache import artifact_dir
 
 RELU, GELU, SILU = (ACTIVATION_CODES[name] for name in ("relu", "gelu", "silu"))
 DTYPES = {"float16": Float16, "float32": Float32}
@@ -114,15 +115,9 @@ def fake_stream():
     return cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
 
 
-def artifact_dir(arch: str | None = None) -> Path:
-    """Where compiled cubins are kept: $KERNELLAB_MEGAKERNEL_CACHE or ~/.cache/kernellab/megakernel."""
-    root = os.environ.get("KERNELLAB_MEGAKERNEL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kernellab", "megakernel")
-    return Path(root) / (arch or "device")
-
-
 def compile_variant(name: str, kernel, args: tuple, arch: str | None = None):
-    """cute.compile for TVM-FFI, keeping the cubin under ``artifact_dir(arch)/name``."""
+    """cute.compile for TVM-FFI, keeping the cubin under ``artifact_dir(arch)/name`` (``cache.artifact_dir``:
+    a directory per arch and fingerprint of the kernel sources)."""
     out = artifact_dir(arch) / name
     out.mkdir(parents=True, exist_ok=True)
     options = f"--enable-tvm-ffi --keep-cubin --dump-dir={out}"
