@@ -37,6 +37,7 @@ def main() -> int:
     ap.add_argument("--modes")
     for name in ("rounds", "samples", "warmup", "iterations"):
         ap.add_argument(f"--{name}", type=int)
+    ap.add_argument("--rotation-limit", type=int, help="MiB for the rotated input sets (kernellab-bench's default)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
