@@ -90,3 +90,7 @@ def test_shipped_results_are_checked_by_a_process_that_runs_no_contender(tmp_pat
     mutated = {"x": inputs["x"] + 1}
     report = validate.check_shipped(PROBLEM, validate.ship(tmp_path / "mut.pt", seed, right, mutated))
     assert not report["passed"] and "wrote its inputs" in report["error"]
+    renamed = {"x_renamed": inputs["x"]}  # a baseline's suite that names the input otherwise
+    report = validate.check_shipped(PROBLEM, validate.ship(tmp_path / "renamed.pt", seed, right, renamed))
+    assert not report["passed"] and "shipped no input named ['x']" in report["error"]
+    assert "wrote its inputs" not in report["error"]
