@@ -81,7 +81,7 @@ def test_the_layout_holds():
     for index in tracked("reports/*/*/README.md"):
         folder = (ROOT / index).parent
         text = (ROOT / index).read_text()
-        listed = [n for token in re.findall(r"`([^`]+\.(?:json|png))`", text)
+        listed = [n for token in re.findall(r"`([^`]+\.(?:json|png|log))`", text)
                   for n in layout.expand_braces(token)]
         for f in sorted(folder.iterdir()):
             if f.name != "README.md":
