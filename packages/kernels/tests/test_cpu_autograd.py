@@ -159,7 +159,6 @@ class Block(torch.nn.Module):
 
 
 def test_compile_without_graph_breaks_matches_eager():
-    # dynamo's caches from earlier tests in this process (a recompile limit reached) would show as breaks here
     torch._dynamo.reset()
     model, x = Block(), torch.randn(8, 16, generator=generator(2))
     explained = torch._dynamo.explain(model)(x)
@@ -174,6 +173,24 @@ def test_compile_without_graph_breaks_matches_eager():
     torch.testing.assert_close(y, y_eager)
     for g, p in zip(grads, model.parameters(), strict=True):
         torch.testing.assert_close(g, p.grad)
+
+
+def test_a_first_call_under_compile_has_no_graph_break():
+    """In a fresh process, before any eager call has loaded the native library: a fullgraph compile of a module
+    using the ops traces nothing of the library's loading (its lock broke the graph)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import torch, kernellab.kernels as k\n"
+            "def f(x, w, b): return k.softmax(k.layernorm(k.linear_forward(x, w, b), None, None))\n"
+            "x, w, b = torch.randn(4, 8), torch.randn(6, 8), torch.randn(6)\n"
+            "e = torch._dynamo.explain(f)(x, w, b)\n"
+            "assert e.graph_break_count == 0, e.break_reasons\n"
+            "torch.testing.assert_close(torch.compile(f, fullgraph=True)(x, w, b), f(x, w, b))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         cwd=Path(__file__).parent)
+    assert run.returncode == 0, run.stderr[-3000:]
 
 
 # ---- float64 gradcheck of the reference path -----------------------------------------------------------

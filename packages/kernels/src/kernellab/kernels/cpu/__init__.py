@@ -93,6 +93,10 @@ def _check_apart(outputs: dict, inputs: dict, in_place: tuple[str, ...] = ()) ->
     """No output may share memory with another output or with an input, as torch's own rules
     (at::get_overlap_status) judge it; the one exception is an output that is exactly one of the
     ``in_place`` inputs (same elements, same layout), which a row op reads before it writes."""
+    if all(out is None for out in outputs.values()):
+        # nothing to check, and the library is not touched: a first call under torch.compile would trace its
+        # loading (a lock dynamo cannot enter: a graph break, an error under fullgraph)
+        return
     overlap = library().overlap
     seen: dict = {}
     for name, out in outputs.items():
