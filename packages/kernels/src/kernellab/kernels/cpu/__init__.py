@@ -139,7 +139,7 @@ def softmax(x, *, out=None):
     if isinstance(x, _TENSOR) and _tensors(out) and not _compiling():
         y = library().softmax_fast(x, out)
         if y is not None:
-            return y
+            return ops.SoftmaxFunction.apply(x) if y is False else y  # False: plain, autograd to record
     x = _rows_input("x", x)
     _check_output("out", out, x.shape)
     _check_apart({"out": out}, {"x": x}, in_place=("x",))
@@ -163,6 +163,10 @@ def rmsnorm(x, weight=None, eps: float = 1e-6, residual=None, *, out=None, resid
     if (isinstance(x, _TENSOR) and type(eps) is float and _tensors(weight, residual, out, residual_out)
             and not _compiling()):
         yh = library().rmsnorm_fast(x, weight, eps, residual, out, residual_out)
+        if yh is False:  # plain arguments, a call for autograd to record
+            if residual is None:
+                return ops.RMSNormFunction.apply(x, weight, eps)
+            return ops.RMSNormResidualFunction.apply(x, residual, weight, eps)
         if yh is not None:
             return yh[0] if residual is None else yh
     x = _rows_input("x", x)
@@ -204,7 +208,7 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5, *, out=None):
     if isinstance(x, _TENSOR) and type(eps) is float and _tensors(weight, bias, out) and not _compiling():
         y = library().layernorm_fast(x, weight, bias, eps, out)
         if y is not None:
-            return y
+            return ops.LayerNormFunction.apply(x, weight, bias, eps) if y is False else y  # False: as softmax's
     x = _rows_input("x", x)
     if weight is not None:
         _check_vector("weight", weight, x.shape[-1])
@@ -333,7 +337,7 @@ def linear_forward(x, weight, bias=None, *, out=None):
     if isinstance(x, _TENSOR) and isinstance(weight, _TENSOR) and _tensors(bias, out) and not _compiling():
         y = library().linear_forward_fast(x, weight, bias, out)
         if y is not None:
-            return y
+            return ops.LinearFunction.apply(x, weight, bias) if y is False else y  # False: as softmax's
     _check_linear(x, weight)
     if bias is not None:
         _check_vector("bias", bias, weight.shape[0])

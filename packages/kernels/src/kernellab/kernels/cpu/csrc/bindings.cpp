@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <optional>
 #include <tuple>
+#include <variant>
 #include <utility>
 
 #include <ATen/MemoryOverlap.h>
@@ -125,68 +126,90 @@ bool apart(const Opt& written, std::initializer_list<const at::Tensor*> others) 
 // They also decline when an output shares memory with another tensor of the call, so that the
 // checks in Python name the pair (or let an exact in-place call through).
 
-// A tensor autograd must see (it requires grad and grad mode is on) is left to the Python layer,
-// which records the op for autograd or raises for an out= buffer.
+// A tensor autograd must see (it requires grad and grad mode is on) is left to the Python layer. The forward
+// entries tell it apart: with every input plain but such a one, and no out= buffer, they answer False, and
+// Python records the call through the op's autograd Function without checking its arguments again (that
+// check costs as much as a 128x512 kernel). Otherwise (an out= buffer, which then raises) they decline.
 bool untracked(const at::Tensor& t) { return !t.requires_grad() || !at::GradMode::is_enabled(); }
 
-bool plain(const at::Tensor& t) {
-    return t.scalar_type() == at::kFloat && t.device().is_cpu() && t.is_contiguous() && t.dim() > 0 &&
-           t.numel() > 0 && untracked(t);
+// Where `tracked` is given, a tensor autograd must see is plain too, and sets it.
+bool plain(const at::Tensor& t, bool* tracked = nullptr) {
+    if (t.scalar_type() != at::kFloat || !t.device().is_cpu() || !t.is_contiguous() || t.dim() == 0 ||
+        t.numel() == 0)
+        return false;
+    if (untracked(t)) return true;
+    return tracked && (*tracked = true);
 }
 
-bool plain_like(const at::Tensor& t, at::IntArrayRef sizes) {
-    return t.scalar_type() == at::kFloat && t.device().is_cpu() && t.is_contiguous() && t.sizes() == sizes &&
-           untracked(t);
+bool plain_like(const at::Tensor& t, at::IntArrayRef sizes, bool* tracked = nullptr) {
+    if (t.scalar_type() != at::kFloat || !t.device().is_cpu() || !t.is_contiguous() || t.sizes() != sizes)
+        return false;
+    if (untracked(t)) return true;
+    return tracked && (*tracked = true);
 }
 
-bool absent_or_like(const Opt& t, at::IntArrayRef sizes) { return !t || plain_like(*t, sizes); }
+bool absent_or_like(const Opt& t, at::IntArrayRef sizes, bool* tracked = nullptr) {
+    return !t || plain_like(*t, sizes, tracked);
+}
+
+// A forward entry's answer: its result, or false (plain inputs that autograd must record; see above).
+template <class T>
+using Forward = std::optional<std::variant<T, bool>>;
 
 at::Tensor given_or_new(const Opt& t, at::IntArrayRef sizes) {
     return t ? *t : at::empty(sizes, at::TensorOptions().dtype(at::kFloat));
 }
 
-std::optional<at::Tensor> softmax_fast(const at::Tensor& x, const Opt& out) {
-    if (!plain(x) || !absent_or_like(out, x.sizes()) || !apart(out, {&x})) return std::nullopt;
+Forward<at::Tensor> softmax_fast(const at::Tensor& x, const Opt& out) {
+    bool tracked = false;
+    if (!plain(x, &tracked) || !absent_or_like(out, x.sizes()) || !apart(out, {&x})) return std::nullopt;
+    if (tracked) return out ? Forward<at::Tensor>() : Forward<at::Tensor>(false);
     at::Tensor y = given_or_new(out, x.sizes());
     softmax(x, y);
     return y;
 }
 
 // (y, h), h undefined (None) without a residual.
-std::optional<std::tuple<at::Tensor, at::Tensor>> rmsnorm_fast(const at::Tensor& x, const Opt& weight, double eps,
-                                                               const Opt& residual, const Opt& out,
-                                                               const Opt& residual_out) {
-    if (!plain(x) || !absent_or_like(weight, x.sizes().slice(x.dim() - 1)) || !(eps > 0.0) ||
-        !absent_or_like(residual, x.sizes()) || !absent_or_like(out, x.sizes()) ||
+Forward<std::tuple<at::Tensor, at::Tensor>> rmsnorm_fast(const at::Tensor& x, const Opt& weight, double eps,
+                                                        const Opt& residual, const Opt& out,
+                                                        const Opt& residual_out) {
+    bool tracked = false;
+    if (!plain(x, &tracked) || !absent_or_like(weight, x.sizes().slice(x.dim() - 1), &tracked) || !(eps > 0.0) ||
+        !absent_or_like(residual, x.sizes(), &tracked) || !absent_or_like(out, x.sizes()) ||
         !absent_or_like(residual_out, x.sizes()) || (residual_out && !residual) ||
         !apart(out, {&x, ptr(weight), ptr(residual), ptr(residual_out)}) ||
         !apart(residual_out, {&x, ptr(weight), ptr(residual)}))
         return std::nullopt;
+    if (tracked) return out || residual_out ? Forward<std::tuple<at::Tensor, at::Tensor>>() : false;
     at::Tensor y = given_or_new(out, x.sizes());
     at::Tensor h = residual ? given_or_new(residual_out, x.sizes()) : at::Tensor();
     rmsnorm(x, residual, weight, eps, y, residual ? Opt(h) : Opt(), Opt());
     return std::make_tuple(y, h);
 }
 
-std::optional<at::Tensor> layernorm_fast(const at::Tensor& x, const Opt& weight, const Opt& bias, double eps,
-                                         const Opt& out) {
-    if (!plain(x)) return std::nullopt;  // first: a 0-d x has no last dimension to slice
+Forward<at::Tensor> layernorm_fast(const at::Tensor& x, const Opt& weight, const Opt& bias, double eps,
+                                   const Opt& out) {
+    bool tracked = false;
+    if (!plain(x, &tracked)) return std::nullopt;  // first: a 0-d x has no last dimension to slice
     const auto n = x.sizes().slice(x.dim() - 1);
-    if (!absent_or_like(weight, n) || !absent_or_like(bias, n) || !(eps > 0.0) || !absent_or_like(out, x.sizes()) ||
-        !apart(out, {&x, ptr(weight), ptr(bias)}))
+    if (!absent_or_like(weight, n, &tracked) || !absent_or_like(bias, n, &tracked) || !(eps > 0.0) ||
+        !absent_or_like(out, x.sizes()) || !apart(out, {&x, ptr(weight), ptr(bias)}))
         return std::nullopt;
+    if (tracked) return out ? Forward<at::Tensor>() : Forward<at::Tensor>(false);
     at::Tensor y = given_or_new(out, x.sizes());
     layernorm(x, weight, bias, eps, y, Opt(), Opt());
     return y;
 }
 
-std::optional<at::Tensor> linear_forward_fast(const at::Tensor& x, const at::Tensor& w, const Opt& bias,
-                                              const Opt& out) {
-    if (!plain(x) || x.dim() != 2 || !plain(w) || w.dim() != 2 || w.size(1) != x.size(1)) return std::nullopt;
+Forward<at::Tensor> linear_forward_fast(const at::Tensor& x, const at::Tensor& w, const Opt& bias, const Opt& out) {
+    bool tracked = false;
+    if (!plain(x, &tracked) || x.dim() != 2 || !plain(w, &tracked) || w.dim() != 2 || w.size(1) != x.size(1))
+        return std::nullopt;
     const int64_t shape[] = {x.size(0), w.size(0)};
-    if (!absent_or_like(bias, at::IntArrayRef(shape + 1, 1)) || !absent_or_like(out, shape) ||
+    if (!absent_or_like(bias, at::IntArrayRef(shape + 1, 1), &tracked) || !absent_or_like(out, shape) ||
         !apart(out, {&x, &w, ptr(bias)}))
         return std::nullopt;
+    if (tracked) return out ? Forward<at::Tensor>() : Forward<at::Tensor>(false);
     at::Tensor y = given_or_new(out, shape);
     linear_forward(x, w, bias, y);
     return y;
