@@ -1,5 +1,6 @@
 """Which commit a report names: git's, or the sender's for a copied tree (no .git, or a stale one)."""
 
+import shutil
 import subprocess
 import sys
 
@@ -118,3 +119,33 @@ def test_without_nvidia_ml_py_nvidia_smi_is_asked_for_the_uuid(monkeypatch):
     q = provenance.gpu_query()
     assert calls[0][-2:] == ["-i", "GPU-3333"]
     assert q["name"] == "NVIDIA H200" and q["uuid"] == "GPU-3333"
+
+
+def test_the_source_fingerprint_changes_with_a_byte_a_new_file_and_a_rename_of_a_member(tmp_path):
+    """What names the kernel packages' cubin directories: any change to a member's .py files moves it, and
+    nothing else does (the same files under another root, other files, files outside the members)."""
+    root = tmp_path / "pkg"
+    (root / "engines" / "sub").mkdir(parents=True)
+    (root / "engines" / "a.py").write_text("def a():\n    return 1\n")
+    (root / "engines" / "sub" / "b.py").write_text("B = 2\n")
+    (root / "model.py").write_text("M = 3\n")
+    members = ("engines", "model.py", "absent")
+
+    def fingerprint(r=root):
+        return provenance.source_fingerprint(r, members)
+
+    first = fingerprint()
+    assert len(first) == 12 and int(first, 16) >= 0 and fingerprint() == first
+    shutil.copytree(root, tmp_path / "elsewhere")
+    assert fingerprint(tmp_path / "elsewhere") == first
+    (root / "engines" / "notes.txt").write_text("not a source")
+    (root / "report.py").write_text("# not a member\n")
+    assert fingerprint() == first
+    seen = {first}
+    for change in (lambda: (root / "engines" / "a.py").write_text("def a():\n    return 1 \n"),
+                   lambda: (root / "model.py").write_text("M = 4\n"),
+                   lambda: (root / "engines" / "sub" / "c.py").write_text(""),
+                   lambda: (root / "engines" / "sub" / "b.py").rename(root / "engines" / "sub" / "b2.py")):
+        change()
+        assert fingerprint() not in seen
+        seen.add(fingerprint())

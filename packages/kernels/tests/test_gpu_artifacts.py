@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kernellab.harness.provenance import source_fingerprint
 from kernellab.kernels.gpu import compiler
 
 GPU = Path(compiler.__file__).resolve().parent
@@ -24,7 +25,7 @@ def tree(tmp_path):
 
 
 def fingerprint(root: Path) -> str:
-    return compiler.source_fingerprint(root, ("gpu",))
+    return source_fingerprint(root, ("gpu",))
 
 
 def copy_compiler(root: Path, monkeypatch):
@@ -49,23 +50,6 @@ def test_the_fingerprint_is_the_package_s_and_stable(tree, tmp_path):
     (tree / "gpu" / "__pycache__" / "base.cpython-311.pyc").write_bytes(b"\0")
     (tree / "checks.py").write_text("# outside the gpu subpackage\n")
     assert fingerprint(tree) == first
-
-
-def test_the_fingerprint_changes_with_a_byte_a_new_file_and_a_rename(tree):
-    first = fingerprint(tree)
-    kernel = tree / "gpu" / "softmax_kernel.py"
-    source = kernel.read_bytes()
-    kernel.write_bytes(source.replace(b"def ", b"def  ", 1))  # one byte more
-    changed = fingerprint(tree)
-    assert changed != first
-    kernel.write_bytes(source)
-    assert fingerprint(tree) == first
-    (tree / "gpu" / "extra.py").write_text("")
-    added = fingerprint(tree)
-    assert added not in (first, changed)
-    (tree / "gpu" / "extra.py").unlink()
-    kernel.rename(tree / "gpu" / "softmax_kernel2.py")
-    assert fingerprint(tree) not in (first, changed, added)
 
 
 def test_artifact_dir_is_per_arch_and_fingerprint_under_the_override(tmp_path, monkeypatch):

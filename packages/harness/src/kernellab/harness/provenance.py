@@ -59,6 +59,24 @@ def source_hashes(roots: dict[str, Path] | None = None) -> dict[str, str]:
     return out
 
 
+def source_fingerprint(root: str | os.PathLike, members: tuple[str, ...]) -> str:
+    """12 hex digits of a sha256 over the ``.py`` files of ``members`` of ``root`` (each a directory, searched
+    recursively, or a file): per file in path order, its path relative to ``root`` and its bytes, each
+    length-prefixed. A changed byte, an added, removed or renamed file changes it. The kernel packages name
+    their cubin directories by it, so that two source trees never write one cubin path."""
+    root = Path(root)
+    files = set()
+    for member in members:
+        path = root / member
+        files.update(path.rglob("*.py") if path.is_dir() else [path] if path.is_file() else [])
+    h = hashlib.sha256()
+    for rel, path in sorted((p.relative_to(root).as_posix(), p) for p in files):
+        data = path.read_bytes()
+        h.update(f"{len(rel.encode())}:{rel}{len(data)}:".encode())
+        h.update(data)
+    return h.hexdigest()[:12]
+
+
 def artifact_hashes(paths: list[str]) -> dict[str, str]:
     return {str(p): sha256_file(p) for p in sorted(set(paths)) if Path(p).is_file()}
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import os
 import struct
 import tempfile
@@ -21,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from kernellab.harness.provenance import source_fingerprint
 
 if TYPE_CHECKING:  # CuTe DSL is imported only when compiling
     from .base import Tuning
@@ -295,24 +296,6 @@ _COMPILED: dict[Variant, object] = {}
 _ARTIFACTS: dict[Variant, str] = {}
 _RESOURCES: dict[Variant, Resources] = {}
 _LOCK = threading.Lock()
-
-
-def source_fingerprint(root: Path, members: tuple[str, ...]) -> str:
-    """12 hex digits of a sha256 over the ``.py`` files of ``members`` of ``root`` (each a directory,
-    searched recursively, or a file): per file in path order, its path relative to ``root`` and its
-    bytes, each length-prefixed. A changed byte, an added, removed or renamed file changes it.
-    (``kernellab.megakernel.engines.cache`` holds the same function: the two packages share no kernellab
-    package that could hold one copy: the kernels need only torch and ninja.)"""
-    files = set()
-    for member in members:
-        path = root / member
-        files.update(path.rglob("*.py") if path.is_dir() else [path] if path.is_file() else [])
-    h = hashlib.sha256()
-    for rel, path in sorted((p.relative_to(root).as_posix(), p) for p in files):
-        data = path.read_bytes()
-        h.update(f"{len(rel.encode())}:{rel}{len(data)}:".encode())
-        h.update(data)
-    return h.hexdigest()[:12]
 
 
 @functools.cache
