@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_cpu_ops import SCALES, SEEDS, generator, inject, row_shapes, strided
+from test_cpu_ops import SCALES, SEEDS, assert_close, generator, inject, row_shapes, strided
 
 import kernellab.kernels as kernels
 from kernellab.harness.suites import reference
@@ -337,18 +337,6 @@ def layernorm_dx_error_bound(x64, mean64, rstd32, dy, weight):
     return 8 * u * n * rstd * gmax * (1 + rstd * mean64.abs().unsqueeze(-1) + xhat) + 1e-5
 
 
-def assert_within(actual, truth, rtol, atol):
-    """|actual - truth| <= atol + rtol |truth| elementwise (atol a tensor broadcast over the rows), NaN where
-    the truth has NaN, and nowhere else."""
-    a = actual.double()
-    assert torch.equal(a.isnan(), truth.isnan()), "NaN where the float64 truth has none, or none where it has"
-    ok = (a - truth).abs() <= atol + rtol * truth.abs()
-    ok |= truth.isnan()
-    bad = (~ok).nonzero()
-    assert not len(bad), f"{len(bad)} elements off, first at {tuple(bad[0].tolist())}: {a[tuple(bad[0])]} vs " \
-                         f"{truth[tuple(bad[0])]} (allowed {(atol + rtol * truth.abs()).expand_as(a)[tuple(bad[0])]})"
-
-
 @settings(deadline=None)
 @given(shape=row_shapes(), pad=st.sampled_from([0, 0, 3]), use_weight=st.booleans(), seed=SEEDS)
 def test_public_backward_functions_match_float64(shape, pad, use_weight, seed):
@@ -371,7 +359,7 @@ def test_public_backward_functions_match_float64(shape, pad, use_weight, seed):
     dx, dweight, dbias = kernels.cpu.layernorm_backward(x, mean.float(), rstd_ln, dy, weight, dbias=out)
     assert dbias is out
     truth = reference.layernorm_backward(x, weight if use_weight else unit, torch.zeros(n), 1e-5, dy)
-    assert_within(dx, truth[0], rtol=1e-4, atol=layernorm_dx_error_bound(x64, mean, rstd_ln, dy, weight))
+    assert_close(dx, truth[0], rtol=1e-4, atol=layernorm_dx_error_bound(x64, mean, rstd_ln, dy, weight))
     for a, t in zip((dweight, dbias), truth[1:], strict=True):
         torch.testing.assert_close(a.double(), t, rtol=1e-4, atol=1e-5 * math.sqrt(rows))
 

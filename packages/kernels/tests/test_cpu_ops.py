@@ -51,9 +51,19 @@ def assert_gaps_untouched(out) -> None:
 
 
 def assert_close(actual, expected, rtol=RTOL, atol=ATOL) -> None:
-    """Within tolerance of the float64 truth; NaN exactly where the truth is NaN, inf exactly equal."""
-    torch.testing.assert_close(actual.to(torch.float64), expected.to(torch.float64), rtol=rtol, atol=atol,
-                               equal_nan=True)
+    """Within tolerance of the float64 truth; NaN exactly where the truth is NaN, inf exactly equal. atol may
+    be a tensor broadcast against the values (a bound per row)."""
+    actual, expected = actual.to(torch.float64), expected.to(torch.float64)
+    if not isinstance(atol, torch.Tensor):
+        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
+        return
+    assert torch.equal(actual.isnan(), expected.isnan()), "NaN where the truth has none, or none where it has"
+    finite = expected.isfinite()
+    assert torch.equal(actual[~finite & ~expected.isnan()], expected[~finite & ~expected.isnan()]), "infs differ"
+    allowed = (atol + rtol * expected.abs()).expand_as(actual)
+    bad = (finite & ~((actual - expected).abs() <= allowed)).nonzero()
+    assert not len(bad), (f"{len(bad)} elements off, first at {tuple(bad[0].tolist())}: {actual[tuple(bad[0])]} vs "
+                          f"{expected[tuple(bad[0])]} (allowed {allowed[tuple(bad[0])]})")
 
 
 def snapshot(*tensors):
