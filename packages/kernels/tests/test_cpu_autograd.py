@@ -159,7 +159,6 @@ class Block(torch.nn.Module):
 
 
 def test_compile_without_graph_breaks_matches_eager():
-    torch._dynamo.reset()
     model, x = Block(), torch.randn(8, 16, generator=generator(2))
     explained = torch._dynamo.explain(model)(x)
     assert explained.graph_break_count == 0, explained.break_reasons
