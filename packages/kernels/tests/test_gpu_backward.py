@@ -1,7 +1,8 @@
 """GPU tests of the backward kernels against float64 autograd: random shapes, dtypes, weight dtypes, row
 strides and base offsets (hypothesis, as the forward's tests), strided and expanded dy, the residual
-gradient, NaN / inf rows, streamed rows and persistent loops over many row blocks; then the custom ops
-(opcheck), torch.compile of fwd+bwd with fullgraph, and a CUDA graph of a training step."""
+gradient, NaN / inf rows, rows split over a cluster, streamed rows and persistent loops over many row
+blocks; then the custom ops (opcheck), torch.compile of fwd+bwd with fullgraph, and a CUDA graph of a
+training step."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ if torch.cuda.is_available():
 from test_gpu_ops import DTYPES, check, matrices, vector  # noqa: E402
 
 from kernellab.kernels import gpu  # noqa: E402
-from kernellab.kernels.gpu import ops  # noqa: E402
+from kernellab.kernels.gpu import compiler, ops  # noqa: E402
 
 
 def grads64(forward, inputs, dy):
@@ -109,7 +110,8 @@ def test_layernorm_backward(case, wdt, bdt, layout, seed):
 @pytest.mark.parametrize("n", [65537, 140000, 300001])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_long_rows(n, dtype):
-    """Rows streamed on one CTA in tiles: both passes, the partials kept in global memory."""
+    """Rows past a cluster's registers, streamed on one CTA in tiles: both passes, the partials kept in global
+    memory."""
     x = torch.randn(5, n, device="cuda").to(dtype)
     w = vector(x, "x", 3)
     dy = torch.randn_like(x)
@@ -126,6 +128,38 @@ def test_long_rows(n, dtype):
     check_vector(got[1], want[1], dtype, 5, "layernorm dweight")
     check_vector(got[2], want[2], dtype, 5, "layernorm dbias")
     y = gpu.softmax(x.detach())
+    check(gpu.softmax_backward(y, dy), reference.softmax_backward(y, dy), dtype, "softmax dx")
+
+
+@pytest.mark.parametrize("n", [8193, 12289, 16384, 40000, 65536])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_split_over_a_cluster(n, dtype):
+    """Rows past one CTA's registers, held by a cluster of CTAs: the row sums exchanged between the CTAs,
+    each cluster looping over more rows than a wave holds (both phases of its transaction barriers), the
+    vector gradients' partials summed by a second launch."""
+    name = str(dtype).removeprefix("torch.")
+    vec = compiler.widest_vector(n, name)
+    for op in ("softmax_backward", "rmsnorm_backward", "layernorm_backward"):
+        plan = compiler.Variant(op, name, n, vec, weight=None if op == "softmax_backward" else name).kernel()
+        assert plan.ctas > 1 and plan.tiles == 1, (op, plan.describe())
+    m = 9 * torch.cuda.get_device_properties(0).multi_processor_count + 5
+    x = torch.randn(m, n, device="cuda").to(dtype)
+    w, b = vector(x, "fp32", 1), vector(x, "x", 2, shift=0.0)
+    dy, dh = torch.randn_like(x), torch.randn_like(x)
+    rstd = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-6)
+    dx, dw = gpu.rmsnorm_backward(x, w, dy, rstd, dh=dh)
+    want = grads64(lambda a, c: reference.rmsnorm(a, c, 1e-6)[0], (x, w), dy)
+    check(dx, want[0] + dh.double(), dtype, "rmsnorm dx")
+    check_vector(dw, want[1], torch.float32, m, "rmsnorm dweight")
+    xf = x.float()
+    mean = xf.mean(-1)
+    rstd = torch.rsqrt((xf - mean[:, None]).pow(2).mean(-1) + 1e-5)
+    dx, dw, db = gpu.layernorm_backward(x, None, dy, mean, rstd, bias=b)
+    want = grads64(lambda a, d: reference.layernorm(a, None, d, 1e-5), (x, b), dy)
+    check(dx, want[0], dtype, "layernorm dx")
+    assert dw is None
+    check_vector(db, want[1], dtype, m, "layernorm dbias")
+    y = gpu.softmax(x)
     check(gpu.softmax_backward(y, dy), reference.softmax_backward(y, dy), dtype, "softmax dx")
 
 

@@ -157,6 +157,23 @@ def test_launch_plans(dtype):
                 assert k.values_per_thread <= 32, "a row held in registers must fit them"
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_backward_plans_hold_long_rows_in_a_cluster(dtype):
+    """A backward row past one CTA's 16 values a thread is split over a cluster of CTAs that holds it (each
+    element read once); past a cluster of 8, it is streamed on one CTA."""
+    pytest.importorskip("cutlass")
+    width = 32 if dtype == "float32" else 16
+    for n in PLAN_NS:
+        for vec in (v for v in (1, 2, 4, 8) if v * width <= 128 and n % v == 0):
+            for op in ("softmax_backward", "rmsnorm_backward", "layernorm_backward"):
+                k = Variant(op, dtype, n, vec).kernel()
+                span = k.tiles * k.tile_cols
+                assert k.ctas * span >= n and (k.ctas - 1) * span < n, "a CTA of the cluster without columns"
+                assert k.values_per_thread <= 16, (op, n, vec, k.describe())
+                assert (k.ctas > 1) == (8 * 1024 < n <= 64 * 1024), (op, n, vec, k.describe())
+                assert (k.tiles > 1) == (n > 64 * 1024), (op, n, vec, k.describe())
+
+
 def test_plans_of_the_suite_shapes():
     pytest.importorskip("cutlass")
     plan = {n: Variant("rmsnorm", "bfloat16", n, 8).kernel().describe() for n in (1024, 3072, 4096, 16384)}

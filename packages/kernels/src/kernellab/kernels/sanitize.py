@@ -49,8 +49,9 @@ DRIVER_CASES = [
 ]
 # Backward variants, each reached through autograd (so the forwards that store rstd / mean run too):
 # (op, dtype, M, N, weight dtype, bias, residual, row stride pad). The N classes as above (140000: streamed
-# rows, the vector gradients' partials in global memory); 5000x64 and 300x20000 loop the persistent grid
-# over more row blocks than one wave holds (held and streamed rows).
+# rows, the vector gradients' partials in global memory; 40000: a row split over a cluster); 5000x64 and
+# 300x20000 loop the persistent grid over more row blocks than one wave holds (rows held by one CTA and by a
+# cluster).
 BACKWARD_CASES = [
     *[(op, dt, 3, n, None if op == "softmax" else "x", op == "layernorm", False, 0)
       for op in ("softmax", "rmsnorm", "layernorm") for dt in ("float32", "bfloat16") for n in N_CLASSES],
@@ -60,6 +61,10 @@ BACKWARD_CASES = [
     ("layernorm", "bfloat16", 5000, 64, "float32", True, False, 0),
     ("rmsnorm", "bfloat16", 300, 20000, "x", False, False, 0),
     ("layernorm", "float32", 300, 20000, "x", True, False, 0),
+    # rows split over a cluster, each cluster looping over several rows (both phases of its barriers)
+    ("rmsnorm", "bfloat16", 300, 16384, "x", False, True, 0),
+    ("layernorm", "float32", 300, 12289, "float32", True, False, 0),
+    ("layernorm", "bfloat16", 3, 65536, None, True, False, 0),  # a cluster of 8, dbias alone
     # 512-thread CTAs: the vector gradients' sums in shared memory, the weight re-read per row
     ("layernorm", "float32", 200, 8192, "x", True, False, 0),
     ("rmsnorm", "float32", 200, 8192, "float32", False, True, 0),

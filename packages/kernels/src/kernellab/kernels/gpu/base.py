@@ -42,9 +42,11 @@ class Tuning:
     # only rows that overflow a cluster's registers; None: the kernel's rule (RowKernel.stream_values)
 
 # The backward kernels hold two row tensors (x or y, and dy) and fp32 accumulators of the vector gradients:
-# 16 values per thread and tensor (two 128-bit accesses of a 16-bit row, four of an fp32 row), longer rows
-# streamed on one CTA in tiles of 16 (no cluster: a persistent CTA loops over rows), no launch bound.
-BACKWARD = Tuning(accesses=2, register_values=16, resident_threads=0, tile_values=16)
+# 16 values per thread and tensor (two 128-bit accesses of a 16-bit row, four of an fp32 row); a longer row is
+# split over a cluster of CTAs that hold it in registers (each element read once), and one past a cluster's
+# registers is streamed on one CTA in tiles of 16 (GradKernel). No launch bound.
+BACKWARD = Tuning(accesses=2, register_values=16, resident_threads=0, tile_values=0)
+STREAMED_BACKWARD_VALUES = 16
 
 ADD = operator.add
 
@@ -321,12 +323,18 @@ class RowKernel:
         cute.arch.cluster_arrive_relaxed()
 
     @cute.jit
-    def row_reduce(self, value, op, identity: float, stage: int, buffer, mbar):
+    def row_reduce(self, value, op, identity: float, stage: int, buffer, mbar, phase=None):
         """Reduce one fp32 value per thread over the threads (and cluster CTAs) of its row; every
         thread of the row gets the result. Stage s uses its own buffer slice and barrier, so
-        successive stages need no barrier to protect reuse. ``value`` may be a tuple of independent values
-        (CTAs without a cluster): they take stages stage, stage + 1, ... and one CTA barrier for all, and a
-        tuple of results comes back."""
+        successive stages need no barrier to protect reuse. ``value`` may be a tuple of independent values:
+        they take stages stage, stage + 1, ... and one CTA barrier (or one cluster transaction barrier, that
+        of ``stage``) for all, and a tuple of results comes back.
+
+        ``phase``: in a kernel whose cluster reduces many rows (the persistent backward), the parity of this
+        use of the stage's transaction barrier. Such a row first waits at the cluster barrier until every
+        CTA of the cluster has read the previous row's values (none is overwritten, and no transaction of
+        this row lands in the previous row's barrier phase), and arrives there once it has read this row's.
+        None: a kernel that reduces each row once (the forwards)."""
         many = isinstance(value, tuple)
         values = value if many else (value,)
         lanes = min(self.threads_per_row, WARP)
@@ -341,44 +349,46 @@ class RowKernel:
                         buffer[row, col, stage + k] = v
                 cute.arch.barrier()
             else:
-                if const_expr(many):
-                    raise ValueError("a cluster's row reduction takes one value at a time")
-                if const_expr(stage == 0):
+                if const_expr(phase is not None or stage == 0):
                     cute.arch.cluster_wait()
                 rank = cute.arch.block_idx_in_cluster()
                 warps = self.rows_per_cta * self.warps_per_row
                 if warp == 0 and lane == 0:
-                    cute.arch.mbarrier_arrive_and_expect_tx(mbar + stage, warps * self.ctas * 4)
-                if lane < self.ctas:  # lane p sends this warp's value to peer CTA p, same slot
+                    cute.arch.mbarrier_arrive_and_expect_tx(mbar + stage, warps * self.ctas * 4 * len(values))
+                if lane < self.ctas:  # lane p sends this warp's values to peer CTA p, same slots
                     slot = rank * self.warps_per_row + col
-                    ptr = buffer.iterator + cute.crd2idx((row, slot, stage), buffer.layout)
-                    cute.arch.store_async_dsmem(ptr, values[0].bitcast(Int32), mbar + stage, lane)
-                cute.arch.mbarrier_wait(mbar + stage, 0)
+                    for k, v in enumerate(values):
+                        ptr = buffer.iterator + cute.crd2idx((row, slot, stage + k), buffer.layout)
+                        cute.arch.store_async_dsmem(ptr, v.bitcast(Int32), mbar + stage, lane)
+                cute.arch.mbarrier_wait(mbar + stage, 0 if const_expr(phase is None) else phase)
             combined = [Float32(identity) for _ in values]
             for i in cutlass.range_constexpr(_ceil_div(slots, WARP)):
                 if lane + i * WARP < slots:
                     combined = [op(c, buffer[row, lane + i * WARP, stage + k]) for k, c in enumerate(combined)]
             values = [cute.arch.warp_reduction(c, op, threads_in_group=WARP) for c in combined]
+            if const_expr(self.ctas > 1 and phase is not None):
+                cute.arch.cluster_arrive()  # this CTA has read the row's values (the results depend on them)
         return tuple(values) if many else values[0]
 
 
 class GradKernel(RowKernel):
     """A backward kernel: the BACKWARD plan, and for the ones with vector gradients (dweight, dbias) a
-    persistent grid. Each CTA loops over row blocks ``bidx, bidx + grid, ...`` and sums its rows' terms of
-    each vector gradient in fp32 (in registers for held rows; in its own row of the partials for streamed
-    rows), then leaves one fp32 row per thread row in a (grid * rows_per_cta, N) partials tensor. A grid
-    barrier follows (the launch is cooperative, so every CTA is resident), and the grid sums the partials
-    into the vector gradients in their own dtype: one launch, no atomics on the outputs, the same order
-    of additions on every run. Successive rows use alternate halves of the reduction buffer (``reductions``
-    stages each), so that a warp already in the next row never overwrites a value another warp of the CTA
-    is still reading."""
+    persistent grid. Each CTA (or cluster of CTAs, each holding its columns of the row) loops over row blocks
+    ``bidx, bidx + grid, ...`` and sums its rows' terms of each vector gradient in fp32 (in registers for
+    held rows; in its own row of the partials for streamed rows), then leaves one fp32 row per thread row in
+    a (grid * rows_per_cta, N) partials tensor. Without a cluster a grid barrier follows (the launch is
+    cooperative, so every CTA is resident) and the grid sums the partials into the vector gradients in their
+    own dtype: one launch. With a cluster (a cooperative launch takes none) a second launch sums them. No
+    atomics on the outputs, the same order of additions on every run. Successive rows use alternate halves
+    of the reduction buffer (``reductions`` stages each), so that a warp already in the next row never
+    overwrites a value another warp of the CTA is still reading."""
 
     reductions = 1
 
     def __init__(self, dtype, n: int, vec: int, tuning: Tuning | None = None):
         super().__init__(dtype, n, vec, tuning or BACKWARD)
-        if self.ctas != 1:
-            raise ValueError(f"backward plans stream long rows on one CTA; N={n} asked for a cluster")
+        if self.ctas > 1 and self.tiles > 1:  # past a cluster's registers: streamed on one CTA instead
+            super().__init__(dtype, n, vec, dataclasses.replace(self.tuning, tile_values=STREAMED_BACKWARD_VALUES))
         self.stages = 2 * self.reductions
         self.part_vec = min(vec, 4)  # fp32 columns per load of the partials (their rows are aligned as x's)
         # A held row keeps the weight (fp32) and its vector gradients' sums in registers across rows, unless the
@@ -387,12 +397,47 @@ class GradKernel(RowKernel):
         # thread's own slots, rather than spill.
         self.spare_registers = self.num_threads <= 256
 
-    def launch_persistent(self, kernel, grid, stream, barrier: bool) -> None:
-        """A grid of ``grid`` CTAs; with a grid ``barrier``, a cooperative launch: all CTAs resident at once,
-        or the launch fails rather than hang."""
-        kernel.launch(grid=[grid, 1, 1], block=[self.num_threads, 1, 1], min_blocks_per_mp=self.min_ctas_per_sm,
+    def thread_slice(self):
+        """As RowKernel's; the first column tile is a constant 0 without a cluster (simpler addressing)."""
+        thr, bidx, first = super().thread_slice()
+        return thr, bidx, first if const_expr(self.ctas > 1) else 0
+
+    def launch_persistent(self, kernel, grid, stream, pairs) -> None:
+        """A grid of ``grid`` CTAs (clusters of ``ctas`` CTAs with a cluster). ``pairs``: the (partials,
+        vector gradient) pairs to sum. Without a cluster the kernel sums them after a grid barrier, so the
+        launch is cooperative: all CTAs resident at once, or the launch fails rather than hang. With a
+        cluster the sum is a second launch (sum_kernel)."""
+        kernel.launch(grid=[grid, self.ctas, 1], block=[self.num_threads, 1, 1],
+                      cluster=[1, self.ctas, 1] if const_expr(self.ctas > 1) else None,
+                      min_blocks_per_mp=self.min_ctas_per_sm,
                       preferred_smem_carveout=-1 if const_expr(self.min_ctas_per_sm > 1) else None,
-                      cooperative=barrier, stream=stream)
+                      cooperative=self.ctas == 1 and len(pairs) > 0, stream=stream)
+        if const_expr(self.ctas > 1 and len(pairs) > 0):
+            second = pairs[1] if const_expr(len(pairs) > 1) else (None, None)
+            ctas = grid * self.ctas
+            self.sum_kernel(pairs[0][0], pairs[0][1], second[0], second[1], ctas).launch(
+                grid=[ctas, 1, 1], block=[self.num_threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def sum_kernel(self, mPartials: cute.Tensor, mOut: cute.Tensor, mPartials2: cute.Tensor | None,
+                   mOut2: cute.Tensor | None, grid: Int32):
+        """The partials' sum as a launch of its own (after a cluster kernel)."""
+        pairs = [(mPartials, mOut)]
+        if const_expr(mPartials2 is not None):
+            pairs.append((mPartials2, mOut2))
+        self.reduce_partials(pairs, None, grid)
+
+    def phase(self, visit):
+        """The transaction barrier's phase at a cluster's ``visit``-th row (each of the two halves' barriers
+        serves every other row); None without a cluster."""
+        return visit // 2 % 2 if const_expr(self.ctas > 1) else None
+
+    @cute.jit
+    def end_rows(self):
+        """A cluster kernel's last wait at the cluster barrier, pairing the last row's arrive (or, for a
+        cluster without rows, that of the mbarriers' initialization)."""
+        if const_expr(self.ctas > 1):
+            cute.arch.cluster_wait()
 
     @cute.jit
     def grid_barrier(self, m_sync: cute.Tensor, grid: Int32):
@@ -417,12 +462,14 @@ class GradKernel(RowKernel):
         cute.arch.barrier()
 
     @cute.jit
-    def reduce_partials(self, pairs, m_sync: cute.Tensor, grid: Int32):
-        """After the grid barrier, each (partials, output) pair's output = the sum of its partials' rows, in
+    def reduce_partials(self, pairs, m_sync: cute.Tensor | None, grid: Int32):
+        """After the grid barrier (none where ``m_sync`` is None: a launch of its own), each (partials, output)
+        pair's output = the sum of its partials' rows, in
         the output's dtype. Column groups of ``part_vec`` columns go to the grid's warps in batches of
         ``batch`` groups per warp; lanes sum every 32nd row of the batch's groups (its loads independent, in
         flight together), then one warp reduction per group."""
-        self.grid_barrier(m_sync, grid)
+        if const_expr(m_sync is not None):
+            self.grid_barrier(m_sync, grid)
         warps = self.num_threads // WARP
         bidx, _, _ = cute.arch.block_idx()
         lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
@@ -472,14 +519,15 @@ class GradKernel(RowKernel):
                 self.store(previous + values, dst, True, cols)
 
     @cute.jit
-    def prefetch(self, thr, tensors, frags, rows, block, cols):
-        """Load row block ``block`` of each tensor into its register fragment (zeros past M and N): issued a
-        row ahead, the next row's loads are in flight while this row reduces and stores."""
-        row_ok, _ = self.predicates(thr, rows, block, 0)
+    def prefetch(self, thr, tensors, frags, rows, block, tile, cols):
+        """Load row block ``block`` of each tensor (at this CTA's column tile) into its register fragment
+        (zeros past M and N): issued a row ahead, the next row's loads are in flight while this row reduces
+        and stores."""
+        row_ok, _ = self.predicates(thr, rows, block, tile)
         for src, frag in zip(tensors, frags, strict=True):
             frag.fill(0.0)
             if row_ok:
-                self._copy_chunks(self.part(thr, src, block, 0), frag, cols)
+                self._copy_chunks(self.part(thr, src, block, tile), frag, cols)
 
     @cute.jit
     def prefetch_row_values(self, thr, tensors, frag, rows, block):
@@ -506,6 +554,6 @@ class GradKernel(RowKernel):
         return acc
 
     @cute.jit
-    def store_accumulator(self, thr, m_partials, acc, block, cols):
+    def store_accumulator(self, thr, m_partials, acc, block, tile, cols):
         if const_expr(acc is not None):
-            self.store(acc.load(), self.part(thr, m_partials, block, 0), True, cols)
+            self.store(acc.load(), self.part(thr, m_partials, block, tile), True, cols)

@@ -267,12 +267,12 @@ class Plans:
 
 
 def wave(variant: Variant, sms: int) -> tuple[int, int]:
-    """(rows per CTA, CTAs resident at once on ``sms`` SMs) of a compiled variant: the grid of a persistent
-    kernel. One CTA per SM where the registers are unknown (no cubin)."""
+    """(rows per CTA, CTAs, or clusters of the plan's CTAs, resident at once on ``sms`` SMs) of a compiled
+    variant: the grid of a persistent kernel. One CTA per SM where the registers are unknown (no cubin)."""
     plan = variant.kernel().describe()
     res = _RESOURCES.get(variant)
     per_sm = resident_ctas(plan["num_threads"], res.registers) if res and res.registers else 1
-    return plan["rows_per_cta"], max(1, sms * per_sm)
+    return plan["rows_per_cta"], max(1, sms * per_sm // plan["cluster"])
 
 
 def call_of(fn):

@@ -1,8 +1,8 @@
 """LayerNorm backward from the forward's mean and rstd: with xhat = (x - mean) * rstd and g = dy * w,
 
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
-    dweight = sum over rows of dy * xhat,  dbias = sum over rows of dy (fp32 partials per CTA row, summed by
-    the grid after a barrier)
+    dweight = sum over rows of dy * xhat,  dbias = sum over rows of dy (fp32 partials per CTA row, summed
+    after a grid barrier or, after a cluster kernel, by a second launch)
 
 Two row sums (of g and g * xhat), exchanged between warps together. Columns past N load dy as 0, so g
 and both terms are 0 there although xhat is not.
@@ -37,8 +37,13 @@ class LayerNormBackward(GradKernel):
                  grid: Int32, stream: cuda.CUstream):
         """mDW / mDB: (grid * rows_per_cta, N) fp32 partials; mWeightGrad / mBiasGrad: dweight / dbias in their
         dtypes (None where not wanted); mSync: the grid barrier's two int32 words (None with neither)."""
+        pairs = []
+        if const_expr(mDW is not None):
+            pairs.append((mDW, mWeightGrad))
+        if const_expr(mDB is not None):
+            pairs.append((mDB, mBiasGrad))
         self.launch_persistent(self.kernel(mX, mW, mDY, mMean, mRstd, mDX, mDW, mDB, mWeightGrad, mBiasGrad, mSync,
-                                           grid), grid, stream, barrier=mSync is not None)
+                                           grid), grid, stream, pairs)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor | None, mDY: cute.Tensor, mMean: cute.Tensor,
@@ -46,37 +51,38 @@ class LayerNormBackward(GradKernel):
                mWeightGrad: cute.Tensor | None, mBiasGrad: cute.Tensor | None, mSync: cute.Tensor | None,
                grid: Int32):
         rows = mX.shape[0]
-        thr, bidx, _ = self.thread_slice()
-        buffer, _ = self.reduction_storage()
+        thr, bidx, first = self.thread_slice()
+        buffer, mbar = self.reduction_storage()
         blocks = cute.ceil_div(rows, self.rows_per_cta)
         gW = self.broadcast_rows(mW)
-        _, cols = self.predicates(thr, rows, bidx, 0)  # the columns of a held row (the same for every row)
+        _, cols = self.predicates(thr, rows, bidx, first)  # the columns of a held row (the same for every row)
         w = None
         if const_expr(self.tiles == 1 and self.spare_registers):
-            w = self.load_vector(thr, gW, 0, cols)
+            w = self.load_vector(thr, gW, first, cols)
         dw, db = self.accumulator(thr, mDW), self.accumulator(thr, mDB)
         if const_expr(self.tiles == 1):
             frags = [cute.make_rmem_tensor_like(self.part(thr, t, 0, 0)) for t in (mX, mDY)]
             stats = cute.make_rmem_tensor(cute.make_layout(2), Float32)
-            self.prefetch(thr, (mX, mDY), frags, rows, bidx, cols)
+            self.prefetch(thr, (mX, mDY), frags, rows, bidx, first, cols)
             self.prefetch_row_values(thr, (mMean, mRstd), stats, rows, bidx)
             for block in cutlass.range(bidx, blocks, grid):
-                stage = ((block - bidx) // grid) % 2 * 2
+                visit = (block - bidx) // grid
+                stage = visit % 2 * 2
                 mean, rstd = stats[0], stats[1]
-                row_ok, _ = self.predicates(thr, rows, block, 0)
+                row_ok, _ = self.predicates(thr, rows, block, first)
                 x = (frags[0].load().to(Float32) - mean) * rstd
                 dy = frags[1].load().to(Float32)
-                self.prefetch(thr, (mX, mDY), frags, rows, block + grid, cols)
+                self.prefetch(thr, (mX, mDY), frags, rows, block + grid, first, cols)
                 self.prefetch_row_values(thr, (mMean, mRstd), stats, rows, block + grid)
-                row_w = w if const_expr(self.spare_registers) else self.load_vector(thr, gW, 0, cols)
+                row_w = w if const_expr(self.spare_registers) else self.load_vector(thr, gW, first, cols)
                 g = dy if const_expr(row_w is None) else dy * row_w
                 sum_g, sum_gx = self.row_reduce((g.reduce(cute.ReductionOp.ADD, 0.0, 0),
-                                                 (g * x).reduce(cute.ReductionOp.ADD, 0.0, 0)), ADD, 0.0, stage,
-                                                buffer, None)
+                                                 (g * x).reduce(cute.ReductionOp.ADD, 0.0, 0)), ADD, 0.0,
+                                                stage, buffer, mbar, self.phase(visit))
                 dx = (g - sum_g / self.n - x * (sum_gx / self.n)) * rstd
-                self.store(dx, self.part(thr, mDX, block, 0), row_ok, cols)
-                self.partials(thr, mDW, bidx, 0, cols, block != bidx, dy * x, dw)
-                self.partials(thr, mDB, bidx, 0, cols, block != bidx, dy, db)
+                self.store(dx, self.part(thr, mDX, block, first), row_ok, cols)
+                self.partials(thr, mDW, bidx, first, cols, block != bidx, dy * x, dw)
+                self.partials(thr, mDB, bidx, first, cols, block != bidx, dy, db)
         else:
             for block in cutlass.range(bidx, blocks, grid):
                 stage = ((block - bidx) // grid) % 2 * 2
@@ -99,14 +105,15 @@ class LayerNormBackward(GradKernel):
                     self.store((g - mean_g - x * mean_gx) * rstd, self.part(thr, mDX, block, t), row_ok, tcols)
                     self.partials(thr, mDW, bidx, t, tcols, later, dy * x, None)
                     self.partials(thr, mDB, bidx, t, tcols, later, dy, None)
-        self.store_accumulator(thr, mDW, dw, bidx, cols)
-        self.store_accumulator(thr, mDB, db, bidx, cols)
+        self.store_accumulator(thr, mDW, dw, bidx, first, cols)
+        self.store_accumulator(thr, mDB, db, bidx, first, cols)
+        self.end_rows()
         pairs = []
         if const_expr(mDW is not None):
             pairs.append((mDW, mWeightGrad))
         if const_expr(mDB is not None):
             pairs.append((mDB, mBiasGrad))
-        if const_expr(len(pairs) > 0):
+        if const_expr(len(pairs) > 0 and self.ctas == 1):
             self.reduce_partials(pairs, mSync, grid)
 
     @cute.jit

@@ -246,7 +246,7 @@ _GRADS: dict[tuple, tuple] = {}  # (op, dtypes, N, alignment, flags) -> (functio
 
 
 def _grad_function(op: str, x, bits: int, weight, dh: bool, dbias):
-    """The compiled backward of the call's alignment class, its rows per CTA, and how many of its CTAs one
+    """The compiled backward of the call's alignment class, its rows per CTA, and how many of its CTAs (clusters) one
     wave holds on x's GPU (the persistent grid of the kernels with vector gradients). ``dbias``: dbias's
     dtype, or None where it is not wanted."""
     n = x.shape[1]

@@ -1,7 +1,8 @@
 """RMSNorm backward from the forward's rstd: with xhat = x * rstd and g = dy * w,
 
     dx = rstd * (g - xhat * mean(g * xhat)) (+ dh, the gradient of the residual output h = x + residual)
-    dweight = sum over rows of dy * xhat (fp32 partials per CTA row, summed by the grid after a barrier)
+    dweight = sum over rows of dy * xhat (fp32 partials per CTA row, summed after a grid barrier or, after a
+    cluster kernel, by a second launch)
 
 One row reduction (the mean of g * xhat). x is the normalized input (h for the residual form).
 """
@@ -34,41 +35,44 @@ class RMSNormBackward(GradKernel):
                  mSync: cute.Tensor | None, grid: Int32, stream: cuda.CUstream):
         """mDW: the (grid * rows_per_cta, N) fp32 partials; mWeightGrad: dweight in the weight's dtype; mSync:
         the grid barrier's two int32 words (all three None without a weight)."""
+        pairs = [] if const_expr(mDW is None) else [(mDW, mWeightGrad)]
         self.launch_persistent(self.kernel(mX, mW, mDY, mRstd, mDH, mDX, mDW, mWeightGrad, mSync, grid), grid,
-                               stream, barrier=mDW is not None)
+                               stream, pairs)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor | None, mDY: cute.Tensor, mRstd: cute.Tensor,
                mDH: cute.Tensor | None, mDX: cute.Tensor, mDW: cute.Tensor | None, mWeightGrad: cute.Tensor | None,
                mSync: cute.Tensor | None, grid: Int32):
         rows = mX.shape[0]
-        thr, bidx, _ = self.thread_slice()
-        buffer, _ = self.reduction_storage()
+        thr, bidx, first = self.thread_slice()
+        buffer, mbar = self.reduction_storage()
         blocks = cute.ceil_div(rows, self.rows_per_cta)
         gW = self.broadcast_rows(mW)
-        _, cols = self.predicates(thr, rows, bidx, 0)  # the columns of a held row (the same for every row)
+        _, cols = self.predicates(thr, rows, bidx, first)  # the columns of a held row (the same for every row)
         w = None
         if const_expr(self.tiles == 1 and self.spare_registers):
-            w = self.load_vector(thr, gW, 0, cols)
+            w = self.load_vector(thr, gW, first, cols)
         dw = self.accumulator(thr, mDW)
         if const_expr(self.tiles == 1):
             frags = [cute.make_rmem_tensor_like(self.part(thr, t, 0, 0)) for t in (mX, mDY)]
             stats = cute.make_rmem_tensor(cute.make_layout(1), Float32)
-            self.prefetch(thr, (mX, mDY), frags, rows, bidx, cols)
+            self.prefetch(thr, (mX, mDY), frags, rows, bidx, first, cols)
             self.prefetch_row_values(thr, (mRstd,), stats, rows, bidx)
             for block in cutlass.range(bidx, blocks, grid):
-                half = ((block - bidx) // grid) % 2
+                visit = (block - bidx) // grid
+                half = visit % 2
                 rstd = stats[0]
-                row_ok, _ = self.predicates(thr, rows, block, 0)
+                row_ok, _ = self.predicates(thr, rows, block, first)
                 x = frags[0].load().to(Float32) * rstd
                 dy = frags[1].load().to(Float32)
-                self.prefetch(thr, (mX, mDY), frags, rows, block + grid, cols)
+                self.prefetch(thr, (mX, mDY), frags, rows, block + grid, first, cols)
                 self.prefetch_row_values(thr, (mRstd,), stats, rows, block + grid)
-                row_w = w if const_expr(self.spare_registers) else self.load_vector(thr, gW, 0, cols)
+                row_w = w if const_expr(self.spare_registers) else self.load_vector(thr, gW, first, cols)
                 g = dy if const_expr(row_w is None) else dy * row_w
-                dot = self.row_reduce((g * x).reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, half, buffer, None)
-                self.store_dx(thr, mDH, mDX, x, g, rstd, dot / self.n, block, 0, row_ok, cols)
-                self.partials(thr, mDW, bidx, 0, cols, block != bidx, dy * x, dw)
+                dot = self.row_reduce((g * x).reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, half, buffer, mbar,
+                                      self.phase(visit))
+                self.store_dx(thr, mDH, mDX, x, g, rstd, dot / self.n, block, first, row_ok, cols)
+                self.partials(thr, mDW, bidx, first, cols, block != bidx, dy * x, dw)
         else:
             for block in cutlass.range(bidx, blocks, grid):
                 half = ((block - bidx) // grid) % 2
@@ -86,8 +90,9 @@ class RMSNormBackward(GradKernel):
                                           row_ok, tcols)
                     self.store_dx(thr, mDH, mDX, x, g, rstd, dot, block, t, row_ok, tcols)
                     self.partials(thr, mDW, bidx, t, tcols, block != bidx, dy * x, None)
-        self.store_accumulator(thr, mDW, dw, bidx, cols)
-        if const_expr(mDW is not None):
+        self.store_accumulator(thr, mDW, dw, bidx, first, cols)
+        self.end_rows()
+        if const_expr(mDW is not None and self.ctas == 1):
             self.reduce_partials([(mDW, mWeightGrad)], mSync, grid)
 
     @cute.jit

@@ -1,7 +1,8 @@
 """Softmax backward from the forward's output: dx = y * (dy - sum(dy * y)).
 
-One row reduction; one CTA per row block (no vector gradients, so no persistent loop). Streamed rows
-read y and dy twice (the second pass mostly from L2).
+One row reduction; one CTA (or cluster of CTAs, each holding its columns of the row) per row block: no
+vector gradients, so no persistent loop. Rows past a cluster's registers are streamed on one CTA and read y
+and dy twice (the second pass mostly from L2).
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ class SoftmaxBackward(GradKernel):
     @cute.kernel
     def kernel(self, mY: cute.Tensor, mDY: cute.Tensor, mDX: cute.Tensor):
         rows = mY.shape[0]
-        thr, block, _ = self.thread_slice()
-        buffer, _ = self.reduction_storage()
+        thr, block, first = self.thread_slice()
+        buffer, mbar = self.reduction_storage()
         if const_expr(self.tiles == 1):
-            row_ok, cols = self.predicates(thr, rows, block, 0)
-            y, dy = self.pair(thr, mY, mDY, block, 0, row_ok, cols)
-            dot = self.row_reduce((y * dy).reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, 0, buffer, None)
-            self.store(y * (dy - dot), self.part(thr, mDX, block, 0), row_ok, cols)
+            row_ok, cols = self.predicates(thr, rows, block, first)
+            y, dy = self.pair(thr, mY, mDY, block, first, row_ok, cols)
+            dot = self.row_reduce((y * dy).reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, 0, buffer, mbar)
+            self.store(y * (dy - dot), self.part(thr, mDX, block, first), row_ok, cols)
         else:
             dot = Float32(0.0)
             for t in cutlass.range(self.tiles):
