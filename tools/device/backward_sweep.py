@@ -33,6 +33,7 @@ PLANS = {
     "B3": Tuning(accesses=2, register_values=16, resident_threads=0, tile_values=16, ctas_per_sm=2),
     "B4": Tuning(accesses=2, register_values=16, resident_threads=0, tile_values=16, min_threads=256),
     "B5": Tuning(accesses=4, register_values=16, resident_threads=0, tile_values=16, ctas_per_sm=3),
+    "B6": Tuning(accesses=4, register_values=32, resident_threads=0, tile_values=0),  # 32 values, cluster past
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
