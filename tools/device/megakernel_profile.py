@@ -4,9 +4,12 @@ next kernel change aims at the bound that holds and not at a guess.
 
     python3 tools/device/megakernel_profile.py --shape 1x7x13 [--plans 'planned,torch-cublas'] [--name NAME]
     python3 tools/device/megakernel_profile.py --shape 257x64x128 --plans persistent --source [--name NAME]
+    python3 tools/device/megakernel_profile.py --model mlp8-c512-h2048-rms-silu --rows 1 [--plans 'stack*,chain']
     python3 tools/device/megakernel_profile.py --show PROFILE.json...   (anywhere: a short table of written ones)
 
-The plans are ``megakernel_sweep.PLANS``' labels plus ``torch-cublas``. Each label runs in its own child
+The plans are ``megakernel_sweep.PLANS``' labels plus ``torch-cublas``; with ``--model`` (a model of the report's
+models section at ``--rows``), ``MODEL_PLANS``: the fused stack as planned, its two forms forced, and the
+per-block chain. Each label runs in its own child
 process under ``ncu --profile-from-start off``: the child validates its plan, makes one untimed call (the
 compile), then profiles one call between ``cudaProfilerStart`` and ``cudaProfilerStop``, so only that call's
 kernels are measured. Clocks are left to the GPU (``--clock-control none``, as the timing harness runs).
@@ -125,8 +128,44 @@ def child(shape: tuple, label: str) -> None:
     print("PLAN " + json.dumps(description), flush=True)
 
 
+MODEL_PLANS = {"stack": None, "stack-grid": "grid", "stack-rows": "rows", "chain": None}
+"""--model labels -> the fused stack's forced form (None: as planned; "chain": the per-block persistent-tc chain)."""
+
+
+def model_child(name: str, rows: int, label: str) -> None:
+    """One model's call under the profiler, as ``child`` does for a shape: compile, validate against the float64
+    reference of the models section, one untimed call, one profiled call."""
+    import torch
+
+    from kernellab.megakernel import models
+    from kernellab.megakernel.compiler.runner import compile_model
+    from kernellab.megakernel.planning.stack import STACK_ENGINE
+
+    case = {c.name: c for c in models.REPORT_MODELS}[name]
+    engine = "persistent-tc" if label == "chain" else STACK_ENGINE
+    compiled = compile_model(case.spec, rows=rows, engine=engine, stack_form=MODEL_PLANS[label])
+    problem = models.StackProblem(case, rows)
+    inputs = problem.make_inputs(1)
+    outputs = problem.make_outputs(inputs)
+    compiled(inputs["x"], out=outputs["y"])
+    want = problem.reference(inputs)["y"]
+    error = float((outputs["y"].double() - want).abs().max())
+    if not error <= models.STACK_TOLERANCE * (1 + float(want.abs().max())):
+        sys.exit(f"{label} of {name} at {rows} rows is wrong: max abs error {error:.3g}")
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    compiled(inputs["x"], out=outputs["y"])
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print("PLAN " + json.dumps({"plan": str(compiled.plan()), "max_abs_error": error}), flush=True)
+
+
 def _child_command(shape: tuple, label: str) -> list[str]:
-    """This script as the profiled program: one label's call at the shape (``child``)."""
+    """This script as the profiled program: one label's call at the shape, or (``shape`` = (model, rows)) at
+    the model (``child``, ``model_child``)."""
+    if isinstance(shape[0], str):
+        return [sys.executable, os.path.abspath(__file__), "--child", "--model", shape[0], "--rows", str(shape[1]),
+                "--plans", label]
     return [sys.executable, os.path.abspath(__file__), "--child", "--shape", "x".join(map(str, shape)),
             "--plans", label]
 
@@ -257,7 +296,9 @@ def source_line(launch: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--show", nargs="+", metavar="PROFILE", help="print written profiles' table and stop")
-    ap.add_argument("--shape", help="RxCxH (required unless --show)")
+    ap.add_argument("--shape", help="RxCxH (required unless --show or --model)")
+    ap.add_argument("--model", help="a model of the report's models section (kernellab.megakernel.models)")
+    ap.add_argument("--rows", type=int, default=1, help="the model's rows per call (with --model)")
     ap.add_argument("--plans", default="planned,torch-cublas",
                     help="comma-separated shell patterns over megakernel_sweep.PLANS' labels and torch-cublas")
     ap.add_argument("--name", default="megakernel_profile", help="the JSON's name under $OUT")
@@ -268,20 +309,35 @@ def main() -> None:
     if args.show:
         show(args.show)
         return
-    if not args.shape:
-        ap.error("--shape is required (or --show PROFILE...)")
-    from megakernel_sweep import PLANS  # this script's folder is on sys.path
+    if args.model:
+        from kernellab.megakernel import models
 
-    shape = tuple(int(v) for v in args.shape.split("x"))
-    if len(shape) != 3 or min(shape) < 1:
-        sys.exit(f"--shape must be RxCxH with every size >= 1, got {args.shape!r}")
-    if args.child:
-        child(shape, args.plans)
-        return
-    labels = [label for label in [*PLANS, "torch-cublas"]
-              if any(fnmatch.fnmatch(label, p) for p in args.plans.split(","))]
+        known = [c.name for c in models.REPORT_MODELS]
+        if args.model not in known:
+            sys.exit(f"--model must be one of {known}, got {args.model!r}")
+        if args.rows < 1:
+            sys.exit(f"--rows must be >= 1, got {args.rows}")
+        if args.child:
+            model_child(args.model, args.rows, args.plans)
+            return
+        shape, names = (args.model, args.rows), list(MODEL_PLANS)
+        if args.plans == ap.get_default("plans"):
+            args.plans = "stack,chain"
+    else:
+        if not args.shape:
+            ap.error("--shape is required (or --model MODEL, or --show PROFILE...)")
+        from megakernel_sweep import PLANS  # this script's folder is on sys.path
+
+        shape = tuple(int(v) for v in args.shape.split("x"))
+        if len(shape) != 3 or min(shape) < 1:
+            sys.exit(f"--shape must be RxCxH with every size >= 1, got {args.shape!r}")
+        if args.child:
+            child(shape, args.plans)
+            return
+        names = [*PLANS, "torch-cublas"]
+    labels = [label for label in names if any(fnmatch.fnmatch(label, p) for p in args.plans.split(","))]
     if not labels:
-        sys.exit(f"--plans {args.plans!r} matches none of {[*PLANS, 'torch-cublas']}")
+        sys.exit(f"--plans {args.plans!r} matches none of {names}")
 
     from kernellab.harness import provenance
 
