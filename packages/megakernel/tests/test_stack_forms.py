@@ -88,6 +88,53 @@ class WithFinal(nn.Module):
         return F.rms_norm(y, (16,), None, 1e-6) if self.final == "functional" else self.final(y)
 
 
+class WidthFromInput(nn.Module):
+    """A functional norm whose width is read from its input, as models written for any width do."""
+
+    def __init__(self, c, h, width, kind="rms"):
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(c))
+        self.fc1, self.fc2 = nn.Linear(c, h), nn.Linear(h, c)
+        self.width, self.kind = width, kind
+
+    def forward(self, x):
+        shape = self.width(x)
+        u = F.rms_norm(x, shape, self.weight, 1e-6) if self.kind == "rms" else F.layer_norm(x, shape, self.weight)
+        return x + self.fc2(F.silu(self.fc1(u)))
+
+
+WIDTHS = {"shape[-1]": lambda x: (x.shape[-1],), "size(-1)": lambda x: (x.size(-1),),
+          "size()[-1]": lambda x: [x.size()[-1]], "shape[-1:]": lambda x: x.shape[-1:]}
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("width", WIDTHS, ids=list(WIDTHS))
+def test_a_norm_width_read_from_its_input_is_the_stream_width(width, kind):
+    torch.manual_seed(1)
+    source = module_matches_reference(fp16_exact(WidthFromInput(16, 32, WIDTHS[width], kind)))
+    assert source.blocks[0].norm.kind == ("rmsnorm" if kind == "rms" else "layernorm")
+
+
+@pytest.mark.parametrize("width", [lambda x: (x.shape[0],), lambda x: x.shape[:1], lambda x: (x.size(0),)],
+                         ids=["shape[0]", "shape[:1]", "size(0)"])
+def test_a_norm_width_from_another_size_is_refused_with_the_node(width):
+    with pytest.raises(frontend.FrontendError, match="rms_norm.*last dimension only"):
+        frontend.from_module(WidthFromInput(16, 32, width))
+
+
+def test_sizes_used_elsewhere_are_refused_with_their_use():
+    class Reshaping(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+
+        def forward(self, x):
+            return x + self.fc2(F.relu(self.fc1(x))).view(x.shape[0], -1)
+
+    with pytest.raises(frontend.FrontendError, match="view"):
+        frontend.from_module(Reshaping())
+
+
 def test_functional_gated_forms_read_and_match_the_module():
     torch.manual_seed(0)
     net = fp16_exact(nn.Sequential(FunctionalGated(16, 24), FunctionalGated(16, 40, norm="layer", act="gelu",

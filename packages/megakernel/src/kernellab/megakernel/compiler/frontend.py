@@ -10,7 +10,8 @@ An nn.Module is accepted when its traced graph is a chain of residual blocks, ea
                 \\-> Linear(C -> H) (gated blocks) -> mul(act, .) /
 
 then optionally a final norm whose output the module returns. Norms: ``nn.RMSNorm``,
-``nn.LayerNorm`` (bias or not), ``F.rms_norm``, ``F.layer_norm``, over the last dimension only.
+``nn.LayerNorm`` (bias or not), ``F.rms_norm``, ``F.layer_norm``, over the last dimension only (a functional
+norm's width a constant or read from its input: ``x.shape[-1]``, ``x.size(-1)``, ``x.shape[-1:]``).
 Activations: ReLU, GELU (``approximate="tanh"``: ``gelu``; exact: ``gelu_erf``), SiLU, as modules
 or as functions. Linears may lack biases; hidden may differ per block. Anything else is rejected
 with the node that does not fit.
@@ -204,6 +205,57 @@ def _arguments(node, names: tuple[str, ...]) -> dict:
     return bound
 
 
+LAST = "last"
+"""A norm's width read from its input (``x.shape[-1]``, ``x.size(-1)``, ``x.shape[-1:]``): the stream's channels."""
+
+
+def _size_node(node) -> bool:
+    """Whether an fx node only reads sizes: ``t.shape``, ``t.size(...)``, or an item or slice of those."""
+    if getattr(node, "op", None) == "call_function" and node.target is getattr:
+        return len(node.args) == 2 and node.args[1] == "shape"
+    if getattr(node, "op", None) == "call_method" and node.target == "size":
+        return True
+    return (getattr(node, "op", None) == "call_function" and node.target is operator.getitem
+            and _size_node(node.args[0]))
+
+
+def _sizes_of(node):
+    """(tensor, index or None for all sizes) of ``t.shape`` / ``t.size()`` / ``t.size(i)``, else None."""
+    if node.op == "call_function" and node.target is getattr:
+        return node.args[0], None
+    if node.op == "call_method" and node.target == "size" and not node.kwargs:
+        return node.args[0], node.args[1] if len(node.args) > 1 else None
+    return None
+
+
+def _is_last_size(value, tensor) -> bool:
+    """Whether an fx value is ``tensor``'s last size: ``tensor.shape[-1]``, ``tensor.size(-1)`` or
+    ``tensor.size()[-1]``."""
+    if getattr(value, "op", None) is None:
+        return False
+    sizes = _sizes_of(value)
+    if sizes is not None:
+        return sizes == (tensor, -1)
+    if value.op == "call_function" and value.target is operator.getitem and value.args[1] == -1:
+        inner = _sizes_of(value.args[0]) if getattr(value.args[0], "op", None) else None
+        return inner == (tensor, None)
+    return False
+
+
+def _normalized_shape(raw, tensor) -> tuple:
+    """A functional norm's ``normalized_shape`` as a tuple of ints and ``LAST`` (the input's last size, however
+    it was read); anything else is kept as given, for the caller to refuse."""
+    if getattr(raw, "op", None) == "call_function" and raw.target is operator.getitem:
+        index = raw.args[1]
+        inner = _sizes_of(raw.args[0]) if getattr(raw.args[0], "op", None) else None
+        if inner == (tensor, None) and index == slice(-1, None, None):
+            return (LAST,)
+        return (raw,)
+    if isinstance(raw, (tuple, list)):
+        return tuple(LAST if _is_last_size(v, tensor) else v for v in raw)
+    return (raw,)
+
+
 def _norm_of(node, modules, graph_module):
     """(Norm, weight or None, bias or None, width) of a norm node over the last dimension, or None."""
     import torch
@@ -220,15 +272,16 @@ def _norm_of(node, modules, graph_module):
         names = ("input", "normalized_shape", "weight", "eps") if kind == "rmsnorm" else (
             "input", "normalized_shape", "weight", "bias", "eps")
         args = _arguments(node, names)
-        shape = tuple(args.get("normalized_shape", ()))
+        shape = _normalized_shape(args.get("normalized_shape", ()), args.get("input"))
         eps = args.get("eps", None if kind == "rmsnorm" else 1e-5)
         weight = _attribute(graph_module, args.get("weight"), f"weight of {node.name}")
         bias = _attribute(graph_module, args.get("bias"), f"bias of {node.name}")
     else:
         return None
-    if len(shape) != 1 or not isinstance(shape[0], int):
-        raise FrontendError(f"node {node.name}: a norm must normalize the last dimension only, with a constant "
-                            f"width; it normalizes {shape}")
+    if len(shape) != 1 or not (isinstance(shape[0], int) or shape[0] == LAST):
+        raise FrontendError(f"node {node.name}: a norm must normalize the last dimension only, its width a "
+                            f"constant or the input's last size (x.shape[-1], x.size(-1), x.shape[-1:]); it "
+                            f"normalizes {shape}")
     if eps is None:  # torch's default for RMSNorm: the epsilon of the input's dtype (fp32 here)
         eps = torch.finfo(torch.float32).eps
     return Norm(kind, float(eps), bias is not None), weight, bias, shape[0]
@@ -292,8 +345,8 @@ def from_module(module, *, device="cpu") -> Source:
         return entry[1] if entry is not None and entry[0] in names and entry[1].stream is stream else None
 
     for node in nodes:
-        if node.op in ("placeholder", "get_attr"):
-            continue
+        if node.op in ("placeholder", "get_attr") or _size_node(node):
+            continue  # sizes are read where a norm's width uses them; any other use is refused there
         if node.op == "output":
             returned = node.args[0]
             if final is not None and returned is final[0] and source.blocks:
@@ -352,6 +405,8 @@ def _norm_parameters(norm, channels: int, node, device) -> dict:
     import torch
 
     _, weight, bias, width = norm
+    if width == LAST:  # read from the input, the stream itself: the norm's parameters must still fit it
+        width = channels if weight is None else weight.shape[-1]
     if width != channels:
         raise FrontendError(f"node {node}: the norm normalizes {width} channels, the stream has {channels}")
     params = {"norm_weight": torch.ones(channels, device=device) if weight is None else
