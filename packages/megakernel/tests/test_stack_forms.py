@@ -135,6 +135,53 @@ def test_sizes_used_elsewhere_are_refused_with_their_use():
         frontend.from_module(Reshaping())
 
 
+class InferenceForms(nn.Module):
+    """What real blocks carry besides the pattern: dropout (identity in eval mode), an nn.Identity where a
+    norm may be, the gated block's norm applied to each branch, and an in-place residual add."""
+
+    def __init__(self, c, h, gated: bool, functional_dropout: bool = False):
+        super().__init__()
+        self.norm, self.skip = nn.RMSNorm(c, eps=1e-6), nn.Identity()
+        self.fc1, self.fc3, self.fc2 = nn.Linear(c, h), nn.Linear(c, h, bias=False), nn.Linear(h, c)
+        self.drop = nn.Dropout(0.25)
+        self.gated, self.functional_dropout = gated, functional_dropout
+
+    def forward(self, x):
+        if self.gated:
+            h = F.silu(self.fc1(self.norm(x))) * self.fc3(self.norm(x))
+        else:
+            h = F.gelu(self.fc1(self.skip(x)))
+        y = F.dropout(self.fc2(h), 0.25, self.training) if self.functional_dropout else self.drop(self.fc2(h))
+        x += y
+        return x
+
+
+@pytest.mark.parametrize("functional_dropout", [False, True], ids=["nn.Dropout", "F.dropout"])
+def test_eval_mode_dropout_identity_a_norm_twice_and_an_inplace_add_read_as_the_pattern(functional_dropout):
+    torch.manual_seed(2)
+    net = fp16_exact(nn.Sequential(InferenceForms(16, 24, gated=True, functional_dropout=functional_dropout),
+                                   InferenceForms(16, 32, gated=False, functional_dropout=functional_dropout))).eval()
+    source = module_matches_reference(net)
+    assert [(b.activation, b.norm, b.gated) for b in source.blocks] == [
+        ("silu", Norm("rmsnorm", 1e-6), True), ("gelu_erf", None, False)]
+
+
+@pytest.mark.parametrize("functional_dropout", [False, True], ids=["nn.Dropout", "F.dropout"])
+def test_dropout_in_training_mode_is_refused_with_a_request_for_eval(functional_dropout):
+    net = InferenceForms(16, 24, gated=True, functional_dropout=functional_dropout).train()
+    with pytest.raises(frontend.FrontendError, match="drops at random"):
+        frontend.from_module(net)
+
+
+def test_a_gate_on_a_different_norm_is_refused():
+    class TwoNorms(InferenceForms):
+        def forward(self, x):
+            return x + self.fc2(F.silu(self.fc1(self.norm(x))) * self.fc3(F.rms_norm(x, (16,), None, 1e-6)))
+
+    with pytest.raises(frontend.FrontendError, match="mul"):
+        frontend.from_module(TwoNorms(16, 24, gated=True).eval())
+
+
 def test_functional_gated_forms_read_and_match_the_module():
     torch.manual_seed(0)
     net = fp16_exact(nn.Sequential(FunctionalGated(16, 24), FunctionalGated(16, 40, norm="layer", act="gelu",
@@ -254,7 +301,7 @@ class TwoInputs(nn.Module):
     (OldStream(), r"node b1 \(call_module b1\) does not fit the pattern"),
     (TwoActs(), r"node mul \(call_function mul\) does not fit the pattern"),
     (WideNorm(), r"node norm: a norm must normalize the last dimension only"),
-    (Dropped(), r"node drop \(call_module drop\) does not fit"),
+    (Dropped(), r"node drop: Dropout\(p=0.1\) in training mode drops at random; call model.eval\(\)"),
     (BadGate(), r"the gate Linear is 8 -> 12, expected 8 -> 16"),
     (ReturnsHidden(8, 16), r"must return the residual stream \(or its final norm\); it returns fc1"),
     (TwoInputs(), r"must take one input"),

@@ -13,8 +13,10 @@ then optionally a final norm whose output the module returns. Norms: ``nn.RMSNor
 ``nn.LayerNorm`` (bias or not), ``F.rms_norm``, ``F.layer_norm``, over the last dimension only (a functional
 norm's width a constant or read from its input: ``x.shape[-1]``, ``x.size(-1)``, ``x.shape[-1:]``).
 Activations: ReLU, GELU (``approximate="tanh"``: ``gelu``; exact: ``gelu_erf``), SiLU, as modules
-or as functions. Linears may lack biases; hidden may differ per block. Anything else is rejected
-with the node that does not fit.
+or as functions. Linears may lack biases; hidden may differ per block; the residual add may be in place
+(``x += ...``); ``nn.Identity`` and dropout in eval mode (or p = 0) pass their input through, and a gated
+block may apply its norm once or twice. Anything else is rejected with the node that does not fit (a
+dropout in training mode with a request for ``model.eval()``).
 
 A spec is ``{"channels": C, "blocks": [{"hidden": H, ...}, ...], "final_norm": ...}``; a block's keys
 are in ``SPEC_BLOCK_KEYS`` (a norm is ``"rmsnorm"``, ``"layernorm"``, ``True`` (rmsnorm) or a dict
@@ -178,6 +180,39 @@ def _activation_of(node, modules) -> str | None:
     return None
 
 
+def _identity_input(node, modules):
+    """The input of a node that passes it through unchanged at inference: ``nn.Identity``, a dropout in eval mode
+    or with p = 0 (``nn.Dropout``, ``F.dropout(..., training=False)``); None for any other node. A dropout that
+    would drop (training mode, p > 0) is refused: its output is not a function of the input alone."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    if node.op == "call_module":
+        mod = modules[node.target]
+        if isinstance(mod, nn.Identity):
+            return node.args[0]
+        if isinstance(mod, nn.Dropout):
+            if mod.training and mod.p > 0:
+                raise FrontendError(f"node {node.name}: {type(mod).__name__}(p={mod.p}) in training mode drops at "
+                                    "random; call model.eval() before compiling")
+            return node.args[0]
+    elif node.op == "call_function" and node.target is F.dropout:
+        args = _arguments(node, ("input", "p", "training", "inplace"))
+        p, training = args.get("p", 0.5), args.get("training", True)
+        if training and p:
+            raise FrontendError(f"node {node.name}: F.dropout(p={p}, training={training}) drops at random; pass "
+                                "training=False (or self.training in eval mode) before compiling")
+        return args["input"]
+    return None
+
+
+def _same_value(a, b) -> bool:
+    """Whether two nodes compute the same tensor: the same node, or the same module or function on the same
+    arguments (a norm applied twice to the stream)."""
+    return a is b or (getattr(a, "op", None) in ("call_module", "call_function") and a.op == getattr(b, "op", None)
+                      and a.target == b.target and a.args == b.args and a.kwargs == b.kwargs)
+
+
 def _linear_of(node, modules):
     from torch import nn
 
@@ -296,7 +331,7 @@ def _is_call(node, functions, method: str) -> bool:
 def _is_add(node) -> bool:
     import torch
 
-    return _is_call(node, (operator.add, torch.add), "add") and len(node.args) == 2
+    return _is_call(node, (operator.add, operator.iadd, torch.add), "add") and len(node.args) == 2
 
 
 def _is_mul(node) -> bool:
@@ -331,6 +366,11 @@ def from_module(module, *, device="cpu") -> Source:
     except Exception as e:  # noqa: BLE001 - tracing errors come in many types; report them as one
         raise FrontendError(f"torch.fx could not trace {type(module).__name__}: {e}") from e
     modules = dict(graph_module.named_modules())
+    for node in list(graph_module.graph.nodes):  # identities (eval-mode dropout, nn.Identity) read as their input
+        source_node = _identity_input(node, modules)
+        if source_node is not None:
+            node.replace_all_uses_with(source_node)
+            graph_module.graph.erase_node(node)
     nodes = list(graph_module.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
     if len(placeholders) != 1:
@@ -395,7 +435,7 @@ def _gated(node, role):
     a, b = node.args
     for act_node, gate_node in ((a, b), (b, a)):
         act, gate = role(act_node, "act"), role(gate_node, "pre")
-        if act is not None and gate is not None and act.operand is gate.operand and act.gate is None:
+        if act is not None and gate is not None and _same_value(act.operand, gate.operand) and act.gate is None:
             return dataclasses.replace(act, gate=gate.first)
     return None
 
