@@ -23,15 +23,16 @@ def fp16_exact(module: nn.Module) -> nn.Module:
     return module
 
 
-def module_matches_reference(module: nn.Module, rows: int = 5, seed: int = 0) -> frontend.Source:
-    """The frontend's reading of ``module``, through the unrounded float64 reference, is the module in float64."""
+def module_matches_reference(module: nn.Module, rows: int = 5, seed: int = 0, tol: float = 1e-12) -> frontend.Source:
+    """The frontend's reading of ``module``, through the unrounded float64 reference, is the module in float64
+    (``tol``: where the module itself rounds, as ``x.float()`` does even in float64)."""
     source = frontend.from_module(module)
     x = torch.randn(rows, source.blocks[0].channels, generator=torch.Generator().manual_seed(seed)).half()
     ours = stack.reference_stack(x, source.blocks, source.parameters, source.final_norm, source.final_parameters,
                                  rounded=False)
     with torch.no_grad():
         theirs = module.double()(x.double())
-    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ours, theirs, rtol=tol, atol=tol)
     return source
 
 
@@ -180,6 +181,49 @@ def test_a_gate_on_a_different_norm_is_refused():
 
     with pytest.raises(frontend.FrontendError, match="mul"):
         frontend.from_module(TwoNorms(16, 24, gated=True).eval())
+
+
+class HandwrittenRMSNorm(nn.Module):
+    """RMSNorm as reference implementations write it out, in each spelling the frontend folds."""
+
+    FORMS = {
+        "llama": lambda self, x: (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps))
+        .type_as(x) * self.weight,
+        "weight-first": lambda self, x: self.weight * (x * (x * x).mean(dim=-1, keepdim=True).add(self.eps).rsqrt()),
+        "no-weight": lambda self, x: x * torch.rsqrt(torch.mean(torch.square(x), -1, keepdim=True) + self.eps),
+        "over-rows": lambda self, x: x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + self.eps),
+    }
+
+    def __init__(self, c, form, eps=1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(c))
+        self.form, self.eps = form, eps
+
+    def forward(self, x):
+        return self.FORMS[self.form](self, x)
+
+
+class HandwrittenStack(nn.Module):
+    def __init__(self, form):
+        super().__init__()
+        self.norm, self.final = HandwrittenRMSNorm(16, form), HandwrittenRMSNorm(16, form, eps=1e-6)
+        self.fc1, self.fc3, self.fc2 = nn.Linear(16, 40, bias=False), nn.Linear(16, 40, bias=False), nn.Linear(40, 16)
+
+    def forward(self, x):
+        u = self.norm(x)
+        return self.final(x + self.fc2(F.silu(self.fc1(u)) * self.fc3(u)))
+
+
+@pytest.mark.parametrize("form", ["llama", "weight-first", "no-weight"])
+def test_a_handwritten_rmsnorm_reads_as_an_rmsnorm_and_matches_the_module(form):
+    torch.manual_seed(3)
+    source = module_matches_reference(fp16_exact(HandwrittenStack(form)), tol=1e-5 if form == "llama" else 1e-12)
+    assert source.blocks[0].norm == Norm("rmsnorm", 1e-5) and source.final_norm == Norm("rmsnorm", 1e-6)
+
+
+def test_a_handwritten_norm_over_another_dimension_is_refused():
+    with pytest.raises(frontend.FrontendError, match="does not fit the pattern"):
+        frontend.from_module(HandwrittenStack("over-rows"))
 
 
 def test_functional_gated_forms_read_and_match_the_module():

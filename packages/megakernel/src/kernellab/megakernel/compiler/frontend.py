@@ -11,7 +11,8 @@ An nn.Module is accepted when its traced graph is a chain of residual blocks, ea
 
 then optionally a final norm whose output the module returns. Norms: ``nn.RMSNorm``,
 ``nn.LayerNorm`` (bias or not), ``F.rms_norm``, ``F.layer_norm``, over the last dimension only (a functional
-norm's width a constant or read from its input: ``x.shape[-1]``, ``x.size(-1)``, ``x.shape[-1:]``).
+norm's width a constant or read from its input: ``x.shape[-1]``, ``x.size(-1)``, ``x.shape[-1:]``), and
+RMSNorm written out as reference implementations do (``_handwritten_rms``: folded into ``F.rms_norm`` first).
 Activations: ReLU, GELU (``approximate="tanh"``: ``gelu``; exact: ``gelu_erf``), SiLU, as modules
 or as functions. Linears may lack biases; hidden may differ per block; the residual add may be in place
 (``x += ...``); ``nn.Identity`` and dropout in eval mode (or p = 0) pass their input through, and a gated
@@ -207,9 +208,10 @@ def _identity_input(node, modules):
 
 
 def _same_value(a, b) -> bool:
-    """Whether two nodes compute the same tensor: the same node, or the same module or function on the same
-    arguments (a norm applied twice to the stream)."""
-    return a is b or (getattr(a, "op", None) in ("call_module", "call_function") and a.op == getattr(b, "op", None)
+    """Whether two nodes compute the same tensor: the same node, or the same module, function or method on the
+    same arguments (a norm applied twice to the stream, ``x.float()`` written twice)."""
+    return a is b or (getattr(a, "op", None) in ("call_module", "call_function", "call_method")
+                      and a.op == getattr(b, "op", None)
                       and a.target == b.target and a.args == b.args and a.kwargs == b.kwargs)
 
 
@@ -291,6 +293,84 @@ def _normalized_shape(raw, tensor) -> tuple:
     return (raw,)
 
 
+def _call_of(node, method: str, functions=()) -> bool:
+    """Whether a node is ``t.method(...)`` or one of ``functions(t, ...)``."""
+    op = getattr(node, "op", None)
+    return (op == "call_method" and node.target == method) or (op == "call_function" and node.target in functions)
+
+
+def _pair(node, test):
+    """(the argument passing ``test``, the other) of a two-argument node, either order, or None."""
+    if len(node.args) != 2 or node.kwargs:
+        return None
+    a, b = node.args
+    return (a, b) if test(a) else (b, a) if test(b) else None
+
+
+def _handwritten_rms(node):
+    """(input, eps, weight get_attr node or None) when ``node`` ends a hand-written RMSNorm over the last
+    dimension, as reference implementations write it:
+    ``[(] x.float() * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) [).type_as(x)] [* weight]``
+    (``x.float()`` or ``x``; ``pow(2)``, ``x * x`` or ``torch.square``; ``t.rsqrt()`` or ``torch.rsqrt``);
+    else None."""
+    import torch
+
+    weight, core = None, node
+    if _is_mul(node):
+        split = _pair(node, lambda v: getattr(v, "op", None) == "get_attr")
+        if split is not None:
+            weight, core = split
+    if _call_of(core, "type_as"):
+        core = core.args[0]
+    if not _is_mul(core):
+        return None
+    split = _pair(core, lambda v: _call_of(v, "rsqrt", (torch.rsqrt,)))
+    if split is None:
+        return None
+    root, xf = split
+    total = root.args[0]
+    if not (_is_add(total) and len(total.args) == 2):
+        return None
+    moments = _pair(total, lambda v: isinstance(v, float))
+    if moments is None:
+        return None
+    eps, mean = moments
+    if not _call_of(mean, "mean", (torch.mean,)):
+        return None
+    margs = _arguments(mean, ("input", "dim", "keepdim"))
+    if margs.get("dim") not in (-1, (-1,), [-1]) or not margs.get("keepdim", False):
+        return None
+    square = margs["input"]
+    squared = (_call_of(square, "pow", (torch.pow,)) and len(square.args) == 2 and _same_value(square.args[0], xf)
+               and square.args[1] in (2, 2.0)) or (_call_of(square, "square", (torch.square,))
+                                                   and _same_value(square.args[0], xf)) or (
+        _is_mul(square) and _same_value(square.args[0], xf) and _same_value(square.args[1], xf))
+    if not squared:
+        return None
+    x = xf.args[0] if _call_of(xf, "float") and len(xf.args) == 1 else xf
+    return x, eps, weight
+
+
+def _fold_handwritten_norms(graph_module) -> None:
+    """Replace each hand-written RMSNorm (``_handwritten_rms``) by the ``F.rms_norm`` call it computes, so that
+    the reader below sees one norm node; the nodes it made of are dropped where nothing else uses them."""
+    import torch.nn.functional as F
+
+    graph = graph_module.graph
+    while True:  # the outermost match first (a norm's inner products match too), then what is left
+        for node in reversed(list(graph.nodes)):
+            found = _handwritten_rms(node) if node.op in ("call_function", "call_method") else None
+            if found is not None:
+                x, eps, weight = found
+                with graph.inserting_before(node):
+                    norm = graph.call_function(F.rms_norm, (x, (LAST,), weight, eps), name=f"rms_norm_of_{node.name}")
+                node.replace_all_uses_with(norm)
+                graph.eliminate_dead_code()
+                break
+        else:
+            return
+
+
 def _norm_of(node, modules, graph_module):
     """(Norm, weight or None, bias or None, width) of a norm node over the last dimension, or None."""
     import torch
@@ -366,6 +446,7 @@ def from_module(module, *, device="cpu") -> Source:
     except Exception as e:  # noqa: BLE001 - tracing errors come in many types; report them as one
         raise FrontendError(f"torch.fx could not trace {type(module).__name__}: {e}") from e
     modules = dict(graph_module.named_modules())
+    _fold_handwritten_norms(graph_module)
     for node in list(graph_module.graph.nodes):  # identities (eval-mode dropout, nn.Identity) read as their input
         source_node = _identity_input(node, modules)
         if source_node is not None:
