@@ -7,6 +7,7 @@ from kernellab.harness import validate
 from kernellab.harness.case import seed_for
 from kernellab.harness.suites import gpu_norm_backward
 from kernellab.harness.suites.problems import (
+    AutogradFloor,
     LayerNormBackward,
     LayerNormTrain,
     RMSNormBackward,
@@ -15,7 +16,7 @@ from kernellab.harness.suites.problems import (
     SoftmaxTrain,
 )
 
-KINDS = [SoftmaxBackward, RMSNormBackward, LayerNormBackward, SoftmaxTrain, RMSNormTrain, LayerNormTrain]
+KINDS = [SoftmaxBackward, RMSNormBackward, LayerNormBackward, SoftmaxTrain, RMSNormTrain, LayerNormTrain, AutogradFloor]
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
@@ -64,6 +65,16 @@ def test_suite_has_backward_and_train_cases_at_the_example_shapes():
             assert f"{op}_backward_16384x8192_{dtype}" in names
             assert f"{op}_train_256x3072_{dtype}" in names
     assert "copy_65536x1024_bf16" in names
+    assert {f"autograd_floor_{s}_{d}" for s in ("37x1537", "256x3072", "768x6144", "1024x4096")
+            for d in ("fp32", "bf16")} <= names, "the host floor beside each example shape's training steps"
+
+
+def test_the_autograd_floor_copies_once_each_way():
+    problem = AutogradFloor((64, 1000), "bf16", "cpu")
+    assert problem.bytes_moved() == 4 * 64 * 1000 * 2
+    inputs = problem.make_inputs(5)
+    out = problem.control(inputs, problem.make_outputs(inputs))
+    assert out["y"].data_ptr() != inputs["x"].data_ptr() and out["dx"].data_ptr() != inputs["grad_out"].data_ptr()
 
 
 def test_slack_covers_only_the_vector_gradients():

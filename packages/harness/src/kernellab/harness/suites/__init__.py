@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..case import Suite
 from .problems import (
+    AutogradFloor,
     Copy,
     LayerNorm,
     LayerNormBackward,
@@ -95,7 +96,7 @@ def gpu_norm_backward() -> Suite:
         for shape in GPU_NORM_SHAPES:
             for dtype in GPU_DTYPES:
                 out += [SoftmaxTrain(shape, dtype, "cuda"), RMSNormTrain(shape, dtype, "cuda"),
-                        LayerNormTrain(shape, dtype, "cuda")]
+                        LayerNormTrain(shape, dtype, "cuda"), AutogradFloor(shape, dtype, "cuda")]
         return out
 
     return Suite(
@@ -104,7 +105,8 @@ def gpu_norm_backward() -> Suite:
         description="CUDA softmax, RMSNorm, LayerNorm backward alone (from the forward's saved y, rstd, mean) at "
                     "the example audit's shapes, the bandwidth shapes and two more, and forward+backward through "
                     "autograd at the example shapes; fp32 and bf16, weights in the input dtype; a copy per shape "
-                    "as the bandwidth ceiling",
+                    "as the bandwidth ceiling, and per example shape the host floor of a training step (a copy "
+                    "forward and backward through autograd)",
         make_problems=problems,
         ceiling_op="copy",
         defaults={"rounds": 3, "samples": 10, "warmup": 3, "iterations": 5},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 from ..case import Problem, Tensors, Tolerance, prod, torch_dtype
@@ -411,6 +412,54 @@ def autograd_step(forward, primals, grad_out):
         leaves = [p.detach().requires_grad_() for p in primals]
         y = forward(*leaves)
         return y.detach(), torch.autograd.grad(y, leaves, grad_out)
+
+
+@functools.cache
+def _two_copies():
+    """The least autograd step with the launches a fused op's step has: a Function whose forward copies x and
+    whose backward copies dy (one kernel each way)."""
+    import torch
+
+    class TwoCopies(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, dy):
+            return dy.clone()
+
+    return TwoCopies
+
+
+class AutogradFloor(RowProblem):
+    """One training step through autograd that does the least such a step can: a copy forward and a copy backward
+    (``_two_copies``). Its end-to-end time is the host floor the row ops' training steps are read against (the
+    autograd engine and two launches on this host), as the copy is their bandwidth ceiling."""
+
+    op = "autograd_floor"
+
+    def make_inputs(self, seed: int) -> Tensors:
+        g = self.generator(seed)
+        return {"x": self.randn(self.shape, g), "grad_out": self.randn(self.shape, g)}
+
+    def make_outputs(self, inputs: Tensors) -> Tensors:
+        import torch
+
+        return {"y": torch.empty_like(inputs["x"]), "dx": torch.empty_like(inputs["x"])}
+
+    def reference(self, inputs: Tensors) -> Tensors:
+        return {"y": inputs["x"], "dx": inputs["grad_out"]}
+
+    def control(self, inputs: Tensors, outputs: Tensors) -> Tensors:
+        y, (dx,) = autograd_step(_two_copies().apply, [inputs["x"]], inputs["grad_out"])
+        return {"y": y, "dx": dx}
+
+    def bytes_moved(self) -> int:
+        return 2 * self.row_bytes()
+
+    def tolerance(self) -> Tolerance:
+        return Tolerance(0.0, 0.0)
 
 
 class RowTrain(RowBackward):
