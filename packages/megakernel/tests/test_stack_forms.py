@@ -192,7 +192,16 @@ class HandwrittenRMSNorm(nn.Module):
         "weight-first": lambda self, x: self.weight * (x * (x * x).mean(dim=-1, keepdim=True).add(self.eps).rsqrt()),
         "no-weight": lambda self, x: x * torch.rsqrt(torch.mean(torch.square(x), -1, keepdim=True) + self.eps),
         "over-rows": lambda self, x: x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + self.eps),
+        "hugging-face": lambda self, x: self.llama_style(x),
     }
+
+    def llama_style(self, hidden_states):
+        """Hugging Face's LlamaRMSNorm.forward, as written there."""
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.eps)
+        return self.weight * hidden_states.to(input_dtype)
 
     def __init__(self, c, form, eps=1e-5):
         super().__init__()
@@ -214,10 +223,11 @@ class HandwrittenStack(nn.Module):
         return self.final(x + self.fc2(F.silu(self.fc1(u)) * self.fc3(u)))
 
 
-@pytest.mark.parametrize("form", ["llama", "weight-first", "no-weight"])
+@pytest.mark.parametrize("form", ["llama", "hugging-face", "weight-first", "no-weight"])
 def test_a_handwritten_rmsnorm_reads_as_an_rmsnorm_and_matches_the_module(form):
     torch.manual_seed(3)
-    source = module_matches_reference(fp16_exact(HandwrittenStack(form)), tol=1e-5 if form == "llama" else 1e-12)
+    rounds = form in ("llama", "hugging-face")  # x.float() and .to(torch.float32) round to fp32 even in float64
+    source = module_matches_reference(fp16_exact(HandwrittenStack(form)), tol=1e-5 if rounds else 1e-12)
     assert source.blocks[0].norm == Norm("rmsnorm", 1e-5) and source.final_norm == Norm("rmsnorm", 1e-6)
 
 

@@ -247,9 +247,10 @@ LAST = "last"
 
 
 def _size_node(node) -> bool:
-    """Whether an fx node only reads sizes: ``t.shape``, ``t.size(...)``, or an item or slice of those."""
+    """Whether an fx node only reads metadata: ``t.shape``, ``t.dtype``, ``t.size(...)``, or an item or slice of
+    those."""
     if getattr(node, "op", None) == "call_function" and node.target is getattr:
-        return len(node.args) == 2 and node.args[1] == "shape"
+        return len(node.args) == 2 and node.args[1] in ("shape", "dtype")
     if getattr(node, "op", None) == "call_method" and node.target == "size":
         return True
     return (getattr(node, "op", None) == "call_function" and node.target is operator.getitem
@@ -311,8 +312,8 @@ def _handwritten_rms(node):
     """(input, eps, weight get_attr node or None) when ``node`` ends a hand-written RMSNorm over the last
     dimension, as reference implementations write it:
     ``[(] x.float() * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) [).type_as(x)] [* weight]``
-    (``x.float()`` or ``x``; ``pow(2)``, ``x * x`` or ``torch.square``; ``t.rsqrt()`` or ``torch.rsqrt``);
-    else None."""
+    (``x.float()``, ``x.to(torch.float32)`` or ``x``; ``pow(2)``, ``x * x`` or ``torch.square``; ``t.rsqrt()`` or
+    ``torch.rsqrt``; the cast back ``type_as`` or ``to``, as Hugging Face's LlamaRMSNorm writes it); else None."""
     import torch
 
     weight, core = None, node
@@ -320,7 +321,7 @@ def _handwritten_rms(node):
         split = _pair(node, lambda v: getattr(v, "op", None) == "get_attr")
         if split is not None:
             weight, core = split
-    if _call_of(core, "type_as"):
+    if _call_of(core, "type_as") or _call_of(core, "to"):  # the cast back to the input's dtype
         core = core.args[0]
     if not _is_mul(core):
         return None
@@ -347,8 +348,9 @@ def _handwritten_rms(node):
         _is_mul(square) and _same_value(square.args[0], xf) and _same_value(square.args[1], xf))
     if not squared:
         return None
-    x = xf.args[0] if _call_of(xf, "float") and len(xf.args) == 1 else xf
-    return x, eps, weight
+    cast = (_call_of(xf, "float") and len(xf.args) == 1) or (
+        _call_of(xf, "to") and len(xf.args) == 2 and xf.args[1] is torch.float32)
+    return (xf.args[0] if cast else xf), eps, weight
 
 
 def _fold_handwritten_norms(graph_module) -> None:
