@@ -291,6 +291,105 @@ def test_random_stacks_round_trip_through_the_module(spec, seed):
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 
+ACT_SPELLINGS = {  # activation -> its spellings: a module, a function, a tensor method
+    "relu": (nn.ReLU, lambda t: F.relu(t), lambda t: t.relu()),
+    "silu": (nn.SiLU, lambda t: F.silu(t)),
+    "gelu": (lambda: nn.GELU(approximate="tanh"), lambda t: F.gelu(t, approximate="tanh")),
+    "gelu_erf": (nn.GELU, lambda t: F.gelu(t)),
+}
+RMS_SPELLINGS = ("module", "constant", "shape", "llama", "hugging-face")
+LAYER_SPELLINGS = ("module", "constant", "slice", "weight-shape")
+
+
+class SpelledBlock(nn.Module):
+    """One residual block written in drawn spellings: the norm (module, functional with a constant or a read
+    width, hand-written), the activation (module, function, method), the gate's order and whether the norm is
+    applied to each branch, eval-mode dropout or not, and the residual add's form."""
+
+    def __init__(self, c, h, act, act_form, norm, norm_form, gated, gate_first, norm_twice, dropout, add, bias):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(c, h, bias=bias), nn.Linear(h, c, bias=bias)
+        self.fc3 = nn.Linear(c, h, bias=bias) if gated else None
+        spelled = ACT_SPELLINGS[act][act_form]
+        self.act_module = spelled() if act_form == 0 else None
+        self.act_function = None if act_form == 0 else spelled
+        self.norm_kind, self.norm_form, self.eps = norm, norm_form, 1e-5
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(c)) if norm else None
+        self.shift = nn.Parameter(0.1 * torch.randn(c)) if norm == "layernorm" else None
+        self.norm_module = None
+        if norm and norm_form == "module":
+            self.norm_module = nn.RMSNorm(c, eps=self.eps) if norm == "rmsnorm" else nn.LayerNorm(c, eps=self.eps)
+        self.gate_first, self.norm_twice, self.add = gate_first, norm_twice, add
+        self.drop = nn.Dropout(0.5) if dropout else None
+        self.spelling = (f"act={act}/{act_form} norm={norm}/{norm_form} gated={gated} gate_first={gate_first} "
+                         f"norm_twice={norm_twice} dropout={dropout} add={add} bias={bias}")
+
+    def extra_repr(self) -> str:
+        return self.spelling
+
+    def norm(self, x):
+        if self.norm_kind is None:
+            return x
+        if self.norm_module is not None:
+            return self.norm_module(x)
+        if self.norm_kind == "layernorm":
+            shape = {"slice": x.shape[-1:], "weight-shape": self.weight.shape}.get(self.norm_form,
+                                                                                  (self.weight.shape[0],))
+            return F.layer_norm(x, shape, self.weight, self.shift, self.eps)
+        if self.norm_form in ("constant", "shape"):
+            shape = (x.shape[-1],) if self.norm_form == "shape" else (self.weight.shape[0],)
+            return F.rms_norm(x, shape, self.weight, self.eps)
+        return HandwrittenRMSNorm.FORMS[self.norm_form](self, x)
+
+    def llama_style(self, x):
+        return HandwrittenRMSNorm.llama_style(self, x)
+
+    def forward(self, x):
+        u = self.norm(x)
+        a = self.fc1(u)
+        a = self.act_module(a) if self.act_module is not None else self.act_function(a)
+        if self.fc3 is not None:
+            g = self.fc3(self.norm(x) if self.norm_twice else u)
+            a = g * a if self.gate_first else a * g
+        y = self.fc2(a)
+        if self.drop is not None:
+            y = self.drop(y)
+        if self.add == "inplace":
+            x += y
+            return x
+        return y + x if self.add == "swapped" else x + y
+
+
+@st.composite
+def spelled_stacks(draw):
+    """A random stack in random spellings, and the IR blocks it must read as."""
+    c = draw(st.integers(1, 12))
+    blocks, expected, rounds = [], [], False
+    for _ in range(draw(st.integers(1, 3))):
+        h, act = draw(st.integers(1, 20)), draw(st.sampled_from(sorted(ACT_SPELLINGS)))
+        norm = draw(st.sampled_from([None, "rmsnorm", "layernorm"]))
+        norm_form = draw(st.sampled_from(RMS_SPELLINGS if norm == "rmsnorm" else LAYER_SPELLINGS))
+        rounds |= norm_form in ("llama", "hugging-face")
+        gated, bias = draw(st.booleans()), draw(st.booleans())
+        blocks.append(SpelledBlock(c, h, act, draw(st.integers(0, len(ACT_SPELLINGS[act]) - 1)), norm, norm_form,
+                                   gated, draw(st.booleans()), draw(st.booleans()), draw(st.booleans()),
+                                   draw(st.sampled_from(["plain", "swapped", "inplace"])), bias))
+        expected.append(Block(c, h, act, norm=None if norm is None else Norm(norm, 1e-5, bias=norm == "layernorm"),
+                              gated=gated, bias1=bias, bias2=bias, bias3=gated and bias))
+    return nn.Sequential(*blocks).eval(), expected, rounds
+
+
+@settings(deadline=None)
+@given(stack=spelled_stacks(), seed=st.integers(0, 2**16))
+def test_random_spellings_of_random_stacks_read_as_their_blocks(stack, seed):
+    """However a block is spelled, the frontend reads the blocks it is, and the float64 reference of what it
+    read is the module's float64 output (within fp32 where a hand-written norm casts to float)."""
+    module, expected, rounds = stack
+    torch.manual_seed(seed)
+    source = module_matches_reference(fp16_exact(module), rows=3, seed=seed, tol=1e-5 if rounds else 1e-12)
+    assert source.blocks == expected
+
+
 class OldStream(nn.Module):
     """The second block's Linear reads the stream before the first block: not a chain of residual blocks."""
 

@@ -11,7 +11,8 @@ An nn.Module is accepted when its traced graph is a chain of residual blocks, ea
 
 then optionally a final norm whose output the module returns. Norms: ``nn.RMSNorm``,
 ``nn.LayerNorm`` (bias or not), ``F.rms_norm``, ``F.layer_norm``, over the last dimension only (a functional
-norm's width a constant or read from its input: ``x.shape[-1]``, ``x.size(-1)``, ``x.shape[-1:]``), and
+norm's width a constant, a parameter's size, or read from its input: ``x.shape[-1]``, ``x.size(-1)``,
+``x.shape[-1:]``), and
 RMSNorm written out as reference implementations do (``_handwritten_rms``: folded into ``F.rms_norm`` first).
 Activations: ReLU, GELU (``approximate="tanh"``: ``gelu``; exact: ``gelu_erf``), SiLU, as modules
 or as functions. Linears may lack biases; hidden may differ per block; the residual add may be in place
@@ -208,11 +209,23 @@ def _identity_input(node, modules):
 
 
 def _same_value(a, b) -> bool:
-    """Whether two nodes compute the same tensor: the same node, or the same module, function or method on the
-    same arguments (a norm applied twice to the stream, ``x.float()`` written twice)."""
+    """Whether two nodes compute the same value: the same node, or the same module, function or method on
+    arguments of the same values (a norm applied twice to the stream, ``x.float()`` or ``x.shape[-1]`` written
+    twice)."""
     return a is b or (getattr(a, "op", None) in ("call_module", "call_function", "call_method")
-                      and a.op == getattr(b, "op", None)
-                      and a.target == b.target and a.args == b.args and a.kwargs == b.kwargs)
+                      and a.op == getattr(b, "op", None) and a.target == b.target
+                      and _same_arguments(a.args, b.args) and _same_arguments(a.kwargs, b.kwargs))
+
+
+def _same_arguments(a, b) -> bool:
+    """Whether two fx argument structures (nodes, tuples, lists, dicts, constants) hold the same values."""
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same_arguments, a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_arguments(a[k], b[k]) for k in a)
+    if getattr(a, "op", None) is not None or getattr(b, "op", None) is not None:
+        return _same_value(a, b)
+    return a == b
 
 
 def _linear_of(node, modules):
@@ -280,17 +293,39 @@ def _is_last_size(value, tensor) -> bool:
     return False
 
 
-def _normalized_shape(raw, tensor) -> tuple:
+def _parameter_sizes(value, graph_module):
+    """The sizes a node reads from a parameter (``self.weight.shape``, ``self.weight.shape[0]``,
+    ``self.weight.size(0)``) as an int or a tuple of ints; None where it reads no parameter's size."""
+    node = value
+    index = None
+    if getattr(node, "op", None) == "call_function" and node.target is operator.getitem:
+        node, index = node.args
+    sizes = _sizes_of(node) if getattr(node, "op", None) else None
+    if sizes is None or getattr(sizes[0], "op", None) != "get_attr" or (index is not None and sizes[1] is not None):
+        return None
+    shape = tuple(_attribute(graph_module, sizes[0], "tensor whose size is read").shape)
+    index = sizes[1] if sizes[1] is not None else index
+    return shape if index is None else shape[index]
+
+
+def _normalized_shape(raw, tensor, graph_module) -> tuple:
     """A functional norm's ``normalized_shape`` as a tuple of ints and ``LAST`` (the input's last size, however
-    it was read); anything else is kept as given, for the caller to refuse."""
+    it was read); a parameter's sizes read as the ints they are; anything else is kept as given, for the caller
+    to refuse."""
     if getattr(raw, "op", None) == "call_function" and raw.target is operator.getitem:
         index = raw.args[1]
         inner = _sizes_of(raw.args[0]) if getattr(raw.args[0], "op", None) else None
         if inner == (tensor, None) and index == slice(-1, None, None):
             return (LAST,)
-        return (raw,)
+    read = _parameter_sizes(raw, graph_module)
+    if read is not None:
+        return read if isinstance(read, tuple) else (read,)
     if isinstance(raw, (tuple, list)):
-        return tuple(LAST if _is_last_size(v, tensor) else v for v in raw)
+        out = []
+        for v in raw:
+            read = _parameter_sizes(v, graph_module)
+            out.append(LAST if _is_last_size(v, tensor) else v if read is None else read)
+        return tuple(out)
     return (raw,)
 
 
@@ -389,7 +424,7 @@ def _norm_of(node, modules, graph_module):
         names = ("input", "normalized_shape", "weight", "eps") if kind == "rmsnorm" else (
             "input", "normalized_shape", "weight", "bias", "eps")
         args = _arguments(node, names)
-        shape = _normalized_shape(args.get("normalized_shape", ()), args.get("input"))
+        shape = _normalized_shape(args.get("normalized_shape", ()), args.get("input"), graph_module)
         eps = args.get("eps", None if kind == "rmsnorm" else 1e-5)
         weight = _attribute(graph_module, args.get("weight"), f"weight of {node.name}")
         bias = _attribute(graph_module, args.get("bias"), f"bias of {node.name}")
