@@ -149,3 +149,20 @@ def test_the_source_fingerprint_changes_with_a_byte_a_new_file_and_a_rename_of_a
         change()
         assert fingerprint() not in seen
         seen.add(fingerprint())
+
+
+def test_cubin_dir_is_per_arch_and_fingerprint_under_the_override(tmp_path, monkeypatch):
+    """The kernel packages' cubin directories: ``$env`` or ~/.cache/kernellab/<name>, then the arch ("device" for
+    the GPU's own) and the sources' fingerprint."""
+    fp = "f" * 12
+    monkeypatch.setenv("KERNELLAB_X_CACHE", str(tmp_path / "cache"))
+    assert provenance.cubin_dir("KERNELLAB_X_CACHE", "x", "sm_90a", fp) == tmp_path / "cache" / "sm_90a" / fp
+    assert provenance.cubin_dir("KERNELLAB_X_CACHE", "x", None, fp) == tmp_path / "cache" / "device" / fp
+    monkeypatch.delenv("KERNELLAB_X_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert provenance.cubin_dir("KERNELLAB_X_CACHE", "x", "sm_90a", fp) == (
+        tmp_path / "xdg" / "kernellab" / "x" / "sm_90a" / fp)
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert provenance.cubin_dir("KERNELLAB_X_CACHE", "x", None, fp) == (
+        tmp_path / "home" / ".cache" / "kernellab" / "x" / "device" / fp)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kernellab.harness.provenance import source_fingerprint
+from kernellab.harness.provenance import cubin_dir, source_fingerprint
 from kernellab.kernels.gpu import compiler
 
 GPU = Path(compiler.__file__).resolve().parent
@@ -52,14 +52,15 @@ def test_the_fingerprint_is_the_package_s_and_stable(tree, tmp_path):
     assert fingerprint(tree) == first
 
 
-def test_artifact_dir_is_per_arch_and_fingerprint_under_the_override(tmp_path, monkeypatch):
+def test_artifact_dir_is_the_package_s_cubin_dir(tmp_path, monkeypatch):
+    """The root $KERNELLAB_CUTE_CACHE, the name "cute" and this package's fingerprint
+    (``provenance.cubin_dir`` is the layout)."""
     monkeypatch.setenv("KERNELLAB_CUTE_CACHE", str(tmp_path / "cache"))
-    fp = compiler.sources_fingerprint()
-    assert compiler.artifact_dir("sm_90a") == tmp_path / "cache" / "sm_90a" / fp
-    assert compiler.artifact_dir() == tmp_path / "cache" / "device" / fp
+    assert compiler.artifact_dir("sm_90a") == tmp_path / "cache" / "sm_90a" / compiler.sources_fingerprint()
     monkeypatch.delenv("KERNELLAB_CUTE_CACHE")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert compiler.artifact_dir("sm_90a") == tmp_path / "xdg" / "kernellab" / "cute" / "sm_90a" / fp
+    fp = compiler.sources_fingerprint()
+    for arch in ("sm_90a", None):
+        assert compiler.artifact_dir(arch) == cubin_dir("KERNELLAB_CUTE_CACHE", "cute", arch, fp)
 
 
 def test_two_source_trees_keep_their_cubins_apart(tree, tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kernellab.harness.provenance import source_fingerprint
+from kernellab.harness.provenance import cubin_dir, source_fingerprint
 from kernellab.megakernel.engines import cache
 
 PACKAGE = Path(cache.__file__).resolve().parent.parent
@@ -70,14 +70,15 @@ def test_the_fingerprint_changes_with_a_byte_of_any_kernel_source(tree, source):
     assert fingerprint(tree) == first
 
 
-def test_artifact_dir_is_per_arch_and_fingerprint_under_the_override(tmp_path, monkeypatch):
+def test_artifact_dir_is_the_package_s_cubin_dir(tmp_path, monkeypatch):
+    """The root $KERNELLAB_MEGAKERNEL_CACHE, the name "megakernel" and this package's fingerprint
+    (``provenance.cubin_dir`` is the layout)."""
     monkeypatch.setenv("KERNELLAB_MEGAKERNEL_CACHE", str(tmp_path / "cache"))
-    fp = cache.sources_fingerprint()
-    assert cache.artifact_dir("sm_90a") == tmp_path / "cache" / "sm_90a" / fp
-    assert cache.artifact_dir() == tmp_path / "cache" / "device" / fp
+    assert cache.artifact_dir("sm_90a") == tmp_path / "cache" / "sm_90a" / cache.sources_fingerprint()
     monkeypatch.delenv("KERNELLAB_MEGAKERNEL_CACHE")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert cache.artifact_dir("sm_90a") == tmp_path / "xdg" / "kernellab" / "megakernel" / "sm_90a" / fp
+    fp = cache.sources_fingerprint()
+    for arch in ("sm_90a", None):
+        assert cache.artifact_dir(arch) == cubin_dir("KERNELLAB_MEGAKERNEL_CACHE", "megakernel", arch, fp)
 
 
 def test_two_source_trees_keep_their_cubins_apart(tree, tmp_path, monkeypatch):

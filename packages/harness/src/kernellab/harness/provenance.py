@@ -77,6 +77,17 @@ def source_fingerprint(root: str | os.PathLike, members: tuple[str, ...]) -> str
     return h.hexdigest()[:12]
 
 
+def cubin_dir(env: str, name: str, arch: str | None, fingerprint: str) -> Path:
+    """Where a kernel package keeps the cubins it compiles: ``<root>/<arch or "device">/<fingerprint>``, the root
+    ``$env`` or ~/.cache/kernellab/<name> ($XDG_CACHE_HOME for ~/.cache). The fingerprint (``source_fingerprint``
+    of the sources that determine the cubins) keeps two source trees apart (a revision A/B runs a worker per tree
+    at once, each hashing its own cubins for provenance), and puts a replay of the same sources at the recorded
+    path."""
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    root = os.environ.get(env) or os.path.join(home, "kernellab", name)
+    return Path(root) / (arch or "device") / fingerprint
+
+
 def artifact_hashes(paths: list[str]) -> dict[str, str]:
     return {str(p): sha256_file(p) for p in sorted(set(paths)) if Path(p).is_file()}
 

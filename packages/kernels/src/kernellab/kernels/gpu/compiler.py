@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernellab.harness.provenance import source_fingerprint
+from kernellab.harness.provenance import cubin_dir, source_fingerprint
 
 if TYPE_CHECKING:  # CuTe DSL is imported only when compiling
     from .base import Tuning
@@ -310,13 +310,9 @@ def sources_fingerprint() -> str:
 
 
 def artifact_dir(arch: str | None = None) -> Path:
-    """Where compiled cubins are kept: ``<root>/<arch or "device">/<sources_fingerprint()>``, the root
-    $KERNELLAB_CUTE_CACHE or ~/.cache/kernellab/cute ($XDG_CACHE_HOME for ~/.cache). The fingerprint
-    level keeps the cubins of two source trees apart (a revision A/B runs a worker per tree at once, each
-    hashing its own cubins for provenance), and puts a replay of the same sources at the recorded path."""
-    home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    root = os.environ.get("KERNELLAB_CUTE_CACHE") or os.path.join(home, "kernellab", "cute")
-    return Path(root) / (arch or "device") / sources_fingerprint()
+    """Where compiled cubins are kept (``provenance.cubin_dir``): the root $KERNELLAB_CUTE_CACHE or
+    ~/.cache/kernellab/cute, then the arch and ``sources_fingerprint()``."""
+    return cubin_dir("KERNELLAB_CUTE_CACHE", "cute", arch, sources_fingerprint())
 
 
 def compiled(variant: Variant):

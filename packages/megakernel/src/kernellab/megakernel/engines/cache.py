@@ -6,10 +6,9 @@ Imported by ``common`` (and by the CPU tests): pure Python, no CuTe DSL.
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
-from kernellab.harness.provenance import source_fingerprint
+from kernellab.harness.provenance import cubin_dir, source_fingerprint
 
 KERNEL_SOURCES = ("engines", "planning", "model.py")
 """What the generated kernels depend on, relative to the package: the engines (device code, the compile-time
@@ -28,11 +27,7 @@ def sources_fingerprint() -> str:
 
 
 def artifact_dir(arch: str | None = None) -> Path:
-    """Where compiled cubins are kept: ``<root>/<arch or "device">/<sources_fingerprint()>``, one dump
-    directory per variant below it, the root $KERNELLAB_MEGAKERNEL_CACHE or ~/.cache/kernellab/megakernel
-    ($XDG_CACHE_HOME for ~/.cache). The fingerprint level keeps the cubins of two source trees apart (a
-    revision A/B runs a worker per tree at once, each hashing its own cubins for provenance), and puts a
-    replay of the same sources at the recorded path."""
-    home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    root = os.environ.get("KERNELLAB_MEGAKERNEL_CACHE") or os.path.join(home, "kernellab", "megakernel")
-    return Path(root) / (arch or "device") / sources_fingerprint()
+    """Where compiled cubins are kept (``provenance.cubin_dir``): the root $KERNELLAB_MEGAKERNEL_CACHE or
+    ~/.cache/kernellab/megakernel, then the arch and ``sources_fingerprint()``; one dump directory per variant
+    below it."""
+    return cubin_dir("KERNELLAB_MEGAKERNEL_CACHE", "megakernel", arch, sources_fingerprint())
