@@ -432,12 +432,20 @@ class GradKernel(RowKernel):
         serves every other row); None without a cluster."""
         return visit // 2 % 2 if const_expr(self.ctas > 1) else None
 
+    @staticmethod
+    def wanted(*pairs) -> list:
+        """The (partials, vector gradient) pairs a call computes: those whose partials are given."""
+        return [(partials, out) for partials, out in pairs if partials is not None]
+
     @cute.jit
-    def end_rows(self):
-        """A cluster kernel's last wait at the cluster barrier, pairing the last row's arrive (or, for a
-        cluster without rows, that of the mbarriers' initialization)."""
+    def finish_rows(self, pairs, m_sync: cute.Tensor | None, grid: Int32):
+        """After a CTA's last row: with a cluster, its last wait at the cluster barrier (pairing the last row's
+        arrive, or for a cluster without rows the mbarriers' initialization; ``sum_kernel`` sums the partials);
+        without one, the grid barrier and the partials' sum (``reduce_partials``)."""
         if const_expr(self.ctas > 1):
             cute.arch.cluster_wait()
+        elif const_expr(len(pairs) > 0):
+            self.reduce_partials(pairs, m_sync, grid)
 
     @cute.jit
     def grid_barrier(self, m_sync: cute.Tensor, grid: Int32):

@@ -37,13 +37,8 @@ class LayerNormBackward(GradKernel):
                  grid: Int32, stream: cuda.CUstream):
         """mDW / mDB: (grid * rows_per_cta, N) fp32 partials; mWeightGrad / mBiasGrad: dweight / dbias in their
         dtypes (None where not wanted); mSync: the grid barrier's two int32 words (None with neither)."""
-        pairs = []
-        if const_expr(mDW is not None):
-            pairs.append((mDW, mWeightGrad))
-        if const_expr(mDB is not None):
-            pairs.append((mDB, mBiasGrad))
         self.launch_persistent(self.kernel(mX, mW, mDY, mMean, mRstd, mDX, mDW, mDB, mWeightGrad, mBiasGrad, mSync,
-                                           grid), grid, stream, pairs)
+                                           grid), grid, stream, self.wanted((mDW, mWeightGrad), (mDB, mBiasGrad)))
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor | None, mDY: cute.Tensor, mMean: cute.Tensor,
@@ -107,14 +102,7 @@ class LayerNormBackward(GradKernel):
                     self.partials(thr, mDB, bidx, t, tcols, later, dy, None)
         self.store_accumulator(thr, mDW, dw, bidx, first, cols)
         self.store_accumulator(thr, mDB, db, bidx, first, cols)
-        self.end_rows()
-        pairs = []
-        if const_expr(mDW is not None):
-            pairs.append((mDW, mWeightGrad))
-        if const_expr(mDB is not None):
-            pairs.append((mDB, mBiasGrad))
-        if const_expr(len(pairs) > 0 and self.ctas == 1):
-            self.reduce_partials(pairs, mSync, grid)
+        self.finish_rows(self.wanted((mDW, mWeightGrad), (mDB, mBiasGrad)), mSync, grid)
 
     @cute.jit
     def terms(self, thr, mX, mDY, w, mean, rstd, block, tile, row_ok, cols):

@@ -35,9 +35,8 @@ class RMSNormBackward(GradKernel):
                  mSync: cute.Tensor | None, grid: Int32, stream: cuda.CUstream):
         """mDW: the (grid * rows_per_cta, N) fp32 partials; mWeightGrad: dweight in the weight's dtype; mSync:
         the grid barrier's two int32 words (all three None without a weight)."""
-        pairs = [] if const_expr(mDW is None) else [(mDW, mWeightGrad)]
         self.launch_persistent(self.kernel(mX, mW, mDY, mRstd, mDH, mDX, mDW, mWeightGrad, mSync, grid), grid,
-                               stream, pairs)
+                               stream, self.wanted((mDW, mWeightGrad)))
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor | None, mDY: cute.Tensor, mRstd: cute.Tensor,
@@ -91,9 +90,7 @@ class RMSNormBackward(GradKernel):
                     self.store_dx(thr, mDH, mDX, x, g, rstd, dot, block, t, row_ok, tcols)
                     self.partials(thr, mDW, bidx, t, tcols, block != bidx, dy * x, None)
         self.store_accumulator(thr, mDW, dw, bidx, first, cols)
-        self.end_rows()
-        if const_expr(mDW is not None and self.ctas == 1):
-            self.reduce_partials([(mDW, mWeightGrad)], mSync, grid)
+        self.finish_rows(self.wanted((mDW, mWeightGrad)), mSync, grid)
 
     @cute.jit
     def terms(self, thr, mX, mDY, w, rstd, block, tile, row_ok, cols):
