@@ -329,12 +329,6 @@ def _normalized_shape(raw, tensor, graph_module) -> tuple:
     return (raw,)
 
 
-def _call_of(node, method: str, functions=()) -> bool:
-    """Whether a node is ``t.method(...)`` or one of ``functions(t, ...)``."""
-    op = getattr(node, "op", None)
-    return (op == "call_method" and node.target == method) or (op == "call_function" and node.target in functions)
-
-
 def _pair(node, test):
     """(the argument passing ``test``, the other) of a two-argument node, either order, or None."""
     if len(node.args) != 2 or node.kwargs:
@@ -356,35 +350,35 @@ def _handwritten_rms(node):
         split = _pair(node, lambda v: getattr(v, "op", None) == "get_attr")
         if split is not None:
             weight, core = split
-    if _call_of(core, "type_as") or _call_of(core, "to"):  # the cast back to the input's dtype
+    if _is_call(core, (), "type_as") or _is_call(core, (), "to"):  # the cast back to the input's dtype
         core = core.args[0]
     if not _is_mul(core):
         return None
-    split = _pair(core, lambda v: _call_of(v, "rsqrt", (torch.rsqrt,)))
+    split = _pair(core, lambda v: _is_call(v, (torch.rsqrt,), "rsqrt"))
     if split is None:
         return None
     root, xf = split
     total = root.args[0]
-    if not (_is_add(total) and len(total.args) == 2):
+    if not _is_add(total):
         return None
     moments = _pair(total, lambda v: isinstance(v, float))
     if moments is None:
         return None
     eps, mean = moments
-    if not _call_of(mean, "mean", (torch.mean,)):
+    if not _is_call(mean, (torch.mean,), "mean", keywords=True):
         return None
     margs = _arguments(mean, ("input", "dim", "keepdim"))
     if margs.get("dim") not in (-1, (-1,), [-1]) or not margs.get("keepdim", False):
         return None
     square = margs["input"]
-    squared = (_call_of(square, "pow", (torch.pow,)) and len(square.args) == 2 and _same_value(square.args[0], xf)
-               and square.args[1] in (2, 2.0)) or (_call_of(square, "square", (torch.square,))
+    squared = (_is_call(square, (torch.pow,), "pow") and len(square.args) == 2 and _same_value(square.args[0], xf)
+               and square.args[1] in (2, 2.0)) or (_is_call(square, (torch.square,), "square")
                                                    and _same_value(square.args[0], xf)) or (
         _is_mul(square) and _same_value(square.args[0], xf) and _same_value(square.args[1], xf))
     if not squared:
         return None
-    cast = (_call_of(xf, "float") and len(xf.args) == 1) or (
-        _call_of(xf, "to") and len(xf.args) == 2 and xf.args[1] is torch.float32)
+    cast = (_is_call(xf, (), "float") and len(xf.args) == 1) or (
+        _is_call(xf, (), "to") and len(xf.args) == 2 and xf.args[1] is torch.float32)
     return (xf.args[0] if cast else xf), eps, weight
 
 
@@ -439,10 +433,13 @@ def _norm_of(node, modules, graph_module):
     return Norm(kind, float(eps), bias is not None), weight, bias, shape[0]
 
 
-def _is_call(node, functions, method: str) -> bool:
-    if node.op == "call_method":
-        return node.target == method and not node.kwargs
-    return node.op == "call_function" and node.target in functions and not node.kwargs
+def _is_call(node, functions, method: str, *, keywords: bool = False) -> bool:
+    """Whether a value is the node ``t.method(...)`` or ``f(t, ...)`` for one of ``functions``, with keyword
+    arguments only where ``keywords``."""
+    op = getattr(node, "op", None)
+    if op not in ("call_method", "call_function") or (node.kwargs and not keywords):
+        return False
+    return node.target == method if op == "call_method" else node.target in functions
 
 
 def _is_add(node) -> bool:
