@@ -107,7 +107,6 @@ def top_stalls(launch: dict, count: int = 3) -> str:
 
 
 def child(shape: tuple, label: str) -> None:
-    import torch
     from megakernel_sweep import labelled_call
 
     from kernellab.megakernel import bench, planning
@@ -117,6 +116,14 @@ def child(shape: tuple, label: str) -> None:
         description, call = labelled_call(problem, label, bench.DEFAULT_ACTIVATION, planning.current_device())
     except ValueError as e:
         sys.exit(f"{label} does not run at {shape}: {e}")
+    profile_one_call(problem, call, description)
+
+
+def profile_one_call(problem, call, description: dict) -> None:
+    """The profiled program's part: one untimed call (the compile), then one call between cudaProfilerStart and
+    cudaProfilerStop, then the plan as a ``PLAN`` line for the parent."""
+    import torch
+
     inputs = problem.make_inputs(1)
     outputs = problem.make_outputs(inputs)
     call(inputs, outputs)
@@ -133,10 +140,10 @@ MODEL_PLANS = {"stack": None, "stack-grid": "grid", "stack-rows": "rows", "chain
 
 
 def model_child(name: str, rows: int, label: str) -> None:
-    """One model's call under the profiler, as ``child`` does for a shape: compile, validate against the float64
-    reference of the models section, one untimed call, one profiled call."""
-    import torch
-
+    """One model's call under the profiler, as ``child`` does for a shape: compile, validate as the models
+    section does (the harness's check of the float64 reference, poisoned outputs), then ``profile_one_call``."""
+    from kernellab.harness import validate
+    from kernellab.harness.case import seed_for
     from kernellab.megakernel import models
     from kernellab.megakernel.compiler.runner import compile_model
     from kernellab.megakernel.planning.stack import STACK_ENGINE
@@ -145,19 +152,15 @@ def model_child(name: str, rows: int, label: str) -> None:
     engine = "persistent-tc" if label == "chain" else STACK_ENGINE
     compiled = compile_model(case.spec, rows=rows, engine=engine, stack_form=MODEL_PLANS[label])
     problem = models.StackProblem(case, rows)
-    inputs = problem.make_inputs(1)
-    outputs = problem.make_outputs(inputs)
-    compiled(inputs["x"], out=outputs["y"])
-    want = problem.reference(inputs)["y"]
-    error = float((outputs["y"].double() - want).abs().max())
-    if not error <= models.STACK_TOLERANCE * (1 + float(want.abs().max())):
-        sys.exit(f"{label} of {name} at {rows} rows is wrong: max abs error {error:.3g}")
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    compiled(inputs["x"], out=outputs["y"])
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
-    print("PLAN " + json.dumps({"plan": str(compiled.plan()), "max_abs_error": error}), flush=True)
+
+    def call(inputs, outputs):
+        compiled(inputs["x"], out=outputs["y"])
+        return outputs
+
+    check = validate.validate_call(problem, call, seed_for(problem.name, 0))
+    if not check["passed"]:
+        sys.exit(f"{label} of {name} at {rows} rows does not pass validation: {check}")
+    profile_one_call(problem, call, {"plan": str(compiled.plan()), "validation": check})
 
 
 def _child_command(shape: tuple, label: str) -> list[str]:
