@@ -432,36 +432,6 @@ def _two_copies():
     return TwoCopies
 
 
-class AutogradFloor(RowProblem):
-    """One training step through autograd that does the least such a step can: a copy forward and a copy backward
-    (``_two_copies``). Its end-to-end time is the host floor the row ops' training steps are read against (the
-    autograd engine and two launches on this host), as the copy is their bandwidth ceiling."""
-
-    op = "autograd_floor"
-
-    def make_inputs(self, seed: int) -> Tensors:
-        g = self.generator(seed)
-        return {"x": self.randn(self.shape, g), "grad_out": self.randn(self.shape, g)}
-
-    def make_outputs(self, inputs: Tensors) -> Tensors:
-        import torch
-
-        return {"y": torch.empty_like(inputs["x"]), "dx": torch.empty_like(inputs["x"])}
-
-    def reference(self, inputs: Tensors) -> Tensors:
-        return {"y": inputs["x"], "dx": inputs["grad_out"]}
-
-    def control(self, inputs: Tensors, outputs: Tensors) -> Tensors:
-        y, (dx,) = autograd_step(_two_copies().apply, [inputs["x"]], inputs["grad_out"])
-        return {"y": y, "dx": dx}
-
-    def bytes_moved(self) -> int:
-        return 2 * self.row_bytes()
-
-    def tolerance(self) -> Tolerance:
-        return Tolerance(0.0, 0.0)
-
-
 class RowTrain(RowBackward):
     """Forward then backward through autograd (one training step of the op): the outputs are y and the
     gradients, the control the same step through torch's functional op, so both sides pay the autograd
@@ -490,6 +460,30 @@ class RowTrain(RowBackward):
         names = ("x", "weight", "bias")[:1 + self.vectors]
         y, grads = autograd_step(forward, [inputs[k] for k in names], inputs["grad_out"])
         return self.checked({"y": y, **{f"d{k}": gr for k, gr in zip(names, grads, strict=True)}})
+
+
+class AutogradFloor(RowTrain):
+    """One training step through autograd that does the least such a step can: a copy forward and a copy backward
+    (``_two_copies``). Its end-to-end time is the host floor the row ops' training steps are read against (the
+    autograd engine and two launches on this host), as the copy is their bandwidth ceiling."""
+
+    op = "autograd_floor"
+
+    def make_inputs(self, seed: int) -> Tensors:
+        g = self.generator(seed)
+        return {"x": self.randn(self.shape, g), "grad_out": self.randn(self.shape, g)}
+
+    def reference(self, inputs: Tensors) -> Tensors:
+        return self.checked({"y": inputs["x"], "dx": inputs["grad_out"]})
+
+    def control(self, inputs: Tensors, outputs: Tensors) -> Tensors:
+        return self.step(_two_copies().apply, inputs)
+
+    def bytes_moved(self) -> int:
+        return 2 * self.row_bytes()
+
+    def tolerance(self) -> Tolerance:
+        return Tolerance(0.0, 0.0)
 
 
 class SoftmaxTrain(RowTrain):
