@@ -6,6 +6,7 @@ timed (CUDA-graph throughput) three ways, each compiled in a process of its own:
     rows     rows alone (dweight / dbias left unwritten): what the per-row work costs
 
     python3 tools/device/backward_phases.py [--shapes 37x1537:float32,256x3072:bfloat16]
+    python3 tools/device/backward_phases.py --show RECORD.json   (anywhere: a written record as a table)
 
 The differences are the barrier's and the sum's costs. Only "full" gives correct vector gradients; the
 others are timing probes. Writes $OUT/backward_phases.json and prints one line per case.
@@ -62,11 +63,28 @@ def probe(phase: str, shapes: str) -> dict:
     return out
 
 
+def show(path: str) -> None:
+    """A written record as a markdown table: per case, the rows alone, what the barrier and the sum add, the whole
+    kernel (CUDA-graph throughput p50, us), and its grid."""
+    with open(path) as f:
+        found = json.load(f)["cases"]
+    print("| case | rows | + barrier | + sum | kernel | CTAs |")
+    print("|---|---|---|---|---|---|")
+    for case, full in found["full"].items():
+        t = {p: found[p][case]["p50_us"] for p in PHASES}
+        print(f"| {case} | {t['rows']:.2f} | {t['barrier'] - t['rows']:.2f} | {t['full'] - t['barrier']:.2f} | "
+              f"{t['full']:.2f} | {full['grid']} |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=SHAPES, help="comma-separated MxN:dtype")
+    ap.add_argument("--show", metavar="RECORD", help="print a written record as a markdown table and stop")
     ap.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # the per-phase subprocess
     args = ap.parse_args()
+    if args.show:
+        show(args.show)
+        return 0
     if args.phase:
         print(json.dumps(probe(args.phase, args.shapes)))
         return 0

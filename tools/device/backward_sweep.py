@@ -3,6 +3,7 @@ against torch and timed in graph throughput (inputs rotated past the L2, as the 
 (the ceiling by the backward's minimum bytes: x or y, dy, dx, the weight once) and torch's own backward.
 
     python3 tools/device/backward_sweep.py [--cases 'rmsnorm*bf16,*x4096*'] [--plans 'B0,B1'] [--rounds 2]
+    python3 tools/device/backward_sweep.py --show SWEEP.json...   (anywhere: the written sweeps as tables)
 
 Writes $OUT/backward_sweep.json (after every case: the plans, the run's provenance and one entry per case) and
 prints one line per case: each plan as a fraction of the copy ceiling.
@@ -17,28 +18,42 @@ import json
 import os
 import statistics
 
-import torch
-
-from kernellab.harness import provenance, timing
-from kernellab.kernels.gpu import compiler
-from kernellab.kernels.gpu.base import BACKWARD, Tuning
-from kernellab.kernels.gpu.compiler import Variant, widest_vector
-from kernellab.kernels.gpu.ops import _grid_sync as grid_sync
-
 SHAPES = [(16384, 8192), (8192, 16384), (65536, 1024), (768, 6144), (1024, 4096), (256, 3072), (37, 1537)]
-PLANS = {
-    "B0": BACKWARD,
-    "B1": Tuning(accesses=4, register_values=32, resident_threads=0, tile_values=32),
-    "B2": Tuning(accesses=1, register_values=8, resident_threads=0, tile_values=8),
-    "B3": Tuning(accesses=2, register_values=16, resident_threads=0, tile_values=16, ctas_per_sm=2),
-    "B4": Tuning(accesses=2, register_values=16, resident_threads=0, tile_values=16, min_threads=256),
-    "B5": Tuning(accesses=4, register_values=16, resident_threads=0, tile_values=16, ctas_per_sm=3),
-    "B6": Tuning(accesses=4, register_values=32, resident_threads=0, tile_values=0),  # 32 values, cluster past
-}
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+PLAN_LABELS = ("B0", "B1", "B2", "B3", "B4", "B5", "B6")
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def plans() -> dict:
+    """The sweep's Tuning plans by label (B0: the kernels' own backward plan)."""
+    from kernellab.kernels.gpu.base import BACKWARD, Tuning
+
+    return {
+        "B0": BACKWARD,
+        "B1": Tuning(accesses=4, register_values=32, resident_threads=0, tile_values=32),
+        "B2": Tuning(accesses=1, register_values=8, resident_threads=0, tile_values=8),
+        "B3": Tuning(accesses=2, register_values=16, resident_threads=0, tile_values=16, ctas_per_sm=2),
+        "B4": Tuning(accesses=2, register_values=16, resident_threads=0, tile_values=16, min_threads=256),
+        "B5": Tuning(accesses=4, register_values=16, resident_threads=0, tile_values=16, ctas_per_sm=3),
+        "B6": Tuning(accesses=4, register_values=32, resident_threads=0, tile_values=0),  # 32 values, cluster past
+    }
+
+
+def show(paths: list[str]) -> None:
+    """A written sweep as a markdown table: each case, each plan's and torch's time as a fraction of the copy."""
+    for path in paths:
+        with open(path) as f:
+            cases = json.load(f)["cases"]
+        labels = sorted({k for c in cases for k in c["of_copy"] if k != "torch"})
+        print("| case | " + " | ".join(f"{k} of copy" for k in labels) + " | torch of copy |")
+        print("|---|" + "---|" * (len(labels) + 1))
+        for c in cases:
+            cells = [c["of_copy"].get(k) for k in (*labels, "torch")]
+            print(f"| {c['case']} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in cells) + " |")
 
 
 def inputs(op, m, n, dt, g):
+    import torch
+
     x = torch.randn(m, n, device="cuda", generator=g).to(dt)
     dy = torch.randn(m, n, device="cuda", generator=g).to(dt)
     if op == "softmax":
@@ -50,6 +65,8 @@ def inputs(op, m, n, dt, g):
 
 
 def torch_backward(op, w, i):
+    import torch
+
     x, dy = i["x"], i["dy"]
     n = x.shape[-1]
     if op == "softmax":
@@ -61,6 +78,11 @@ def torch_backward(op, w, i):
 
 
 def ours(op, variant, w, sms):
+    import torch
+
+    from kernellab.kernels.gpu import compiler
+    from kernellab.kernels.gpu.ops import _grid_sync as grid_sync
+
     fn = compiler.call_of(compiler.compiled(variant))
     rows_per_cta, per_wave = compiler.wave(variant, sms)
 
@@ -84,7 +106,13 @@ def ours(op, variant, w, sms):
 
 
 def time_case(op, dname, m, n, args, device, sms):
-    dt = DTYPES[dname]
+    import torch
+
+    from kernellab.harness import timing
+    from kernellab.kernels.gpu import compiler
+    from kernellab.kernels.gpu.compiler import Variant, widest_vector
+
+    dt = getattr(torch, DTYPES[dname])
     e = dt.itemsize
     set_bytes = 2 * m * n * e
     sets = timing.rotation_count(set_bytes, device.cache_bytes, limit_bytes=16 << 30)
@@ -95,13 +123,13 @@ def time_case(op, dname, m, n, args, device, sms):
     contenders = {"copy": lambda i: y.copy_(i["x"]), "torch": functools.partial(torch_backward, op, w)}
     want = torch_backward(op, w, sets_in[0])
     want = (want,) if isinstance(want, torch.Tensor) else want
-    vec = widest_vector(n, {"fp32": "float32", "bf16": "bfloat16"}[dname])
-    name = {"fp32": "float32", "bf16": "bfloat16"}[dname]
+    name = DTYPES[dname]
+    vec = widest_vector(n, name)
     case = f"{op}_{m}x{n}_{dname}"
-    plans = {}
+    tunings, plans = args.tunings, {}
     for label in args.plans.split(","):
         variant = Variant(f"{op}_backward", name, n, vec, weight=None if op == "softmax" else name,
-                          bias=name if op == "layernorm" else None, tuning=PLANS[label])
+                          bias=name if op == "layernorm" else None, tuning=tunings[label])
         try:
             fn = ours(op, variant, w, sms)
             got = fn(sets_in[0])
@@ -137,18 +165,27 @@ def time_case(op, dname, m, n, args, device, sms):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--show", nargs="+", metavar="SWEEP", help="print written sweeps as markdown tables and stop")
     ap.add_argument("--cases", default="*")
-    ap.add_argument("--plans", default=",".join(PLANS))
+    ap.add_argument("--plans", default=",".join(PLAN_LABELS))
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--samples", type=int, default=5)
     ap.add_argument("--shapes", default=None)
     args = ap.parse_args()
+    if args.show:
+        show(args.show)
+        return
+    import torch
+
+    from kernellab.harness import provenance, timing
+
+    args.tunings = plans()
     device = timing.Device("cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = SHAPES if not args.shapes else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     out = os.path.join(os.environ.get("OUT", "."), "backward_sweep.json")
     record = {"tool": "tools/device/backward_sweep.py", "mode": "graph_throughput",
-              "plans": {k: str(v) for k, v in PLANS.items()},
+              "plans": {k: str(v) for k, v in args.tunings.items()},
               "provenance": provenance.of_check("cuda", __file__, ["kernels"]), "cases": []}
     results = record["cases"]
     for m, n in shapes:

@@ -5,7 +5,8 @@ next kernel change aims at the bound that holds and not at a guess.
     python3 tools/device/megakernel_profile.py --shape 1x7x13 [--plans 'planned,torch-cublas'] [--name NAME]
     python3 tools/device/megakernel_profile.py --shape 257x64x128 --plans persistent --source [--name NAME]
     python3 tools/device/megakernel_profile.py --model mlp8-c512-h2048-rms-silu --rows 1 [--plans 'stack*,chain']
-    python3 tools/device/megakernel_profile.py --show PROFILE.json...   (anywhere: a short table of written ones)
+    python3 tools/device/megakernel_profile.py --show PROFILE.json... [--markdown]   (anywhere: a short table of
+                                                                                  written ones)
 
 The plans are ``megakernel_sweep.PLANS``' labels plus ``torch-cublas``; with ``--model`` (a model of the report's
 models section at ``--rows``), ``MODEL_PLANS``: the fused stack as planned, its two forms forced, and the
@@ -33,6 +34,7 @@ import fnmatch
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -274,18 +276,36 @@ def profile_source(shape: tuple, label: str, work: str) -> dict:
 SHOWN_BRIEF = ("us", "l2 %", "regs", "cyc/issue")
 
 
-def show(paths: list[str]) -> None:
-    """One line per kernel launch of written profiles: shape, plan, a few of the table's numbers, top stalls."""
-    print(f"{'shape':16s} {'plan':12s} " + " ".join(f"{c:>9s}" for c in SHOWN_BRIEF) + "  top stalls")
+def kernel_label(name: str) -> str:
+    """A kernel's name short enough for a table: our engines' class (``engines<module><Class>_object...``), else
+    the first 40 characters (torch's)."""
+    found = re.search(r"engines([A-Za-z0-9_]+?)_object", name)
+    return found.group(1) if found else name[:40]
+
+
+def show(paths: list[str], markdown: bool = False) -> None:
+    """One line per kernel launch of written profiles: shape, plan, a few of the table's numbers, top stalls
+    (with ``markdown``, as a markdown table's rows, for a README's generated block)."""
+    if markdown:
+        print("| shape | plan | kernel | " + " | ".join(SHOWN_BRIEF) + " | top stalls |")
+        print("|---|---|---|" + "---|" * len(SHOWN_BRIEF) + "---|")
+    else:
+        print(f"{'shape':16s} {'plan':12s} " + " ".join(f"{c:>9s}" for c in SHOWN_BRIEF) + "  top stalls")
     for path in paths:
         with open(path) as f:
             record = json.load(f)
         shape = "x".join(map(str, record["shape"]))
         for label, result in record["plans"].items():
             for launch in result.get("launches", []):
-                print(f"{shape:16s} {label:12s} {cells(summary(launch), SHOWN_BRIEF)}  {top_stalls(launch)}")
+                numbers, stalls = summary(launch), top_stalls(launch)
+                if markdown:
+                    values = " | ".join(cells(numbers, (c,)).strip() for c in SHOWN_BRIEF)
+                    print(f"| {shape} | {label} | `{kernel_label(launch['kernel'])}` | {values} | {stalls} |")
+                else:
+                    print(f"{shape:16s} {label:12s} {cells(numbers, SHOWN_BRIEF)}  {stalls}")
             for launch in result.get("source", []):
-                print(f"{shape:16s} {label:12s} {source_line(launch)}")
+                print(f"| {shape} | {label} | {source_line(launch)} |" if markdown
+                      else f"{shape:16s} {label:12s} {source_line(launch)}")
 
 
 def source_line(launch: dict) -> str:
@@ -299,6 +319,7 @@ def source_line(launch: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--show", nargs="+", metavar="PROFILE", help="print written profiles' table and stop")
+    ap.add_argument("--markdown", action="store_true", help="with --show: a markdown table")
     ap.add_argument("--shape", help="RxCxH (required unless --show or --model)")
     ap.add_argument("--model", help="a model of the report's models section (kernellab.megakernel.models)")
     ap.add_argument("--rows", type=int, default=1, help="the model's rows per call (with --model)")
@@ -310,7 +331,7 @@ def main() -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.show:
-        show(args.show)
+        show(args.show, args.markdown)
         return
     if args.model:
         from kernellab.megakernel import models

@@ -8,8 +8,9 @@ A generated block is the output of one command between two markers:
 
 ``kernellab-bench tables`` reruns every block's command and writes its output in place; ``--check`` writes
 nothing and exits 1 naming each block whose text differs (the test suite runs it over the committed READMEs).
-Commands are ``kernellab-bench ...`` or ``python -m kernellab.<package>...``, run with this interpreter in the
-checkout's root, without a shell.
+Commands are ``kernellab-bench ...``, ``python -m kernellab.<package>...`` or ``python tools/<script>.py ...``
+(the checkout's own tools, which print the tables of the records the device tools write), run with this
+interpreter in the checkout's root, without a shell.
 """
 
 from __future__ import annotations
@@ -51,8 +52,11 @@ def argv_of(command: str, where: str) -> list[str]:
         return [sys.executable, "-m", "kernellab.harness", *words[1:]]
     if words[:2] == ["python", "-m"] and len(words) > 2 and words[2].startswith("kernellab."):
         return [sys.executable, *words[1:]]
-    raise TablesError(f"{where}: generated block command {command!r} is neither `kernellab-bench ...` nor "
-                      "`python -m kernellab.<package>...`")
+    script = Path(words[1]) if words[:1] == ["python"] and len(words) > 1 else None
+    if script is not None and script.parts[:1] == ("tools",) and script.suffix == ".py" and ".." not in script.parts:
+        return [sys.executable, *words[1:]]
+    raise TablesError(f"{where}: generated block command {command!r} is not `kernellab-bench ...`, "
+                      "`python -m kernellab.<package>...` or `python tools/<script>.py ...`")
 
 
 def blocks(path: Path) -> list[Block]:
