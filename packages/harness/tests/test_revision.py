@@ -120,3 +120,23 @@ def test_a_case_past_its_timeout_kills_its_worker(monkeypatch):
     with pytest.raises(RevisionError, match=r"gave no answer to 'case' within 10 s \(a hung kernel\?\); it was killed"):
         run_sides({"candidate": Path(__file__).resolve().parents[3]}, request, 1, progress=False, case_timeout_s=10)
     assert time.monotonic() - t0 < 120
+
+
+def test_a_worker_leaving_quickly_loses_nothing_printed():
+    """``worker.quick_exit`` skips the interpreter's teardown; what Python and C printed before it still
+    arrives, C's buffered stdout included (a pipe buffers it fully)."""
+    import os
+    import sys
+
+    code = ("import ctypes, sys\n"
+            "from kernellab.harness.worker import quick_exit\n"
+            "libc = ctypes.CDLL(None)\n"
+            "libc.printf(b'from C\\n')\n"
+            "sys.stderr.write('from Python')\n"
+            "quick_exit()\n"
+            "raise SystemExit(3)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # which would unbuffer C's stdout
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode == 0
+    assert res.stdout == "from C\n"
+    assert res.stderr == "from Python"
