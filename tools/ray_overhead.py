@@ -7,6 +7,7 @@ during the pairs moves both sides alike. Ray's start-up, which the cluster repor
 of the ratio and reported apart.
 
     python tools/ray_overhead.py --pairs 3 --out DIR [--suite cpu-ops] [--cases P] [-- BENCH OPTIONS]
+    python tools/ray_overhead.py --show RECORD.json   (a written record as a markdown table)
 
 Writes ``ray-overhead.json`` (every pair's wall times, the ratios, the two reports of each pair by name
 and sha256, the machine's provenance, and a sha256 over it as reports carry) with the reports beside it, and prints a
@@ -39,14 +40,33 @@ def bench(common: list[str], out: Path, on_ray: bool) -> tuple[float, dict]:
     return wall, json.loads(out.read_text())
 
 
+def table(record: dict) -> str:
+    """A record as a markdown table: each pair's wall times and ratio, then the median against the target."""
+    lines = ["| pair | order | single s | cluster s | Ray start-up s (apart) | ratio |", "|---|---|---|---|---|---|"]
+    for i, q in enumerate(record["pairs"]):
+        lines.append(f"| {i + 1} | {' then '.join(q['order'])} | {q['single_s']:.1f} | {q['ray_s']:.1f} | "
+                     f"{q['ray_startup_s']:.1f} | {q['ratio']:.3f} |")
+    verdict = "met" if record["meets_target"] else "missed"
+    lines.append(f"\nmedian ratio {record['ratio_median']:.3f} (range {record['ratio_range'][0]:.3f}-"
+                 f"{record['ratio_range'][1]:.3f}), target <= {record['target_ratio']}: {verdict}")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", default="cpu-ops")
     p.add_argument("--cases", help="--cases for kernellab-bench (default: the whole suite)")
     p.add_argument("--pairs", type=int, default=3, help="pairs of runs, alternating which goes first (default 3)")
-    p.add_argument("--out", required=True, help="folder for the record and the reports")
+    p.add_argument("--out", help="folder for the record and the reports")
+    p.add_argument("--show", metavar="RECORD", help="print a written record as a markdown table and stop")
     p.add_argument("bench", nargs=argparse.REMAINDER, help="more kernellab-bench options, after --")
     args = p.parse_args(argv)
+    if args.show:
+        with open(args.show) as f:
+            print(table(json.load(f)), end="")
+        return 0
+    if not args.out:
+        p.error("--out: a folder for the record is needed (or --show RECORD)")
     if args.pairs < 1:
         p.error(f"--pairs: expected a whole number >= 1, got {args.pairs}")
     try:
@@ -95,12 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     record["sha256"] = report.report_hash(record)  # the harness's canonical hash: an edit shows
     path = out / "ray-overhead.json"
     path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"{'pair':>4}  {'order':<14} {'single s':>9} {'ray s':>8} {'start-up s':>10} {'ratio':>6}")
-    for i, q in enumerate(pairs):
-        print(f"{i + 1:>4}  {'/'.join(q['order']):<14} {q['single_s']:9.1f} {q['ray_s']:8.1f} "
-              f"{q['ray_startup_s']:10.1f} {q['ratio']:6.3f}")
-    print(f"median ratio {record['ratio_median']:.3f} (target <= {TARGET}): "
-          f"{'met' if record['meets_target'] else 'missed'}; record: {path}")
+    print(table(record), end="")
+    print(f"record: {path}")
     return 0
 
 
