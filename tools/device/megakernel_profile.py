@@ -49,6 +49,9 @@ SHOWN = {  # table column -> the (section, metric) ncu prints in its details pag
     "mem %": ("GPU Speed Of Light Throughput", "Memory Throughput"),
     "l2 %": ("GPU Speed Of Light Throughput", "L2 Cache Throughput"),
     "regs": ("Launch Statistics", "Registers Per Thread"),
+    "ctas": ("Launch Statistics", "Grid Size"),
+    "threads": ("Launch Statistics", "Block Size"),
+    "sms": ("Launch Statistics", "# SMs"),
     "occ %": ("Occupancy", "Achieved Occupancy"),
     "cyc/issue": ("Warp State Statistics", "Warp Cycles Per Issued Instruction"),
     "issue %": ("Scheduler Statistics", "Issue Slots Busy"),
@@ -80,9 +83,13 @@ def _number(value: str, unit: str) -> float | None:
     return number * scale if scale else number
 
 
+COUNTS = ("ctas", "threads", "sms", "regs")  # columns printed as whole numbers
+
+
 def cells(numbers: dict, columns) -> str:
     """The table's cells of ``columns`` ('-' where ncu printed no such metric)."""
-    return " ".join(f"{'-' if numbers[c] is None else format(numbers[c], '.1f'):>9s}" for c in columns)
+    return " ".join(f"{'-' if numbers[c] is None else format(numbers[c], '.0f' if c in COUNTS else '.1f'):>9s}"
+                    for c in columns)
 
 
 def summary(launch: dict) -> dict:
@@ -273,7 +280,7 @@ def profile_source(shape: tuple, label: str, work: str) -> dict:
     return record
 
 
-SHOWN_BRIEF = ("us", "l2 %", "regs", "cyc/issue")
+SHOWN_BRIEF = ("us", "ctas", "threads", "sms", "mem %", "l2 %", "occ %", "regs", "cyc/issue")
 
 
 def kernel_label(name: str) -> str:
