@@ -19,7 +19,7 @@ import os
 import statistics
 
 SHAPES = [(16384, 8192), (8192, 16384), (65536, 1024), (768, 6144), (1024, 4096), (256, 3072), (37, 1537)]
-PLAN_LABELS = ("B0", "B1", "B2", "B3", "B4", "B5", "B6")
+PLAN_LABELS = ("B0", "B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8")
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
@@ -35,6 +35,9 @@ def plans() -> dict:
         "B4": Tuning(accesses=2, register_values=16, resident_threads=0, tile_values=16, min_threads=256),
         "B5": Tuning(accesses=4, register_values=16, resident_threads=0, tile_values=16, ctas_per_sm=3),
         "B6": Tuning(accesses=4, register_values=32, resident_threads=0, tile_values=0),  # 32 values, cluster past
+        # B6 and B0 with CTAs of at most 256 threads: more, smaller CTAs per row (a cluster past them)
+        "B7": Tuning(accesses=4, register_values=32, resident_threads=0, tile_values=0, max_threads_per_row=256),
+        "B8": Tuning(accesses=2, register_values=16, resident_threads=0, tile_values=0, max_threads_per_row=256),
     }
 
 

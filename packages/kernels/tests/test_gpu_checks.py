@@ -185,6 +185,29 @@ def test_plans_of_the_suite_shapes():
     assert streamed.ctas == 8 and streamed.tiles > 1
 
 
+
+@pytest.mark.parametrize("cap", [64, 128, 256])
+def test_a_capped_cta_splits_the_row_over_more_ctas(cap):
+    """Tuning.max_threads_per_row caps a CTA's share of a row; what no longer fits goes to more CTAs of a
+    cluster, every one with columns, and the variant's name says so (its cubin is another file)."""
+    pytest.importorskip("cutlass")
+    from kernellab.kernels.gpu.base import BACKWARD, Tuning
+
+    for n, dtype in ((8192, "bfloat16"), (16384, "bfloat16"), (12289, "float32"), (6144, "float16")):
+        vec = compiler.widest_vector(n, dtype)
+        full = Variant("rmsnorm_backward", dtype, n, vec).kernel()
+        tuning = Tuning(**{**vars(BACKWARD), "max_threads_per_row": cap})
+        capped = Variant("rmsnorm_backward", dtype, n, vec, weight=dtype, tuning=tuning)
+        k = capped.kernel()
+        span = k.tiles * k.tile_cols
+        assert k.threads_per_row <= cap and k.ctas * span >= n and (k.ctas - 1) * span < n, k.describe()
+        assert k.ctas * k.tiles >= full.ctas * full.tiles, (k.describe(), full.describe())
+        assert f"-p{cap}" in capped.name
+    assert "-p" not in Variant("softmax", "float32", 64, 4, tuning=Tuning()).name.split("_t", 1)[1]
+    for bad in (0, 48, 2048):
+        with pytest.raises(ValueError, match="max_threads_per_row"):
+            Variant("softmax", "float32", 4096, 4, tuning=Tuning(max_threads_per_row=bad)).kernel()
+
 def test_variant_validation():
     with pytest.raises(ValueError, match="unknown op"):
         Variant("gelu", "float32", 8, 4)

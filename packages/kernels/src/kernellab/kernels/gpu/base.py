@@ -21,7 +21,6 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.memory import SmemAllocator
 
-MAX_THREADS_PER_ROW = 512  # one CTA's share of a row; keeps two or more CTAs resident per SM
 MAX_CLUSTER = 8  # the portable thread block cluster size on Hopper
 WARP = 32
 
@@ -40,6 +39,7 @@ class Tuning:
     tile_values: int | None = None  # stream every row on one CTA, this many values per thread and tile (the
     # passes after the first re-read x, mostly from L2, for fewer registers and more rows in flight); 0: stream
     # only rows that overflow a cluster's registers; None: the kernel's rule (RowKernel.stream_values)
+    max_threads_per_row: int = 512  # one CTA's share of a row; 512 keeps two or more CTAs resident per SM
 
 # The backward kernels hold two row tensors (x or y, and dy) and fp32 accumulators of the vector gradients:
 # 16 values per thread and tensor (two 128-bit accesses of a 16-bit row, four of an fp32 row); a longer row is
@@ -73,7 +73,7 @@ class RowKernel:
 
     stages = 1
     name = "row"
-    # a 16-bit row that one CTA of MAX_THREADS_PER_ROW threads would hold at more than 16 values per thread (two
+    # a 16-bit row that one CTA of max_threads_per_row threads would hold at more than 16 values per thread (two
     # rows per SM in flight at most) is streamed on that CTA instead, this many values per thread and tile
     # (0: held). LayerNorm sets it: its held row keeps x and x - mean live in fp32 (64 registers).
     stream_values = 0
@@ -86,11 +86,14 @@ class RowKernel:
         vectors = n // vec
         target = max(tuning.accesses, 16 // vec)  # accesses per thread and tile
         limit = max(target, tuning.register_values // vec)  # accesses whose values still fit in registers
-        tpr = min(MAX_THREADS_PER_ROW, _pow2_at_least(_ceil_div(vectors, target)))
+        cap = tuning.max_threads_per_row
+        if cap < WARP or cap > 1024 or cap & (cap - 1):
+            raise ValueError(f"max_threads_per_row must be a power of two from {WARP} to 1024, got {cap}")
+        tpr = min(cap, _pow2_at_least(_ceil_div(vectors, target)))
         chunks, tiles, ctas = _ceil_div(vectors, tpr), 1, 1
         stream = tuning.tile_values
         if stream is None:
-            held = chunks <= limit and tpr == MAX_THREADS_PER_ROW and chunks * vec > 16 and dtype.width == 16
+            held = chunks <= limit and tpr == cap and chunks * vec > 16 and dtype.width == 16
             stream = self.stream_values if held else 0
         if stream:
             chunks = min(chunks, max(1, stream // vec))
