@@ -65,3 +65,28 @@ def test_source_profile_counts_instructions_by_opcode_and_per_warp():
     torch_summary = profile.source_summary(kernels[1], profile.plan_warps(None))
     assert torch_summary["executed_per_warp"] is None
     assert profile.source_line(torch_summary) == "64 instructions in all: FFMA=64"
+
+
+def test_phases_table_adds_the_smaller_grids_only_where_they_were_timed(tmp_path, capsys):
+    """``backward_phases.py --show``: the phases at the grid the ops launch, then (records made with ``--ctas``)
+    the same phases on each smaller grid, largest first; an older record without grids prints the first table."""
+    import json
+
+    phases = load_tool("backward_phases")
+    times = {"256": {"full": 10.0, "barrier": 7.0, "rows": 4.0}, "66": {"full": 8.0, "barrier": 6.5, "rows": 4.5}}
+    record = {p: {"rmsnorm_backward_256x3072_bfloat16": {
+        "p50_us": times["256"][p], "grid": 256, "rows_per_cta": 1,
+        "p50_us_by_grid": {g: t[p] for g, t in times.items()}}} for p in phases.PHASES}
+    path = tmp_path / "phases.json"
+    path.write_text(json.dumps({"cases": record}))
+    phases.show(str(path))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == "| rmsnorm_backward_256x3072_bfloat16 | 4.00 | 3.00 | 3.00 | 10.00 | 256 |"
+    assert lines[-2:] == ["| rmsnorm_backward_256x3072_bfloat16 | 256 | 4.00 | 3.00 | 3.00 | 10.00 |",
+                          "| rmsnorm_backward_256x3072_bfloat16 | 66 | 4.50 | 2.00 | 1.50 | 8.00 |"]
+    for case in record.values():  # a record from before --ctas
+        for entry in case.values():
+            del entry["p50_us_by_grid"]
+    path.write_text(json.dumps({"cases": record}))
+    phases.show(str(path))
+    assert len(capsys.readouterr().out.splitlines()) == 3

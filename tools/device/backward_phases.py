@@ -9,7 +9,9 @@ timed (CUDA-graph throughput) three ways, each compiled in a process of its own:
     python3 tools/device/backward_phases.py --show RECORD.json   (anywhere: a written record as a table)
 
 The differences are the barrier's and the sum's costs. Only "full" gives correct vector gradients; the
-others are timing probes. Writes $OUT/backward_phases.json and prints one line per case.
+others are timing probes. With ``--ctas 33,66``, each phase is also timed on grids of at most that many CTAs
+(fewer, fatter CTAs: each runs more rows, and fewer partial rows are summed). Writes
+$OUT/backward_phases.json and prints one line per case and grid.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ SHAPES = "37x1537:float32,256x3072:bfloat16,1024x4096:bfloat16,768x6144:bfloat16
 PHASES = ("full", "barrier", "rows")
 
 
-def probe(phase: str, shapes: str) -> dict:
+def probe(phase: str, shapes: str, caps: list[int]) -> dict:
     """One phase's timings, in this process (the kernels compile after the patch)."""
     import torch
     from backward_sweep import ours  # the kernel called directly, as the plan sweep calls it (this folder)
@@ -53,13 +55,19 @@ def probe(phase: str, shapes: str) -> dict:
         for op in ("rmsnorm", "layernorm"):
             v = Variant(f"{op}_backward", name, n, widest_vector(n, name), weight=name,
                         bias=name if op == "layernorm" else None)
-            call = functools.partial(ours(op, v, w, sms), {"x": x, "dy": dy, "mean": mean, "rstd": rstd})
-            rows_per_cta, per_wave = compiler.wave(v, sms)  # of the variant ours() compiled
-            grid = min(-(-m // rows_per_cta), per_wave)  # the grid it launches
+            inputs = {"x": x, "dy": dy, "mean": mean, "rstd": rstd}
+            ours(op, v, w, sms)  # compiles: wave() reads the cubin's registers
+            rows_per_cta, per_wave = compiler.wave(v, sms)
+            default = min(-(-m // rows_per_cta), per_wave)  # the grid the GPU ops launch
             iterations = max(20, int(3000 / (3 * m * n * x.element_size() / 4e6 + 2)))
-            samples = timing.measure("graph_throughput", [call], device, samples=7, iterations=iterations)
-            out[f"{op}_backward_{m}x{n}_{name}"] = {"p50_us": statistics.median(samples), "grid": grid,
-                                                     "rows_per_cta": rows_per_cta}
+            timed = {}
+            for grid in sorted({default, *(min(c, default) for c in caps)}, reverse=True):
+                call = functools.partial(ours(op, v, w, sms, ctas=grid), inputs)
+                samples = timing.measure("graph_throughput", [call], device, samples=7, iterations=iterations)
+                timed[grid] = statistics.median(samples)
+            out[f"{op}_backward_{m}x{n}_{name}"] = {"p50_us": timed[default], "grid": default,
+                                                     "rows_per_cta": rows_per_cta,
+                                                     "p50_us_by_grid": {str(g): t for g, t in timed.items()}}
     return out
 
 
@@ -74,36 +82,56 @@ def show(path: str) -> None:
         t = {p: found[p][case]["p50_us"] for p in PHASES}
         print(f"| {case} | {t['rows']:.2f} | {t['barrier'] - t['rows']:.2f} | {t['full'] - t['barrier']:.2f} | "
               f"{t['full']:.2f} | {full['grid']} |")
+    grids = [(case, full["p50_us_by_grid"]) for case, full in found["full"].items()
+             if len(full.get("p50_us_by_grid", {})) > 1]
+    if grids:  # the same phases on smaller grids
+        print()
+        print("| case | CTAs | rows | + barrier | + sum | kernel |")
+        print("|---|---|---|---|---|---|")
+        for case, by_grid in grids:
+            for g in sorted(by_grid, key=int, reverse=True):
+                t = {p: found[p][case]["p50_us_by_grid"][g] for p in PHASES}
+                print(f"| {case} | {g} | {t['rows']:.2f} | {t['barrier'] - t['rows']:.2f} | "
+                      f"{t['full'] - t['barrier']:.2f} | {t['full']:.2f} |")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=SHAPES, help="comma-separated MxN:dtype")
     ap.add_argument("--show", metavar="RECORD", help="print a written record as a markdown table and stop")
+    ap.add_argument("--ctas", default="", help="comma-separated CTA counts: also time each case on grids of at most "
+                    "that many CTAs")
     ap.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # the per-phase subprocess
     args = ap.parse_args()
+    try:
+        caps = [int(c) for c in args.ctas.split(",") if c]
+    except ValueError:
+        ap.error(f"--ctas: comma-separated positive integers expected, got {args.ctas!r}")
+    if any(c < 1 for c in caps):
+        ap.error(f"--ctas: comma-separated positive integers expected, got {args.ctas!r}")
     if args.show:
         show(args.show)
         return 0
     if args.phase:
-        print(json.dumps(probe(args.phase, args.shapes)))
+        print(json.dumps(probe(args.phase, args.shapes, caps)))
         return 0
     from kernellab.harness import provenance
 
     found = {}
     for phase in PHASES:
-        run = subprocess.run([sys.executable, __file__, "--phase", phase, "--shapes", args.shapes],
-                             capture_output=True, text=True, check=True)
+        run = subprocess.run([sys.executable, __file__, "--phase", phase, "--shapes", args.shapes, "--ctas",
+                              args.ctas], capture_output=True, text=True, check=True)
         found[phase] = json.loads(run.stdout.strip().splitlines()[-1])
     record = {"tool": "tools/device/backward_phases.py", "phases": PHASES, "mode": "graph_throughput",
               "provenance": provenance.of_check("cuda", __file__, ["kernels"]), "cases": found}
     path = os.path.join(os.environ.get("OUT", "."), "backward_phases.json")
     with open(path, "w") as f:
         json.dump(record, f, indent=1)
-    for case in found["full"]:
-        t = {p: found[p][case]["p50_us"] for p in PHASES}
-        print(f"{case}: rows {t['rows']:.2f} us, + barrier {t['barrier'] - t['rows']:.2f}, "
-              f"+ sum {t['full'] - t['barrier']:.2f} = {t['full']:.2f}", flush=True)
+    for case, full in found["full"].items():
+        for g in full["p50_us_by_grid"]:
+            t = {p: found[p][case]["p50_us_by_grid"][g] for p in PHASES}
+            print(f"{case} on {g} CTAs: rows {t['rows']:.2f} us, + barrier {t['barrier'] - t['rows']:.2f}, "
+                  f"+ sum {t['full'] - t['barrier']:.2f} = {t['full']:.2f}", flush=True)
     return 0
 
 

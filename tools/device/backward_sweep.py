@@ -80,7 +80,9 @@ def torch_backward(op, w, i):
                                                      [True, True, True])
 
 
-def ours(op, variant, w, sms):
+def ours(op, variant, w, sms, ctas=None):
+    """Our backward called directly, on the grid the GPU ops launch, or on at most ``ctas`` CTAs (a timing
+    probe: the persistent loop gives each CTA more rows, the partials shrink to the grid's rows)."""
     import torch
 
     from kernellab.kernels.gpu import compiler
@@ -96,7 +98,7 @@ def ours(op, variant, w, sms):
         if op == "softmax":
             fn(x, dy, dx)
             return (dx,)
-        grid = min(-(-m // rows_per_cta), per_wave)
+        grid = min(-(-m // rows_per_cta), per_wave, ctas or per_wave)
         pw, dw, sync = torch.empty(grid * rows_per_cta, n, device="cuda"), torch.empty_like(w), grid_sync(x.device)
         if op == "rmsnorm":
             fn(x, w, dy, i["rstd"], None, dx, pw, dw, sync, grid)
