@@ -95,20 +95,22 @@ def show(path: str) -> None:
                       f"{t['full'] - t['barrier']:.2f} | {t['full']:.2f} |")
 
 
+def cta_counts(text: str) -> str:
+    """--ctas: comma-separated positive integers (kept as text: it is passed on to each phase's process)."""
+    if not all(c.isdigit() and int(c) > 0 for c in text.split(",") if c):
+        raise argparse.ArgumentTypeError(f"comma-separated positive integers expected, got {text!r}")
+    return text
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=SHAPES, help="comma-separated MxN:dtype")
     ap.add_argument("--show", metavar="RECORD", help="print a written record as a markdown table and stop")
-    ap.add_argument("--ctas", default="", help="comma-separated CTA counts: also time each case on grids of at most "
-                    "that many CTAs")
+    ap.add_argument("--ctas", default="", type=cta_counts, help="comma-separated CTA counts: also time each case on "
+                    "grids of at most that many CTAs")
     ap.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # the per-phase subprocess
     args = ap.parse_args()
-    try:
-        caps = [int(c) for c in args.ctas.split(",") if c]
-    except ValueError:
-        ap.error(f"--ctas: comma-separated positive integers expected, got {args.ctas!r}")
-    if any(c < 1 for c in caps):
-        ap.error(f"--ctas: comma-separated positive integers expected, got {args.ctas!r}")
+    caps = [int(c) for c in args.ctas.split(",") if c]
     if args.show:
         show(args.show)
         return 0

@@ -4,6 +4,7 @@ implementations, and the backward functions' argument checks."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -193,10 +194,10 @@ def test_a_capped_cta_splits_the_row_over_more_ctas(cap):
     pytest.importorskip("cutlass")
     from kernellab.kernels.gpu.base import BACKWARD, Tuning
 
+    tuning = dataclasses.replace(BACKWARD, max_threads_per_row=cap)
     for n, dtype in ((8192, "bfloat16"), (16384, "bfloat16"), (12289, "float32"), (6144, "float16")):
         vec = compiler.widest_vector(n, dtype)
         full = Variant("rmsnorm_backward", dtype, n, vec).kernel()
-        tuning = Tuning(**{**vars(BACKWARD), "max_threads_per_row": cap})
         capped = Variant("rmsnorm_backward", dtype, n, vec, weight=dtype, tuning=tuning)
         k = capped.kernel()
         span = k.tiles * k.tile_cols

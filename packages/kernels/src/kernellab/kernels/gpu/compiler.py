@@ -60,7 +60,7 @@ class Variant:
         knobs = (f"_t{t.accesses}-{t.register_values}-{t.min_threads}-{t.resident_threads}-{t.vectors}"
                  f"{f'-c{t.ctas_per_sm}' if t.ctas_per_sm else ''}"
                  f"{f'-s{t.tile_values}' if t.tile_values is not None else ''}"
-                 f"{f'-p{t.max_threads_per_row}' if t.max_threads_per_row != type(t)().max_threads_per_row else ''}"
+                 f"{f'-p{t.max_threads_per_row}' if t.max_threads_per_row != type(t).max_threads_per_row else ''}"
                  if t else "")
         stats = "_stats" if self.stats else ""
         return f"{self.op}_{self.dtype}_n{self.n}_v{self.vec}{flags}{'_res' if self.residual else ''}{stats}{knobs}"
