@@ -1,7 +1,15 @@
-"""The ``gpu-megakernel`` suite (entry point ``kernellab.suites``): the residual MLP at the
-development and assessment shapes, every engine as an impl, torch-cublas as the control.
+"""The harness suites of this package (entry points ``kernellab.suites``):
 
-The assessment shapes are measured, never tuned on: nothing in planning looks at them.
+- ``gpu-megakernel``: the residual MLP at the development and assessment shapes, every engine as an impl,
+  torch-cublas as the control. The assessment shapes are measured, never tuned on: nothing in planning looks
+  at them.
+- ``gpu-megakernel-models``: the report's whole models at its row counts, compiled as one fused launch
+  (``persistent-stack``) and as the per-block chain (``block-chain``), against torch block by block with the
+  kernels' rounding points (``torch-chain``, the control). Being a suite, it gets the harness's revision A/B
+  (``kernellab-bench --suite gpu-megakernel-models --baseline REV``) and ``kernellab-audit``: the way a change
+  to the fused engine is measured against the commit before it. (torch eager and torch.compile of the fp16
+  ``nn.Module`` round at other points, so they stay in the report's ``models`` section, with their own
+  tolerance.)
 """
 
 from __future__ import annotations
@@ -110,4 +118,67 @@ def suite() -> Suite:
         impls=[impl(name) for name in engines.ENGINES],
         control=CONTROL,
         defaults={"rounds": 3, "samples": 50, "warmup": 10, "iterations": 10},
+    )
+
+
+MODELS_CONTROL = "torch-chain"
+
+
+def model_impl(name: str, engine: str) -> Impl:
+    """``compile_model(spec, rows, engine=engine)`` as a harness impl (weights of the problem's seed). A fused
+    model the stack pass refused is Unsupported with the pass's reason: it would time the chain under the
+    fused name."""
+    from .planning.stack import STACK_ENGINE
+
+    def bind(problem):
+        from .compiler.runner import compile_model
+
+        try:
+            compiled = compile_model(problem.case.spec, rows=problem.shape[0], seed=problem.weights_seed,
+                                     engine=engine)
+        except Exception as e:  # noqa: BLE001 - reported per case, not fatal
+            raise Unsupported(f"{name} could not be built for {problem.name}: {type(e).__name__}: {e}") from e
+        if engine == STACK_ENGINE and compiled.fused is None:
+            plan = compiled.plan()
+            raise Unsupported(f"{name}: the stack pass refused {problem.name} ({plan.form_reason})")
+
+        def call(inputs, outputs):
+            compiled(inputs["x"], out=outputs["y"])
+            return outputs
+
+        return call
+
+    def artifacts():
+        from .engines.common import artifacts as cubins
+
+        return cubins()
+
+    def available():
+        from . import engines
+
+        return engines.unavailable("persistent-tc")  # a CUDA device, CuTe DSL and TVM-FFI, as the fused engine
+
+    return Impl(name=name, bind=bind, available=available, artifacts=artifacts,
+                description=f"compile_model(engine={engine!r})")
+
+
+def models_suite() -> Suite:
+    from . import models
+    from .planning.stack import STACK_ENGINE
+
+    def problems():
+        return [models.StackProblem(case, rows) for case in models.REPORT_MODELS for rows in models.REPORT_ROWS]
+
+    control = Impl(name=MODELS_CONTROL, bind=lambda problem: problem.control,
+                   description="torch block by block, the kernels' rounding points")
+    return Suite(
+        name="gpu-megakernel-models",
+        device="cuda",
+        description="The report's whole models (residual-MLP stacks, fp16 in, fp32 out) at rows "
+                    f"{', '.join(map(str, models.REPORT_ROWS))}: the fused stack in one launch and the per-block "
+                    "chain, against torch block by block",
+        make_problems=problems,
+        impls=[model_impl(STACK_ENGINE, STACK_ENGINE), model_impl("block-chain", "persistent-tc"), control],
+        control=MODELS_CONTROL,
+        defaults={"rounds": 3, "samples": 30, "warmup": 10, "iterations": 10},
     )

@@ -10,6 +10,7 @@ spec and seed: the compiled model, torch eager and torch.compile then run the sa
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 from torch import nn
@@ -285,9 +286,15 @@ class StackProblem(Problem):
 
     def __init__(self, case: ModelCase, rows: int, *, tolerance: float = STACK_TOLERANCE, weights_seed: int = 0,
                  device: str = "cuda"):
-        self.case, self.source = case, frontend.from_spec(case.spec, seed=weights_seed, device=device)
-        super().__init__((rows, self.source.blocks[0].channels), "fp16", device, model=case.name)
+        self.case, self.weights_seed = case, weights_seed
+        blocks, _ = frontend.read_spec(case.spec)
+        super().__init__((rows, blocks[0].channels), "fp16", device, model=case.name)
         self._tolerance = tolerance
+
+    @functools.cached_property
+    def source(self) -> frontend.Source:
+        """The weights, made on first use (a suite lists its problems on machines without the device)."""
+        return frontend.from_spec(self.case.spec, seed=self.weights_seed, device=self.device)
 
     def name_suffix(self) -> str:
         return f"_{self.case.name}"
@@ -301,6 +308,12 @@ class StackProblem(Problem):
     def reference(self, inputs):
         s = self.source
         return {"y": stack.reference_stack(inputs["x"], s.blocks, s.parameters, s.final_norm, s.final_parameters)}
+
+    def control(self, inputs, outputs):
+        """torch with the kernels' rounding points, block by block (``stack.torch_stack``)."""
+        s = self.source
+        stack.torch_stack(inputs["x"], s.blocks, s.parameters, s.final_norm, s.final_parameters, outputs["y"])
+        return outputs
 
     def bytes_moved(self) -> int:
         return self.case.weight_bytes() + self.shape[0] * self.shape[1] * (2 + 4)

@@ -168,6 +168,22 @@ def torch_block(stream, block, p: dict, out):
     return torch.add(y, stream.float(), out=out)
 
 
+def torch_stack(x, blocks, parameters: list[dict], final_norm: Norm | None, final_parameters, out):
+    """The whole stack in torch with the kernels' rounding points (``torch_block`` per block, then the final
+    norm in fp32), written into ``out`` (fp32): the torch control of the models suite."""
+    import torch
+
+    stream = x
+    for index, (block, p) in enumerate(zip(blocks, parameters, strict=True)):
+        last = index == len(blocks) - 1 and final_norm is None
+        stream = torch_block(stream, block, p, out if last else torch.empty_like(out))
+    if final_norm is not None:
+        final_parameters = final_parameters or {}
+        out.copy_(torch_norm(stream, final_norm, final_parameters.get("norm_weight"),
+                             final_parameters.get("norm_bias")))
+    return out
+
+
 # ---- parameters from a seed (specs, tests) ------------------------------------------------------------
 
 def make_norm_parameters(norm: Norm, channels: int, *, seed: int, device="cpu") -> dict:

@@ -1,0 +1,79 @@
+"""The ``gpu-megakernel-models`` harness suite, on the CPU: its problems, its torch control (checked against
+the float64 reference and the compiled model's CPU chain) and its impls' refusals."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from kernellab.harness import validate
+from kernellab.harness.case import Unsupported
+from kernellab.megakernel import bench, models
+from kernellab.megakernel.compiler import runner
+
+CASES = (
+    models.ModelCase("small-swiglu", {"channels": 16, "final_norm": "rmsnorm", "blocks": [
+        {"hidden": 24, "activation": "silu", "norm": "rmsnorm", "gated": True, "bias": False},
+        {"hidden": 40, "activation": "gelu", "norm": {"kind": "layernorm", "bias": True}}]}, fits_l2=True),
+    models.ModelCase("plain-relu", {"channels": 24, "blocks": [
+        {"hidden": 32, "activation": "relu"}, {"hidden": 8, "activation": "gelu_erf"},
+        {"hidden": 72, "activation": "silu", "norm": {"kind": "layernorm", "bias": False}}]}, fits_l2=True),
+)
+
+
+def test_suite_lists_every_model_and_row_count_without_making_weights():
+    suite = bench.models_suite()
+    problems = suite.make_problems()
+    assert [p.name for p in problems] == [f"stack_{rows}x{case.spec['channels']}_fp16_{case.name}"
+                                          for case in models.REPORT_MODELS for rows in models.REPORT_ROWS]
+    assert suite.control == bench.MODELS_CONTROL and suite.impl(bench.MODELS_CONTROL)
+    assert {i.name for i in suite.impls} == {"persistent-stack", "block-chain", bench.MODELS_CONTROL}
+    assert all("source" not in p.__dict__ for p in problems), "listing the suite made a model's weights"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("rows", [1, 7])
+def test_control_passes_validation_and_matches_the_compiled_cpu_chain(case, rows):
+    problem = models.StackProblem(case, rows, device="cpu")
+    result = validate.validate_call(problem, problem.control, seed=11)
+    assert result["passed"], result
+    inputs = problem.make_inputs(5)
+    compiled = runner.compile_model(case.spec, rows=rows, target="cpu")
+    ours = problem.control(inputs, problem.make_outputs(inputs))["y"]
+    assert torch.equal(ours, compiled(inputs["x"])), "the control and the CPU chain round at different points"
+
+
+def test_control_that_drops_a_block_fails_validation():
+    case = CASES[1]
+    problem = models.StackProblem(case, 4, device="cpu")
+    short = models.StackProblem(models.ModelCase("short", {**case.spec, "blocks": case.spec["blocks"][:-1]},
+                                                 fits_l2=True), 4, device="cpu")
+
+    def drops_the_last_block(inputs, outputs):
+        return short.control(inputs, outputs)
+
+    assert not validate.validate_call(problem, drops_the_last_block, seed=2)["passed"]
+
+
+def test_impls_refuse_without_a_gpu_naming_the_impl():
+    problem = models.StackProblem(CASES[0], 4, device="cpu")
+    for impl in bench.models_suite().impls:
+        if impl.name == bench.MODELS_CONTROL:
+            continue
+        if not torch.cuda.is_available():
+            assert impl.available() == "no CUDA device"
+        with pytest.raises(Unsupported, match=impl.name):
+            impl.bind(problem)
+
+
+def test_fused_impl_refuses_a_model_the_stack_pass_did_not_fuse(monkeypatch):
+    """A fused impl must not time the per-block chain under its name: the stack pass's reason is the refusal."""
+    plan = types.SimpleNamespace(form="per-block chain", form_reason="hidden 40 is not a multiple of 64")
+    monkeypatch.setattr(runner, "compile_model", lambda *a, **k: types.SimpleNamespace(fused=None, plan=lambda: plan))
+    problem = models.StackProblem(CASES[0], 4, device="cpu")
+    with pytest.raises(Unsupported, match="stack pass refused .*hidden 40 is not a multiple of 64"):
+        bench.models_suite().impl("persistent-stack").bind(problem)
+    chained = bench.models_suite().impl("block-chain").bind(problem)  # the chain impl takes it as it is
+    assert callable(chained)
