@@ -58,7 +58,7 @@ def probe(phase: str, shapes: str, caps: list[int]) -> dict:
             inputs = {"x": x, "dy": dy, "mean": mean, "rstd": rstd}
             ours(op, v, w, sms)  # compiles: wave() reads the cubin's registers
             rows_per_cta, per_wave = compiler.wave(v, sms)
-            default = min(-(-m // rows_per_cta), per_wave)  # the grid the GPU ops launch
+            default = compiler.backward_grid(m, rows_per_cta, per_wave, sms, x.element_size())  # the ops' grid
             iterations = max(20, int(3000 / (3 * m * n * x.element_size() / 4e6 + 2)))
             timed = {}
             for grid in sorted({default, *(min(c, default) for c in caps)}, reverse=True):

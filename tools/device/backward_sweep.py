@@ -98,7 +98,7 @@ def ours(op, variant, w, sms, ctas=None):
         if op == "softmax":
             fn(x, dy, dx)
             return (dx,)
-        grid = min(-(-m // rows_per_cta), per_wave, ctas or per_wave)
+        grid = min(compiler.backward_grid(m, rows_per_cta, per_wave, sms, x.element_size()), ctas or per_wave)
         pw, dw, sync = torch.empty(grid * rows_per_cta, n, device="cuda"), torch.empty_like(w), grid_sync(x.device)
         if op == "rmsnorm":
             fn(x, w, dy, i["rstd"], None, dx, pw, dw, sync, grid)

@@ -119,6 +119,21 @@ def test_resident_ctas_matches_the_occupancy_calculator():
     assert compiler.resident_ctas(1024, 255) == 0
 
 
+@pytest.mark.parametrize("m,rows_per_cta,per_wave,element_size,grid", [
+    (256, 1, 264, 2, 132),  # RMSNorm 256x3072 bf16: the wave's partials are most of the rows' bytes: one CTA an SM
+    (1024, 1, 264, 2, 132),  # 1024x4096 bf16: still a third
+    (65536, 1, 396, 2, 396),  # 65536x1024 bf16: under 1 %: the wave, its loads in flight
+    (65536, 2, 396, 2, 396),
+    (37, 1, 264, 4, 37),  # fewer rows than SMs: a CTA a row
+    (4096, 2, 132, 4, 132),  # a wave of one CTA an SM stays
+    (100000, 4, 528, 4, 528),
+    (300, 4, 264, 2, 75),  # 75 CTAs hold the rows
+])
+def test_backward_grid_keeps_the_wave_unless_its_partials_outweigh_the_rows(m, rows_per_cta, per_wave,
+                                                                             element_size, grid):
+    assert compiler.backward_grid(m, rows_per_cta, per_wave, 132, element_size) == grid
+
+
 def test_cubin_resources_and_the_launch_bound_of_a_denser_plan(tmp_path, monkeypatch):
     """Registers read from the cubin, and a plan one CTA per SM denser than the heuristic one: the
     launch bound caps the registers so that it is resident, without spilling."""

@@ -277,6 +277,25 @@ def wave(variant: Variant, sms: int) -> tuple[int, int]:
     return plan["rows_per_cta"], max(1, sms * per_sm // plan["cluster"])
 
 
+PARTIALS_SHARE = 0.05
+"""Past this share of a backward's row bytes (x, dy and dx) in fp32 partials (written, then read by the sum), its
+grid keeps one CTA an SM instead of the wave's several: on the H100 (reports/h100/norm-backward,
+backward-phases-grids.json) a 132-CTA grid beat the 256- and 264-CTA waves of RMSNorm at 256x3072 and 1024x4096 bf16
+(fewer partial rows to write and sum), while at 65536x1024 the 396-CTA wave beat 132 CTAs by half again."""
+
+
+def backward_grid(m: int, rows_per_cta: int, per_wave: int, sms: int, element_size: int) -> int:
+    """The grid of a backward launch with vector gradients over ``m`` rows: the wave (``wave``), or one CTA an SM
+    where the wave's partials would be more than ``PARTIALS_SHARE`` of the rows' bytes (``sms`` 0, off the GPU:
+    the wave). Any grid up to the wave is correct (the kernel's rows loop strides by the grid); this picks the
+    faster."""
+    blocks = -(-m // rows_per_cta)
+    grid = min(blocks, per_wave)
+    if 0 < sms < grid and 8 * grid * rows_per_cta > PARTIALS_SHARE * 3 * m * element_size:
+        grid = min(blocks, sms)
+    return grid
+
+
 def call_of(fn):
     """The tvm_ffi.Function under the DSL's kwargs wrapper where there is one: the same positional
     arguments (the wrapper only fills defaults we always pass), a shorter host path per call."""

@@ -14,7 +14,7 @@ import torch
 
 from .. import checks
 from . import compiler
-from .compiler import Plans, Variant, call_of, wave
+from .compiler import Plans, Variant, backward_grid, call_of, wave
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -315,9 +315,8 @@ def _grad_launch(op: str, x, dy, weight=None, dh=None, rstd=None, mean=None, dbi
     if op == "softmax_backward":
         fn(x2, dy2, dx2)
         return dx, None, None
-    blocks = -(-m // rows_per_cta)
     vectors = weight is not None or dbias is not None
-    grid = min(blocks, per_wave) if vectors else blocks
+    grid = backward_grid(m, rows_per_cta, per_wave, _sms(x), e) if vectors else -(-m // rows_per_cta)
     pw = dw = pb = db = sync = None
     if weight is not None:
         pw, dw = x.new_empty((grid * rows_per_cta, n), dtype=torch.float32), torch.empty_like(weight)
