@@ -59,9 +59,10 @@ def probe(phase: str, shapes: str, caps: list[int]) -> dict:
             ours(op, v, w, sms)  # compiles: wave() reads the cubin's registers
             rows_per_cta, per_wave = compiler.wave(v, sms)
             default = compiler.backward_grid(m, rows_per_cta, per_wave, sms, x.element_size())  # the ops' grid
+            wave = compiler.wave_grid(m, rows_per_cta, per_wave)  # timed too, so the rule can be rechecked
             iterations = max(20, int(3000 / (3 * m * n * x.element_size() / 4e6 + 2)))
             timed = {}
-            for grid in sorted({default, *(min(c, default) for c in caps)}, reverse=True):
+            for grid in sorted({default, *((wave, *(min(c, wave) for c in caps)) if caps else ())}, reverse=True):
                 call = functools.partial(ours(op, v, w, sms, ctas=grid), inputs)
                 samples = timing.measure("graph_throughput", [call], device, samples=7, iterations=iterations)
                 timed[grid] = statistics.median(samples)

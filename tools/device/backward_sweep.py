@@ -81,8 +81,9 @@ def torch_backward(op, w, i):
 
 
 def ours(op, variant, w, sms, ctas=None):
-    """Our backward called directly, on the grid the GPU ops launch, or on at most ``ctas`` CTAs (a timing
-    probe: the persistent loop gives each CTA more rows, the partials shrink to the grid's rows)."""
+    """Our backward called directly, on the grid the GPU ops launch (``compiler.backward_grid``), or on
+    ``min(ctas, row blocks, the wave)`` CTAs (a timing probe of any grid the kernel can take: the persistent loop
+    gives each CTA more rows, the partials shrink to the grid's rows)."""
     import torch
 
     from kernellab.kernels.gpu import compiler
@@ -98,7 +99,10 @@ def ours(op, variant, w, sms, ctas=None):
         if op == "softmax":
             fn(x, dy, dx)
             return (dx,)
-        grid = min(compiler.backward_grid(m, rows_per_cta, per_wave, sms, x.element_size()), ctas or per_wave)
+        if ctas is None:
+            grid = compiler.backward_grid(m, rows_per_cta, per_wave, sms, x.element_size())
+        else:
+            grid = min(compiler.wave_grid(m, rows_per_cta, per_wave), ctas)
         pw, dw, sync = torch.empty(grid * rows_per_cta, n, device="cuda"), torch.empty_like(w), grid_sync(x.device)
         if op == "rmsnorm":
             fn(x, w, dy, i["rstd"], None, dx, pw, dw, sync, grid)

@@ -80,6 +80,13 @@ class ResidualMLP(Problem):
         return Tolerance(*model.tolerance_for(self.model_shape))
 
 
+def cubins() -> list[str]:
+    """The compiled kernels' cubins (imported on use: CuTe DSL only where something was compiled)."""
+    from .engines.common import artifacts
+
+    return artifacts()
+
+
 def problems(shapes=DEVELOPMENT_SHAPES + ASSESSMENT_SHAPES, activation: str = DEFAULT_ACTIVATION) -> list[ResidualMLP]:
     return [ResidualMLP(shape, activation=activation) for shape in shapes]
 
@@ -96,11 +103,7 @@ def impl(name: str) -> Impl:
             raise Unsupported(f"{name} could not be built for {problem.name}: {type(e).__name__}: {e}") from e
 
     def artifacts():
-        if engines.split_graph(name)[0] in engines.TORCH_ENGINES:
-            return []
-        from .engines.common import artifacts as cubins
-
-        return cubins()
+        return [] if engines.split_graph(name)[0] in engines.TORCH_ENGINES else cubins()
 
     return Impl(name=name, bind=bind, available=lambda: engines.unavailable(name), artifacts=artifacts,
                 graphable=not name.endswith(engines.GRAPH_SUFFIX), description=f"megakernel engine {name}")
@@ -148,17 +151,12 @@ def model_impl(name: str, engine: str) -> Impl:
 
         return call
 
-    def artifacts():
-        from .engines.common import artifacts as cubins
-
-        return cubins()
-
     def available():
         from . import engines
 
         return engines.unavailable("persistent-tc")  # a CUDA device, CuTe DSL and TVM-FFI, as the fused engine
 
-    return Impl(name=name, bind=bind, available=available, artifacts=artifacts,
+    return Impl(name=name, bind=bind, available=available, artifacts=cubins,
                 description=f"compile_model(engine={engine!r})")
 
 

@@ -178,10 +178,15 @@ def torch_stack(x, blocks, parameters: list[dict], final_norm: Norm | None, fina
         last = index == len(blocks) - 1 and final_norm is None
         stream = torch_block(stream, block, p, out if last else torch.empty_like(out))
     if final_norm is not None:
-        final_parameters = final_parameters or {}
-        out.copy_(torch_norm(stream, final_norm, final_parameters.get("norm_weight"),
-                             final_parameters.get("norm_bias")))
+        torch_final_norm(stream, final_norm, final_parameters, out)
     return out
+
+
+def torch_final_norm(stream, final_norm: Norm, final_parameters: dict | None, out):
+    """``out = final_norm(stream)`` in fp32 (``final_parameters``: its weight and bias, absent keys: none)."""
+    final_parameters = final_parameters or {}
+    return out.copy_(torch_norm(stream, final_norm, final_parameters.get("norm_weight"),
+                                final_parameters.get("norm_bias")))
 
 
 # ---- parameters from a seed (specs, tests) ------------------------------------------------------------

@@ -279,9 +279,14 @@ def wave(variant: Variant, sms: int) -> tuple[int, int]:
 
 PARTIALS_SHARE = 0.05
 """Past this share of a backward's row bytes (x, dy and dx) in fp32 partials (written, then read by the sum), its
-grid keeps one CTA an SM instead of the wave's several: on the H100 (reports/h100/norm-backward,
-backward-phases-grids.json) a 132-CTA grid beat the 256- and 264-CTA waves of RMSNorm at 256x3072 and 1024x4096 bf16
-(fewer partial rows to write and sum), while at 65536x1024 the 396-CTA wave beat 132 CTAs by half again."""
+grid keeps one CTA an SM instead of the wave's several. Set from the H100 grid probe
+(reports/h100/norm-backward/backward-phases-grids.json): one CTA an SM won where the wave's partials were a large
+share (RMSNorm 256x3072 and 1024x4096 bf16), the wave won where they were a small one (65536x1024)."""
+
+
+def wave_grid(m: int, rows_per_cta: int, per_wave: int) -> int:
+    """The largest grid a backward over ``m`` rows takes: a CTA (or cluster) per row block, at most a wave."""
+    return min(-(-m // rows_per_cta), per_wave)
 
 
 def backward_grid(m: int, rows_per_cta: int, per_wave: int, sms: int, element_size: int) -> int:
@@ -289,10 +294,9 @@ def backward_grid(m: int, rows_per_cta: int, per_wave: int, sms: int, element_si
     where the wave's partials would be more than ``PARTIALS_SHARE`` of the rows' bytes (``sms`` 0, off the GPU:
     the wave). Any grid up to the wave is correct (the kernel's rows loop strides by the grid); this picks the
     faster."""
-    blocks = -(-m // rows_per_cta)
-    grid = min(blocks, per_wave)
+    grid = wave_grid(m, rows_per_cta, per_wave)
     if 0 < sms < grid and 8 * grid * rows_per_cta > PARTIALS_SHARE * 3 * m * element_size:
-        grid = min(blocks, sms)
+        grid = sms
     return grid
 
 

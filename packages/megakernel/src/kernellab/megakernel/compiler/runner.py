@@ -170,8 +170,7 @@ class CompiledModel:
                 step.block(operand, stream, params["w1"], params["b1"], params["w2"], params["b2"], target)
             stream = target
         if final_norm is not None:
-            out.copy_(stack.torch_norm(stream, final_norm, self.final_parameters.get("norm_weight"),
-                                       self.final_parameters.get("norm_bias")))
+            stack.torch_final_norm(stream, final_norm, self.final_parameters, out)
         return out
 
 
