@@ -160,9 +160,12 @@ def test_launch_plans(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_backward_plans_hold_long_rows_in_a_cluster(dtype):
-    """A backward row past one CTA's 16 values a thread is split over a cluster of CTAs that holds it (each
-    element read once); past a cluster of 8, it is streamed on one CTA."""
+    """A backward row past one CTA's values (16 a thread in up to 512 threads; a 16-bit norm row from
+    WIDE_BACKWARD_N columns, 32 a thread in up to 256) is split over a cluster of CTAs that holds it (each element
+    read once); past a cluster of 8, it is streamed on one CTA."""
     pytest.importorskip("cutlass")
+    from kernellab.kernels.gpu.base import WIDE_BACKWARD_N
+
     width = 32 if dtype == "float32" else 16
     for n in PLAN_NS:
         for vec in (v for v in (1, 2, 4, 8) if v * width <= 128 and n % v == 0):
@@ -170,7 +173,9 @@ def test_backward_plans_hold_long_rows_in_a_cluster(dtype):
                 k = Variant(op, dtype, n, vec).kernel()
                 span = k.tiles * k.tile_cols
                 assert k.ctas * span >= n and (k.ctas - 1) * span < n, "a CTA of the cluster without columns"
-                assert k.values_per_thread <= 16, (op, n, vec, k.describe())
+                wide = op != "softmax_backward" and width == 16 and n >= WIDE_BACKWARD_N and k.tiles == 1
+                assert k.values_per_thread <= (32 if wide else 16), (op, n, vec, k.describe())
+                assert k.threads_per_row <= (256 if wide else 512), (op, n, vec, k.describe())
                 assert (k.ctas > 1) == (8 * 1024 < n <= 64 * 1024), (op, n, vec, k.describe())
                 assert (k.tiles > 1) == (n > 64 * 1024), (op, n, vec, k.describe())
 

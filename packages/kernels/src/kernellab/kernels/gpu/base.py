@@ -46,6 +46,11 @@ class Tuning:
 # split over a cluster of CTAs that hold it in registers (each element read once), and one past a cluster's
 # registers is streamed on one CTA in tiles of 16 (GradKernel). No launch bound.
 BACKWARD = Tuning(accesses=2, register_values=16, resident_threads=0, tile_values=0)
+# 16-bit norm rows from WIDE_BACKWARD_N columns: 32 values a thread in CTAs of at most 256 threads, a cluster past
+# them (the sweep's plan B7). On an H100 (reports/h100/norm-backward/backward-sweep-bf16-b7.json) it gained at
+# 8192x16384 and tied at 16384x8192; at 4096x2560 it lost, so narrower rows keep BACKWARD.
+WIDE_BACKWARD = Tuning(accesses=4, register_values=32, resident_threads=0, tile_values=0, max_threads_per_row=256)
+WIDE_BACKWARD_N = 8192
 STREAMED_BACKWARD_VALUES = 16
 
 ADD = operator.add
@@ -387,9 +392,13 @@ class GradKernel(RowKernel):
     overwrites a value another warp of the CTA is still reading."""
 
     reductions = 1
+    wide_16_bit = False  # the norms: WIDE_BACKWARD for 16-bit rows from WIDE_BACKWARD_N columns
 
     def __init__(self, dtype, n: int, vec: int, tuning: Tuning | None = None):
-        super().__init__(dtype, n, vec, tuning or BACKWARD)
+        if tuning is None:
+            wide = self.wide_16_bit and dtype.width == 16 and n >= WIDE_BACKWARD_N
+            tuning = WIDE_BACKWARD if wide else BACKWARD
+        super().__init__(dtype, n, vec, tuning)
         if self.ctas > 1 and self.tiles > 1:  # past a cluster's registers: streamed on one CTA instead
             super().__init__(dtype, n, vec, dataclasses.replace(self.tuning, tile_values=STREAMED_BACKWARD_VALUES))
         self.stages = 2 * self.reductions

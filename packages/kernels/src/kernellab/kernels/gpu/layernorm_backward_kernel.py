@@ -21,6 +21,7 @@ from .base import ADD, GradKernel
 class LayerNormBackward(GradKernel):
     reductions = 2
     name = "layernorm_backward"
+    wide_16_bit = True
 
     def __init__(self, dtype, n: int, vec: int, weight_dtype=None, bias: bool = False, tuning=None):
         super().__init__(dtype, n, vec, tuning)

@@ -20,6 +20,7 @@ from .base import ADD, GradKernel
 class RMSNormBackward(GradKernel):
     reductions = 1
     name = "rmsnorm_backward"
+    wide_16_bit = True
 
     def __init__(self, dtype, n: int, vec: int, weight_dtype=None, residual: bool = False, tuning=None):
         super().__init__(dtype, n, vec, tuning)
