@@ -251,9 +251,14 @@ class PersistentStack:
             t, v = cta % num_tiles, cta // num_tiles  # this CTA's row tile and its place among the tile's CTAs
             row0 = t * tile_rows
             total = self.grid_chunks(meta, blocks, v, per_tile) * self.chunk_tiles
+            # the chunk of the next ring tile to issue, as (block, chunk within the block): moved once a chunk
+            cursor = cute.make_rmem_tensor((2,), Int32)
+            cursor[0], cursor[1] = Int32(0), v
+            self.skip_blocks_without_chunks(cursor, meta, blocks, v)
+            where = (meta, cursor)
             for s in cutlass.range_constexpr(self.stages - 1):
                 if s < total:
-                    self.issue_grid(g2s, tid, w1, w3, w2, s_w, Int32(s), meta, blocks, v, per_tile)
+                    self.issue_grid(g2s, tid, w1, w3, w2, s_w, Int32(s), where, blocks, v, per_tile)
                 cute.arch.cp_async_commit_group()
             # block 0 adds into buffer 1 (or y): zeroed before the first barrier
             self.zero_target(ws, y, 0, blocks, meta[blocks, 3], rows, channels, tid)
@@ -272,10 +277,10 @@ class PersistentStack:
                 for jj in range(v, meta[i, 1], per_tile):
                     g = meta[i, 0] + jj
                     q = self.gemm1(g2s, mma, tid, w1, w3, w2, s_w, s_u, acc_h, acc_g, copy_a, copy_b, q, total,
-                                   meta, v, per_tile)
+                                   where, v, per_tile)
                     self.hidden_epilogue(acc_h, acc_g, coords, b1, b3, g, meta[i, 2], h_dst)
                     for n in range(self.k_tiles):
-                        q = self.consume(g2s, tid, w1, w3, w2, s_w, q, total, meta, v, per_tile)
+                        q = self.consume(g2s, tid, w1, w3, w2, s_w, q, total, where, v, per_tile)
                         tensorcore.gemm_from_smem(mma, tid, self.zeroed(acc_o), s_h,
                                                   s_w[None, None, (q - 1) % self.stages], copy_a, copy_b)
                         self.add_partial(acc_o, coords, x, ws, y, b2, i, blocks, jj == 0, row0, n * tile, rows,
@@ -298,7 +303,7 @@ class PersistentStack:
     def consume(self, g2s, tid, w1, w3, w2, s_w, q: Int32, total: Int32, where, v: Int32, per_tile: Int32) -> Int32:
         """Wait for ring tile q (every earlier commit group but the last stages - 2), hand it to every thread,
         and issue tile q + stages - 1 into the buffer tile q - 1 freed. Returns q + 1; the caller computes on
-        buffer q % stages. ``where`` is the rows form's chunk count, or the grid form's meta."""
+        buffer q % stages. ``where`` is the rows form's chunk count, or the grid form's (meta, cursor)."""
         cute.arch.cp_async_wait_group(self.stages - 2)
         cute.arch.sync_threads()
         ahead = q + self.stages - 1
@@ -306,7 +311,7 @@ class PersistentStack:
             if cutlass.const_expr(self.form == "rows"):
                 self.issue_rows(g2s, tid, w1, w3, w2, s_w, ahead, where)
             else:
-                self.issue_grid(g2s, tid, w1, w3, w2, s_w, ahead, where, where.shape[0] - 1, v, per_tile)
+                self.issue_grid(g2s, tid, w1, w3, w2, s_w, ahead, where, where[0].shape[0] - 1, v, per_tile)
         cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count one per tile
         return q + 1
 
@@ -333,16 +338,26 @@ class PersistentStack:
         self.issue_tile(g2s, tid, w1, w3, w2, s_w, q, q // self.chunk_tiles % total_chunks)
 
     @cute.jit
-    def issue_grid(self, g2s, tid, w1, w3, w2, s_w, q: Int32, meta, blocks: Int32, v: Int32, per_tile: Int32):
-        """Ring tile q of the grid form: the CTA runs chunks v, v + per_tile, ... of each block in turn."""
-        item = q // self.chunk_tiles
-        g = Int32(-1)
-        for i in range(blocks):
-            n = self.block_chunks(meta, i, v, per_tile)
-            if g < 0 and item < n:
-                g = meta[i, 0] + v + item * per_tile
-            item = item - n
-        self.issue_tile(g2s, tid, w1, w3, w2, s_w, q, g)
+    def issue_grid(self, g2s, tid, w1, w3, w2, s_w, q: Int32, where, blocks: Int32, v: Int32, per_tile: Int32):
+        """Ring tile q of the grid form, whose tiles are issued in order, q = 0, 1, ...: the CTA runs chunks v,
+        v + per_tile, ... of each block in turn, and the cursor of ``where = (meta, cursor)`` holds the chunk of
+        tile q; after a chunk's last tile it moves to the CTA's next chunk (one word read a tile, not a walk over
+        every block's chunk count)."""
+        meta, cursor = where
+        self.issue_tile(g2s, tid, w1, w3, w2, s_w, q, meta[cursor[0], 0] + cursor[1])
+        if (q + 1) % self.chunk_tiles == 0:
+            cursor[1] = cursor[1] + per_tile
+            if cursor[1] >= meta[cursor[0], 1]:
+                cursor[0], cursor[1] = cursor[0] + 1, v
+                self.skip_blocks_without_chunks(cursor, meta, blocks, v)
+
+    @cute.jit
+    def skip_blocks_without_chunks(self, cursor, meta, blocks: Int32, v: Int32):
+        """Move the cursor's block past the blocks with no chunk for the CTA at place v (fewer chunks than v + 1)."""
+        for _ in range(blocks):
+            if cursor[0] < blocks:
+                if v >= meta[cursor[0], 1]:
+                    cursor[0] = cursor[0] + 1
 
     @cute.jit
     def block_chunks(self, meta, i: Int32, v: Int32, per_tile: Int32) -> Int32:
