@@ -66,7 +66,7 @@ class Variant:
         return self.tile_rows // 16 * THREADS_PER_16_ROWS
 
     def signature(self) -> tuple:
-        """Fake arguments: ``(x, y, w1, w3, w2, b1, b3, b2, norm_w, norm_b, meta, eps, ws, counter, grid)``."""
+        """Fake arguments: ``(x, y, w1, w3, w2, b1, b3, b2, norm_w, norm_b, meta, eps, ws, sync, grid)``."""
         rows, channels = cute.sym_int(), cute.sym_int()
         hidden = cute.sym_int(divisibility=STACK_TILE)  # the packed (padded) hidden of all blocks
         blocks, finals, ws_rows = cute.sym_int(), cute.sym_int(), cute.sym_int()
@@ -82,7 +82,7 @@ class Variant:
                 fake(Float32, (blocks, cols), (cols, 1), 16),
                 fake(Float32, (finals, cols), (cols, 1), 16), fake(Float32, (finals, cols), (cols, 1), 16),
                 fake(Int32, (finals, META_COLUMNS), (META_COLUMNS, 1), 16), fake(Float32, (finals,), (1,), 4),
-                fake(Float32, (ws_rows, cols), (cols, 1), 16), fake(Int32, (1,), (1,), 4), Int32(1))
+                fake(Float32, (ws_rows, cols), (cols, 1), 16), fake(Int32, (2,), (1,), 4), Int32(1))
 
     def compile(self, arch: str | None = None):
         return compile_variant(self.name, PersistentStack(self), self.signature(), arch)
@@ -95,8 +95,8 @@ def variant(plan: StackPlan) -> Variant:
 # ---- the host side (packing: ``stack_packing``) -----------------------------------------------------------------
 
 class Launcher:
-    """``run(x, y)``: the stack on rows ``x`` (fp16) into ``y`` (fp32), one launch (the grid form zeroes its
-    barrier counter first: a 4-byte memset). Any row count runs: the grid form takes as many CTAs a row tile as
+    """``run(x, y)``: the stack on rows ``x`` (fp16) into ``y`` (fp32), one launch (the grid form's barrier words
+    are zeroed once, with the workspace). Any row count runs: the grid form takes as many CTAs a row tile as
     keep the grid within the SMs, and a call with more row tiles than SMs runs the rows form of the same packing.
     Workspaces are kept per row count, allocated on first use (the graph variant's warm-up call, outside capture)."""
 
@@ -126,7 +126,7 @@ class Launcher:
         if ws is None:
             stream_rows = 3 * rows if plan.form == "grid" else 1
             ws = (torch.empty((stream_rows, plan.channels_tile), dtype=torch.float32, device=device),
-                  torch.zeros((1,), dtype=torch.int32, device=device))
+                  torch.zeros((2,), dtype=torch.int32, device=device))  # the grid barrier's words, zeroed once
             self._workspaces[key] = ws
         return ws
 
@@ -139,11 +139,9 @@ class Launcher:
     def __call__(self, x, y):
         p, rows = self.packed, x.shape[0]
         plan = self.plan_for(rows)
-        ws, counter = self.workspace(plan, rows, x.device)
-        if plan.form == "grid":
-            counter.zero_()
+        ws, sync = self.workspace(plan, rows, x.device)
         compiled(variant(plan))(x, y, p["w1"], p["w3"], p["w2"], p["b1"], p["b3"], p["b2"], p["norm_w"], p["norm_b"],
-                                p["meta"], p["eps"], ws, counter, self.grid(plan, rows))
+                                p["meta"], p["eps"], ws, sync, self.grid(plan, rows))
         return y
 
 
@@ -165,13 +163,13 @@ class PersistentStack:
     @cute.jit
     def __call__(self, x: cute.Tensor, y: cute.Tensor, w1: cute.Tensor, w3: cute.Tensor, w2: cute.Tensor,
                  b1: cute.Tensor, b3: cute.Tensor, b2: cute.Tensor, norm_w: cute.Tensor, norm_b: cute.Tensor,
-                 meta: cute.Tensor, eps: cute.Tensor, ws: cute.Tensor, counter: cute.Tensor, grid: Int32,
+                 meta: cute.Tensor, eps: cute.Tensor, ws: cute.Tensor, sync: cute.Tensor, grid: Int32,
                  stream: cuda.CUstream):
         rows, tile = self.tile_rows, STACK_TILE
         layouts = (tensorcore.smem_layout((rows, tile, self.k_tiles)),
                    tensorcore.smem_layout((tile, tile, self.stages)), tensorcore.smem_layout((rows, tile)))
         mma = tensorcore.tiled_mma(rows // 16, WARPS_N)
-        self.kernel(x, y, w1, w3, w2, b1, b3, b2, norm_w, norm_b, meta, eps, ws, counter, *layouts,
+        self.kernel(x, y, w1, w3, w2, b1, b3, b2, norm_w, norm_b, meta, eps, ws, sync, *layouts,
                     tensorcore.g2s_copy(self.threads, tile), mma).launch(
             grid=[grid, 1, 1], block=[self.threads, 1, 1], min_blocks_per_mp=1, preferred_smem_carveout=100,
             cooperative=self.form == "grid", stream=stream)  # the grid barrier: the driver checks residency
@@ -179,7 +177,7 @@ class PersistentStack:
     @cute.kernel
     def kernel(self, x: cute.Tensor, y: cute.Tensor, w1: cute.Tensor, w3: cute.Tensor, w2: cute.Tensor,
                b1: cute.Tensor, b3: cute.Tensor, b2: cute.Tensor, norm_w: cute.Tensor, norm_b: cute.Tensor,
-               meta: cute.Tensor, eps: cute.Tensor, ws: cute.Tensor, counter: cute.Tensor,
+               meta: cute.Tensor, eps: cute.Tensor, ws: cute.Tensor, sync: cute.Tensor,
                u_layout: cute.ComposedLayout, w_layout: cute.ComposedLayout, h_layout: cute.ComposedLayout,
                g2s: cute.TiledCopy, mma: cute.TiledMma):
         tile_rows, tile = self.tile_rows, STACK_TILE
@@ -262,7 +260,7 @@ class PersistentStack:
                 cute.arch.cp_async_commit_group()
             # block 0 adds into buffer 1 (or y): zeroed before the first barrier
             self.zero_target(ws, y, 0, blocks, meta[blocks, 3], rows, channels, tid)
-            self.grid_barrier(counter, grid, 1, tid)
+            self.grid_barrier(sync, grid, tid)
             q = Int32(0)
             for i in range(blocks):
                 if v < meta[i, 1]:
@@ -285,7 +283,7 @@ class PersistentStack:
                                                   s_w[None, None, (q - 1) % self.stages], copy_a, copy_b)
                         self.add_partial(acc_o, coords, x, ws, y, b2, i, blocks, jj == 0, row0, n * tile, rows,
                                          channels, meta[blocks, 3])
-                self.grid_barrier(counter, grid, i + 2, tid)
+                self.grid_barrier(sync, grid, tid)
             if meta[blocks, 3] != NORM_NONE:  # the final norm, a warp a row over the grid
                 for rr in range(cta * self.warps + tid // 32, rows, grid * self.warps):
                     self.finish_row(ws, blocks % 3 * rows + rr, rr, channels, y, meta[blocks, 3], eps[blocks],
@@ -551,15 +549,23 @@ class PersistentStack:
                 ws[(i + 1) % 3 * rows + r, c] = Float32(0.0)
 
     @cute.jit
-    def grid_barrier(self, counter: cute.Tensor, grid: Int32, arrivals: Int32, tid: Int32):
-        """Every CTA of the grid has arrived here ``arrivals`` times (all are resident: grid <= SMs), and what
-        each wrote before is visible to all."""
+    def grid_barrier(self, sync: cute.Tensor, grid: Int32, tid: Int32):
+        """Every CTA of the grid has arrived (all are resident: grid <= SMs), and what each wrote before is visible
+        to all. ``sync`` holds (arrivals, generation): the last CTA to arrive resets the arrivals and advances the
+        generation the others poll, so the words are zeroed once at allocation, not by a memset before each launch
+        (one graph node fewer), and a waiting CTA reads a flag instead of adding to the counter it polls."""
         cute.arch.sync_threads()
         if tid == 0:
+            arrivals, generation = sync.iterator, sync.iterator + 1
+            gen = cute.arch.atomic_add(generation, Int32(0), sem="acquire", scope="gpu")
             cute.arch.fence_acq_rel_gpu()
-            cute.arch.atomic_add(counter.iterator, Int32(1), sem="release", scope="gpu")
-            seen = Int32(0)
-            while seen < arrivals * grid:
-                seen = cute.arch.atomic_add(counter.iterator, Int32(0), sem="acquire", scope="gpu")
+            arrived = cute.arch.atomic_add(arrivals, Int32(1), sem="acq_rel", scope="gpu")
+            if arrived == grid - 1:
+                cute.arch.atomic_exch(arrivals, Int32(0), sem="relaxed", scope="gpu")
+                cute.arch.atomic_add(generation, Int32(1), sem="release", scope="gpu")
+            else:
+                seen = gen
+                while seen == gen:
+                    seen = cute.arch.load(generation, Int32, sem="acquire", scope="gpu")
             cute.arch.fence_acq_rel_gpu()
         cute.arch.sync_threads()
