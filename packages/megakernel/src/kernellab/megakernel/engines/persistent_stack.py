@@ -37,7 +37,7 @@ from cutlass import Float16, Float32, Int32
 from cutlass.memory import SmemAllocator
 
 from ..planning import DeviceSpec, ceil_div
-from ..planning.stack import ALIGN, STACK_TILE, THREADS_PER_16_ROWS, StackPlan, rows_form_of
+from ..planning.stack import ALIGN, GEMV_ROWS, STACK_TILE, StackPlan, rows_form_of, stack_threads
 from . import tensorcore
 from .common import compile_variant, compiled
 from .stack_packing import ACT_CODES, META_COLUMNS, NORM_CODES
@@ -63,7 +63,7 @@ class Variant:
 
     @property
     def threads(self) -> int:
-        return self.tile_rows // 16 * THREADS_PER_16_ROWS
+        return stack_threads(self.form, self.tile_rows)
 
     def signature(self) -> tuple:
         """Fake arguments: ``(x, y, w1, w3, w2, b1, b3, b2, norm_w, norm_b, meta, eps, ws, sync, grid)``."""
@@ -85,6 +85,10 @@ class Variant:
                 fake(Float32, (ws_rows, cols), (cols, 1), 16), fake(Int32, (2,), (1,), 4), Int32(1))
 
     def compile(self, arch: str | None = None):
+        if self.form == "gemv":
+            from .persistent_stack_gemv import StackGemv
+
+            return compile_variant(self.name, StackGemv(self), self.signature(), arch)
         return compile_variant(self.name, PersistentStack(self), self.signature(), arch)
 
 
@@ -106,10 +110,14 @@ class Launcher:
         self._workspaces: dict = {}
 
     def plan_for(self, rows: int) -> StackPlan:
-        """The plan a call of ``rows`` rows runs: the compiled plan, or its rows form past the grid form's reach."""
+        """The plan a call of ``rows`` rows runs: the compiled plan, or its rows form past the grid form's reach
+        (the gemv form takes any rows, a row tile after another, but past ``GEMV_ROWS`` the rows form where one
+        fits)."""
         got = self._plans.get(rows)
         if got is None:
             got = self.plan
+            if self.plan.form == "gemv" and rows > GEMV_ROWS:
+                got = rows_form_of(self.plan, rows, self.device) or self.plan
             if self.plan.form == "grid" and ceil_div(rows, self.plan.tile_rows) > self.device.sm_count:
                 got = rows_form_of(self.plan, rows, self.device)
                 if got is None:
@@ -125,6 +133,8 @@ class Launcher:
         ws = self._workspaces.get(key)
         if ws is None:
             stream_rows = 3 * rows if plan.form == "grid" else 1
+            if plan.form == "gemv":  # three stream buffers, then each row's hidden units (fp32, fp16-rounded)
+                stream_rows = 3 * rows + rows * ceil_div(max(plan.chunks) * STACK_TILE, plan.channels_tile)
             ws = (torch.empty((stream_rows, plan.channels_tile), dtype=torch.float32, device=device),
                   torch.zeros((2,), dtype=torch.int32, device=device))  # the grid barrier's words, zeroed once
             self._workspaces[key] = ws
@@ -134,6 +144,8 @@ class Launcher:
         tiles = ceil_div(rows, plan.tile_rows)
         if plan.form == "grid":  # every CTA resident: at most one a SM
             return tiles * max(1, min(plan.ctas_per_tile, self.device.sm_count // tiles))
+        if plan.form == "gemv":
+            return self.device.sm_count
         return min(tiles, self.device.sm_count)
 
     def __call__(self, x, y):
@@ -444,8 +456,7 @@ class PersistentStack:
         lane, warp = tid % 32, tid // 32
         per_lane = self.cols // 32
         values = cute.make_rmem_tensor((per_lane,), Float32)
-        for rr in range(self.tile_rows // self.warps):  # a loop: the channels within a row are unrolled
-            r = warp + rr * self.warps
+        for r in range(warp, self.tile_rows, self.warps):  # a loop: the channels within a row are unrolled
             inside = base + r < limit
             for j in cutlass.range_constexpr(per_lane):
                 value = Float32(0.0)
