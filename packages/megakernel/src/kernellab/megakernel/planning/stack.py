@@ -18,12 +18,12 @@ Three forms:
   each adding its partial W2 product into the next stream buffer in global memory with fp32 atomic adds,
   and a grid-wide barrier between blocks (every CTA resident: grid <= SMs). The weights are still
   streamed once per row tile, now by all SMs together; the next block's first tiles load during the barrier.
-- ``gemv`` (forced only, not yet measured): for the fewest rows (rows <= ``GEMV_ROWS``), each block as two matrix-vector phases spread over every
-  SM, a grid barrier after each: the hidden units (W1 [and W3] rows, a warp each) into an fp32 workspace, then
-  the output channels (a warp per channel and K slice of W2's row, fp32 atomic adds into the next stream buffer).
-  CUDA cores, 16-byte weight loads straight from L2 or memory into registers, no shared-memory ring: each weight
-  is read once a call by one warp, so at one row the time is the weights' bytes over the SMs' load rate plus
-  2 barriers a block.
+- ``gemv`` (forced only, not yet measured): for the fewest rows (rows <= ``GEMV_ROWS``), each block as two
+  matrix-vector phases spread over every SM, a grid barrier after each: the hidden units (W1 [and W3] rows, a warp
+  each) into an fp32 workspace, then the output channels (a warp per channel and K slice of W2's row, fp32 atomic
+  adds into the next stream buffer). CUDA cores, 16-byte weight loads straight from L2 or memory into registers,
+  no shared-memory ring: each weight is read once a call by one warp, so at one row the time is the weights'
+  bytes over the SMs' load rate plus 2 barriers a block.
 """
 
 from __future__ import annotations
