@@ -34,7 +34,7 @@ from .persistent_stack import GELU_ERF, INV_SQRT2, PersistentStack
 
 VEC = 8  # fp16 values of one 16-byte load
 WARP = 32
-ROW_BATCH = 4  # 16-byte loads of one weight row a lane has in flight before its products (a batch: fewer registers)
+LOADS_IN_FLIGHT = 8  # 16-byte weight loads a lane issues before their products (a batch: bounded registers)
 SLICE_VECTORS = 2  # 16-byte loads a lane issues per W2 slice: a slice is WARP * VEC * SLICE_VECTORS hidden units
 
 
@@ -42,7 +42,11 @@ class StackGemv(PersistentStack):
     def __init__(self, variant):
         super().__init__(variant)
         self.steps = math.ceil(self.cols / (WARP * VEC))  # a lane's 16-byte loads along one W1 row
-        self.batches = math.ceil(self.steps / ROW_BATCH)
+        # a batch takes the same columns of W1 and (gated) W3, so the gate's loads fly with W1's; at more rows the
+        # operand reads and accumulators need the registers, so the batch is halved past 2 rows
+        loads = LOADS_IN_FLIGHT if self.tile_rows <= 2 else LOADS_IN_FLIGHT // 2
+        self.batch = max(1, min(self.steps, loads // (2 if self.gated else 1)))
+        self.batches = math.ceil(self.steps / self.batch)
         self.slice = WARP * VEC * SLICE_VECTORS
 
     @cute.jit
@@ -111,34 +115,38 @@ class StackGemv(PersistentStack):
         return run
 
     @cute.jit
-    def row_products(self, weight_row: cute.Tensor, u_rows: cute.Tensor, acc: cute.Tensor, lane: Int32):
-        """acc[r] = this lane's share of u[r] . weight_row, every row of the tile: ROW_BATCH loads of the weight row
-        issued, then their products with every row's operand (a loop over the batches, so that the registers hold
-        one batch)."""
-        acc.fill(0.0)
+    def row_products(self, weight_rows: list, u_rows: cute.Tensor, accs: list, lane: Int32):
+        """accs[k][r] = this lane's share of u[r] . weight_rows[k], every row of the tile and every weight row (W1's,
+        and W3's for a gated block): a batch of each weight row's 16-byte loads issued, then their products with
+        every row's operand (a loop over the batches, so that the registers hold one batch)."""
+        for acc in accs:
+            acc.fill(0.0)
         for b in cutlass.range(self.batches, unroll=1):
-            w = []
-            for t in cutlass.range_constexpr(ROW_BATCH):
-                index = (b * ROW_BATCH + t) * WARP + lane
-                w.append(self.load_vector(weight_row, index, index * VEC < self.cols))
-            for t in cutlass.range_constexpr(ROW_BATCH):
-                index = (b * ROW_BATCH + t) * WARP + lane
+            loaded = []
+            for weight_row in weight_rows:
+                for t in cutlass.range_constexpr(self.batch):
+                    index = (b * self.batch + t) * WARP + lane
+                    loaded.append(self.load_vector(weight_row, index, index * VEC < self.cols))
+            for t in cutlass.range_constexpr(self.batch):
+                index = (b * self.batch + t) * WARP + lane
                 if index * VEC < self.cols:
-                    w32 = w[t].load().to(Float32)
                     for r in cutlass.range_constexpr(self.tile_rows):
                         u = self.load_vector(u_rows[r, None], index, True).load().to(Float32)
-                        acc[r] = acc[r] + (u * w32).reduce(cute.ReductionOp.ADD, 0.0, 0)
+                        for k in cutlass.range_constexpr(len(weight_rows)):
+                            w32 = loaded[k * self.batch + t].load().to(Float32)
+                            accs[k][r] = accs[k][r] + (u * w32).reduce(cute.ReductionOp.ADD, 0.0, 0)
 
     @cute.jit
     def hidden_unit(self, w1, w3, b1, b3, u_rows, ws, unit0: Int32, j: Int32, act: Int32, rows: Int32, row0: Int32,
                     hidden_rows: Int32, lane: Int32):
         """h[r, j] for the tile's rows, by one warp, into the workspace."""
         acc = cute.make_rmem_tensor((self.tile_rows,), Float32)
-        self.row_products(w1[unit0 + j, None], u_rows, acc, lane)
         gate = None
         if cutlass.const_expr(self.gated):
             gate = cute.make_rmem_tensor((self.tile_rows,), Float32)
-            self.row_products(w3[unit0 + j, None], u_rows, gate, lane)
+            self.row_products([w1[unit0 + j, None], w3[unit0 + j, None]], u_rows, [acc, gate], lane)
+        else:
+            self.row_products([w1[unit0 + j, None]], u_rows, [acc], lane)
         for r in cutlass.range_constexpr(self.tile_rows):
             value = cute.arch.warp_reduction_sum(acc[r]) + b1[unit0 + j]
             if act == GELU_ERF:
