@@ -35,7 +35,8 @@ from .persistent_stack import GELU_ERF, INV_SQRT2, PersistentStack
 VEC = 8  # fp16 values of one 16-byte load
 WARP = 32
 LOADS_IN_FLIGHT = 8  # 16-byte weight loads a lane issues before their products (a batch: bounded registers)
-SLICE_VECTORS = 2  # 16-byte loads a lane issues per W2 slice: a slice is WARP * VEC * SLICE_VECTORS hidden units
+SLICE_VECTORS = (4, 2)  # 16-byte loads a lane issues per W2 slice at 1-2 rows, and past: a slice is WARP * VEC *
+# that many hidden units (at few rows a slice's time is its loads' latency: more of them in flight)
 
 
 class StackGemv(PersistentStack):
@@ -47,7 +48,8 @@ class StackGemv(PersistentStack):
         loads = LOADS_IN_FLIGHT if self.tile_rows <= 2 else LOADS_IN_FLIGHT // 2
         self.batch = max(1, min(self.steps, loads // (2 if self.gated else 1)))
         self.batches = math.ceil(self.steps / self.batch)
-        self.slice = WARP * VEC * SLICE_VECTORS
+        self.slice_vectors = SLICE_VECTORS[0] if self.tile_rows <= 2 else SLICE_VECTORS[1]
+        self.slice = WARP * VEC * self.slice_vectors
 
     @cute.jit
     def __call__(self, x: cute.Tensor, y: cute.Tensor, w1: cute.Tensor, w3: cute.Tensor, w2: cute.Tensor,
@@ -167,12 +169,12 @@ class StackGemv(PersistentStack):
         one warp: the slice's W2 loads issued once, then a row at a time."""
         w2_row = w2[c, None]
         vectors = []
-        for v in cutlass.range_constexpr(SLICE_VECTORS):
+        for v in cutlass.range_constexpr(self.slice_vectors):
             unit = k * self.slice + (v * WARP + lane) * VEC
             vectors.append(self.load_vector(w2_row, (unit0 + unit) // VEC, unit < units))
         for r in range(rows):
             acc = Float32(0.0)
-            for v in cutlass.range_constexpr(SLICE_VECTORS):
+            for v in cutlass.range_constexpr(self.slice_vectors):
                 unit = k * self.slice + (v * WARP + lane) * VEC
                 if unit < units:
                     h = self.load_vector(ws[3 * rows + r * hidden_rows + unit // self.cols, None],
