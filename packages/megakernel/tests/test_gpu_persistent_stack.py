@@ -1,4 +1,4 @@
-"""The fused whole-stack engine on the GPU: random stacks of every form it fuses (both forms, forced and planned)
+"""The fused whole-stack engine on the GPU: random stacks of every form it fuses (all three, forced and planned)
 against the float64 reference of the stack with the kernels' rounding points, through the engines' protocol
 (NaN-poisoned output, fresh inputs, inputs unchanged, changed-input CUDA-graph replay); a grid-form plan called
 with more rows than its barrier can hold; and the report's models planned and served by the fused engine."""
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from kernellab.megakernel import compile_model, models, planning, stack, validation
 from kernellab.megakernel.compiler import frontend
 from kernellab.megakernel.engines.graph import GraphCall
-from kernellab.megakernel.planning.stack import StackPlan, plan_stack
+from kernellab.megakernel.planning.stack import GEMV_ROW_TILES, StackPlan, plan_stack
 
 pytestmark = pytest.mark.gpu
 
@@ -52,7 +52,7 @@ def _validate(spec, rows, seed, **options):
 
 @settings(max_examples=25, deadline=None)
 @given(spec=fusable_stacks(), rows=st.integers(1, 300), seed=st.integers(0, 2**16),
-       form=st.sampled_from([None, "grid", "rows"]))
+       form=st.sampled_from([None, "grid", "rows", "gemv"]))
 def test_random_stacks_match_the_reference(spec, rows, seed, form):
     blocks, _ = frontend.read_spec(spec)
     assume(isinstance(plan_stack(blocks, rows, planning.current_device(), form=form), StackPlan))  # forced: if it can
@@ -64,6 +64,43 @@ def test_every_rows_form_tile(tile_rows):
     spec = {"channels": 96, "blocks": [{"hidden": 130, "activation": "silu", "norm": "rmsnorm"},
                                        {"hidden": 64, "activation": "gelu"}], "final_norm": "layernorm"}
     _validate(spec, 200, 4, stack_form="rows", stack_tile_rows=tile_rows)
+
+
+@pytest.mark.parametrize("tile_rows", GEMV_ROW_TILES)
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_every_gemv_tile_at_rows_it_takes_at_once_and_by_row_tiles(tile_rows, rows):
+    """Rows past the tile run a row tile after another in each phase; odd channels and hidden, both norms."""
+    spec = {"channels": 200, "blocks": [{"hidden": 130, "activation": "gelu_erf", "norm": "rmsnorm"},
+                                        {"hidden": 70, "activation": "relu", "norm": {"kind": "layernorm"}},
+                                        {"hidden": 64, "activation": "silu"}], "final_norm": "layernorm"}
+    compiled = _validate(spec, rows, 3, stack_form="gemv", stack_tile_rows=tile_rows)
+    assert compiled.fused.plan_for(rows).form == "gemv"
+
+
+@pytest.mark.parametrize("case", models.REPORT_MODELS, ids=lambda c: c.name)
+@pytest.mark.parametrize("rows", [1, 16])
+def test_report_models_in_the_gemv_form(case, rows):
+    _validate(case.spec, rows, 0, stack_form="gemv")
+
+
+@pytest.mark.parametrize("form", ["grid", "gemv"])
+def test_the_grid_barrier_words_stay_ready_over_many_launches(form):
+    """The barrier's words are zeroed once: hundreds of launches, direct and replayed in a graph, each correct."""
+    spec = {"channels": 128, "blocks": [{"hidden": 256, "activation": "silu", "norm": "rmsnorm"}] * 3}
+    compiled = compile_model(spec, rows=4, seed=5, engine="persistent-stack", stack_form=form)
+    x = torch.randn(4, 128, device="cuda").half()
+    truth = stack.reference_stack(x, compiled.program.blocks, compiled.parameters)
+    out = torch.empty(4, 128, device="cuda")
+    for _ in range(300):
+        compiled(x, out=out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(10):
+            compiled(x, out=out)
+    for _ in range(30):
+        graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.double(), truth, rtol=models.STACK_TOLERANCE, atol=models.STACK_TOLERANCE)
 
 
 def test_a_grid_plan_called_with_more_row_tiles_than_sms_runs_its_rows_form():

@@ -29,7 +29,8 @@ def test_suite_lists_every_model_and_row_count_without_making_weights():
     assert [p.name for p in problems] == [f"stack_{rows}x{case.spec['channels']}_fp16_{case.name}"
                                           for case in models.REPORT_MODELS for rows in models.REPORT_ROWS]
     assert suite.control == bench.MODELS_CONTROL and suite.impl(bench.MODELS_CONTROL)
-    assert {i.name for i in suite.impls} == {"persistent-stack", "block-chain", bench.MODELS_CONTROL}
+    assert {i.name for i in suite.impls} == {"persistent-stack", "persistent-stack-gemv", "block-chain",
+                                             bench.MODELS_CONTROL}
     assert all("source" not in p.__dict__ for p in problems), "listing the suite made a model's weights"
 
 

@@ -128,6 +128,36 @@ def test_rows_fallback_of_a_grid_plan_keeps_its_packing():
     assert (fallback.channels_tile, fallback.chunks, fallback.gated) == (plan.channels_tile, plan.chunks, plan.gated)
 
 
+@pytest.mark.parametrize("rows,tile", [(1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (16, 16), (40, 16)])
+def test_gemv_form_takes_the_smallest_tile_holding_the_rows_and_every_sm(rows, tile):
+    plan = plan_stack(_blocks(_uniform(2048, 8192, 4, gated=True, norm="rmsnorm")), rows, H200, form="gemv")
+    assert (plan.form, plan.tile_rows, plan.grid, plan.threads) == ("gemv", tile, H200.sm_count, 256)
+    assert plan.smem_bytes == stack_smem_bytes("gemv", tile, 2048, 0) >= tile * 2048 * 2
+    assert "gemv form" in plan.summary()
+
+
+def test_gemv_form_is_forced_only_and_refuses_a_tile_it_has_not():
+    blocks = _blocks(_uniform(512, 2048, 8, norm="rmsnorm", activation="silu"))
+    assert plan_stack(blocks, 1, H200).form == "grid", "opt-in until measured: planning keeps the grid form"
+    assert plan_stack(blocks, 4, H200, form="gemv", tile_rows=2).tile_rows == 2
+    assert plan_stack(blocks, 4, H200, form="gemv", tile_rows=32).reason.startswith("gemv form: no row tile")
+    with pytest.raises(ValueError, match="tile_rows must be one of"):
+        plan_stack(blocks, 4, H200, form="gemv", tile_rows=3)
+
+
+def test_gemv_launcher_sizes_the_workspace_and_falls_back_past_its_rows():
+    from kernellab.megakernel.engines.persistent_stack import Launcher
+
+    plan = plan_stack(_blocks({"channels": 100, "blocks": [{"hidden": 130}, {"hidden": 300}]}), 3, H200, form="gemv")
+    launcher = Launcher(plan, {}, H200)
+    ws, sync = launcher.workspace(plan, 3, "cpu")
+    # three stream buffers, then each row's hidden units: 5 chunks of 64 = 320 units over rows of 128 columns
+    assert tuple(ws.shape) == (3 * 3 + 3 * 3, 128) and tuple(sync.shape) == (2,) and not sync.any()
+    assert launcher.grid(plan, 3) == H200.sm_count
+    assert launcher.plan_for(16) is plan, "rows up to GEMV_ROWS run a row tile after another"
+    assert launcher.plan_for(17).form == "rows"
+
+
 # ---- the stack pass and the printed plan -----------------------------------------------------------------
 
 def test_compile_planning_fuses_every_form_and_prints_one_launch():

@@ -110,13 +110,14 @@ def variants(representative: bool = False) -> list:
 
 
 def stack_variants() -> list:
-    """The persistent-stack kernels of the report's models section: each model's plan at each row count, and the
-    rows form its grid plans fall back to for a call with more row tiles than SMs."""
+    """The persistent-stack kernels of the report's models section: each model's plan at each row count, the
+    rows form its grid plans fall back to for a call with more row tiles than SMs, and the gemv form at the row
+    counts it serves."""
     from .compiler import frontend
     from .engines import persistent_stack
     from .models import REPORT_MODELS, REPORT_ROWS
     from .planning import H200
-    from .planning.stack import StackPlan, plan_stack, rows_form_of
+    from .planning.stack import GEMV_ROWS, StackPlan, plan_stack, rows_form_of
 
     out = []
     for case in REPORT_MODELS:
@@ -129,6 +130,10 @@ def stack_variants() -> list:
                     fallback = rows_form_of(plan, H200.sm_count * plan.tile_rows + 1, H200)
                     if fallback is not None:
                         out.append(persistent_stack.variant(fallback))
+            if rows <= GEMV_ROWS:  # the gemv form, forced (opt-in until measured)
+                gemv = plan_stack(blocks, rows, H200, form="gemv")
+                if isinstance(gemv, StackPlan):
+                    out.append(persistent_stack.variant(gemv))
     return list(dict.fromkeys(out))
 
 

@@ -127,7 +127,7 @@ def suite() -> Suite:
 MODELS_CONTROL = "torch-chain"
 
 
-def model_impl(name: str, engine: str) -> Impl:
+def model_impl(name: str, engine: str, **options) -> Impl:
     """``compile_model(spec, rows, engine=engine)`` as a harness impl (weights of the problem's seed). A fused
     model the stack pass refused is Unsupported with the pass's reason: it would time the chain under the
     fused name."""
@@ -138,7 +138,7 @@ def model_impl(name: str, engine: str) -> Impl:
 
         try:
             compiled = compile_model(problem.case.spec, rows=problem.shape[0], seed=problem.weights_seed,
-                                     engine=engine)
+                                     engine=engine, **options)
         except Exception as e:  # noqa: BLE001 - reported per case, not fatal
             raise Unsupported(f"{name} could not be built for {problem.name}: {type(e).__name__}: {e}") from e
         if engine == STACK_ENGINE and compiled.fused is None:
@@ -156,8 +156,9 @@ def model_impl(name: str, engine: str) -> Impl:
 
         return engines.unavailable("persistent-tc")  # a CUDA device, CuTe DSL and TVM-FFI, as the fused engine
 
+    forced = "".join(f", {k}={v!r}" for k, v in options.items())
     return Impl(name=name, bind=bind, available=available, artifacts=cubins,
-                description=f"compile_model(engine={engine!r})")
+                description=f"compile_model(engine={engine!r}{forced})")
 
 
 def models_suite() -> Suite:
@@ -176,7 +177,9 @@ def models_suite() -> Suite:
                     f"{', '.join(map(str, models.REPORT_ROWS))}: the fused stack in one launch and the per-block "
                     "chain, against torch block by block",
         make_problems=problems,
-        impls=[model_impl(STACK_ENGINE, STACK_ENGINE), model_impl("block-chain", "persistent-tc"), control],
+        impls=[model_impl(STACK_ENGINE, STACK_ENGINE),
+               model_impl(f"{STACK_ENGINE}-gemv", STACK_ENGINE, stack_form="gemv"),  # opt-in until measured
+               model_impl("block-chain", "persistent-tc"), control],
         control=MODELS_CONTROL,
         defaults={"rounds": 3, "samples": 30, "warmup": 10, "iterations": 10},
     )

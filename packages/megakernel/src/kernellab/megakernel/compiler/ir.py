@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..planning import FALLBACK_CHAINS, H200, DeviceSpec, Plan, Refusal, SharedMemory, Tile, round_up
-from ..planning.stack import STACK_FORMS, STACK_ROW_TILES, StackPlan
+from ..planning.stack import STACK_FORMS, TILE_ROW_CHOICES, StackPlan
 from ..stack import NORMS, STACK_ACTIVATIONS, Norm
 
 INPUT_DTYPES = ("float16", "float32")
@@ -77,7 +77,7 @@ class Program:
     final_norm: Norm | None = None  # a norm after the last block (its output is the model's, fp32)
     target: str = "cuda"  # where the compiled model runs; on "cpu" every block takes the torch chain
     fuse: bool = False  # try the fused whole-stack engine (persistent-stack) before the per-block chain
-    stack_form: str | None = None  # force the fused engine's form ("rows" or "grid"; tests, sweeps)
+    stack_form: str | None = None  # force the fused engine's form ("rows", "grid" or "gemv"; tests, sweeps)
     stack_tile_rows: int | None = None  # force the fused engine's row tile
     # filled in by the stack pass: the fused plan, or why the stack runs as the per-block chain
     stack: StackPlan | None = None
@@ -153,8 +153,8 @@ def validate(program: Program) -> Program:
     _require(isinstance(program.fuse, bool), "program", f"fuse must be a bool, got {program.fuse!r}")
     _require(program.stack_form is None or program.stack_form in STACK_FORMS, "program",
              f"stack_form must be None or one of {STACK_FORMS}, got {program.stack_form!r}")
-    _require(program.stack_tile_rows is None or program.stack_tile_rows in STACK_ROW_TILES, "program",
-             f"stack_tile_rows must be None or one of {STACK_ROW_TILES}, got {program.stack_tile_rows!r}")
+    _require(program.stack_tile_rows is None or program.stack_tile_rows in TILE_ROW_CHOICES, "program",
+             f"stack_tile_rows must be None or one of {TILE_ROW_CHOICES}, got {program.stack_tile_rows!r}")
     if "stack" in program.properties:
         _require((program.stack is None) != (program.stack_refusal is None), "program",
                  "the stack pass records exactly one of a fused plan and the reason there is none")

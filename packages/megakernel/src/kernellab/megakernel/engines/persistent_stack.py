@@ -37,7 +37,7 @@ from cutlass import Float16, Float32, Int32
 from cutlass.memory import SmemAllocator
 
 from ..planning import DeviceSpec, ceil_div
-from ..planning.stack import ALIGN, STACK_TILE, THREADS_PER_16_ROWS, StackPlan, rows_form_of
+from ..planning.stack import ALIGN, GEMV_ROWS, STACK_TILE, StackPlan, rows_form_of, stack_threads
 from . import tensorcore
 from .common import compile_variant, compiled
 from .stack_packing import ACT_CODES, META_COLUMNS, NORM_CODES
@@ -63,10 +63,10 @@ class Variant:
 
     @property
     def threads(self) -> int:
-        return self.tile_rows // 16 * THREADS_PER_16_ROWS
+        return stack_threads(self.form, self.tile_rows)
 
     def signature(self) -> tuple:
-        """Fake arguments: ``(x, y, w1, w3, w2, b1, b3, b2, norm_w, norm_b, meta, eps, ws, counter, grid)``."""
+        """Fake arguments: ``(x, y, w1, w3, w2, b1, b3, b2, norm_w, norm_b, meta, eps, ws, sync, grid)``."""
         rows, channels = cute.sym_int(), cute.sym_int()
         hidden = cute.sym_int(divisibility=STACK_TILE)  # the packed (padded) hidden of all blocks
         blocks, finals, ws_rows = cute.sym_int(), cute.sym_int(), cute.sym_int()
@@ -82,9 +82,13 @@ class Variant:
                 fake(Float32, (blocks, cols), (cols, 1), 16),
                 fake(Float32, (finals, cols), (cols, 1), 16), fake(Float32, (finals, cols), (cols, 1), 16),
                 fake(Int32, (finals, META_COLUMNS), (META_COLUMNS, 1), 16), fake(Float32, (finals,), (1,), 4),
-                fake(Float32, (ws_rows, cols), (cols, 1), 16), fake(Int32, (1,), (1,), 4), Int32(1))
+                fake(Float32, (ws_rows, cols), (cols, 1), 16), fake(Int32, (2,), (1,), 4), Int32(1))
 
     def compile(self, arch: str | None = None):
+        if self.form == "gemv":
+            from .persistent_stack_gemv import StackGemv
+
+            return compile_variant(self.name, StackGemv(self), self.signature(), arch)
         return compile_variant(self.name, PersistentStack(self), self.signature(), arch)
 
 
@@ -95,8 +99,8 @@ def variant(plan: StackPlan) -> Variant:
 # ---- the host side (packing: ``stack_packing``) -----------------------------------------------------------------
 
 class Launcher:
-    """``run(x, y)``: the stack on rows ``x`` (fp16) into ``y`` (fp32), one launch (the grid form zeroes its
-    barrier counter first: a 4-byte memset). Any row count runs: the grid form takes as many CTAs a row tile as
+    """``run(x, y)``: the stack on rows ``x`` (fp16) into ``y`` (fp32), one launch (the grid form's barrier words
+    are zeroed once, with the workspace). Any row count runs: the grid form takes as many CTAs a row tile as
     keep the grid within the SMs, and a call with more row tiles than SMs runs the rows form of the same packing.
     Workspaces are kept per row count, allocated on first use (the graph variant's warm-up call, outside capture)."""
 
@@ -106,10 +110,14 @@ class Launcher:
         self._workspaces: dict = {}
 
     def plan_for(self, rows: int) -> StackPlan:
-        """The plan a call of ``rows`` rows runs: the compiled plan, or its rows form past the grid form's reach."""
+        """The plan a call of ``rows`` rows runs: the compiled plan, or its rows form past the grid form's reach
+        (the gemv form takes any rows, a row tile after another, but past ``GEMV_ROWS`` the rows form where one
+        fits)."""
         got = self._plans.get(rows)
         if got is None:
             got = self.plan
+            if self.plan.form == "gemv" and rows > GEMV_ROWS:
+                got = rows_form_of(self.plan, rows, self.device) or self.plan
             if self.plan.form == "grid" and ceil_div(rows, self.plan.tile_rows) > self.device.sm_count:
                 got = rows_form_of(self.plan, rows, self.device)
                 if got is None:
@@ -125,8 +133,10 @@ class Launcher:
         ws = self._workspaces.get(key)
         if ws is None:
             stream_rows = 3 * rows if plan.form == "grid" else 1
+            if plan.form == "gemv":  # three stream buffers, then each row's hidden units (fp32, fp16-rounded)
+                stream_rows = 3 * rows + rows * ceil_div(max(plan.chunks) * STACK_TILE, plan.channels_tile)
             ws = (torch.empty((stream_rows, plan.channels_tile), dtype=torch.float32, device=device),
-                  torch.zeros((1,), dtype=torch.int32, device=device))
+                  torch.zeros((2,), dtype=torch.int32, device=device))  # the grid barrier's words, zeroed once
             self._workspaces[key] = ws
         return ws
 
@@ -134,16 +144,16 @@ class Launcher:
         tiles = ceil_div(rows, plan.tile_rows)
         if plan.form == "grid":  # every CTA resident: at most one a SM
             return tiles * max(1, min(plan.ctas_per_tile, self.device.sm_count // tiles))
+        if plan.form == "gemv":
+            return self.device.sm_count
         return min(tiles, self.device.sm_count)
 
     def __call__(self, x, y):
         p, rows = self.packed, x.shape[0]
         plan = self.plan_for(rows)
-        ws, counter = self.workspace(plan, rows, x.device)
-        if plan.form == "grid":
-            counter.zero_()
+        ws, sync = self.workspace(plan, rows, x.device)
         compiled(variant(plan))(x, y, p["w1"], p["w3"], p["w2"], p["b1"], p["b3"], p["b2"], p["norm_w"], p["norm_b"],
-                                p["meta"], p["eps"], ws, counter, self.grid(plan, rows))
+                                p["meta"], p["eps"], ws, sync, self.grid(plan, rows))
         return y
 
 
@@ -165,13 +175,13 @@ class PersistentStack:
     @cute.jit
     def __call__(self, x: cute.Tensor, y: cute.Tensor, w1: cute.Tensor, w3: cute.Tensor, w2: cute.Tensor,
                  b1: cute.Tensor, b3: cute.Tensor, b2: cute.Tensor, norm_w: cute.Tensor, norm_b: cute.Tensor,
-                 meta: cute.Tensor, eps: cute.Tensor, ws: cute.Tensor, counter: cute.Tensor, grid: Int32,
+                 meta: cute.Tensor, eps: cute.Tensor, ws: cute.Tensor, sync: cute.Tensor, grid: Int32,
                  stream: cuda.CUstream):
         rows, tile = self.tile_rows, STACK_TILE
         layouts = (tensorcore.smem_layout((rows, tile, self.k_tiles)),
                    tensorcore.smem_layout((tile, tile, self.stages)), tensorcore.smem_layout((rows, tile)))
         mma = tensorcore.tiled_mma(rows // 16, WARPS_N)
-        self.kernel(x, y, w1, w3, w2, b1, b3, b2, norm_w, norm_b, meta, eps, ws, counter, *layouts,
+        self.kernel(x, y, w1, w3, w2, b1, b3, b2, norm_w, norm_b, meta, eps, ws, sync, *layouts,
                     tensorcore.g2s_copy(self.threads, tile), mma).launch(
             grid=[grid, 1, 1], block=[self.threads, 1, 1], min_blocks_per_mp=1, preferred_smem_carveout=100,
             cooperative=self.form == "grid", stream=stream)  # the grid barrier: the driver checks residency
@@ -179,7 +189,7 @@ class PersistentStack:
     @cute.kernel
     def kernel(self, x: cute.Tensor, y: cute.Tensor, w1: cute.Tensor, w3: cute.Tensor, w2: cute.Tensor,
                b1: cute.Tensor, b3: cute.Tensor, b2: cute.Tensor, norm_w: cute.Tensor, norm_b: cute.Tensor,
-               meta: cute.Tensor, eps: cute.Tensor, ws: cute.Tensor, counter: cute.Tensor,
+               meta: cute.Tensor, eps: cute.Tensor, ws: cute.Tensor, sync: cute.Tensor,
                u_layout: cute.ComposedLayout, w_layout: cute.ComposedLayout, h_layout: cute.ComposedLayout,
                g2s: cute.TiledCopy, mma: cute.TiledMma):
         tile_rows, tile = self.tile_rows, STACK_TILE
@@ -251,13 +261,18 @@ class PersistentStack:
             t, v = cta % num_tiles, cta // num_tiles  # this CTA's row tile and its place among the tile's CTAs
             row0 = t * tile_rows
             total = self.grid_chunks(meta, blocks, v, per_tile) * self.chunk_tiles
+            # the chunk of the next ring tile to issue, as (block, chunk within the block): moved once a chunk
+            cursor = cute.make_rmem_tensor((2,), Int32)
+            cursor[0], cursor[1] = Int32(0), v
+            self.skip_blocks_without_chunks(cursor, meta, blocks, v)
+            where = (meta, cursor)
             for s in cutlass.range_constexpr(self.stages - 1):
                 if s < total:
-                    self.issue_grid(g2s, tid, w1, w3, w2, s_w, Int32(s), meta, blocks, v, per_tile)
+                    self.issue_grid(g2s, tid, w1, w3, w2, s_w, Int32(s), where, blocks, v, per_tile)
                 cute.arch.cp_async_commit_group()
             # block 0 adds into buffer 1 (or y): zeroed before the first barrier
             self.zero_target(ws, y, 0, blocks, meta[blocks, 3], rows, channels, tid)
-            self.grid_barrier(counter, grid, 1, tid)
+            self.grid_barrier(sync, grid, tid)
             q = Int32(0)
             for i in range(blocks):
                 if v < meta[i, 1]:
@@ -272,15 +287,15 @@ class PersistentStack:
                 for jj in range(v, meta[i, 1], per_tile):
                     g = meta[i, 0] + jj
                     q = self.gemm1(g2s, mma, tid, w1, w3, w2, s_w, s_u, acc_h, acc_g, copy_a, copy_b, q, total,
-                                   meta, v, per_tile)
+                                   where, v, per_tile)
                     self.hidden_epilogue(acc_h, acc_g, coords, b1, b3, g, meta[i, 2], h_dst)
                     for n in range(self.k_tiles):
-                        q = self.consume(g2s, tid, w1, w3, w2, s_w, q, total, meta, v, per_tile)
+                        q = self.consume(g2s, tid, w1, w3, w2, s_w, q, total, where, v, per_tile)
                         tensorcore.gemm_from_smem(mma, tid, self.zeroed(acc_o), s_h,
                                                   s_w[None, None, (q - 1) % self.stages], copy_a, copy_b)
                         self.add_partial(acc_o, coords, x, ws, y, b2, i, blocks, jj == 0, row0, n * tile, rows,
                                          channels, meta[blocks, 3])
-                self.grid_barrier(counter, grid, i + 2, tid)
+                self.grid_barrier(sync, grid, tid)
             if meta[blocks, 3] != NORM_NONE:  # the final norm, a warp a row over the grid
                 for rr in range(cta * self.warps + tid // 32, rows, grid * self.warps):
                     self.finish_row(ws, blocks % 3 * rows + rr, rr, channels, y, meta[blocks, 3], eps[blocks],
@@ -298,7 +313,7 @@ class PersistentStack:
     def consume(self, g2s, tid, w1, w3, w2, s_w, q: Int32, total: Int32, where, v: Int32, per_tile: Int32) -> Int32:
         """Wait for ring tile q (every earlier commit group but the last stages - 2), hand it to every thread,
         and issue tile q + stages - 1 into the buffer tile q - 1 freed. Returns q + 1; the caller computes on
-        buffer q % stages. ``where`` is the rows form's chunk count, or the grid form's meta."""
+        buffer q % stages. ``where`` is the rows form's chunk count, or the grid form's (meta, cursor)."""
         cute.arch.cp_async_wait_group(self.stages - 2)
         cute.arch.sync_threads()
         ahead = q + self.stages - 1
@@ -306,7 +321,7 @@ class PersistentStack:
             if cutlass.const_expr(self.form == "rows"):
                 self.issue_rows(g2s, tid, w1, w3, w2, s_w, ahead, where)
             else:
-                self.issue_grid(g2s, tid, w1, w3, w2, s_w, ahead, where, where.shape[0] - 1, v, per_tile)
+                self.issue_grid(g2s, tid, w1, w3, w2, s_w, ahead, where, where[0].shape[0] - 1, v, per_tile)
         cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count one per tile
         return q + 1
 
@@ -333,16 +348,26 @@ class PersistentStack:
         self.issue_tile(g2s, tid, w1, w3, w2, s_w, q, q // self.chunk_tiles % total_chunks)
 
     @cute.jit
-    def issue_grid(self, g2s, tid, w1, w3, w2, s_w, q: Int32, meta, blocks: Int32, v: Int32, per_tile: Int32):
-        """Ring tile q of the grid form: the CTA runs chunks v, v + per_tile, ... of each block in turn."""
-        item = q // self.chunk_tiles
-        g = Int32(-1)
-        for i in range(blocks):
-            n = self.block_chunks(meta, i, v, per_tile)
-            if g < 0 and item < n:
-                g = meta[i, 0] + v + item * per_tile
-            item = item - n
-        self.issue_tile(g2s, tid, w1, w3, w2, s_w, q, g)
+    def issue_grid(self, g2s, tid, w1, w3, w2, s_w, q: Int32, where, blocks: Int32, v: Int32, per_tile: Int32):
+        """Ring tile q of the grid form, whose tiles are issued in order, q = 0, 1, ...: the CTA runs chunks v,
+        v + per_tile, ... of each block in turn, and the cursor of ``where = (meta, cursor)`` holds the chunk of
+        tile q; after a chunk's last tile it moves to the CTA's next chunk (one word read a tile, not a walk over
+        every block's chunk count)."""
+        meta, cursor = where
+        self.issue_tile(g2s, tid, w1, w3, w2, s_w, q, meta[cursor[0], 0] + cursor[1])
+        if (q + 1) % self.chunk_tiles == 0:
+            cursor[1] = cursor[1] + per_tile
+            if cursor[1] >= meta[cursor[0], 1]:
+                cursor[0], cursor[1] = cursor[0] + 1, v
+                self.skip_blocks_without_chunks(cursor, meta, blocks, v)
+
+    @cute.jit
+    def skip_blocks_without_chunks(self, cursor, meta, blocks: Int32, v: Int32):
+        """Move the cursor's block past the blocks with no chunk for the CTA at place v (fewer chunks than v + 1)."""
+        for _ in range(blocks):
+            if cursor[0] < blocks:
+                if v >= meta[cursor[0], 1]:
+                    cursor[0] = cursor[0] + 1
 
     @cute.jit
     def block_chunks(self, meta, i: Int32, v: Int32, per_tile: Int32) -> Int32:
@@ -431,8 +456,7 @@ class PersistentStack:
         lane, warp = tid % 32, tid // 32
         per_lane = self.cols // 32
         values = cute.make_rmem_tensor((per_lane,), Float32)
-        for rr in range(self.tile_rows // self.warps):  # a loop: the channels within a row are unrolled
-            r = warp + rr * self.warps
+        for r in range(warp, self.tile_rows, self.warps):  # a loop: the channels within a row are unrolled
             inside = base + r < limit
             for j in cutlass.range_constexpr(per_lane):
                 value = Float32(0.0)
@@ -536,15 +560,23 @@ class PersistentStack:
                 ws[(i + 1) % 3 * rows + r, c] = Float32(0.0)
 
     @cute.jit
-    def grid_barrier(self, counter: cute.Tensor, grid: Int32, arrivals: Int32, tid: Int32):
-        """Every CTA of the grid has arrived here ``arrivals`` times (all are resident: grid <= SMs), and what
-        each wrote before is visible to all."""
+    def grid_barrier(self, sync: cute.Tensor, grid: Int32, tid: Int32):
+        """Every CTA of the grid has arrived (all are resident: grid <= SMs), and what each wrote before is visible
+        to all. ``sync`` holds (arrivals, generation): the last CTA to arrive resets the arrivals and advances the
+        generation the others poll, so the words are zeroed once at allocation, not by a memset before each launch
+        (one graph node fewer), and a waiting CTA reads a flag instead of adding to the counter it polls."""
         cute.arch.sync_threads()
         if tid == 0:
+            arrivals, generation = sync.iterator, sync.iterator + 1
+            gen = cute.arch.atomic_add(generation, Int32(0), sem="acquire", scope="gpu")
             cute.arch.fence_acq_rel_gpu()
-            cute.arch.atomic_add(counter.iterator, Int32(1), sem="release", scope="gpu")
-            seen = Int32(0)
-            while seen < arrivals * grid:
-                seen = cute.arch.atomic_add(counter.iterator, Int32(0), sem="acquire", scope="gpu")
+            arrived = cute.arch.atomic_add(arrivals, Int32(1), sem="acq_rel", scope="gpu")
+            if arrived == grid - 1:
+                cute.arch.atomic_exch(arrivals, Int32(0), sem="relaxed", scope="gpu")
+                cute.arch.atomic_add(generation, Int32(1), sem="release", scope="gpu")
+            else:
+                seen = gen
+                while seen == gen:
+                    seen = cute.arch.load(generation, Int32, sem="acquire", scope="gpu")
             cute.arch.fence_acq_rel_gpu()
         cute.arch.sync_threads()

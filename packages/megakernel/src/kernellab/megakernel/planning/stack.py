@@ -6,7 +6,7 @@ The kernel (``engines/persistent_stack.py``) streams every weight through one ri
 stack) along the channels, then the W2 tiles along the channels. The packed weights pad the channels to
 ``channels_tile`` and each block's hidden to a whole number of chunks, so every tile is whole.
 
-Two forms:
+Three forms:
 - ``rows``: CTA b owns row tiles b, b + grid, ...; it carries a tile through every block with the fp32 stream
   of the tile in shared memory (tile_rows x channels_tile), so the stream never leaves the SM between blocks.
   Needs no grid-wide synchronization (rows are independent). Every CTA streams every weight, so it is
@@ -18,6 +18,12 @@ Two forms:
   each adding its partial W2 product into the next stream buffer in global memory with fp32 atomic adds,
   and a grid-wide barrier between blocks (every CTA resident: grid <= SMs). The weights are still
   streamed once per row tile, now by all SMs together; the next block's first tiles load during the barrier.
+- ``gemv`` (forced only, not yet measured): for the fewest rows (rows <= ``GEMV_ROWS``), each block as two
+  matrix-vector phases spread over every SM, a grid barrier after each: the hidden units (W1 [and W3] rows, a warp
+  each) into an fp32 workspace, then the output channels (a warp per channel and K slice of W2's row, fp32 atomic
+  adds into the next stream buffer). CUDA cores, 16-byte weight loads straight from L2 or memory into registers,
+  no shared-memory ring: each weight is read once a call by one warp, so at one row the time is the weights'
+  bytes over the SMs' load rate plus 2 barriers a block.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import dataclasses
 from .common import DeviceSpec, Refusal, ceil_div, round_up
 
 STACK_ENGINE = "persistent-stack"
-STACK_FORMS = ("rows", "grid")
+STACK_FORMS = ("rows", "grid", "gemv")
 STACK_TILE = 64
 """Rows and columns of a weight tile in the ring (and the hidden chunk: hidden units per GEMM1 -> GEMM2 step)."""
 STACK_ROW_TILES = (16, 32, 64)
@@ -37,7 +43,18 @@ STACK_STAGES = (2, 3, 4, 6, 8)
 DECODE_ROWS = 64
 """Row counts up to this run the grid form where it can use more CTAs than the rows form."""
 THREADS_PER_16_ROWS = 128
+GEMV_ROW_TILES = (1, 2, 4, 8, 16)
+"""Rows the gemv form computes at once (compile-time: a lane's accumulators, one per row and output)."""
+GEMV_ROWS = 16
+"""Row counts up to this run the gemv form."""
+GEMV_THREADS = 256
+TILE_ROW_CHOICES = tuple(sorted({*STACK_ROW_TILES, *GEMV_ROW_TILES}))
 ALIGN = 1024  # each shared-memory buffer starts on a 1 KB boundary (the swizzle atom's period)
+
+
+def stack_threads(form: str, tile_rows: int) -> int:
+    """A CTA's threads: 8 warps in the gemv form, else 4 warps per 16 rows of the mma layout."""
+    return GEMV_THREADS if form == "gemv" else tile_rows // 16 * THREADS_PER_16_ROWS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +75,7 @@ class StackPlan:
 
     @property
     def threads(self) -> int:
-        return self.tile_rows // 16 * THREADS_PER_16_ROWS
+        return stack_threads(self.form, self.tile_rows)
 
     @property
     def num_tiles(self) -> int:
@@ -84,7 +101,9 @@ class StackPlan:
 
 def stack_smem_bytes(form: str, tile_rows: int, channels_tile: int, stages: int) -> int:
     """Shared memory of one CTA: the fp16 operand tile, the weight ring, the fp16 hidden chunk and, in the rows
-    form, the fp32 stream tile; each buffer aligned to ``ALIGN``."""
+    form, the fp32 stream tile; each buffer aligned to ``ALIGN`` (the gemv form: the operand tile alone)."""
+    if form == "gemv":
+        return round_up(tile_rows * channels_tile * 2, ALIGN)
     buffers = [tile_rows * channels_tile * 2, stages * STACK_TILE * STACK_TILE * 2, tile_rows * STACK_TILE * 2]
     if form == "rows":
         buffers.append(tile_rows * channels_tile * 4)
@@ -122,8 +141,8 @@ def plan_stack(blocks, rows: int, device: DeviceSpec, *, target: str = "cuda", i
     ``tile_rows`` force a choice (tests, sweeps); a forced choice that cannot run is refused, not replaced."""
     if form is not None and form not in STACK_FORMS:
         raise ValueError(f"form must be one of {STACK_FORMS} or None, got {form!r}")
-    if tile_rows is not None and tile_rows not in STACK_ROW_TILES:
-        raise ValueError(f"tile_rows must be one of {STACK_ROW_TILES} or None, got {tile_rows!r}")
+    if tile_rows is not None and tile_rows not in TILE_ROW_CHOICES:
+        raise ValueError(f"tile_rows must be one of {TILE_ROW_CHOICES} or None, got {tile_rows!r}")
     reason = stack_refusal(blocks, rows, target=target, input_dtype=input_dtype)
     if reason is not None:
         return Refusal(STACK_ENGINE, reason)
@@ -132,6 +151,8 @@ def plan_stack(blocks, rows: int, device: DeviceSpec, *, target: str = "cuda", i
     chunks = tuple(ceil_div(b.hidden, STACK_TILE) for b in blocks)
     gated = blocks[0].gated
     weight_bytes = sum((3 if b.gated else 2) * 2 * b.channels * b.hidden for b in blocks)
+    if form == "gemv":  # opt-in until measured (PLAN_persistent_stack.md)
+        return _gemv_plan(rows, channels, cols, chunks, gated, device, tile_rows)
     if form == "grid" or form is None and rows <= DECODE_ROWS:
         got = _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows)
         if form == "grid" or isinstance(got, StackPlan):
@@ -204,6 +225,22 @@ def _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackP
                      stack_smem_bytes("grid", tile, cols, stages),
                      f"grid form (decode rows <= {DECODE_ROWS}): {per_tile} CTAs share each row tile's hidden chunks, "
                      "so every SM streams weights; partial sums by fp32 atomics, a grid barrier between blocks")
+
+
+def _gemv_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackPlan | Refusal:
+    """The smallest gemv row tile that holds the rows (a forced one must be a gemv tile), every SM a CTA."""
+    options = [t for t in GEMV_ROW_TILES if (tile_rows is None and t >= min(rows, GEMV_ROWS) or t == tile_rows)
+               and _fits("gemv", t, cols, 0, device)]
+    if not options:
+        return Refusal(STACK_ENGINE, f"gemv form: no row tile of {GEMV_ROW_TILES} fits "
+                                     f"{'the forced ' + str(tile_rows) if tile_rows else str(rows) + ' rows'} at "
+                                     f"{cols} channels")
+    tile = min(options)
+    return StackPlan("gemv", rows, channels, cols, tile, 0, gated, device.sm_count, chunks,
+                     stack_smem_bytes("gemv", tile, cols, 0),
+                     f"gemv form (rows <= {GEMV_ROWS}): each block as two matrix-vector phases over all "
+                     f"{device.sm_count} SMs, a warp per hidden unit then per output channel slice, 2 grid barriers "
+                     "a block")
 
 
 def rows_form_of(plan: StackPlan, rows: int, device: DeviceSpec) -> StackPlan | None:

@@ -1,0 +1,95 @@
+"""The fused stack's forms side by side on the GPU host: per call in a CUDA graph (harness ``graph_throughput``), each
+report model at decode row counts, the grid and gemv forms forced and the per-block chain, every one validated first
+against the float64 reference (the models suite's problem and protocol).
+
+    python3 tools/device/stack_forms.py [--models 'mlp*,swiglu2*'] [--rows 1,16] [--samples 7]
+    python3 tools/device/stack_forms.py --show FORMS.json    (anywhere: the written record as a markdown table)
+
+Writes $OUT/stack_forms.json (provenance, then one entry per model and row count, after each) and prints a line
+per entry. A form that cannot be built or fails validation is recorded with why, and not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import functools
+import json
+import os
+import statistics
+
+FORMS = {"grid": {"engine": "persistent-stack", "stack_form": "grid"},
+         "gemv": {"engine": "persistent-stack", "stack_form": "gemv"},
+         "chain": {"engine": "persistent-tc"}}
+
+
+def show(path: str) -> None:
+    with open(path) as f:
+        entries = json.load(f)["entries"]
+    print("| model | rows | " + " | ".join(f"{form} us" for form in FORMS) + " |")
+    print("|---|---|" + "---|" * len(FORMS))
+    for e in entries:
+        cells = [f"{e[form]['p50_us']:.1f}" if "p50_us" in e[form] else "-" for form in FORMS]
+        print(f"| {e['model']} | {e['rows']} | " + " | ".join(cells) + " |")
+
+
+def time_entry(case, rows: int, samples: int, device) -> dict:
+    from kernellab.harness import timing, validate
+    from kernellab.megakernel import compile_model, models
+
+    problem = models.StackProblem(case, rows)
+    inputs = problem.make_inputs(1)
+    outputs = problem.make_outputs(inputs)
+    entry = {"model": case.name, "rows": rows}
+    for form, options in FORMS.items():
+        try:
+            compiled = compile_model(case.spec, rows=rows, **options)
+
+            def run(i, o, m=compiled):
+                m(i["x"], out=o["y"])
+                return o
+
+            checked = validate.validate_call(problem, run, seed=3)
+            if not checked["passed"]:
+                entry[form] = {"error": "failed validation", "validation": checked["outputs"]["y"]}
+                continue
+            times = timing.measure("graph_throughput", [functools.partial(run, inputs, outputs)], device,
+                                   samples=samples, iterations=20)
+            entry[form] = {"p50_us": statistics.median(times), "samples_us": times, "plan": str(compiled.plan())}
+        except Exception as e:  # noqa: BLE001 - recorded per form, the run goes on
+            entry[form] = {"error": f"{type(e).__name__}: {e}"}
+    return entry
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--show", metavar="FORMS")
+    ap.add_argument("--models", default="*")
+    ap.add_argument("--rows", default="1,16")
+    ap.add_argument("--samples", type=int, default=7)
+    args = ap.parse_args()
+    if args.show:
+        show(args.show)
+        return
+    from kernellab.harness import provenance, timing
+    from kernellab.megakernel import models
+
+    device = timing.Device("cuda")
+    path = os.path.join(os.environ.get("OUT", "."), "stack_forms.json")
+    record = {"tool": "tools/device/stack_forms.py", "mode": "graph_throughput", "forms": FORMS,
+              "provenance": provenance.of_check("cuda", __file__, ["megakernel"]), "entries": []}
+    patterns = [p for p in args.models.split(",") if p]
+    for case in models.REPORT_MODELS:
+        if not any(fnmatch.fnmatch(case.name, p) for p in patterns):
+            continue
+        for rows in (int(r) for r in args.rows.split(",")):
+            entry = time_entry(case, rows, args.samples, device)
+            record["entries"].append(entry)
+            with open(path, "w") as f:
+                json.dump(record, f, indent=1)
+            print(case.name, rows, {form: round(got["p50_us"], 1) if "p50_us" in got else got.get("error")
+                                    for form, got in ((f, entry[f]) for f in FORMS)}, flush=True)
+
+
+if __name__ == "__main__":
+    main()
