@@ -124,4 +124,4 @@ def test_every_report_model_plan_runs_an_ahead_of_time_stack_variant():
                 continue
             assert persistent_stack.variant(plan).name in AOT_NAMES
             forms.add(plan.form)
-    assert forms == {"rows", "grid"}
+    assert forms == {"rows", "grid", "gemv"}

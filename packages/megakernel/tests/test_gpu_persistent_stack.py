@@ -103,20 +103,24 @@ def test_the_grid_barrier_words_stay_ready_over_many_launches(form):
     torch.testing.assert_close(out.double(), truth, rtol=models.STACK_TOLERANCE, atol=models.STACK_TOLERANCE)
 
 
-def test_a_grid_plan_called_with_more_row_tiles_than_sms_runs_its_rows_form():
+@pytest.mark.parametrize("compiled_rows, form", [(1, "gemv"), (2, "grid")])
+def test_a_plan_called_past_its_forms_rows_runs_the_planned_form(compiled_rows, form):
+    """Compiled for one row (the gemv form) or two (the grid form), called with 16 rows (the grid form) and with
+    more row tiles than SMs (the rows form): each call correct, on the form planning chooses for its rows."""
     spec = {"channels": 64, "blocks": [{"hidden": 256, "activation": "silu", "norm": "rmsnorm", "gated": True,
                                         "bias": False}] * 2}
-    compiled = compile_model(spec, rows=1, seed=2, engine="persistent-stack")
-    assert compiled.program.stack.form == "grid"
-    rows = torch.cuda.get_device_properties(0).multi_processor_count * 16 + 5
-    x = torch.randn(rows, 64, device="cuda").half()
-    out = torch.full((rows, 64), float("nan"), device="cuda")
-    compiled(x, out=out)
-    torch.cuda.synchronize()
-    assert compiled.fused.plan_for(rows).form == "rows"
-    truth = stack.reference_stack(x, compiled.program.blocks, compiled.parameters, compiled.program.final_norm,
-                                  compiled.final_parameters)
-    torch.testing.assert_close(out.double(), truth, rtol=models.STACK_TOLERANCE, atol=models.STACK_TOLERANCE)
+    compiled = compile_model(spec, rows=compiled_rows, seed=2, engine="persistent-stack")
+    assert compiled.program.stack.form == form
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for rows, runs in [(16, "grid"), (sms * 16 + 5, "rows")]:
+        x = torch.randn(rows, 64, device="cuda").half()
+        out = torch.full((rows, 64), float("nan"), device="cuda")
+        compiled(x, out=out)
+        torch.cuda.synchronize()
+        assert compiled.fused.plan_for(rows).form == runs
+        truth = stack.reference_stack(x, compiled.program.blocks, compiled.parameters, compiled.program.final_norm,
+                                      compiled.final_parameters)
+        torch.testing.assert_close(out.double(), truth, rtol=models.STACK_TOLERANCE, atol=models.STACK_TOLERANCE)
 
 
 @pytest.mark.parametrize("case", models.REPORT_MODELS[:3], ids=lambda c: c.name)

@@ -15,8 +15,11 @@ from kernellab.megakernel.compiler.ir import Block
 from kernellab.megakernel.engines import stack_packing
 from kernellab.megakernel.planning.stack import (
     DECODE_ROWS,
+    GEMV_PLANNED_ROWS,
+    GEMV_ROWS,
     STACK_TILE,
     StackPlan,
+    call_plan,
     plan_stack,
     rows_cost,
     rows_form_of,
@@ -37,7 +40,7 @@ def _uniform(channels, hidden, depth, **block):
 # ---- planning ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("case", models.REPORT_MODELS, ids=lambda c: c.name)
-def test_report_models_plan_grid_at_decode_rows_and_rows_form_above(case):
+def test_report_models_plan_gemv_at_one_row_grid_at_decode_rows_and_rows_form_above(case):
     blocks = _blocks(case.spec)
     for rows in models.REPORT_ROWS:
         plan = plan_stack(blocks, rows, H200)
@@ -45,7 +48,7 @@ def test_report_models_plan_grid_at_decode_rows_and_rows_form_above(case):
             assert isinstance(plan, planning.Refusal) and "do not fit the 60 MiB L2" in plan.reason
             continue
         assert isinstance(plan, StackPlan), plan
-        assert plan.form == ("grid" if rows <= DECODE_ROWS else "rows")
+        assert plan.form == ("gemv" if rows <= GEMV_PLANNED_ROWS else "grid" if rows <= DECODE_ROWS else "rows")
         assert plan.smem_bytes == stack_smem_bytes(plan.form, plan.tile_rows, plan.channels_tile, plan.stages)
         assert plan.smem_bytes + H200.reserved_smem_per_block <= H200.smem_per_sm
         assert plan.grid <= H200.sm_count  # the grid form's barrier needs every CTA resident
@@ -54,7 +57,7 @@ def test_report_models_plan_grid_at_decode_rows_and_rows_form_above(case):
 
 
 def test_grid_form_spreads_each_row_tile_over_the_chunks_it_has():
-    plan = plan_stack(_blocks(_uniform(2048, 8192, 4, gated=True, norm="rmsnorm")), 1, H200)
+    plan = plan_stack(_blocks(_uniform(2048, 8192, 4, gated=True, norm="rmsnorm")), 2, H200)
     assert (plan.form, plan.tile_rows, plan.num_tiles) == ("grid", 16, 1)
     assert plan.ctas_per_tile == 128 == plan.chunks[0]  # one chunk of 64 hidden units a CTA a block
     small = plan_stack(_blocks(_uniform(256, 1024, 4)), 64, H200)
@@ -128,7 +131,7 @@ def test_rows_fallback_of_a_grid_plan_keeps_its_packing():
     assert (fallback.channels_tile, fallback.chunks, fallback.gated) == (plan.channels_tile, plan.chunks, plan.gated)
 
 
-@pytest.mark.parametrize("rows,tile", [(1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (16, 16), (40, 16)])
+@pytest.mark.parametrize("rows,tile", [(1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (16, 16)])
 def test_gemv_form_takes_the_smallest_tile_holding_the_rows_and_every_sm(rows, tile):
     plan = plan_stack(_blocks(_uniform(2048, 8192, 4, gated=True, norm="rmsnorm")), rows, H200, form="gemv")
     assert (plan.form, plan.tile_rows, plan.grid, plan.threads) == ("gemv", tile, H200.sm_count, 256)
@@ -136,13 +139,35 @@ def test_gemv_form_takes_the_smallest_tile_holding_the_rows_and_every_sm(rows, t
     assert "gemv form" in plan.summary()
 
 
-def test_gemv_form_is_forced_only_and_refuses_a_tile_it_has_not():
+def test_gemv_form_is_planned_at_one_row_and_refuses_a_tile_it_has_not():
     blocks = _blocks(_uniform(512, 2048, 8, norm="rmsnorm", activation="silu"))
-    assert plan_stack(blocks, 1, H200).form == "grid", "opt-in until measured: planning keeps the grid form"
-    assert plan_stack(blocks, 4, H200, form="gemv", tile_rows=2).tile_rows == 2
+    planned = plan_stack(blocks, GEMV_PLANNED_ROWS, H200)
+    assert (planned.form, planned.tile_rows, planned.forced) == ("gemv", 1, False)
+    assert plan_stack(blocks, GEMV_PLANNED_ROWS + 1, H200).form == "grid"
+    assert plan_stack(blocks, 1, H200, tile_rows=16).form == "grid", "a forced tile keeps the forms it names"
+    forced = plan_stack(blocks, 4, H200, form="gemv", tile_rows=2)
+    assert (forced.tile_rows, forced.forced) == (2, True)
     assert plan_stack(blocks, 4, H200, form="gemv", tile_rows=32).reason.startswith("gemv form: no row tile")
+    assert "past the 16 it takes" in plan_stack(blocks, GEMV_ROWS + 1, H200, form="gemv").reason
     with pytest.raises(ValueError, match="tile_rows must be one of"):
         plan_stack(blocks, 4, H200, form="gemv", tile_rows=3)
+
+
+def test_a_call_past_its_forms_rows_runs_what_planning_would_choose():
+    """A model compiled for one row and called with more must not run the one-row gemv tile row after row."""
+    blocks = _blocks(_uniform(512, 2048, 8, norm="rmsnorm", activation="silu"))
+    planned = plan_stack(blocks, 1, H200)
+    assert call_plan(planned, 1, H200) is planned
+    at_16 = call_plan(planned, 16, H200)
+    assert at_16 == plan_stack(blocks, 16, H200) and at_16.form == "grid"
+    assert at_16.chunks == planned.chunks and at_16.channels_tile == planned.channels_tile  # the same packing
+    assert call_plan(planned, 4096, H200).form == "rows"  # past the grid form's rows
+    forced = plan_stack(blocks, 1, H200, form="gemv")
+    assert call_plan(forced, GEMV_ROWS, H200) is forced  # a forced form keeps its rows, a tile after another
+    assert call_plan(forced, GEMV_ROWS + 1, H200).form == "rows"
+    grid = plan_stack(blocks, 16, H200)
+    assert call_plan(grid, 16 * H200.sm_count, H200) is grid
+    assert call_plan(grid, 16 * H200.sm_count + 1, H200).form == "rows"
 
 
 def test_gemv_launcher_sizes_the_workspace_and_falls_back_past_its_rows():

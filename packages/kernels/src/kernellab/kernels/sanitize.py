@@ -68,6 +68,10 @@ BACKWARD_CASES = [
     # 512-thread CTAs: the vector gradients' sums in shared memory, the weight re-read per row
     ("layernorm", "float32", 200, 8192, "x", True, False, 0),
     ("rmsnorm", "float32", 200, 8192, "float32", False, True, 0),
+    # 16-bit norm rows from base.WIDE_BACKWARD_N: 32 values a thread in CTAs of at most 256 threads, a cluster
+    # past them (LayerNorm at 8192 is the one plan with stack bytes)
+    ("layernorm", "bfloat16", 200, 8192, "x", True, False, 0),
+    ("rmsnorm", "float16", 130, 8192, "float32", False, True, 0),
 ]
 
 

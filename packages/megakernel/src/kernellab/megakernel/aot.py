@@ -130,7 +130,7 @@ def stack_variants() -> list:
                     fallback = rows_form_of(plan, H200.sm_count * plan.tile_rows + 1, H200)
                     if fallback is not None:
                         out.append(persistent_stack.variant(fallback))
-            if rows <= GEMV_ROWS:  # the gemv form, forced (opt-in until measured)
+            if rows <= GEMV_ROWS:  # the gemv form, forced at the rows it takes
                 gemv = plan_stack(blocks, rows, H200, form="gemv")
                 if isinstance(gemv, StackPlan):
                     out.append(persistent_stack.variant(gemv))

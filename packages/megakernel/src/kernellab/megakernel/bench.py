@@ -178,7 +178,7 @@ def models_suite() -> Suite:
                     "chain, against torch block by block",
         make_problems=problems,
         impls=[model_impl(STACK_ENGINE, STACK_ENGINE),
-               model_impl(f"{STACK_ENGINE}-gemv", STACK_ENGINE, stack_form="gemv"),  # opt-in until measured
+               model_impl(f"{STACK_ENGINE}-gemv", STACK_ENGINE, stack_form="gemv"),  # forced: beside the planned form
                model_impl("block-chain", "persistent-tc"), control],
         control=MODELS_CONTROL,
         defaults={"rounds": 3, "samples": 30, "warmup": 10, "iterations": 10},

@@ -34,7 +34,7 @@ STACK = "persistent-stack"  # compile_model's opt-in whole-stack engine
 
 
 def stack_cases():
-    """(label, spec, rows, forced fused plan): every persistent-stack variant family at a small model: both forms,
+    """(label, spec, rows, forced fused plan): every persistent-stack variant family at a small model: every form,
     each row tile, gated and plain, every norm and activation, odd sizes, a final norm, multi-tile CTAs."""
     gated = {"activation": "silu", "norm": "rmsnorm", "gated": True, "bias": False}
     plain = [{"hidden": 100, "activation": "gelu", "norm": {"kind": "layernorm", "bias": True}},
@@ -53,6 +53,11 @@ def stack_cases():
          70, {"engine": STACK, "stack_form": "rows", "stack_tile_rows": 32}),
         ("persistent-stack rows form, 64-row tiles, partial tile", {"channels": 130, "blocks": plain}, 100,
          {"engine": STACK, "stack_form": "rows", "stack_tile_rows": 64}),
+        ("persistent-stack gemv form, one row, gated, final norm", {"channels": 72, "final_norm": "rmsnorm",
+         "blocks": [{"hidden": 200, **gated}, {"hidden": 130, **gated}]}, 1, {"engine": STACK, "stack_form": "gemv"}),
+        ("persistent-stack gemv form, 4-row tiles over 5 rows, plain, every norm and activation",
+         {"channels": 200, "blocks": plain, "final_norm": "layernorm"}, 5,
+         {"engine": STACK, "stack_form": "gemv", "stack_tile_rows": 4}),
     ]
 
 

@@ -37,7 +37,7 @@ from cutlass import Float16, Float32, Int32
 from cutlass.memory import SmemAllocator
 
 from ..planning import DeviceSpec, ceil_div
-from ..planning.stack import ALIGN, GEMV_ROWS, STACK_TILE, StackPlan, rows_form_of, stack_threads
+from ..planning.stack import ALIGN, STACK_TILE, StackPlan, call_plan, stack_threads
 from . import tensorcore
 from .common import compile_variant, compiled
 from .stack_packing import ACT_CODES, META_COLUMNS, NORM_CODES
@@ -110,19 +110,14 @@ class Launcher:
         self._workspaces: dict = {}
 
     def plan_for(self, rows: int) -> StackPlan:
-        """The plan a call of ``rows`` rows runs: the compiled plan, or its rows form past the grid form's reach
-        (the gemv form takes any rows, a row tile after another, but past ``GEMV_ROWS`` the rows form where one
-        fits)."""
+        """The plan a call of ``rows`` rows runs (``planning.stack.call_plan``): the compiled plan while its form
+        serves the rows, else the form planning would choose, with the same packing."""
         got = self._plans.get(rows)
         if got is None:
-            got = self.plan
-            if self.plan.form == "gemv" and rows > GEMV_ROWS:
-                got = rows_form_of(self.plan, rows, self.device) or self.plan
-            if self.plan.form == "grid" and ceil_div(rows, self.plan.tile_rows) > self.device.sm_count:
-                got = rows_form_of(self.plan, rows, self.device)
-                if got is None:
-                    raise ValueError(f"{rows} rows need more row tiles than the grid form's {self.device.sm_count} "
-                                     "CTAs and no rows form fits this stack; compile for this row count")
+            got = call_plan(self.plan, rows, self.device)
+            if got is None:
+                raise ValueError(f"{rows} rows need more row tiles than the grid form's {self.device.sm_count} "
+                                 "CTAs and no rows form fits this stack; compile for this row count")
             self._plans[rows] = got
         return got
 

@@ -18,7 +18,7 @@ Three forms:
   each adding its partial W2 product into the next stream buffer in global memory with fp32 atomic adds,
   and a grid-wide barrier between blocks (every CTA resident: grid <= SMs). The weights are still
   streamed once per row tile, now by all SMs together; the next block's first tiles load during the barrier.
-- ``gemv`` (forced only, not yet measured): for the fewest rows (rows <= ``GEMV_ROWS``), each block as two
+- ``gemv``: planned at one row (``GEMV_PLANNED_ROWS``), forced up to ``GEMV_ROWS``; each block as two
   matrix-vector phases spread over every SM, a grid barrier after each: the hidden units (W1 [and W3] rows, a warp
   each) into an fp32 workspace, then the output channels (a warp per channel and K slice of W2's row, fp32 atomic
   adds into the next stream buffer). CUDA cores, 16-byte weight loads straight from L2 or memory into registers,
@@ -46,7 +46,10 @@ THREADS_PER_16_ROWS = 128
 GEMV_ROW_TILES = (1, 2, 4, 8, 16)
 """Rows the gemv form computes at once (compile-time: a lane's accumulators, one per row and output)."""
 GEMV_ROWS = 16
-"""Row counts up to this run the gemv form."""
+"""Row counts up to this run the gemv form when it is forced."""
+GEMV_PLANNED_ROWS = 1
+"""Row counts up to this take the gemv form unforced: on an H100 (``reports/h100/stack-forms/``) it beat the grid
+form at one row on every report model and lost to it at 16 rows on every one; the counts between are unmeasured."""
 GEMV_THREADS = 256
 TILE_ROW_CHOICES = tuple(sorted({*STACK_ROW_TILES, *GEMV_ROW_TILES}))
 ALIGN = 1024  # each shared-memory buffer starts on a 1 KB boundary (the swizzle atom's period)
@@ -72,6 +75,7 @@ class StackPlan:
     chunks: tuple[int, ...]  # hidden chunks of each block (hidden padded to STACK_TILE)
     smem_bytes: int
     why: str
+    forced: bool = False  # the form was asked for (``plan_stack(form=...)``), not chosen by the rows
 
     @property
     def threads(self) -> int:
@@ -151,8 +155,13 @@ def plan_stack(blocks, rows: int, device: DeviceSpec, *, target: str = "cuda", i
     chunks = tuple(ceil_div(b.hidden, STACK_TILE) for b in blocks)
     gated = blocks[0].gated
     weight_bytes = sum((3 if b.gated else 2) * 2 * b.channels * b.hidden for b in blocks)
-    if form == "gemv":  # opt-in until measured (PLAN_persistent_stack.md)
-        return _gemv_plan(rows, channels, cols, chunks, gated, device, tile_rows)
+    if form == "gemv":
+        got = _gemv_plan(rows, channels, cols, chunks, gated, device, tile_rows)
+        return dataclasses.replace(got, forced=True) if isinstance(got, StackPlan) else got
+    if form is None and tile_rows is None and rows <= GEMV_PLANNED_ROWS:
+        got = _gemv_plan(rows, channels, cols, chunks, gated, device, None)
+        if isinstance(got, StackPlan):
+            return got
     if form == "grid" or form is None and rows <= DECODE_ROWS:
         got = _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows)
         if form == "grid" or isinstance(got, StackPlan):
@@ -228,7 +237,11 @@ def _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackP
 
 
 def _gemv_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackPlan | Refusal:
-    """The smallest gemv row tile that holds the rows (a forced one must be a gemv tile), every SM a CTA."""
+    """The smallest gemv row tile that holds the rows (a forced one must be a gemv tile), every SM a CTA; refused
+    past ``GEMV_ROWS`` rows, where a call of the plan would run the rows form."""
+    if rows > GEMV_ROWS:
+        return Refusal(STACK_ENGINE, f"gemv form: {rows} rows is past the {GEMV_ROWS} it takes (a tile after another "
+                                     "up to there)")
     options = [t for t in GEMV_ROW_TILES if (tile_rows is None and t >= min(rows, GEMV_ROWS) or t == tile_rows)
                and _fits("gemv", t, cols, 0, device)]
     if not options:
@@ -238,9 +251,26 @@ def _gemv_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackP
     tile = min(options)
     return StackPlan("gemv", rows, channels, cols, tile, 0, gated, device.sm_count, chunks,
                      stack_smem_bytes("gemv", tile, cols, 0),
-                     f"gemv form (rows <= {GEMV_ROWS}): each block as two matrix-vector phases over all "
-                     f"{device.sm_count} SMs, a warp per hidden unit then per output channel slice, 2 grid barriers "
-                     "a block")
+                     f"gemv form (planned at rows <= {GEMV_PLANNED_ROWS}, forced up to {GEMV_ROWS}): each block as "
+                     f"two matrix-vector phases over all {device.sm_count} SMs, a warp per hidden unit then per "
+                     "output channel slice, 2 grid barriers a block")
+
+
+def call_plan(plan: StackPlan, rows: int, device: DeviceSpec) -> StackPlan | None:
+    """The plan a call of ``rows`` rows runs with ``plan``'s packing (the forms share it), or None where the grid
+    form cannot take the rows and no rows form fits. The plan itself while its form serves the rows; past them
+    what ``plan_stack`` would choose: a planned gemv form past ``GEMV_PLANNED_ROWS`` the grid form (the rows form
+    where that is refused), a forced one past ``GEMV_ROWS`` the rows form (itself where none fits), a grid form
+    with more row tiles than SMs (its barrier needs every CTA resident) the rows form."""
+    if plan.form == "gemv" and rows > (GEMV_ROWS if plan.forced else GEMV_PLANNED_ROWS):
+        grid = None if plan.forced else _grid_plan(rows, plan.channels, plan.channels_tile, plan.chunks, plan.gated,
+                                                    device, None)
+        if isinstance(grid, StackPlan):
+            return grid
+        return rows_form_of(plan, rows, device) or plan
+    if plan.form == "grid" and ceil_div(rows, plan.tile_rows) > device.sm_count:
+        return rows_form_of(plan, rows, device)
+    return plan
 
 
 def rows_form_of(plan: StackPlan, rows: int, device: DeviceSpec) -> StackPlan | None:
