@@ -89,3 +89,23 @@ def test_bandwidth_is_read_against_the_suites_ceiling_problem():
     for mode in ("e2e_latency",):
         assert ceiled["affine_64x64_fp32/torch"]["modes"][mode]["ceiling_fraction"] == pytest.approx(1.0)
         assert ceiled["affine_64x64_fp32/ours"]["modes"][mode]["ceiling_fraction"] > 0
+
+
+def test_warmup_is_batches_of_calls_not_passes_over_every_rotated_set(monkeypatch):
+    """A one-row problem rotates thousands of input sets: warming up over all of them, ten times, cost a host-bound
+    contender minutes a case. The warmup is ``warmup`` batches of ``iterations`` calls, cycling the sets."""
+    from kernellab.harness import runner
+
+    monkeypatch.setattr(runner, "WARM_MS", 0.0)
+    bench = Bench(affine_suite(Impl("ours", bind=honest), shapes=((4, 4),)), Config(warmup=3, iterations=4))
+    made = []
+    calls = [lambda k=k: made.append(k) for k in range(4096)]
+    bench._warm(calls)
+    assert made == list(range(12))
+    few = [lambda k=k: made.append(k) for k in range(5)]
+    made.clear()
+    bench._warm(few)
+    assert made == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1]  # fewer sets than calls: they cycle
+    made.clear()
+    Bench(affine_suite(Impl("ours", bind=honest), shapes=((4, 4),)), Config(warmup=0, iterations=4))._warm(calls)
+    assert made == []

@@ -70,7 +70,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=positive_int, help="rounds (suite default if omitted)")
     p.add_argument("--samples", type=positive_int, help="samples per round per mode")
     p.add_argument("--warmup", type=non_negative_int,
-                   help="warmup passes over the rotated calls before each mode (at least 20 ms of them)")
+                   help="warmup batches of --iterations calls before each mode (at least 20 ms of them)")
     p.add_argument("--iterations", type=positive_int, help="calls per throughput sample")
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of every input")
     p.add_argument("--rotation-limit", type=positive_int, metavar="MIB", help="memory for the rotated input sets "
