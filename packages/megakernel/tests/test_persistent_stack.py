@@ -298,3 +298,10 @@ def test_packing_pads_with_zeros_and_records_the_meta():
     assert not packed["w1"][65:128].any() and not packed["w1"][:, 70:].any() and not packed["w2"][70:].any()
     assert packed["w3"] is packed["w1"]  # a plain stack reads no gate
     assert packed["eps"][0] == source.blocks[0].norm.eps
+
+
+def test_a_forced_form_is_marked_forced_and_a_planned_one_not():
+    blocks = _blocks(_uniform(256, 1024, 2))
+    assert not any(plan_stack(blocks, rows, H200).forced for rows in (1, 16, 1024))
+    assert all(plan_stack(blocks, rows, H200, form=form).forced for rows, form in ((1, "gemv"), (16, "grid"),
+                                                                                   (1024, "rows")))

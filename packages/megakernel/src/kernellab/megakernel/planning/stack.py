@@ -22,8 +22,8 @@ Three forms:
   matrix-vector phases spread over every SM, a grid barrier after each: the hidden units (W1 [and W3] rows, a warp
   each) into an fp32 workspace, then the output channels (a warp per channel and K slice of W2's row, fp32 atomic
   adds into the next stream buffer). CUDA cores, 16-byte weight loads straight from L2 or memory into registers,
-  no shared-memory ring: each weight is read once a call by one warp, so at one row the time is the weights'
-  bytes over the SMs' load rate plus 2 barriers a block.
+  no shared-memory ring: each weight is read once a call by one warp, so at one row its floor is the weights'
+  bytes over the SMs' load rate plus 2 barriers a block (measured well above it: ``reports/h100/stack-forms/``).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class StackPlan:
     chunks: tuple[int, ...]  # hidden chunks of each block (hidden padded to STACK_TILE)
     smem_bytes: int
     why: str
-    forced: bool = False  # the form was asked for (``plan_stack(form=...)``), not chosen by the rows
+    forced: bool = False  # the form was asked for (``plan_stack(form=...)``): a forced gemv keeps its calls
 
     @property
     def threads(self) -> int:
@@ -150,14 +150,18 @@ def plan_stack(blocks, rows: int, device: DeviceSpec, *, target: str = "cuda", i
     reason = stack_refusal(blocks, rows, target=target, input_dtype=input_dtype)
     if reason is not None:
         return Refusal(STACK_ENGINE, reason)
+    got = _choose(blocks, rows, device, form, tile_rows)
+    return dataclasses.replace(got, forced=True) if form is not None and isinstance(got, StackPlan) else got
+
+
+def _choose(blocks, rows: int, device: DeviceSpec, form: str | None, tile_rows: int | None) -> StackPlan | Refusal:
     channels = blocks[0].channels
     cols = round_up(channels, STACK_TILE)
     chunks = tuple(ceil_div(b.hidden, STACK_TILE) for b in blocks)
     gated = blocks[0].gated
     weight_bytes = sum((3 if b.gated else 2) * 2 * b.channels * b.hidden for b in blocks)
     if form == "gemv":
-        got = _gemv_plan(rows, channels, cols, chunks, gated, device, tile_rows)
-        return dataclasses.replace(got, forced=True) if isinstance(got, StackPlan) else got
+        return _gemv_plan(rows, channels, cols, chunks, gated, device, tile_rows)
     if form is None and tile_rows is None and rows <= GEMV_PLANNED_ROWS:
         got = _gemv_plan(rows, channels, cols, chunks, gated, device, None)
         if isinstance(got, StackPlan):
