@@ -1,10 +1,13 @@
 """Host cost per call of the eager GPU path, layer by layer, beside torch's: where the microseconds of an
 ``e2e_throughput`` call go when the kernel itself is shorter than its launch.
 
-    python3 tools/device/host_path.py [--shape 256x3072] [--dtype bf16]
+    python3 tools/device/host_path.py [--shape 256x3072] [--dtype bf16] [--train rmsnorm|layernorm|softmax]
 
 Each layer is timed over back-to-back calls with one synchronize (us per call), then the public call
-is profiled. Writes $OUT/host_path.json and prints the table.
+is profiled. With ``--train OP``, the layers of one training step (forward and backward through autograd) of
+OP instead: torch's step, the two-copy autograd floor, ours, then each piece of our backward alone (the
+allocations, the grid rule, the barrier word, the kernel's call), and our step profiled. Writes
+$OUT/host_path.json (host_path_train_OP.json) and prints the table.
 """
 
 from __future__ import annotations
@@ -37,13 +40,93 @@ def per_call(fn, calls: int = 3000) -> float:
     return best
 
 
+def ours_forward(op: str, x, w, b):
+    if op == "softmax":
+        return gpu.softmax(x)
+    if op == "rmsnorm":
+        return gpu.rmsnorm(x, w, 1e-6)
+    return gpu.layernorm(x, w, b, 1e-6)
+
+
+def train_layers(op: str, m: int, n: int, dt) -> tuple[dict, object]:
+    """The layers of one training step of ``op`` and our whole step (for the profile)."""
+    from kernellab.harness.suites.problems import _two_copies  # the suites' autograd floor
+
+    x = torch.randn(m, n, device="cuda", dtype=dt, requires_grad=True)
+    w = torch.randn(n, device="cuda", dtype=dt, requires_grad=True)
+    b = torch.randn(n, device="cuda", dtype=dt, requires_grad=True)
+    dy = torch.randn(m, n, device="cuda", dtype=dt)
+    F = torch.nn.functional
+    torch_fwd = {"softmax": lambda: torch.softmax(x, -1), "rmsnorm": lambda: F.rms_norm(x, (n,), w, 1e-6),
+                 "layernorm": lambda: F.layer_norm(x, (n,), w, b, 1e-6)}[op]
+
+    def step(fwd):
+        def run():
+            fwd().backward(dy)
+            x.grad = w.grad = b.grad = None
+        return run
+
+    ours = step(lambda: ours_forward(op, x, w, b))
+    ours()  # compiles forward and backward
+    floor = _two_copies()
+    xd, wd, bd = x.detach(), w.detach(), b.detach()
+    layers = {
+        f"torch {op} step": step(torch_fwd),
+        "autograd floor step (two copies)": step(lambda: floor.apply(x)),
+        f"ours {op} step": ours,
+        f"ours {op} forward, no grad": lambda: ours_forward(op, xd, wd, bd),
+        "torch.empty_like(x) (dx)": lambda: torch.empty_like(xd),
+        "x.new_empty partials (fp32)": lambda: xd.new_empty((264, n), dtype=torch.float32),
+        "ops._sms(x)": lambda: ops._sms(xd),
+        "ops._grid_sync(device)": lambda: ops._grid_sync(xd.device),
+    }
+    if op != "softmax":
+        rstd = torch.rsqrt(xd.float().pow(2).mean(-1) + 1e-6)
+        mean = xd.float().mean(-1)
+        if op == "rmsnorm":
+            layers["ops._grad_launch (backward alone)"] = lambda: ops._grad_launch(
+                "rmsnorm_backward", xd, dy, weight=wd, rstd=rstd)
+        else:
+            layers["ops._grad_launch (backward alone)"] = lambda: ops._grad_launch(
+                "layernorm_backward", xd, dy, weight=wd, rstd=rstd, mean=mean, dbias=bd.dtype)
+    return layers, ours
+
+
+def report(layers: dict, profiled, name: str, meta: dict) -> None:
+    result = {}
+    for label, f in layers.items():
+        try:
+            result[label] = per_call(f, calls=1000)
+        except (TypeError, ValueError, RuntimeError) as e:  # a layer that cannot take the call: say why
+            result[label] = f"{type(e).__name__}: {e}"
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(1000):
+        profiled()
+    torch.cuda.synchronize()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(15)
+    with open(os.path.join(os.environ.get("OUT", "."), name), "w") as f:
+        json.dump({**meta, "us_per_call": result, "profile": text.getvalue()}, f, indent=1)
+    print(text.getvalue()[-3000:])
+    for label, us in result.items():
+        print(f"{label:40s} {us:7.2f} us" if isinstance(us, float) else f"{label:40s} {us}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="256x3072")
     ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--train", choices=("softmax", "rmsnorm", "layernorm"))
     args = ap.parse_args()
     m, n = (int(v) for v in args.shape.split("x"))
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    if args.train:
+        layers, ours = train_layers(args.train, m, n, dt)
+        report(layers, ours, f"host_path_train_{args.train}.json",
+               {"shape": [m, n], "dtype": args.dtype, "train": args.train})
+        return
     x = torch.randn(m, n, device="cuda", dtype=dt)
     y = torch.empty_like(x)
     w = torch.randn(n, device="cuda", dtype=dt)
@@ -69,27 +152,7 @@ def main() -> None:
         "gpu.softmax(x)": lambda: gpu.softmax(x),
         "gpu.rmsnorm(x, w, out=y)": lambda: gpu.rmsnorm(x, w, 1e-6, out=y),
     }
-    result = {}
-    for name, f in layers.items():
-        try:
-            result[name] = per_call(f)
-        except (TypeError, ValueError, RuntimeError) as e:  # a layer that cannot take the call: say why
-            result[name] = f"{type(e).__name__}: {e}"
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(3000):
-        gpu.softmax(x, out=y)
-    torch.cuda.synchronize()
-    prof.disable()
-    text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(12)
-    with open(os.path.join(os.environ.get("OUT", "."), "host_path.json"), "w") as f:
-        json.dump({"shape": [m, n], "dtype": args.dtype, "us_per_call": result, "profile": text.getvalue()}, f,
-                  indent=1)
-    print(text.getvalue()[-3000:])
-    for name, us in result.items():
-        print(f"{name:34s} {us:7.2f} us" if isinstance(us, float) else f"{name:34s} {us}")
-
+    report(layers, lambda: gpu.softmax(x, out=y), "host_path.json", {"shape": [m, n], "dtype": args.dtype})
 
 if __name__ == "__main__":
     main()
