@@ -102,3 +102,28 @@ def test_every_sweep_plan_is_a_tuning_under_its_label():
     forced = [t for label, t in plans.items() if label != "B0"]
     assert all(isinstance(t, Tuning) for t in forced)
     assert len({repr(t) for t in forced}) == len(forced), "no two labels the same plan"
+
+
+def test_trees_runs_a_command_in_each_packed_revision_with_its_commit(tmp_path):
+    """`trees.sh pack` archives a revision; `run` unpacks it and runs the command with that tree's packages
+    first on the path and the revision's commit as the provenance's."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs the repository's git history")
+    env = {**os.environ, "KERNELLAB_TREES": str(tmp_path / "trees"), "OUT": str(tmp_path / "out"),
+           "TMPDIR": str(tmp_path)}
+    script = str(ROOT / "tools/device/trees.sh")
+    subprocess.run(["bash", script, "pack", "HEAD"], cwd=ROOT, env=env, check=True, capture_output=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert (tmp_path / "trees" / "HEAD.commit").read_text().strip() == head
+    probe = (f"{sys.executable} -c 'import os, kernellab.kernels as k; "
+             "print(k.__file__, os.environ[\"KERNELLAB_GIT_COMMIT\"])' > $OUT/probe.txt")
+    run = subprocess.run(["bash", script, "run", probe, "HEAD"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         check=True)
+    assert f"== HEAD ({head})" in run.stdout
+    module, commit = (tmp_path / "out" / "HEAD" / "probe.txt").read_text().split()
+    assert "kernellab-trees/HEAD/packages/kernels/src/" in module and commit == head

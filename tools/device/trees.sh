@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One command over several revisions of this repository in one device call: each revision unpacked as a tree and
+# selected by PYTHONPATH (its packages/*/src first), its output under $OUT/<name>/, its commit as the provenance's.
+# Plain scripts only (tools/device/*.py, pytest): kernellab-bench's workers import the harness's own tree.
+#   here:      bash tools/device/trees.sh pack REV...          .device/trees/<name>.zip and .commit per revision
+#   GPU host:  bash tools/device/trees.sh run "CMD" NAME...    (carry .device/trees) CMD in each tree, in order
+set -eu
+step=${1:?pack or run}; shift
+trees=${KERNELLAB_TREES:-$PWD/.device/trees}  # where pack writes and run reads
+case "$step" in
+  pack)
+    mkdir -p "$trees"
+    for rev in "$@"; do
+      name=${rev//\//-}
+      git archive --format=zip -o "$trees/$name.zip" "$rev" packages tools
+      git rev-parse "$rev^{commit}" > "$trees/$name.commit"
+    done
+    du -sh "$trees" ;;
+  run)
+    cmd=${1:?the command}; shift
+    out=${OUT:?OUT must name the folder whose files come back}
+    for name in "$@"; do
+      tree=${TMPDIR:-/tmp}/kernellab-trees/$name
+      rm -rf "$tree"; mkdir -p "$tree" "$out/$name"
+      python3 -m zipfile -e "$trees/$name.zip" "$tree"
+      src=$(ls -d "$tree"/packages/*/src | paste -sd:)
+      commit=$(cat "$trees/$name.commit")
+      echo "== $name ($commit)"
+      (cd "$tree" && PYTHONPATH="$src${PYTHONPATH:+:$PYTHONPATH}" OUT="$out/$name" KERNELLAB_GIT_COMMIT=$commit \
+        KERNELLAB_GIT_DIRTY=0 bash -c "$cmd") || echo "== $name: exit $?"
+    done ;;
+  *) echo "unknown step $step: pack or run" >&2; exit 2 ;;
+esac
