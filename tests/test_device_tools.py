@@ -92,18 +92,6 @@ def test_phases_table_adds_the_smaller_grids_only_where_they_were_timed(tmp_path
     assert len(capsys.readouterr().out.splitlines()) == 3
 
 
-def test_every_sweep_plan_is_a_tuning_under_its_label():
-    sweep = load_tool("backward_sweep")
-    from kernellab.kernels.gpu.base import Tuning
-
-    plans = sweep.plans()
-    assert tuple(plans) == sweep.PLAN_LABELS
-    assert plans["B0"] is None, "B0: the kernels' own plan, by dtype and N"
-    forced = [t for label, t in plans.items() if label != "B0"]
-    assert all(isinstance(t, Tuning) for t in forced)
-    assert len({repr(t) for t in forced}) == len(forced), "no two labels the same plan"
-
-
 def test_trees_runs_a_command_in_each_packed_revision_with_its_commit(tmp_path):
     """`trees.sh pack` archives a revision; `run` unpacks it and runs the command with that tree's packages
     first on the path and the revision's commit as the provenance's."""

@@ -4,6 +4,8 @@ is loaded and stored by exactly one (CTA, thread, access) and that nothing outsi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -196,3 +198,22 @@ def test_call_of_unwraps_the_kwargs_wrapper_where_there_is_one():
     uninitialized = Wrapped(None)  # compiled for another arch: no function under it
     assert compiler.call_of(uninitialized) is uninitialized
     assert compiler.call_of(raw) is raw
+
+
+SWEEP_TOOL = Path(__file__).resolve().parents[3] / "tools" / "device" / "backward_sweep.py"
+
+
+@pytest.mark.skipif(not SWEEP_TOOL.exists(), reason="the repository's tools/ (not in an sdist)")
+def test_every_backward_sweep_plan_is_a_tuning_under_its_label():
+    """The device sweep's plan table: B0 the kernels' own plan, every other label a distinct Tuning."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("backward_sweep", SWEEP_TOOL)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    plans = sweep.plans()
+    assert tuple(plans) == sweep.PLAN_LABELS
+    assert plans["B0"] is None, "B0: the kernels' own plan, by dtype and N"
+    forced = [t for label, t in plans.items() if label != "B0"]
+    assert all(isinstance(t, Tuning) for t in forced)
+    assert len({repr(t) for t in forced}) == len(forced), "no two labels the same plan"
