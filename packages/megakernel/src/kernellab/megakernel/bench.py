@@ -130,8 +130,8 @@ MODELS_CONTROL = "torch-chain"
 def model_impl(name: str, engine: str, **options) -> Impl:
     """``compile_model(spec, rows, engine=engine)`` as a harness impl (weights of the problem's seed). A fused
     model the stack pass refused is Unsupported with the pass's reason: it would time the chain under the
-    fused name."""
-    from .planning.stack import STACK_ENGINE
+    fused name. So is a forced form where planning chooses that form itself: the planned impl times it."""
+    from .planning.stack import STACK_ENGINE, StackPlan, plan_stack
 
     def bind(problem):
         from .compiler.runner import compile_model
@@ -144,6 +144,12 @@ def model_impl(name: str, engine: str, **options) -> Impl:
         if engine == STACK_ENGINE and compiled.fused is None:
             plan = compiled.plan()
             raise Unsupported(f"{name}: the stack pass refused {problem.name} ({plan.form_reason})")
+        if engine == STACK_ENGINE and options.get("stack_form"):
+            program = compiled.program
+            planned = plan_stack(program.blocks, program.rows, program.device, input_dtype=program.input_dtype)
+            if isinstance(planned, StackPlan) and planned.form == options["stack_form"]:
+                raise Unsupported(f"{name}: {problem.name} is planned in the {planned.form} form, which "
+                                  f"{STACK_ENGINE} times: the same kernel")
 
         def call(inputs, outputs):
             compiled(inputs["x"], out=outputs["y"])
