@@ -271,11 +271,7 @@ class PersistentStack:
             q = Int32(0)
             for i in range(blocks):
                 if v < meta[i, 1]:
-                    if i == 0:
-                        self.operand(x, row0, rows, s_u, meta[i, 3], eps[i], norm_w, norm_b, i, channels, tid)
-                    else:
-                        self.operand(ws, i % 3 * rows + row0, (i % 3 + 1) * rows, s_u, meta[i, 3], eps[i], norm_w,
-                                     norm_b, i, channels, tid)
+                    self.stream_operand(x, ws, i, row0, rows, s_u, meta, eps, norm_w, norm_b, channels, tid)
                     cute.arch.sync_threads()
                 if i + 1 < blocks:  # the next block's target, untouched in this one
                     self.zero_target(ws, y, i + 1, blocks, meta[blocks, 3], rows, channels, tid)
@@ -440,6 +436,17 @@ class PersistentStack:
                 squares = squares + d * d
             scale = cute.math.rsqrt(cute.arch.warp_reduction_sum(squares) / Float32(channels) + eps)
         return mean, scale
+
+    @cute.jit
+    def stream_operand(self, x: cute.Tensor, ws: cute.Tensor, i: Int32, row0: Int32, rows: Int32, s_u: cute.Tensor,
+                       meta: cute.Tensor, eps: cute.Tensor, norm_w, norm_b, channels: Int32, tid: Int32):
+        """``operand`` of block i for the rows from ``row0`` in the forms whose stream lives in global memory (grid,
+        gemv): block 0 reads x, block i the stream buffer i % 3 of the workspace."""
+        if i == 0:
+            self.operand(x, row0, rows, s_u, meta[i, 3], eps[i], norm_w, norm_b, i, channels, tid)
+        else:
+            self.operand(ws, i % 3 * rows + row0, (i % 3 + 1) * rows, s_u, meta[i, 3], eps[i], norm_w, norm_b, i,
+                         channels, tid)
 
     @cute.jit
     def operand(self, src: cute.Tensor, base: Int32, limit: Int32, s_u: cute.Tensor, kind: Int32, eps: Float32,

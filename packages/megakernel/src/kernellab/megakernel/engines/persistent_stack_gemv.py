@@ -87,11 +87,7 @@ class StackGemv(PersistentStack):
                 ws[target + e // self.cols, e % self.cols] = Float32(0.0)
             for row0 in range(0, rows, self.tile_rows):
                 cute.arch.sync_threads()  # every warp is done with the last row tile's operand
-                if i == 0:
-                    self.operand(x, row0, rows, s_u, meta[i, 3], eps[i], norm_w, norm_b, i, channels, tid)
-                else:
-                    self.operand(ws, i % 3 * rows + row0, (i % 3 + 1) * rows, s_u, meta[i, 3], eps[i], norm_w,
-                                 norm_b, i, channels, tid)
+                self.stream_operand(x, ws, i, row0, rows, s_u, meta, eps, norm_w, norm_b, channels, tid)
                 cute.arch.sync_threads()
                 for j in range(first_warp, units, all_warps):
                     self.hidden_unit(w1, w3, b1, b3, u_rows, ws, unit0, j, meta[i, 2], rows, row0, hidden_rows,
