@@ -82,18 +82,16 @@ def test_fused_impl_refuses_a_model_the_stack_pass_did_not_fuse(monkeypatch):
 
 @pytest.mark.parametrize("rows, refused", [(1, True), (16, False)])
 def test_a_forced_form_impl_refuses_where_planning_chooses_that_form(monkeypatch, rows, refused):
-    """At one row the planned impl already runs the gemv form: the forced gemv impl would time the same kernel."""
-    from kernellab.megakernel.compiler import frontend
-    from kernellab.megakernel.planning import H200
-
-    blocks, _ = frontend.read_spec(CASES[1].spec)
-    program = types.SimpleNamespace(blocks=blocks, rows=rows, device=H200, input_dtype="float16")
-    fake = types.SimpleNamespace(fused=object(), program=program)
-    monkeypatch.setattr(runner, "compile_model", lambda *a, **k: fake)
+    """At one row the planned impl already runs the gemv form: the forced gemv impl would time the same kernel,
+    and it says so before compiling anything."""
+    compiles = []
+    monkeypatch.setattr(runner, "compile_model", lambda *a, **k: compiles.append(k) or types.SimpleNamespace(
+        fused=object()))
     problem = models.StackProblem(CASES[1], rows, device="cpu")
     impl = bench.models_suite().impl("persistent-stack-gemv")
     if refused:
         with pytest.raises(Unsupported, match="planned in the gemv form, which persistent-stack times"):
             impl.bind(problem)
+        assert not compiles
     else:
-        assert callable(impl.bind(problem))
+        assert callable(impl.bind(problem)) and compiles[0]["stack_form"] == "gemv"

@@ -134,8 +134,16 @@ def model_impl(name: str, engine: str, **options) -> Impl:
     from .planning.stack import STACK_ENGINE, StackPlan, plan_stack
 
     def bind(problem):
+        from .compiler import frontend
         from .compiler.runner import compile_model
+        from .planning import current_device
 
+        form = options.get("stack_form")
+        if engine == STACK_ENGINE and form:  # decided before anything is compiled or packed
+            planned = plan_stack(frontend.read_spec(problem.case.spec)[0], problem.shape[0], current_device())
+            if isinstance(planned, StackPlan) and planned.form == form:
+                raise Unsupported(f"{name}: {problem.name} is planned in the {form} form, which {STACK_ENGINE} "
+                                  "times: the same kernel")
         try:
             compiled = compile_model(problem.case.spec, rows=problem.shape[0], seed=problem.weights_seed,
                                      engine=engine, **options)
@@ -144,12 +152,6 @@ def model_impl(name: str, engine: str, **options) -> Impl:
         if engine == STACK_ENGINE and compiled.fused is None:
             plan = compiled.plan()
             raise Unsupported(f"{name}: the stack pass refused {problem.name} ({plan.form_reason})")
-        if engine == STACK_ENGINE and options.get("stack_form"):
-            program = compiled.program
-            planned = plan_stack(program.blocks, program.rows, program.device, input_dtype=program.input_dtype)
-            if isinstance(planned, StackPlan) and planned.form == options["stack_form"]:
-                raise Unsupported(f"{name}: {problem.name} is planned in the {planned.form} form, which "
-                                  f"{STACK_ENGINE} times: the same kernel")
 
         def call(inputs, outputs):
             compiled(inputs["x"], out=outputs["y"])
