@@ -463,7 +463,8 @@ class GradKernel(RowKernel):
     def grid_barrier(self, m_sync: cute.Tensor, grid: Int32):
         """Wait until every CTA of the grid has arrived, with what each wrote before visible to all.
         ``m_sync`` holds (arrivals, generation) as int32: the last CTA to arrive resets the arrivals and
-        advances the generation the others wait on, so the words are zeroed once, not before every launch."""
+        advances the generation the others wait on, so the words are zeroed once, not before every launch.
+        kernellab-megakernel's ``PersistentStack.grid_barrier`` is the same protocol (change both together)."""
         cute.arch.barrier()
         tidx, _, _ = cute.arch.thread_idx()
         if tidx == 0:

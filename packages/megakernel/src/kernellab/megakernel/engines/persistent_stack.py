@@ -566,7 +566,9 @@ class PersistentStack:
         """Every CTA of the grid has arrived (all are resident: grid <= SMs), and what each wrote before is visible
         to all. ``sync`` holds (arrivals, generation): the last CTA to arrive resets the arrivals and advances the
         generation the others poll, so the words are zeroed once at allocation, not by a memset before each launch
-        (one graph node fewer), and a waiting CTA reads a flag instead of adding to the counter it polls."""
+        (one graph node fewer), and a waiting CTA reads a flag instead of adding to the counter it polls. The
+        protocol of kernellab-kernels' ``GradKernel.grid_barrier``, kept as a copy: the packages install alone, and
+        neither depends on the other for one device function (change both together)."""
         cute.arch.sync_threads()
         if tid == 0:
             arrivals, generation = sync.iterator, sync.iterator + 1
