@@ -177,7 +177,7 @@ def test_gemv_launcher_sizes_the_workspace_and_falls_back_past_its_rows():
     launcher = Launcher(plan, {}, H200)
     ws, sync = launcher.workspace(plan, 3, "cpu")
     # three stream buffers, then each row's hidden units: 5 chunks of 64 = 320 units over rows of 128 columns
-    assert tuple(ws.shape) == (3 * 3 + 3 * 3, 128) and tuple(sync.shape) == (2,) and not sync.any()
+    assert tuple(ws.shape) == (3 * 3 + 3 * 3, 128) and tuple(sync.shape) == (1,) and not sync.any()
     assert launcher.grid(plan, 3) == H200.sm_count
     assert launcher.plan_for(16) is plan, "rows up to GEMV_ROWS run a row tile after another"
     assert launcher.plan_for(17).form == "rows"

@@ -52,6 +52,9 @@ BACKWARD = Tuning(accesses=2, register_values=16, resident_threads=0, tile_value
 WIDE_BACKWARD = Tuning(accesses=4, register_values=32, resident_threads=0, tile_values=0, max_threads_per_row=256)
 WIDE_BACKWARD_N = 8192
 STREAMED_BACKWARD_VALUES = 16
+# Rows of the partials a lane loads before it adds them (the sum's loop unrolled): its loads are independent, and
+# one at a time the sum took a latency per row (2.3-10.5 us on an H100, reports/h100/norm-backward/).
+PARTIAL_ROWS_IN_FLIGHT = 4
 
 ADD = operator.add
 
@@ -461,25 +464,23 @@ class GradKernel(RowKernel):
 
     @cute.jit
     def grid_barrier(self, m_sync: cute.Tensor, grid: Int32):
-        """Wait until every CTA of the grid has arrived, with what each wrote before visible to all.
-        ``m_sync`` holds (arrivals, generation) as int32: the last CTA to arrive resets the arrivals and
-        advances the generation the others wait on, so the words are zeroed once, not before every launch.
+        """Wait until every CTA of the grid has arrived, with what each wrote before visible to all: one int32
+        word, one atomic a CTA. CTA 0 adds 2**31 - (grid - 1), every other CTA 1, so the word's top bit flips
+        exactly when the last CTA arrives, whatever the order, and its low 31 bits are zero again: the word is
+        zeroed once, not before every launch. Each CTA's arrival releases what its threads wrote (cumulative over
+        the CTA barrier before it); the poll's acquire load sees every CTA's writes once the bit has flipped.
         kernellab-megakernel's ``PersistentStack.grid_barrier`` is the same protocol (change both together)."""
         cute.arch.barrier()
         tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
         if tidx == 0:
-            arrivals, generation = m_sync.iterator, m_sync.iterator + 1
-            gen = cute.arch.atomic_add(generation, Int32(0), sem="acquire", scope="gpu")
-            cute.arch.fence_acq_rel_gpu()
-            arrived = cute.arch.atomic_add(arrivals, Int32(1), sem="acq_rel", scope="gpu")
-            if arrived == grid - 1:
-                cute.arch.atomic_exch(arrivals, Int32(0), sem="relaxed", scope="gpu")
-                cute.arch.atomic_add(generation, Int32(1), sem="release", scope="gpu")
-            else:
-                seen = gen
-                while seen == gen:
-                    seen = cute.arch.load(generation, Int32, sem="acquire", scope="gpu")
-            cute.arch.fence_acq_rel_gpu()
+            add = Int32(1)
+            if bidx == 0:
+                add = Int32(2**31 - 1) - (grid - 2)  # 2**31 - (grid - 1): wraps to 0x80000000 at grid 1
+            old = cute.arch.atomic_add(m_sync.iterator, add, sem="release", scope="gpu")
+            seen = old
+            while (old ^ seen) >= 0:  # the top bits agree: not every CTA has arrived
+                seen = cute.arch.load(m_sync.iterator, Int32, sem="acquire", scope="gpu")
         cute.arch.barrier()
 
     @cute.jit
@@ -504,7 +505,7 @@ class GradKernel(RowKernel):
                     acc = cute.make_rmem_tensor_like(cute.local_tile(m_part, tile, (0, 0)), Float32)
                     acc.fill(0.0)
                     sums.append(acc)
-            for r in cutlass.range(lane, rows, WARP):
+            for r in cutlass.range(lane, rows, WARP, unroll=PARTIAL_ROWS_IN_FLIGHT):
                 for p, (m_part, _) in enumerate(pairs):
                     for b in cutlass.range_constexpr(batch):
                         group = first + b * stride

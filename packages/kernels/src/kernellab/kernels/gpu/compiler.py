@@ -128,10 +128,10 @@ class Variant:
                                                  stride=(cute.sym_int64(divisibility=self.vec), 1),
                                                  assumed_align=min(16, self.vec * 4))
 
-        def sync(wanted):  # the grid barrier's (arrivals, generation)
+        def sync(wanted):  # the grid barrier's word
             if not wanted:
                 return None
-            return cute.runtime.make_fake_tensor(Int32, (2,), stride=(1,), assumed_align=8)
+            return cute.runtime.make_fake_tensor(Int32, (1,), stride=(1,), assumed_align=4)
 
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         stats = per_row() if self.stats else None

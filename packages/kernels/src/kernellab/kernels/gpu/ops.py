@@ -260,29 +260,30 @@ def _grad_function(op: str, x, bits: int, weight, dh: bool, dbias):
     return found
 
 
-# The grid barrier's words (arrivals, generation) per device: one pair per stream, so that backward kernels
-# running at once on different streams never share a barrier. Zeroed once; each barrier leaves them ready.
-# Past _SYNC_SLOTS streams in one process the slots are dealt out again: two of those streams then share a
-# pair, and their backward launches must not run at the same time.
+# The grid barrier's word per device (base.GradKernel.grid_barrier): one per stream, each in a 32-byte sector of
+# its own, so that backward kernels running at once on different streams never share a barrier. Zeroed once; each
+# barrier leaves its low 31 bits zero. Past _SYNC_SLOTS streams in one process the slots are dealt out again: two
+# of those streams then share a word, and their backward launches must not run at the same time.
 _SYNC_SLOTS = 1024
+_SYNC_SECTOR = 8  # int32 words
 _SYNC: dict[int, torch.Tensor] = {}
 _SYNC_SLOT: dict[tuple[int, int], int] = {}
 
 
 def _grid_sync(device) -> torch.Tensor:
-    """This stream's (arrivals, generation) words on ``device``. Under CUDA graph capture before any eager
-    call on the device, a fresh zeroed pair instead: the graph zeroes it on every replay."""
+    """This stream's barrier word on ``device`` (a 1-element int32 tensor). Under CUDA graph capture before any
+    eager call on the device, a fresh zeroed word instead: the graph zeroes it on every replay."""
     index = device.index
     table = _SYNC.get(index)
     if table is None:
         if torch.cuda.is_current_stream_capturing():
-            return torch.zeros(2, dtype=torch.int32, device=device)
-        table = _SYNC[index] = torch.zeros(_SYNC_SLOTS, 2, dtype=torch.int32, device=device)
+            return torch.zeros(1, dtype=torch.int32, device=device)
+        table = _SYNC[index] = torch.zeros(_SYNC_SLOTS, _SYNC_SECTOR, dtype=torch.int32, device=device)
     key = (index, torch._C._cuda_getCurrentRawStream(index))  # the stream's handle, without a Stream object
     slot = _SYNC_SLOT.get(key)
     if slot is None:
         slot = _SYNC_SLOT[key] = len(_SYNC_SLOT) % _SYNC_SLOTS
-    return table[slot]
+    return table[slot, :1]
 
 
 def _as_rows(t, n: int):

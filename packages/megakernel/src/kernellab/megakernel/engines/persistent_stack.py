@@ -82,7 +82,7 @@ class Variant:
                 fake(Float32, (blocks, cols), (cols, 1), 16),
                 fake(Float32, (finals, cols), (cols, 1), 16), fake(Float32, (finals, cols), (cols, 1), 16),
                 fake(Int32, (finals, META_COLUMNS), (META_COLUMNS, 1), 16), fake(Float32, (finals,), (1,), 4),
-                fake(Float32, (ws_rows, cols), (cols, 1), 16), fake(Int32, (2,), (1,), 4), Int32(1))
+                fake(Float32, (ws_rows, cols), (cols, 1), 16), fake(Int32, (1,), (1,), 4), Int32(1))
 
     def compile(self, arch: str | None = None):
         if self.form == "gemv":
@@ -131,7 +131,7 @@ class Launcher:
             if plan.form == "gemv":  # three stream buffers, then each row's hidden units (fp32, fp16-rounded)
                 stream_rows = 3 * rows + rows * ceil_div(max(plan.chunks) * STACK_TILE, plan.channels_tile)
             ws = (torch.empty((stream_rows, plan.channels_tile), dtype=torch.float32, device=device),
-                  torch.zeros((2,), dtype=torch.int32, device=device))  # the grid barrier's words, zeroed once
+                  torch.zeros((1,), dtype=torch.int32, device=device))  # the grid barrier's word, zeroed once
             self._workspaces[key] = ws
         return ws
 
@@ -564,23 +564,21 @@ class PersistentStack:
     @cute.jit
     def grid_barrier(self, sync: cute.Tensor, grid: Int32, tid: Int32):
         """Every CTA of the grid has arrived (all are resident: grid <= SMs), and what each wrote before is visible
-        to all. ``sync`` holds (arrivals, generation): the last CTA to arrive resets the arrivals and advances the
-        generation the others poll, so the words are zeroed once at allocation, not by a memset before each launch
-        (one graph node fewer), and a waiting CTA reads a flag instead of adding to the counter it polls. The
-        protocol of kernellab-kernels' ``GradKernel.grid_barrier``, kept as a copy: the packages install alone, and
-        neither depends on the other for one device function (change both together)."""
+        to all: one int32 word, one atomic a CTA. CTA 0 adds 2**31 - (grid - 1), every other CTA 1, so the word's
+        top bit flips exactly when the last CTA arrives, whatever the order, and its low 31 bits are zero again:
+        the word is zeroed once at allocation, not by a memset before each launch. Each arrival releases what the
+        CTA's threads wrote (cumulative over the CTA barrier before it); the poll's acquire load sees every CTA's
+        writes once the bit has flipped.
+        The protocol of kernellab-kernels' ``GradKernel.grid_barrier``, kept as a copy: the packages install
+        alone, and neither depends on the other for one device function (change both together)."""
         cute.arch.sync_threads()
         if tid == 0:
-            arrivals, generation = sync.iterator, sync.iterator + 1
-            gen = cute.arch.atomic_add(generation, Int32(0), sem="acquire", scope="gpu")
-            cute.arch.fence_acq_rel_gpu()
-            arrived = cute.arch.atomic_add(arrivals, Int32(1), sem="acq_rel", scope="gpu")
-            if arrived == grid - 1:
-                cute.arch.atomic_exch(arrivals, Int32(0), sem="relaxed", scope="gpu")
-                cute.arch.atomic_add(generation, Int32(1), sem="release", scope="gpu")
-            else:
-                seen = gen
-                while seen == gen:
-                    seen = cute.arch.load(generation, Int32, sem="acquire", scope="gpu")
-            cute.arch.fence_acq_rel_gpu()
+            cta, _, _ = cute.arch.block_idx()
+            add = Int32(1)
+            if cta == 0:
+                add = Int32(2**31 - 1) - (grid - 2)  # 2**31 - (grid - 1): wraps to 0x80000000 at grid 1
+            old = cute.arch.atomic_add(sync.iterator, add, sem="release", scope="gpu")
+            seen = old
+            while (old ^ seen) >= 0:  # the top bits agree: not every CTA has arrived
+                seen = cute.arch.load(sync.iterator, Int32, sem="acquire", scope="gpu")
         cute.arch.sync_threads()

@@ -15,7 +15,7 @@ row's (or slice's) loads issued before its products, so each weight is read once
 are in flight per SM; the operand rows come from shared memory, the hidden values (a few KB) from L2. Stream
 buffers rotate over three as in the grid form (block i reads buffer i % 3, block 0 reads x, and adds into
 (i + 1) % 3, zeroed during phase A: nobody reads it then), the hidden units of every row follow them in the
-workspace. The barrier is the grid form's (``PersistentStack.grid_barrier``, words zeroed once).
+workspace. The barrier is the grid form's (``PersistentStack.grid_barrier``, one word zeroed once).
 """
 
 from __future__ import annotations
