@@ -3,7 +3,7 @@ report model at decode row counts, the grid and gemv forms forced and the per-bl
 against the float64 reference (the models suite's problem and protocol).
 
     python3 tools/device/stack_forms.py [--models 'mlp*,swiglu2*'] [--rows 1,16] [--samples 7]
-    python3 tools/device/stack_forms.py --show FORMS.json    (anywhere: the written record as a markdown table)
+    python3 tools/device/stack_forms.py --show A.json[,B.json] [--forms gemv,grid]    (anywhere: records as a table)
 
 Writes $OUT/stack_forms.json (provenance, then one entry per model and row count, after each) and prints a line
 per entry. A form that cannot be built or fails validation is recorded with why, and not timed.
@@ -23,13 +23,23 @@ FORMS = {"grid": {"engine": "persistent-stack", "stack_form": "grid"},
          "chain": {"engine": "persistent-tc"}}
 
 
-def show(path: str) -> None:
-    with open(path) as f:
-        entries = json.load(f)["entries"]
-    print("| model | rows | " + " | ".join(f"{form} us" for form in FORMS) + " |")
-    print("|---|---|" + "---|" * len(FORMS))
-    for e in entries:
-        cells = [f"{e[form]['p50_us']:.1f}" if "p50_us" in e[form] else "-" for form in FORMS]
+def show(paths: str, forms: str = "") -> None:
+    """Written records as one markdown table: p50 per form, and with several records (revisions of one run, in
+    order) each form's column per record that has the form, labelled by the record's commit."""
+    records = []
+    for path in paths.split(","):
+        with open(path) as f:
+            records.append(json.load(f))
+    chosen = [f for f in forms.split(",") if f] or list(dict.fromkeys(f for r in records for f in r["forms"]))
+    columns = [(form, r, f"{form} us" + (f" @{r['provenance']['git']['commit'][:7]}" if len(records) > 1 else ""))
+               for form in chosen for r in records if form in r["forms"]]
+    print("| model | rows | " + " | ".join(label for _, _, label in columns) + " |")
+    print("|---|---|" + "---|" * len(columns))
+    for i, e in enumerate(records[0]["entries"]):
+        cells = []
+        for form, r, _ in columns:
+            got = r["entries"][i].get(form, {}) if i < len(r["entries"]) else {}
+            cells.append(f"{got['p50_us']:.1f}" if "p50_us" in got else "-")
         print(f"| {e['model']} | {e['rows']} | " + " | ".join(cells) + " |")
 
 
@@ -63,13 +73,14 @@ def time_entry(case, rows: int, samples: int, device) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--show", metavar="FORMS")
+    ap.add_argument("--show", metavar="RECORD[,RECORD...]", help="print written records as one markdown table")
+    ap.add_argument("--forms", default="", help="with --show: the forms to print (comma-separated), all by default")
     ap.add_argument("--models", default="*")
     ap.add_argument("--rows", default="1,16")
     ap.add_argument("--samples", type=int, default=7)
     args = ap.parse_args()
     if args.show:
-        show(args.show)
+        show(args.show, args.forms)
         return
     from kernellab.harness import provenance, timing
     from kernellab.megakernel import models

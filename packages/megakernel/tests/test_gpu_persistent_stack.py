@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from kernellab.megakernel import compile_model, models, planning, stack, validation
 from kernellab.megakernel.compiler import frontend
 from kernellab.megakernel.engines.graph import GraphCall
-from kernellab.megakernel.planning.stack import GEMV_ROW_TILES, StackPlan, plan_stack
+from kernellab.megakernel.planning.stack import GEMV_PLANNED_ROWS, GEMV_ROW_TILES, StackPlan, plan_stack
 
 pytestmark = pytest.mark.gpu
 
@@ -103,16 +103,17 @@ def test_the_grid_barrier_words_stay_ready_over_many_launches(form):
     torch.testing.assert_close(out.double(), truth, rtol=models.STACK_TOLERANCE, atol=models.STACK_TOLERANCE)
 
 
-@pytest.mark.parametrize("compiled_rows, form", [(1, "gemv"), (2, "grid")])
+@pytest.mark.parametrize("compiled_rows, form", [(1, "gemv"), (GEMV_PLANNED_ROWS + 1, "grid")])
 def test_a_plan_called_past_its_forms_rows_runs_the_planned_form(compiled_rows, form):
-    """Compiled for one row (the gemv form) or two (the grid form), called with 16 rows (the grid form) and with
-    more row tiles than SMs (the rows form): each call correct, on the form planning chooses for its rows."""
+    """Compiled for one row (the gemv form) or past the gemv form's planned rows (the grid form), called with
+    the gemv form's planned rows (its own form: the gemv one on its wider tile), 16 rows (the grid form) and more
+    row tiles than SMs (the rows form): each call correct, on the form planning chooses for its rows."""
     spec = {"channels": 64, "blocks": [{"hidden": 256, "activation": "silu", "norm": "rmsnorm", "gated": True,
                                         "bias": False}] * 2}
     compiled = compile_model(spec, rows=compiled_rows, seed=2, engine="persistent-stack")
     assert compiled.program.stack.form == form
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for rows, runs in [(16, "grid"), (sms * 16 + 5, "rows")]:
+    for rows, runs in [(GEMV_PLANNED_ROWS, form), (16, "grid"), (sms * 16 + 5, "rows")]:
         x = torch.randn(rows, 64, device="cuda").half()
         out = torch.full((rows, 64), float("nan"), device="cuda")
         compiled(x, out=out)

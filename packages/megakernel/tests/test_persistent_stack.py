@@ -16,6 +16,7 @@ from kernellab.megakernel.engines import stack_packing
 from kernellab.megakernel.planning.stack import (
     DECODE_ROWS,
     GEMV_PLANNED_ROWS,
+    GEMV_ROW_TILES,
     GEMV_ROWS,
     STACK_TILE,
     StackPlan,
@@ -57,7 +58,7 @@ def test_report_models_plan_gemv_at_one_row_grid_at_decode_rows_and_rows_form_ab
 
 
 def test_grid_form_spreads_each_row_tile_over_the_chunks_it_has():
-    plan = plan_stack(_blocks(_uniform(2048, 8192, 4, gated=True, norm="rmsnorm")), 2, H200)
+    plan = plan_stack(_blocks(_uniform(2048, 8192, 4, gated=True, norm="rmsnorm")), GEMV_PLANNED_ROWS + 1, H200)
     assert (plan.form, plan.tile_rows, plan.num_tiles) == ("grid", 16, 1)
     assert plan.ctas_per_tile == 128 == plan.chunks[0]  # one chunk of 64 hidden units a CTA a block
     small = plan_stack(_blocks(_uniform(256, 1024, 4)), 64, H200)
@@ -139,10 +140,12 @@ def test_gemv_form_takes_the_smallest_tile_holding_the_rows_and_every_sm(rows, t
     assert "gemv form" in plan.summary()
 
 
-def test_gemv_form_is_planned_at_one_row_and_refuses_a_tile_it_has_not():
+def test_gemv_form_is_planned_at_decode_rows_and_refuses_a_tile_it_has_not():
     blocks = _blocks(_uniform(512, 2048, 8, norm="rmsnorm", activation="silu"))
-    planned = plan_stack(blocks, GEMV_PLANNED_ROWS, H200)
-    assert (planned.form, planned.tile_rows, planned.forced) == ("gemv", 1, False)
+    for rows in range(1, GEMV_PLANNED_ROWS + 1):
+        planned = plan_stack(blocks, rows, H200)
+        assert (planned.form, planned.forced) == ("gemv", False)
+        assert planned.tile_rows == min(t for t in GEMV_ROW_TILES if t >= rows), "the smallest tile that holds them"
     assert plan_stack(blocks, GEMV_PLANNED_ROWS + 1, H200).form == "grid"
     assert plan_stack(blocks, 1, H200, tile_rows=16).form == "grid", "a forced tile keeps the forms it names"
     forced = plan_stack(blocks, 4, H200, form="gemv", tile_rows=2)
@@ -158,6 +161,10 @@ def test_a_call_past_its_forms_rows_runs_what_planning_would_choose():
     blocks = _blocks(_uniform(512, 2048, 8, norm="rmsnorm", activation="silu"))
     planned = plan_stack(blocks, 1, H200)
     assert call_plan(planned, 1, H200) is planned
+    wider = call_plan(planned, GEMV_PLANNED_ROWS, H200)  # still the gemv form, its tile holding the rows
+    assert wider == plan_stack(blocks, GEMV_PLANNED_ROWS, H200) and wider.form == "gemv"
+    assert wider.tile_rows == GEMV_PLANNED_ROWS and wider.chunks == planned.chunks
+    assert call_plan(plan_stack(blocks, GEMV_PLANNED_ROWS, H200), 1, H200).tile_rows == GEMV_PLANNED_ROWS
     at_16 = call_plan(planned, 16, H200)
     assert at_16 == plan_stack(blocks, 16, H200) and at_16.form == "grid"
     assert at_16.chunks == planned.chunks and at_16.channels_tile == planned.channels_tile  # the same packing

@@ -18,12 +18,13 @@ Three forms:
   each adding its partial W2 product into the next stream buffer in global memory with fp32 atomic adds,
   and a grid-wide barrier between blocks (every CTA resident: grid <= SMs). The weights are still
   streamed once per row tile, now by all SMs together; the next block's first tiles load during the barrier.
-- ``gemv``: planned at one row (``GEMV_PLANNED_ROWS``), forced up to ``GEMV_ROWS``; each block as two
+- ``gemv``: planned at one or two rows (``GEMV_PLANNED_ROWS``), forced up to ``GEMV_ROWS``; each block as two
   matrix-vector phases spread over every SM, a grid barrier after each: the hidden units (W1 [and W3] rows, a warp
   each) into an fp32 workspace, then the output channels (a warp per channel and K slice of W2's row, fp32 atomic
   adds into the next stream buffer). CUDA cores, 16-byte weight loads straight from L2 or memory into registers,
   no shared-memory ring: each weight is read once a call by one warp, so at one row its floor is the weights'
-  bytes over the SMs' load rate plus 2 barriers a block (measured well above it: ``reports/h100/stack-forms/``).
+  bytes over the SMs' load rate plus 2 barriers a block (measured well above it: ``reports/h100/stack-forms/``,
+  ``reports/h100/grid-barrier/``).
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ GEMV_ROW_TILES = (1, 2, 4, 8, 16)
 """Rows the gemv form computes at once (compile-time: a lane's accumulators, one per row and output)."""
 GEMV_ROWS = 16
 """Row counts up to this run the gemv form when it is forced."""
-GEMV_PLANNED_ROWS = 1
-"""Row counts up to this take the gemv form unforced: on an H100 (``reports/h100/stack-forms/``) it beat the grid
-form at one row on every report model and lost to it at 16 rows on every one; the counts between are unmeasured."""
+GEMV_PLANNED_ROWS = 2
+"""Row counts up to this take the gemv form unforced: on an H100 with the one-word grid barrier
+(``reports/h100/grid-barrier/``) it beat the grid form at 1 and 2 rows on every report model, at 4 on all but the
+1B-sized stack, and tied or lost from 8 rows (at 16 on every one)."""
 GEMV_THREADS = 256
 TILE_ROW_CHOICES = tuple(sorted({*STACK_ROW_TILES, *GEMV_ROW_TILES}))
 ALIGN = 1024  # each shared-memory buffer starts on a 1 KB boundary (the swizzle atom's period)
@@ -265,7 +267,13 @@ def call_plan(plan: StackPlan, rows: int, device: DeviceSpec) -> StackPlan | Non
     form cannot take the rows and no rows form fits. The plan itself while its form serves the rows; past them
     what ``plan_stack`` would choose: a planned gemv form past ``GEMV_PLANNED_ROWS`` the grid form (the rows form
     where that is refused), a forced one past ``GEMV_ROWS`` the rows form (itself where none fits), a grid form
-    with more row tiles than SMs (its barrier needs every CTA resident) the rows form."""
+    with more row tiles than SMs (its barrier needs every CTA resident) the rows form. A planned gemv form whose
+    row tile is smaller than rows it is still planned for takes the gemv tile that holds them (not its own tile a
+    row after another)."""
+    if plan.form == "gemv" and not plan.forced and plan.tile_rows < rows <= GEMV_PLANNED_ROWS:
+        wider = _gemv_plan(rows, plan.channels, plan.channels_tile, plan.chunks, plan.gated, device, None)
+        if isinstance(wider, StackPlan):
+            return wider
     if plan.form == "gemv" and rows > (GEMV_ROWS if plan.forced else GEMV_PLANNED_ROWS):
         grid = None if plan.forced else _grid_plan(rows, plan.channels, plan.channels_tile, plan.chunks, plan.gated,
                                                     device, None)
