@@ -1,6 +1,7 @@
 """The fused stack's forms side by side on the GPU host: per call in a CUDA graph (harness ``graph_throughput``), each
 report model at decode row counts, the grid and gemv forms forced and the per-block chain, every one validated first
-against the float64 reference (the models suite's problem and protocol).
+against the float64 reference (the models suite's problem and protocol), beside the weight floor (the model's weight
+bytes over the copy bandwidth measured in the same run).
 
     python3 tools/device/stack_forms.py [--models 'mlp*,swiglu2*'] [--rows 1,16] [--samples 7]
     python3 tools/device/stack_forms.py --show A.json[,B.json] [--forms gemv,grid]    (anywhere: records as a table)
@@ -33,13 +34,18 @@ def show(paths: str, forms: str = "") -> None:
     chosen = [f for f in forms.split(",") if f] or list(dict.fromkeys(f for r in records for f in r["forms"]))
     columns = [(form, r, f"{form} us" + (f" @{r['provenance']['git']['commit'][:7]}" if len(records) > 1 else ""))
                for form in chosen for r in records if form in r["forms"]]
-    print("| model | rows | " + " | ".join(label for _, _, label in columns) + " |")
-    print("|---|---|" + "---|" * len(columns))
+    floors = [e.get("floor", {}).get("weight_floor_us") for e in records[0]["entries"]]  # none in older records
+    shown = any(f is not None for f in floors)
+    print("| model | rows | " + " | ".join(label for _, _, label in columns) + (" | weight floor us" if shown else "")
+          + " |")
+    print("|---|---|" + "---|" * (len(columns) + shown))
     for i, e in enumerate(records[0]["entries"]):
         cells = []
         for form, r, _ in columns:
             got = r["entries"][i].get(form, {}) if i < len(r["entries"]) else {}
             cells.append(f"{got['p50_us']:.1f}" if "p50_us" in got else "-")
+        if shown:
+            cells.append("-" if floors[i] is None else f"{floors[i]:.1f}")
         print(f"| {e['model']} | {e['rows']} | " + " | ".join(cells) + " |")
 
 
@@ -86,6 +92,7 @@ def main() -> None:
     from kernellab.megakernel import models
 
     device = timing.Device("cuda")
+    bandwidth = models.copy_bandwidth_gbs()  # the floor: the weights streamed once at the copy's rate
     path = os.path.join(os.environ.get("OUT", "."), "stack_forms.json")
     record = {"tool": "tools/device/stack_forms.py", "mode": "graph_throughput", "forms": FORMS,
               "provenance": provenance.of_check("cuda", __file__, ["megakernel"]), "entries": []}
@@ -95,6 +102,8 @@ def main() -> None:
             continue
         for rows in (int(r) for r in args.rows.split(",")):
             entry = time_entry(case, rows, args.samples, device)
+            floor = models.floor_entry(case, 0.0, bandwidth)
+            entry["floor"] = {k: floor[k] for k in ("weight_bytes", "copy_bandwidth_gbs", "weight_floor_us")}
             record["entries"].append(entry)
             with open(path, "w") as f:
                 json.dump(record, f, indent=1)
