@@ -92,6 +92,33 @@ def test_phases_table_adds_the_smaller_grids_only_where_they_were_timed(tmp_path
     assert len(capsys.readouterr().out.splitlines()) == 3
 
 
+def test_forms_table_puts_revisions_side_by_side_and_the_floor_where_recorded(tmp_path, capsys):
+    """``stack_forms.py --show A,B``: each chosen form's column per record (labelled by its commit) where that record
+    has the form, a failed form as '-', and the weight floor column only when the first record measured it."""
+    import json
+
+    forms = load_tool("stack_forms")
+
+    def record(commit, kinds, gemv_us, floor=None):
+        entry = {"model": "mlp4", "rows": 1, "grid": {"p50_us": 40.0}, "gemv": gemv_us}
+        if floor is not None:
+            entry["floor"] = {"weight_floor_us": floor}
+        return {"forms": {k: {} for k in kinds}, "provenance": {"git": {"commit": commit * 40}}, "entries": [entry]}
+
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(record("a", ("grid", "gemv"), {"p50_us": 31.4})))
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps(record("b", ("grid", "gemv", "cluster"), {"error": "failed validation"}, 1.5)))
+    forms.show(f"{old},{new}", "gemv,cluster")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| model | rows | gemv us @aaaaaaa | gemv us @bbbbbbb | cluster us @bbbbbbb |"
+    assert lines[2] == "| mlp4 | 1 | 31.4 | - | - |"
+    forms.show(f"{new}")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| model | rows | grid us | gemv us | cluster us | weight floor us |"
+    assert lines[2] == "| mlp4 | 1 | 40.0 | - | - | 1.5 |"
+
+
 def test_trees_runs_a_command_in_each_packed_revision_with_its_commit(tmp_path):
     """`trees.sh pack` archives a revision; `run` unpacks it and runs the command with that tree's packages
     first on the path and the revision's commit as the provenance's."""
