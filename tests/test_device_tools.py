@@ -132,9 +132,10 @@ def test_trees_runs_a_command_in_each_packed_revision_with_its_commit(tmp_path):
     env = {**os.environ, "KERNELLAB_TREES": str(tmp_path / "trees"), "OUT": str(tmp_path / "out"),
            "TMPDIR": str(tmp_path)}
     script = str(ROOT / "tools/device/trees.sh")
-    subprocess.run(["bash", script, "pack", "HEAD"], cwd=ROOT, env=env, check=True, capture_output=True)
+    subprocess.run(["bash", script, "pack", "HEAD", "HEAD~0"], cwd=ROOT, env=env, check=True, capture_output=True)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     assert (tmp_path / "trees" / "HEAD.commit").read_text().strip() == head
+    assert (tmp_path / "trees" / "HEAD-0.commit").read_text().strip() == head  # a plain name for HEAD~0
     probe = (f"{sys.executable} -c 'import os, kernellab.kernels as k; "
              "print(k.__file__, os.environ[\"KERNELLAB_GIT_COMMIT\"])' > $OUT/probe.txt")
     run = subprocess.run(["bash", script, "run", probe, "HEAD"], cwd=ROOT, env=env, capture_output=True, text=True,

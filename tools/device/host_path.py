@@ -154,5 +154,6 @@ def main() -> None:
     }
     report(layers, lambda: gpu.softmax(x, out=y), "host_path.json", {"shape": [m, n], "dtype": args.dtype})
 
+
 if __name__ == "__main__":
     main()

@@ -3,6 +3,7 @@
 # selected by PYTHONPATH (its packages/*/src first), its output under $OUT/<name>/, its commit as the provenance's.
 # Plain scripts only (tools/device/*.py, pytest): kernellab-bench's workers import the harness's own tree.
 #   here:      bash tools/device/trees.sh pack REV...          .device/trees/<name>.zip and .commit per revision
+#                                                              (name: REV with each of / ~ ^ as -)
 #   GPU host:  bash tools/device/trees.sh run "CMD" NAME...    (carry .device/trees) CMD in each tree, in order
 set -eu
 step=${1:?pack or run}; shift
@@ -11,7 +12,7 @@ case "$step" in
   pack)
     mkdir -p "$trees"
     for rev in "$@"; do
-      name=${rev//\//-}
+      name=${rev//[\/~^]/-}  # a plain file name (the device returns no odd characters): a/b~2 is a-b-2
       git archive --format=zip -o "$trees/$name.zip" "$rev" packages tools
       git rev-parse "$rev^{commit}" > "$trees/$name.commit"
     done

@@ -298,13 +298,13 @@ def test_cuda_graph_of_a_training_step_replays():
         torch.testing.assert_close(a, e)
 
 
-def test_grid_barrier_words_are_per_stream_and_left_at_rest():
-    """Two streams get barrier words of their own; every launch leaves the word's low 31 bits at 0 and flips its
+def test_grid_barrier_word_is_per_stream_and_left_at_rest():
+    """Two streams get a barrier word of their own; every launch leaves the word's low 31 bits at 0 and flips its
     top bit once; the vector gradients come out bitwise alike on every run (a fixed order of sums)."""
     x = torch.randn(5000, 1024, device="cuda")
     w, dy = torch.randn(1024, device="cuda"), torch.randn_like(x)
     rstd = torch.rsqrt(x.pow(2).mean(-1) + 1e-6)
-    first = gpu.rmsnorm_backward(x, w, dy, rstd)[1]  # an eager call: the device's words exist from here
+    first = gpu.rmsnorm_backward(x, w, dy, rstd)[1]  # an eager call: the device's word table exists from here
     streams = [torch.cuda.Stream() for _ in range(2)]
     table = ops._SYNC[x.device.index]
     found = []
@@ -316,7 +316,7 @@ def test_grid_barrier_words_are_per_stream_and_left_at_rest():
             before = table[slot, 0].item()
             found += [(slot, before, [gpu.rmsnorm_backward(x, w, dy, rstd)[1] for _ in range(3)])]
     torch.cuda.synchronize()
-    assert found[0][0] != found[1][0], "each stream its own barrier words"
+    assert found[0][0] != found[1][0], "each stream its own barrier word"
     for slot, before, grads in found:
         word = table[slot, 0].item()
         assert word & 0x7FFFFFFF == 0, "the arrivals' low bits back at zero after every barrier"
@@ -325,8 +325,8 @@ def test_grid_barrier_words_are_per_stream_and_left_at_rest():
         assert all(torch.equal(g, first) for g in grads), "dweight bitwise alike run to run"
 
 
-def test_cuda_graph_captured_first_zeroes_its_own_barrier_words(monkeypatch):
-    """A graph captured before any eager backward on the device: its barrier words are zeroed in the graph,
+def test_cuda_graph_captured_first_zeroes_its_own_barrier_word(monkeypatch):
+    """A graph captured before any eager backward on the device: its barrier word is zeroed in the graph,
     so replays hold; the gradients match an eager call."""
     monkeypatch.setattr(ops, "_SYNC", {})
     monkeypatch.setattr(ops, "_SYNC_SLOT", {})

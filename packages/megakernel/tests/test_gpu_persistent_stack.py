@@ -85,7 +85,7 @@ def test_report_models_in_the_gemv_form(case, rows):
 
 @pytest.mark.parametrize("form", ["grid", "gemv"])
 def test_the_grid_barrier_words_stay_ready_over_many_launches(form):
-    """The barrier's words are zeroed once: hundreds of launches, direct and replayed in a graph, each correct."""
+    """The barrier's word is zeroed once: hundreds of launches, direct and replayed in a graph, each correct."""
     spec = {"channels": 128, "blocks": [{"hidden": 256, "activation": "silu", "norm": "rmsnorm"}] * 3}
     compiled = compile_model(spec, rows=4, seed=5, engine="persistent-stack", stack_form=form)
     x = torch.randn(4, 128, device="cuda").half()

@@ -99,8 +99,8 @@ def variant(plan: StackPlan) -> Variant:
 # ---- the host side (packing: ``stack_packing``) -----------------------------------------------------------------
 
 class Launcher:
-    """``run(x, y)``: the stack on rows ``x`` (fp16) into ``y`` (fp32), one launch (the grid form's barrier words
-    are zeroed once, with the workspace). Any row count runs: the grid form takes as many CTAs a row tile as
+    """``run(x, y)``: the stack on rows ``x`` (fp16) into ``y`` (fp32), one launch (the grid and gemv forms'
+    barrier word is zeroed once, with the workspace). Any row count runs: the grid form takes as many CTAs a row tile as
     keep the grid within the SMs, and a call with more row tiles than SMs runs the rows form of the same packing.
     Workspaces are kept per row count, allocated on first use (the graph variant's warm-up call, outside capture)."""
 
