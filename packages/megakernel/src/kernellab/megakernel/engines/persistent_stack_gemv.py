@@ -10,9 +10,11 @@ Per block i, with the rows taken ``tile_rows`` at a time (one tile for rows <= t
              s'[r, c] += h[r, k] . W2[c, k] (+ s[r, c] + b2[c] by the first slice), fp32 atomic adds
     grid barrier
 
-then ``y = final_norm(s)`` or ``y = s``, a warp a row. A lane reads 8 fp16 weights with one 16-byte load, all of a
-row's (or slice's) loads issued before its products, so each weight is read once a call by one warp and many loads
-are in flight per SM; the operand rows come from shared memory, the hidden values (a few KB) from L2. Stream
+then ``y = final_norm(s)`` or ``y = s``, a warp a row. Each warp streams its weights through a ring of
+``GEMV_RING_STAGES`` stages in shared memory by 16-byte cp.async copies (a stage: a batch of a unit's W1 [and W3]
+row, or a W2 slice; a lane copies and later reads its own vectors, so no warp or CTA sync guards the ring): while
+it computes on one stage the next are in flight, and each weight is read once a call by one warp; the operand rows
+come from shared memory, the hidden values (a few KB) from L2. Stream
 buffers rotate over three as in the grid form (block i reads buffer i % 3, block 0 reads x, and adds into
 (i + 1) % 3, zeroed during phase A: nobody reads it then), the hidden units of every row follow them in the
 workspace. The barrier is the grid form's (``PersistentStack.grid_barrier``, one word zeroed once).
@@ -26,27 +28,25 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32
+from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 
-from ..planning.stack import ALIGN, STACK_TILE
+from ..planning.stack import ALIGN, GEMV_RING_STAGES, GEMV_STAGE_VECTORS, STACK_TILE
 from .common import activate
 from .persistent_stack import GELU_ERF, INV_SQRT2, PersistentStack
 
 VEC = 8  # fp16 values of one 16-byte load
 WARP = 32
-LOADS_IN_FLIGHT = 8  # 16-byte weight loads a lane issues before their products (a batch: bounded registers)
-SLICE_VECTORS = (4, 2)  # 16-byte loads a lane issues per W2 slice at 1-2 rows, and past: a slice is WARP * VEC *
-# that many hidden units (at few rows a slice's time is its loads' latency: more of them in flight)
+SLICE_VECTORS = (4, 2)  # 16-byte vectors a lane copies per W2 slice at 1-2 rows, and past: a slice is WARP * VEC *
+# that many hidden units (smaller slices: more items to spread over the warps when the hidden units are few)
 
 
 class StackGemv(PersistentStack):
     def __init__(self, variant):
         super().__init__(variant)
-        self.steps = math.ceil(self.cols / (WARP * VEC))  # a lane's 16-byte loads along one W1 row
-        # a batch takes the same columns of W1 and (gated) W3, so the gate's loads fly with W1's; at more rows the
-        # operand reads and accumulators need the registers, so the batch is halved past 2 rows
-        loads = LOADS_IN_FLIGHT if self.tile_rows <= 2 else LOADS_IN_FLIGHT // 2
-        self.batch = max(1, min(self.steps, loads // (2 if self.gated else 1)))
+        self.steps = math.ceil(self.cols / (WARP * VEC))  # a lane's 16-byte vectors along one W1 row
+        # a batch (one ring stage) takes the same columns of W1 and (gated) W3
+        self.batch = max(1, min(self.steps, GEMV_STAGE_VECTORS // (2 if self.gated else 1)))
         self.batches = math.ceil(self.steps / self.batch)
         self.slice_vectors = SLICE_VECTORS[0] if self.tile_rows <= 2 else SLICE_VECTORS[1]
         self.slice = WARP * VEC * self.slice_vectors
@@ -57,7 +57,8 @@ class StackGemv(PersistentStack):
                  meta: cute.Tensor, eps: cute.Tensor, ws: cute.Tensor, sync: cute.Tensor, grid: Int32,
                  stream: cuda.CUstream):
         self.kernel(x, y, w1, w3, w2, b1, b3, b2, norm_w, norm_b, meta, eps, ws, sync).launch(
-            grid=[grid, 1, 1], block=[self.threads, 1, 1], min_blocks_per_mp=1, cooperative=True, stream=stream)
+            grid=[grid, 1, 1], block=[self.threads, 1, 1], min_blocks_per_mp=1, preferred_smem_carveout=100,
+            cooperative=True, stream=stream)
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, y: cute.Tensor, w1: cute.Tensor, w3: cute.Tensor, w2: cute.Tensor,
@@ -78,6 +79,12 @@ class StackGemv(PersistentStack):
         s_u = smem.allocate_tensor(Float16, cute.make_layout((self.tile_rows, STACK_TILE, self.k_tiles),
                                                              stride=(self.cols, 1, STACK_TILE)), ALIGN)
         u_rows = cute.make_tensor(s_u.iterator, cute.make_layout((self.tile_rows, self.cols), stride=(self.cols, 1)))
+        # each warp's ring: (vector element, lane, vector, stage); a lane's vector is 16 contiguous bytes
+        s_ring = smem.allocate_tensor(Float16, cute.make_layout((VEC, WARP, GEMV_STAGE_VECTORS, GEMV_RING_STAGES,
+                                                                 self.warps)), ALIGN)
+        ring = s_ring[None, None, None, None, warp]
+        acc = cute.make_rmem_tensor((self.tile_rows,), Float32)
+        gate = cute.make_rmem_tensor((self.tile_rows,), Float32)
 
         for i in range(blocks):
             units = meta[i, 1] * STACK_TILE
@@ -85,18 +92,34 @@ class StackGemv(PersistentStack):
             target = (i + 1) % 3 * rows
             for e in range(cta * self.threads + tid, rows * self.cols, grid * self.threads):  # nobody reads it now
                 ws[target + e // self.cols, e % self.cols] = Float32(0.0)
+            # this warp's items: (unit, batch) pairs of the units first_warp, first_warp + all_warps, ...
+            unit_items = (units + all_warps - 1 - first_warp) // all_warps * self.batches
             for row0 in range(0, rows, self.tile_rows):
                 cute.arch.sync_threads()  # every warp is done with the last row tile's operand
                 self.stream_operand(x, ws, i, row0, rows, s_u, meta, eps, norm_w, norm_b, channels, tid)
                 cute.arch.sync_threads()
-                for j in range(first_warp, units, all_warps):
-                    self.hidden_unit(w1, w3, b1, b3, u_rows, ws, unit0, j, meta[i, 2], rows, row0, hidden_rows,
-                                     lane)
+                for m in cutlass.range_constexpr(GEMV_RING_STAGES - 1):
+                    self.copy_unit_batch(w1, w3, ring, unit0, first_warp, all_warps, Int32(m), unit_items, lane)
+                for m in range(unit_items):
+                    self.copy_unit_batch(w1, w3, ring, unit0, first_warp, all_warps, m + GEMV_RING_STAGES - 1,
+                                         unit_items, lane)
+                    cute.arch.cp_async_wait_group(GEMV_RING_STAGES - 1)  # item m's copies have landed
+                    self.unit_batch(ring, u_rows, acc, gate, m, lane)
+                    if m % self.batches == self.batches - 1:
+                        self.finish_unit(acc, gate, b1, b3, ws, unit0, first_warp + m // self.batches * all_warps,
+                                         meta[i, 2], rows, row0, hidden_rows, lane)
             self.grid_barrier(sync, grid, tid)
             slices = (units + self.slice - 1) // self.slice
-            for item in range(first_warp, channels * slices, all_warps):
-                self.output_slice(w2, ws, x, b2, i, item // slices, item % slices, unit0, units, rows, hidden_rows,
-                                  lane)
+            slice_items = (channels * slices + all_warps - 1 - first_warp) // all_warps
+            for m in cutlass.range_constexpr(GEMV_RING_STAGES - 1):
+                self.copy_slice(w2, ring, unit0, units, slices, first_warp, all_warps, Int32(m), slice_items, lane)
+            for m in range(slice_items):
+                self.copy_slice(w2, ring, unit0, units, slices, first_warp, all_warps, m + GEMV_RING_STAGES - 1,
+                                slice_items, lane)
+                cute.arch.cp_async_wait_group(GEMV_RING_STAGES - 1)
+                item = first_warp + m * all_warps
+                self.output_slice(ring, ws, x, b2, i, item // slices, item % slices, m % GEMV_RING_STAGES, units,
+                                  rows, hidden_rows, lane)
             self.grid_barrier(sync, grid, tid)
         for rr in range(first_warp, rows, all_warps):  # the final norm (or a copy), a warp a row
             self.finish_row(ws, blocks % 3 * rows + rr, rr, channels, y, meta[blocks, 3], eps[blocks], norm_w,
@@ -113,38 +136,58 @@ class StackGemv(PersistentStack):
         return run
 
     @cute.jit
-    def row_products(self, weight_rows: list, u_rows: cute.Tensor, accs: list, lane: Int32):
-        """accs[k][r] = this lane's share of u[r] . weight_rows[k], every row of the tile and every weight row (W1's,
-        and W3's for a gated block): a batch of each weight row's 16-byte loads issued, then their products with
-        every row's operand (a loop over the batches, so that the registers hold one batch)."""
-        for acc in accs:
-            acc.fill(0.0)
-        for b in cutlass.range(self.batches, unroll=1):
-            loaded = []
-            for weight_row in weight_rows:
-                for t in cutlass.range_constexpr(self.batch):
-                    index = (b * self.batch + t) * WARP + lane
-                    loaded.append(self.load_vector(weight_row, index, index * VEC < self.cols))
+    def copy_vector(self, row: cute.Tensor, index: Int32, dst: cute.Tensor):
+        """cp.async of elements index * VEC ... + VEC - 1 of a contiguous fp16 row (16-byte aligned: rows are padded
+        to STACK_TILE columns) into ``dst``, around L1 (each weight is read once)."""
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float16,
+                                   num_bits_per_copy=VEC * 16)
+        src = cute.make_ptr(Float16, (row.iterator + index * VEC).toint(), cute.AddressSpace.gmem, assumed_align=16)
+        cute.copy(atom, cute.make_tensor(src, cute.make_layout(VEC)), dst)
+
+    @cute.jit
+    def copy_unit_batch(self, w1, w3, ring: cute.Tensor, unit0: Int32, first_warp: Int32, all_warps: Int32,
+                        m: Int32, items: Int32, lane: Int32):
+        """Item m of this warp's phase A (unit first_warp + m // batches * all_warps, batch m % batches): this lane's
+        vectors of the batch of W1's row [and W3's] into ring stage m % GEMV_RING_STAGES, then one commit (an empty
+        group past the last item, so that a wait counts one group an item)."""
+        if m < items:
+            j = unit0 + first_warp + m // self.batches * all_warps
+            b = m % self.batches
             for t in cutlass.range_constexpr(self.batch):
                 index = (b * self.batch + t) * WARP + lane
                 if index * VEC < self.cols:
-                    for r in cutlass.range_constexpr(self.tile_rows):
-                        u = self.load_vector(u_rows[r, None], index, True).load().to(Float32)
-                        for k in cutlass.range_constexpr(len(weight_rows)):
-                            w32 = loaded[k * self.batch + t].load().to(Float32)
-                            accs[k][r] = accs[k][r] + (u * w32).reduce(cute.ReductionOp.ADD, 0.0, 0)
+                    self.copy_vector(w1[j, None], index, ring[None, lane, t, m % GEMV_RING_STAGES])
+                    if cutlass.const_expr(self.gated):
+                        self.copy_vector(w3[j, None], index, ring[None, lane, self.batch + t, m % GEMV_RING_STAGES])
+        cute.arch.cp_async_commit_group()
 
     @cute.jit
-    def hidden_unit(self, w1, w3, b1, b3, u_rows, ws, unit0: Int32, j: Int32, act: Int32, rows: Int32, row0: Int32,
-                    hidden_rows: Int32, lane: Int32):
-        """h[r, j] for the tile's rows, by one warp, into the workspace."""
-        acc = cute.make_rmem_tensor((self.tile_rows,), Float32)
-        gate = None
-        if cutlass.const_expr(self.gated):
-            gate = cute.make_rmem_tensor((self.tile_rows,), Float32)
-            self.row_products([w1[unit0 + j, None], w3[unit0 + j, None]], u_rows, [acc, gate], lane)
-        else:
-            self.row_products([w1[unit0 + j, None]], u_rows, [acc], lane)
+    def unit_batch(self, ring: cute.Tensor, u_rows: cute.Tensor, acc: cute.Tensor, gate: cute.Tensor, m: Int32,
+                   lane: Int32):
+        """acc[r] (gate[r]) += this lane's share of u[r] . W1[unit] (W3[unit]) over item m's batch, from its ring
+        stage; a unit's first batch starts the sums."""
+        b = m % self.batches
+        if b == 0:
+            acc.fill(0.0)
+            gate.fill(0.0)
+        for t in cutlass.range(self.batch, unroll=self.batch if self.tile_rows <= 2 else 1):  # registers at more rows
+            index = (b * self.batch + t) * WARP + lane
+            if index * VEC < self.cols:
+                w = ring[None, lane, t, m % GEMV_RING_STAGES].load().to(Float32)
+                g = w
+                if cutlass.const_expr(self.gated):
+                    g = ring[None, lane, self.batch + t, m % GEMV_RING_STAGES].load().to(Float32)
+                for r in cutlass.range_constexpr(self.tile_rows):
+                    u = self.load_vector(u_rows[r, None], index, True).load().to(Float32)
+                    acc[r] = acc[r] + (u * w).reduce(cute.ReductionOp.ADD, 0.0, 0)
+                    if cutlass.const_expr(self.gated):
+                        gate[r] = gate[r] + (u * g).reduce(cute.ReductionOp.ADD, 0.0, 0)
+
+    @cute.jit
+    def finish_unit(self, acc: cute.Tensor, gate: cute.Tensor, b1, b3, ws, unit0: Int32, j: Int32, act: Int32,
+                    rows: Int32, row0: Int32, hidden_rows: Int32, lane: Int32):
+        """h[r, j] = fp16(act(acc + b1) [* (gate + b3)]) for the tile's rows, the warp's sums reduced, into the
+        workspace."""
         for r in cutlass.range_constexpr(self.tile_rows):
             value = cute.arch.warp_reduction_sum(acc[r]) + b1[unit0 + j]
             if act == GELU_ERF:
@@ -159,15 +202,25 @@ class StackGemv(PersistentStack):
                         value.to(Float16).to(Float32))
 
     @cute.jit
-    def output_slice(self, w2, ws, x, b2, i: Int32, c: Int32, k: Int32, unit0: Int32, units: Int32, rows: Int32,
-                     hidden_rows: Int32, lane: Int32):
+    def copy_slice(self, w2, ring: cute.Tensor, unit0: Int32, units: Int32, slices: Int32, first_warp: Int32,
+                   all_warps: Int32, m: Int32, items: Int32, lane: Int32):
+        """Item m of this warp's phase B (output channel c, slice k of W2's row: item first_warp + m * all_warps is
+        c * slices + k): this lane's vectors of the slice into ring stage m % GEMV_RING_STAGES, then one commit."""
+        if m < items:
+            item = first_warp + m * all_warps
+            c, k = item // slices, item % slices
+            for v in cutlass.range_constexpr(self.slice_vectors):
+                unit = k * self.slice + (v * WARP + lane) * VEC
+                if unit < units:
+                    self.copy_vector(w2[c, None], (unit0 + unit) // VEC, ring[None, lane, v, m % GEMV_RING_STAGES])
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def output_slice(self, ring: cute.Tensor, ws, x, b2, i: Int32, c: Int32, k: Int32, stage: Int32, units: Int32,
+                     rows: Int32, hidden_rows: Int32, lane: Int32):
         """s'[r, c] += h[r, slice k] . W2[c, slice k] for every row (the first slice adds s[r, c] + b2[c] too), by
-        one warp: the slice's W2 loads issued once, then a row at a time."""
-        w2_row = w2[c, None]
-        vectors = []
-        for v in cutlass.range_constexpr(self.slice_vectors):
-            unit = k * self.slice + (v * WARP + lane) * VEC
-            vectors.append(self.load_vector(w2_row, (unit0 + unit) // VEC, unit < units))
+        one warp: the slice's W2 vectors from its ring stage, a row at a time."""
+        weights = [ring[None, lane, v, stage].load().to(Float32) for v in range(self.slice_vectors)]
         for r in range(rows):
             acc = Float32(0.0)
             for v in cutlass.range_constexpr(self.slice_vectors):
@@ -175,7 +228,7 @@ class StackGemv(PersistentStack):
                 if unit < units:
                     h = self.load_vector(ws[3 * rows + r * hidden_rows + unit // self.cols, None],
                                          unit % self.cols // VEC, True)
-                    acc = acc + (h.load() * vectors[v].load().to(Float32)).reduce(cute.ReductionOp.ADD, 0.0, 0)
+                    acc = acc + (h.load() * weights[v]).reduce(cute.ReductionOp.ADD, 0.0, 0)
             total = cute.arch.warp_reduction_sum(acc)
             if lane == 0:
                 if k == 0:

@@ -21,8 +21,8 @@ Three forms:
 - ``gemv``: planned at one or two rows (``GEMV_PLANNED_ROWS``), forced up to ``GEMV_ROWS``; each block as two
   matrix-vector phases spread over every SM, a grid barrier after each: the hidden units (W1 [and W3] rows, a warp
   each) into an fp32 workspace, then the output channels (a warp per channel and K slice of W2's row, fp32 atomic
-  adds into the next stream buffer). CUDA cores, 16-byte weight loads straight from L2 or memory into registers,
-  no shared-memory ring: each weight is read once a call by one warp, so at one row its floor is the weights'
+  adds into the next stream buffer). CUDA cores, each warp's weights streamed through its own ring of cp.async
+  stages in shared memory: each weight is read once a call by one warp, so at one row its floor is the weights'
   bytes over the SMs' load rate plus 2 barriers a block (measured well above it: ``reports/h100/stack-forms/``,
   ``reports/h100/grid-barrier/``).
 """
@@ -53,6 +53,14 @@ GEMV_PLANNED_ROWS = 2
 (``reports/h100/grid-barrier/``) it beat the grid form at 1 and 2 rows on every report model, at 4 on all but the
 1B-sized stack, and tied or lost from 8 rows (at 16 on every one)."""
 GEMV_THREADS = 256
+GEMV_STAGE_VECTORS = 8
+"""16-byte weight vectors a lane copies into one stage of its warp's ring (a stage: 4 KB a warp)."""
+GEMV_RING_STAGES = 4
+"""Stages of each warp's cp.async ring in the gemv form: while a warp computes on one stage the next three are in
+flight, 12 KB a warp and 96 KB an SM, several times what the memory's latency times its bandwidth asks of an SM
+(the loads straight into registers before it kept at most one batch, 4 KB a warp, in flight, none during the
+products)."""
+GEMV_RING_BYTES = GEMV_THREADS * GEMV_STAGE_VECTORS * GEMV_RING_STAGES * 16
 TILE_ROW_CHOICES = tuple(sorted({*STACK_ROW_TILES, *GEMV_ROW_TILES}))
 ALIGN = 1024  # each shared-memory buffer starts on a 1 KB boundary (the swizzle atom's period)
 
@@ -107,9 +115,10 @@ class StackPlan:
 
 def stack_smem_bytes(form: str, tile_rows: int, channels_tile: int, stages: int) -> int:
     """Shared memory of one CTA: the fp16 operand tile, the weight ring, the fp16 hidden chunk and, in the rows
-    form, the fp32 stream tile; each buffer aligned to ``ALIGN`` (the gemv form: the operand tile alone)."""
+    form, the fp32 stream tile; each buffer aligned to ``ALIGN`` (the gemv form: the operand tile and each warp's
+    ring of ``GEMV_RING_STAGES`` stages)."""
     if form == "gemv":
-        return round_up(tile_rows * channels_tile * 2, ALIGN)
+        return round_up(tile_rows * channels_tile * 2, ALIGN) + GEMV_RING_BYTES
     buffers = [tile_rows * channels_tile * 2, stages * STACK_TILE * STACK_TILE * 2, tile_rows * STACK_TILE * 2]
     if form == "rows":
         buffers.append(tile_rows * channels_tile * 4)
