@@ -13,7 +13,9 @@ Per block i, with the rows taken ``tile_rows`` at a time (one tile for rows <= t
 then ``y = final_norm(s)`` or ``y = s``, a warp a row. Each warp streams its weights through a ring of
 ``GEMV_RING_STAGES`` stages in shared memory by 16-byte cp.async copies (a stage: a batch of a unit's W1 [and W3]
 row, or a W2 slice; a lane copies and later reads its own vectors, so no warp or CTA sync guards the ring): while
-it computes on one stage the next are in flight, and each weight is read once a call by one warp; the operand rows
+it computes on one stage the next are in flight, and each weight is read once a call by one warp. Weights do not
+depend on the stream, so each phase's first stages are copied before the grid barrier ahead of it and land while
+the grid waits; the operand rows
 come from shared memory, the hidden values (a few KB) from L2. Stream
 buffers rotate over three as in the grid form (block i reads buffer i % 3, block 0 reads x, and adds into
 (i + 1) % 3, zeroed during phase A: nobody reads it then), the hidden units of every row follow them in the
@@ -86,6 +88,8 @@ class StackGemv(PersistentStack):
         acc = cute.make_rmem_tensor((self.tile_rows,), Float32)
         gate = cute.make_rmem_tensor((self.tile_rows,), Float32)
 
+        # weights do not depend on the stream: each phase's first stages are copied before the barrier ahead of it
+        self.first_unit_batches(w1, w3, ring, meta, Int32(0), first_warp, all_warps, lane)
         for i in range(blocks):
             units = meta[i, 1] * STACK_TILE
             unit0 = meta[i, 0] * STACK_TILE
@@ -95,11 +99,11 @@ class StackGemv(PersistentStack):
             # this warp's items: (unit, batch) pairs of the units first_warp, first_warp + all_warps, ...
             unit_items = (units + all_warps - 1 - first_warp) // all_warps * self.batches
             for row0 in range(0, rows, self.tile_rows):
+                if row0 > 0:  # the first row tile's stages are in flight already
+                    self.first_unit_batches(w1, w3, ring, meta, i, first_warp, all_warps, lane)
                 cute.arch.sync_threads()  # every warp is done with the last row tile's operand
                 self.stream_operand(x, ws, i, row0, rows, s_u, meta, eps, norm_w, norm_b, channels, tid)
                 cute.arch.sync_threads()
-                for m in cutlass.range_constexpr(GEMV_RING_STAGES - 1):
-                    self.copy_unit_batch(w1, w3, ring, unit0, first_warp, all_warps, Int32(m), unit_items, lane)
                 for m in range(unit_items):
                     self.copy_unit_batch(w1, w3, ring, unit0, first_warp, all_warps, m + GEMV_RING_STAGES - 1,
                                          unit_items, lane)
@@ -108,11 +112,11 @@ class StackGemv(PersistentStack):
                     if m % self.batches == self.batches - 1:
                         self.finish_unit(acc, gate, b1, b3, ws, unit0, first_warp + m // self.batches * all_warps,
                                          meta[i, 2], rows, row0, hidden_rows, lane)
-            self.grid_barrier(sync, grid, tid)
             slices = (units + self.slice - 1) // self.slice
             slice_items = (channels * slices + all_warps - 1 - first_warp) // all_warps
             for m in cutlass.range_constexpr(GEMV_RING_STAGES - 1):
                 self.copy_slice(w2, ring, unit0, units, slices, first_warp, all_warps, Int32(m), slice_items, lane)
+            self.grid_barrier(sync, grid, tid)
             for m in range(slice_items):
                 self.copy_slice(w2, ring, unit0, units, slices, first_warp, all_warps, m + GEMV_RING_STAGES - 1,
                                 slice_items, lane)
@@ -120,6 +124,8 @@ class StackGemv(PersistentStack):
                 item = first_warp + m * all_warps
                 self.output_slice(ring, ws, x, b2, i, item // slices, item % slices, m % GEMV_RING_STAGES, units,
                                   rows, hidden_rows, lane)
+            if i + 1 < blocks:
+                self.first_unit_batches(w1, w3, ring, meta, i + 1, first_warp, all_warps, lane)
             self.grid_barrier(sync, grid, tid)
         for rr in range(first_warp, rows, all_warps):  # the final norm (or a copy), a warp a row
             self.finish_row(ws, blocks % 3 * rows + rr, rr, channels, y, meta[blocks, 3], eps[blocks], norm_w,
@@ -160,6 +166,15 @@ class StackGemv(PersistentStack):
                     if cutlass.const_expr(self.gated):
                         self.copy_vector(w3[j, None], index, ring[None, lane, self.batch + t, m % GEMV_RING_STAGES])
         cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def first_unit_batches(self, w1, w3, ring: cute.Tensor, meta: cute.Tensor, i: Int32, first_warp: Int32,
+                           all_warps: Int32, lane: Int32):
+        """The copies of this warp's first GEMV_RING_STAGES - 1 items of block i's phase A (one row tile's)."""
+        units = meta[i, 1] * STACK_TILE
+        items = (units + all_warps - 1 - first_warp) // all_warps * self.batches
+        for m in cutlass.range_constexpr(GEMV_RING_STAGES - 1):
+            self.copy_unit_batch(w1, w3, ring, meta[i, 0] * STACK_TILE, first_warp, all_warps, Int32(m), items, lane)
 
     @cute.jit
     def unit_batch(self, ring: cute.Tensor, u_rows: cute.Tensor, acc: cute.Tensor, gate: cute.Tensor, m: Int32,
