@@ -39,6 +39,7 @@ from .persistent_stack import GELU_ERF, INV_SQRT2, PersistentStack
 
 VEC = 8  # fp16 values of one 16-byte load
 WARP = 32
+ROW_GROUP = 4  # rows of a W2 slice's products whose hidden values are loaded together (a round trip a group)
 SLICE_VECTORS = (4, 2)  # 16-byte vectors a lane copies per W2 slice at 1-2 rows, and past: a slice is WARP * VEC *
 # that many hidden units (smaller slices: more items to spread over the warps when the hidden units are few)
 
@@ -52,6 +53,7 @@ class StackGemv(PersistentStack):
         self.batches = math.ceil(self.steps / self.batch)
         self.slice_vectors = SLICE_VECTORS[0] if self.tile_rows <= 2 else SLICE_VECTORS[1]
         self.slice = WARP * VEC * self.slice_vectors
+        self.row_group = min(self.tile_rows, ROW_GROUP)
 
     @cute.jit
     def __call__(self, x: cute.Tensor, y: cute.Tensor, w1: cute.Tensor, w3: cute.Tensor, w2: cute.Tensor,
@@ -203,14 +205,19 @@ class StackGemv(PersistentStack):
                     rows: Int32, row0: Int32, hidden_rows: Int32, lane: Int32):
         """h[r, j] = fp16(act(acc + b1) [* (gate + b3)]) for the tile's rows, the warp's sums reduced, into the
         workspace."""
+        # every row's reductions first, with no branch between them, so that their shuffle chains interleave
         for r in cutlass.range_constexpr(self.tile_rows):
-            value = cute.arch.warp_reduction_sum(acc[r]) + b1[unit0 + j]
+            acc[r] = cute.arch.warp_reduction_sum(acc[r])
+            if cutlass.const_expr(self.gated):
+                gate[r] = cute.arch.warp_reduction_sum(gate[r])
+        for r in cutlass.range_constexpr(self.tile_rows):
+            value = acc[r] + b1[unit0 + j]
             if act == GELU_ERF:
                 value = Float32(0.5) * value * (Float32(1.0) + cute.math.erf(value * Float32(INV_SQRT2)))
             else:
                 value = activate(value, act)
             if cutlass.const_expr(self.gated):
-                value = value * (cute.arch.warp_reduction_sum(gate[r]) + b3[unit0 + j])
+                value = value * (gate[r] + b3[unit0 + j])
             if lane == r % WARP:
                 if row0 + r < rows:
                     ws[3 * rows + (row0 + r) * hidden_rows + j // self.cols, j % self.cols] = (
@@ -234,22 +241,31 @@ class StackGemv(PersistentStack):
     def output_slice(self, ring: cute.Tensor, ws, x, b2, i: Int32, c: Int32, k: Int32, stage: Int32, units: Int32,
                      rows: Int32, hidden_rows: Int32, lane: Int32):
         """s'[r, c] += h[r, slice k] . W2[c, slice k] for every row (the first slice adds s[r, c] + b2[c] too), by
-        one warp: the slice's W2 vectors from its ring stage, a row at a time."""
+        one warp: the slice's W2 vectors from its ring stage, the rows in groups of ``row_group``."""
         weights = [ring[None, lane, v, stage].load().to(Float32) for v in range(self.slice_vectors)]
-        for r in range(rows):
-            acc = Float32(0.0)
-            for v in cutlass.range_constexpr(self.slice_vectors):
-                unit = k * self.slice + (v * WARP + lane) * VEC
-                if unit < units:
-                    h = self.load_vector(ws[3 * rows + r * hidden_rows + unit // self.cols, None],
-                                         unit % self.cols // VEC, True)
-                    acc = acc + (h.load() * weights[v]).reduce(cute.ReductionOp.ADD, 0.0, 0)
-            total = cute.arch.warp_reduction_sum(acc)
+        for r0 in range(0, rows, self.row_group):
+            # a group's hidden values load together (one L2 round trip a group, not a row), then its reductions
+            sums = []
+            for g in cutlass.range_constexpr(self.row_group):
+                acc = Float32(0.0)
+                for v in cutlass.range_constexpr(self.slice_vectors):
+                    unit = k * self.slice + (v * WARP + lane) * VEC
+                    if unit < units and r0 + g < rows:
+                        h = self.load_vector(ws[3 * rows + (r0 + g) * hidden_rows + unit // self.cols, None],
+                                             unit % self.cols // VEC, True)
+                        acc = acc + (h.load() * weights[v]).reduce(cute.ReductionOp.ADD, 0.0, 0)
+                sums.append(acc)
+            for g in cutlass.range_constexpr(self.row_group):
+                sums[g] = cute.arch.warp_reduction_sum(sums[g])
             if lane == 0:
-                if k == 0:
-                    total = total + b2[i, c]
-                    if i == 0:
-                        total = total + x[r, c].to(Float32)
-                    else:
-                        total = total + ws[i % 3 * rows + r, c]
-                self.red_add(ws, (i + 1) % 3 * rows + r, c, total)
+                for g in cutlass.range_constexpr(self.row_group):
+                    r = r0 + g
+                    if r < rows:
+                        total = sums[g]
+                        if k == 0:
+                            total = total + b2[i, c]
+                            if i == 0:
+                                total = total + x[r, c].to(Float32)
+                            else:
+                                total = total + ws[i % 3 * rows + r, c]
+                        self.red_add(ws, (i + 1) % 3 * rows + r, c, total)
