@@ -16,6 +16,7 @@ from kernellab.megakernel.engines import stack_packing
 from kernellab.megakernel.planning.stack import (
     DECODE_ROWS,
     GEMV_PLANNED_ROWS,
+    GEMV_RING_STAGES,
     GEMV_ROW_TILES,
     GEMV_ROWS,
     STACK_TILE,
@@ -136,8 +137,26 @@ def test_rows_fallback_of_a_grid_plan_keeps_its_packing():
 def test_gemv_form_takes_the_smallest_tile_holding_the_rows_and_every_sm(rows, tile):
     plan = plan_stack(_blocks(_uniform(2048, 8192, 4, gated=True, norm="rmsnorm")), rows, H200, form="gemv")
     assert (plan.form, plan.tile_rows, plan.grid, plan.threads) == ("gemv", tile, H200.sm_count, 256)
-    assert plan.smem_bytes == stack_smem_bytes("gemv", tile, 2048, 0) >= tile * 2048 * 2
+    assert plan.stages == GEMV_RING_STAGES  # room for the whole ring at 2048 channels
+    assert plan.smem_bytes == stack_smem_bytes("gemv", tile, 2048, plan.stages) >= tile * 2048 * 2
     assert "gemv form" in plan.summary()
+
+
+def test_gemv_ring_takes_the_most_stages_that_fit_beside_a_wide_operand():
+    """The ring shrinks (down to 2 stages) where the operand tile takes the shared memory, then the tile is refused."""
+    got = []
+    for channels in (2048, 4096, 5120, 6144):
+        plan = plan_stack(_blocks(_uniform(channels, 1024, 2, gated=True)), 16, H200, form="gemv", tile_rows=16)
+        if not isinstance(plan, StackPlan):
+            assert "ring of two stages" in plan.reason
+            got.append(0)
+            continue
+        assert plan.smem_bytes == stack_smem_bytes("gemv", 16, plan.channels_tile, plan.stages) <= H200.smem_per_block
+        more = stack_smem_bytes("gemv", 16, plan.channels_tile, plan.stages + 1)
+        assert plan.stages == GEMV_RING_STAGES or more > H200.smem_per_block or (
+            more + H200.reserved_smem_per_block > H200.smem_per_sm)
+        got.append(plan.stages)
+    assert got[0] == GEMV_RING_STAGES and got == sorted(got, reverse=True) and got[-1] == 0 and 2 in got
 
 
 def test_gemv_form_is_planned_at_decode_rows_and_refuses_a_tile_it_has_not():

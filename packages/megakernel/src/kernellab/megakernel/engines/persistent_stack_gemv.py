@@ -10,10 +10,11 @@ Per block i, with the rows taken ``tile_rows`` at a time (one tile for rows <= t
              s'[r, c] += h[r, k] . W2[c, k] (+ s[r, c] + b2[c] by the first slice), fp32 atomic adds
     grid barrier
 
-then ``y = final_norm(s)`` or ``y = s``, a warp a row. Each warp streams its weights through a ring of
-``GEMV_RING_STAGES`` stages in shared memory by 16-byte cp.async copies (a stage: a batch of a unit's W1 [and W3]
-row, or a W2 slice; a lane copies and later reads its own vectors, so no warp or CTA sync guards the ring): while
-it computes on one stage the next are in flight, and each weight is read once a call by one warp. Weights do not
+then ``y = final_norm(s)`` or ``y = s``, a warp a row. Each warp streams its weights through a ring of the plan's
+stages (``GEMV_RING_STAGES`` where they fit) in shared memory by 16-byte cp.async copies (a stage: a batch of a
+unit's W1 [and W3] row, or a W2 slice; a lane copies and later reads its own vectors, so no warp or CTA sync
+guards the ring): while it computes on one stage the next are in flight, and each weight is read once a call by
+one warp. Weights do not
 depend on the stream, so each phase's first stages are copied before the grid barrier ahead of it and land while
 the grid waits; the operand rows
 come from shared memory, the hidden values (a few KB) from L2. Stream
@@ -33,7 +34,7 @@ from cutlass import Float16, Float32, Int32
 from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 
-from ..planning.stack import ALIGN, GEMV_RING_STAGES, GEMV_STAGE_VECTORS, STACK_TILE
+from ..planning.stack import ALIGN, GEMV_STAGE_VECTORS, STACK_TILE
 from .common import activate
 from .persistent_stack import GELU_ERF, INV_SQRT2, PersistentStack
 
@@ -84,7 +85,7 @@ class StackGemv(PersistentStack):
                                                              stride=(self.cols, 1, STACK_TILE)), ALIGN)
         u_rows = cute.make_tensor(s_u.iterator, cute.make_layout((self.tile_rows, self.cols), stride=(self.cols, 1)))
         # each warp's ring: (vector element, lane, vector, stage); a lane's vector is 16 contiguous bytes
-        s_ring = smem.allocate_tensor(Float16, cute.make_layout((VEC, WARP, GEMV_STAGE_VECTORS, GEMV_RING_STAGES,
+        s_ring = smem.allocate_tensor(Float16, cute.make_layout((VEC, WARP, GEMV_STAGE_VECTORS, self.stages,
                                                                  self.warps)), ALIGN)
         ring = s_ring[None, None, None, None, warp]
         acc = cute.make_rmem_tensor((self.tile_rows,), Float32)
@@ -107,24 +108,24 @@ class StackGemv(PersistentStack):
                 self.stream_operand(x, ws, i, row0, rows, s_u, meta, eps, norm_w, norm_b, channels, tid)
                 cute.arch.sync_threads()
                 for m in range(unit_items):
-                    self.copy_unit_batch(w1, w3, ring, unit0, first_warp, all_warps, m + GEMV_RING_STAGES - 1,
+                    self.copy_unit_batch(w1, w3, ring, unit0, first_warp, all_warps, m + self.stages - 1,
                                          unit_items, lane)
-                    cute.arch.cp_async_wait_group(GEMV_RING_STAGES - 1)  # item m's copies have landed
+                    cute.arch.cp_async_wait_group(self.stages - 1)  # item m's copies have landed
                     self.unit_batch(ring, u_rows, acc, gate, m, lane)
                     if m % self.batches == self.batches - 1:
                         self.finish_unit(acc, gate, b1, b3, ws, unit0, first_warp + m // self.batches * all_warps,
                                          meta[i, 2], rows, row0, hidden_rows, lane)
             slices = (units + self.slice - 1) // self.slice
             slice_items = (channels * slices + all_warps - 1 - first_warp) // all_warps
-            for m in cutlass.range_constexpr(GEMV_RING_STAGES - 1):
+            for m in cutlass.range_constexpr(self.stages - 1):
                 self.copy_slice(w2, ring, unit0, units, slices, first_warp, all_warps, Int32(m), slice_items, lane)
             self.grid_barrier(sync, grid, tid)
             for m in range(slice_items):
-                self.copy_slice(w2, ring, unit0, units, slices, first_warp, all_warps, m + GEMV_RING_STAGES - 1,
+                self.copy_slice(w2, ring, unit0, units, slices, first_warp, all_warps, m + self.stages - 1,
                                 slice_items, lane)
-                cute.arch.cp_async_wait_group(GEMV_RING_STAGES - 1)
+                cute.arch.cp_async_wait_group(self.stages - 1)
                 item = first_warp + m * all_warps
-                self.output_slice(ring, ws, x, b2, i, item // slices, item % slices, m % GEMV_RING_STAGES, units,
+                self.output_slice(ring, ws, x, b2, i, item // slices, item % slices, m % self.stages, units,
                                   rows, hidden_rows, lane)
             if i + 1 < blocks:
                 self.first_unit_batches(w1, w3, ring, meta, i + 1, first_warp, all_warps, lane)
@@ -156,7 +157,7 @@ class StackGemv(PersistentStack):
     def copy_unit_batch(self, w1, w3, ring: cute.Tensor, unit0: Int32, first_warp: Int32, all_warps: Int32,
                         m: Int32, items: Int32, lane: Int32):
         """Item m of this warp's phase A (unit first_warp + m // batches * all_warps, batch m % batches): this lane's
-        vectors of the batch of W1's row [and W3's] into ring stage m % GEMV_RING_STAGES, then one commit (an empty
+        vectors of the batch of W1's row [and W3's] into ring stage m % stages, then one commit (an empty
         group past the last item, so that a wait counts one group an item)."""
         if m < items:
             j = unit0 + first_warp + m // self.batches * all_warps
@@ -164,18 +165,18 @@ class StackGemv(PersistentStack):
             for t in cutlass.range_constexpr(self.batch):
                 index = (b * self.batch + t) * WARP + lane
                 if index * VEC < self.cols:
-                    self.copy_vector(w1[j, None], index, ring[None, lane, t, m % GEMV_RING_STAGES])
+                    self.copy_vector(w1[j, None], index, ring[None, lane, t, m % self.stages])
                     if cutlass.const_expr(self.gated):
-                        self.copy_vector(w3[j, None], index, ring[None, lane, self.batch + t, m % GEMV_RING_STAGES])
+                        self.copy_vector(w3[j, None], index, ring[None, lane, self.batch + t, m % self.stages])
         cute.arch.cp_async_commit_group()
 
     @cute.jit
     def first_unit_batches(self, w1, w3, ring: cute.Tensor, meta: cute.Tensor, i: Int32, first_warp: Int32,
                            all_warps: Int32, lane: Int32):
-        """The copies of this warp's first GEMV_RING_STAGES - 1 items of block i's phase A (one row tile's)."""
+        """The copies of this warp's first stages - 1 items of block i's phase A (one row tile's)."""
         units = meta[i, 1] * STACK_TILE
         items = (units + all_warps - 1 - first_warp) // all_warps * self.batches
-        for m in cutlass.range_constexpr(GEMV_RING_STAGES - 1):
+        for m in cutlass.range_constexpr(self.stages - 1):
             self.copy_unit_batch(w1, w3, ring, meta[i, 0] * STACK_TILE, first_warp, all_warps, Int32(m), items, lane)
 
     @cute.jit
@@ -190,10 +191,10 @@ class StackGemv(PersistentStack):
         for t in cutlass.range(self.batch, unroll=self.batch if self.tile_rows <= 2 else 1):  # registers at more rows
             index = (b * self.batch + t) * WARP + lane
             if index * VEC < self.cols:
-                w = ring[None, lane, t, m % GEMV_RING_STAGES].load().to(Float32)
+                w = ring[None, lane, t, m % self.stages].load().to(Float32)
                 g = w
                 if cutlass.const_expr(self.gated):
-                    g = ring[None, lane, self.batch + t, m % GEMV_RING_STAGES].load().to(Float32)
+                    g = ring[None, lane, self.batch + t, m % self.stages].load().to(Float32)
                 for r in cutlass.range_constexpr(self.tile_rows):
                     u = self.load_vector(u_rows[r, None], index, True).load().to(Float32)
                     acc[r] = acc[r] + (u * w).reduce(cute.ReductionOp.ADD, 0.0, 0)
@@ -227,14 +228,14 @@ class StackGemv(PersistentStack):
     def copy_slice(self, w2, ring: cute.Tensor, unit0: Int32, units: Int32, slices: Int32, first_warp: Int32,
                    all_warps: Int32, m: Int32, items: Int32, lane: Int32):
         """Item m of this warp's phase B (output channel c, slice k of W2's row: item first_warp + m * all_warps is
-        c * slices + k): this lane's vectors of the slice into ring stage m % GEMV_RING_STAGES, then one commit."""
+        c * slices + k): this lane's vectors of the slice into ring stage m % stages, then one commit."""
         if m < items:
             item = first_warp + m * all_warps
             c, k = item // slices, item % slices
             for v in cutlass.range_constexpr(self.slice_vectors):
                 unit = k * self.slice + (v * WARP + lane) * VEC
                 if unit < units:
-                    self.copy_vector(w2[c, None], (unit0 + unit) // VEC, ring[None, lane, v, m % GEMV_RING_STAGES])
+                    self.copy_vector(w2[c, None], (unit0 + unit) // VEC, ring[None, lane, v, m % self.stages])
         cute.arch.cp_async_commit_group()
 
     @cute.jit

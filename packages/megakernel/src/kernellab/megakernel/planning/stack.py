@@ -56,11 +56,12 @@ GEMV_THREADS = 256
 GEMV_STAGE_VECTORS = 8
 """16-byte weight vectors a lane copies into one stage of its warp's ring (a stage: 4 KB a warp)."""
 GEMV_RING_STAGES = 4
-"""Stages of each warp's cp.async ring in the gemv form: while a warp computes on one stage the next three are in
-flight, 12 KB a warp and 96 KB an SM, several times what the memory's latency times its bandwidth asks of an SM
-(the loads straight into registers before it kept at most one batch, 4 KB a warp, in flight, none during the
-products)."""
-GEMV_RING_BYTES = GEMV_THREADS * GEMV_STAGE_VECTORS * GEMV_RING_STAGES * 16
+"""Stages of each warp's cp.async ring in the gemv form, at most (fewer, down to 2, where a wide operand tile leaves
+too little shared memory): while a warp computes on one stage the next three are in flight, 12 KB a warp and 96 KB
+an SM, several times what the memory's latency times its bandwidth asks of an SM (the loads straight into
+registers before it kept at most one batch, 4 KB a warp, in flight, none during the products)."""
+GEMV_STAGE_BYTES = GEMV_THREADS * GEMV_STAGE_VECTORS * 16
+"""One ring stage of every warp of a CTA."""
 TILE_ROW_CHOICES = tuple(sorted({*STACK_ROW_TILES, *GEMV_ROW_TILES}))
 ALIGN = 1024  # each shared-memory buffer starts on a 1 KB boundary (the swizzle atom's period)
 
@@ -116,9 +117,9 @@ class StackPlan:
 def stack_smem_bytes(form: str, tile_rows: int, channels_tile: int, stages: int) -> int:
     """Shared memory of one CTA: the fp16 operand tile, the weight ring, the fp16 hidden chunk and, in the rows
     form, the fp32 stream tile; each buffer aligned to ``ALIGN`` (the gemv form: the operand tile and each warp's
-    ring of ``GEMV_RING_STAGES`` stages)."""
+    ring of ``stages`` stages)."""
     if form == "gemv":
-        return round_up(tile_rows * channels_tile * 2, ALIGN) + GEMV_RING_BYTES
+        return round_up(tile_rows * channels_tile * 2, ALIGN) + stages * GEMV_STAGE_BYTES
     buffers = [tile_rows * channels_tile * 2, stages * STACK_TILE * STACK_TILE * 2, tile_rows * STACK_TILE * 2]
     if form == "rows":
         buffers.append(tile_rows * channels_tile * 4)
@@ -258,14 +259,15 @@ def _gemv_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackP
         return Refusal(STACK_ENGINE, f"gemv form: {rows} rows is past the {GEMV_ROWS} it takes (a tile after another "
                                      "up to there)")
     options = [t for t in GEMV_ROW_TILES if (tile_rows is None and t >= min(rows, GEMV_ROWS) or t == tile_rows)
-               and _fits("gemv", t, cols, 0, device)]
+               and _most_stages("gemv", t, cols, device, GEMV_RING_STAGES) is not None]
     if not options:
         return Refusal(STACK_ENGINE, f"gemv form: no row tile of {GEMV_ROW_TILES} fits "
                                      f"{'the forced ' + str(tile_rows) if tile_rows else str(rows) + ' rows'} at "
-                                     f"{cols} channels")
+                                     f"{cols} channels with a ring of two stages")
     tile = min(options)
-    return StackPlan("gemv", rows, channels, cols, tile, 0, gated, device.sm_count, chunks,
-                     stack_smem_bytes("gemv", tile, cols, 0),
+    stages = _most_stages("gemv", tile, cols, device, GEMV_RING_STAGES)
+    return StackPlan("gemv", rows, channels, cols, tile, stages, gated, device.sm_count, chunks,
+                     stack_smem_bytes("gemv", tile, cols, stages),
                      f"gemv form (planned at rows <= {GEMV_PLANNED_ROWS}, forced up to {GEMV_ROWS}): each block as "
                      f"two matrix-vector phases over all {device.sm_count} SMs, a warp per hidden unit then per "
                      "output channel slice, 2 grid barriers a block")
