@@ -41,6 +41,9 @@ from .persistent_stack import GELU_ERF, INV_SQRT2, PersistentStack
 VEC = 8  # fp16 values of one 16-byte load
 WARP = 32
 ROW_GROUP = 4  # rows of a W2 slice's products whose hidden values are loaded together (a round trip a group)
+CHANNEL_BLOCK = 2  # output channels a phase B item takes past 2 rows at 1024 channels and more: each hidden value a
+# lane loads serves that many channels (a warp a channel reads every row's hidden values once a channel: at 16 rows
+# of the 1B-sized stack about 1 GB a block against 32 MB of W2); fewer channels keep more items for small models
 SLICE_VECTORS = (4, 2)  # 16-byte vectors a lane copies per W2 slice at 1-2 rows, and past: a slice is WARP * VEC *
 # that many hidden units (smaller slices: more items to spread over the warps when the hidden units are few)
 
@@ -55,6 +58,8 @@ class StackGemv(PersistentStack):
         self.slice_vectors = SLICE_VECTORS[0] if self.tile_rows <= 2 else SLICE_VECTORS[1]
         self.slice = WARP * VEC * self.slice_vectors
         self.row_group = min(self.tile_rows, ROW_GROUP)
+        self.channel_block = CHANNEL_BLOCK if self.tile_rows > 2 and self.cols >= 1024 else 1
+        assert self.channel_block * self.slice_vectors <= GEMV_STAGE_VECTORS, "a phase B item is one ring stage"
 
     @cute.jit
     def __call__(self, x: cute.Tensor, y: cute.Tensor, w1: cute.Tensor, w3: cute.Tensor, w2: cute.Tensor,
@@ -116,7 +121,8 @@ class StackGemv(PersistentStack):
                         self.finish_unit(acc, gate, b1, b3, ws, unit0, first_warp + m // self.batches * all_warps,
                                          meta[i, 2], rows, row0, hidden_rows, lane)
             slices = (units + self.slice - 1) // self.slice
-            slice_items = (channels * slices + all_warps - 1 - first_warp) // all_warps
+            channel_blocks = (channels + self.channel_block - 1) // self.channel_block
+            slice_items = (channel_blocks * slices + all_warps - 1 - first_warp) // all_warps
             for m in cutlass.range_constexpr(self.stages - 1):
                 self.copy_slice(w2, ring, unit0, units, slices, first_warp, all_warps, Int32(m), slice_items, lane)
             self.grid_barrier(sync, grid, tid)
@@ -125,8 +131,8 @@ class StackGemv(PersistentStack):
                                 slice_items, lane)
                 cute.arch.cp_async_wait_group(self.stages - 1)
                 item = first_warp + m * all_warps
-                self.output_slice(ring, ws, x, b2, i, item // slices, item % slices, m % self.stages, units,
-                                  rows, hidden_rows, lane)
+                self.output_slice(ring, ws, x, b2, i, item // slices * self.channel_block, item % slices,
+                                  m % self.stages, units, rows, channels, hidden_rows, lane)
             if i + 1 < blocks:
                 self.first_unit_batches(w1, w3, ring, meta, i + 1, first_warp, all_warps, lane)
             self.grid_barrier(sync, grid, tid)
@@ -227,46 +233,60 @@ class StackGemv(PersistentStack):
     @cute.jit
     def copy_slice(self, w2, ring: cute.Tensor, unit0: Int32, units: Int32, slices: Int32, first_warp: Int32,
                    all_warps: Int32, m: Int32, items: Int32, lane: Int32):
-        """Item m of this warp's phase B (output channel c, slice k of W2's row: item first_warp + m * all_warps is
-        c * slices + k): this lane's vectors of the slice into ring stage m % stages, then one commit."""
+        """Item m of this warp's phase B (channels c0 ... c0 + channel_block - 1, slice k of their W2 rows: item
+        first_warp + m * all_warps is (c0 / channel_block) * slices + k): this lane's vectors of the slice of each
+        channel into ring stage m % stages, then one commit."""
         if m < items:
             item = first_warp + m * all_warps
-            c, k = item // slices, item % slices
-            for v in cutlass.range_constexpr(self.slice_vectors):
-                unit = k * self.slice + (v * WARP + lane) * VEC
-                if unit < units:
-                    self.copy_vector(w2[c, None], (unit0 + unit) // VEC, ring[None, lane, v, m % self.stages])
+            c0, k = item // slices * self.channel_block, item % slices
+            for cc in cutlass.range_constexpr(self.channel_block):
+                if c0 + cc < w2.shape[0]:
+                    for v in cutlass.range_constexpr(self.slice_vectors):
+                        unit = k * self.slice + (v * WARP + lane) * VEC
+                        if unit < units:
+                            self.copy_vector(w2[c0 + cc, None], (unit0 + unit) // VEC,
+                                             ring[None, lane, cc * self.slice_vectors + v, m % self.stages])
         cute.arch.cp_async_commit_group()
 
     @cute.jit
-    def output_slice(self, ring: cute.Tensor, ws, x, b2, i: Int32, c: Int32, k: Int32, stage: Int32, units: Int32,
-                     rows: Int32, hidden_rows: Int32, lane: Int32):
-        """s'[r, c] += h[r, slice k] . W2[c, slice k] for every row (the first slice adds s[r, c] + b2[c] too), by
-        one warp: the slice's W2 vectors from its ring stage, the rows in groups of ``row_group``."""
-        weights = [ring[None, lane, v, stage].load().to(Float32) for v in range(self.slice_vectors)]
+    def output_slice(self, ring: cute.Tensor, ws, x, b2, i: Int32, c0: Int32, k: Int32, stage: Int32, units: Int32,
+                     rows: Int32, channels: Int32, hidden_rows: Int32, lane: Int32):
+        """s'[r, c] += h[r, slice k] . W2[c, slice k] for every row and the item's channels c0 ... (the first slice
+        adds s[r, c] + b2[c] too), by one warp: the slice's W2 vectors from its ring stage, the rows in groups of
+        ``row_group`` whose hidden values are loaded once for all the item's channels."""
         for r0 in range(0, rows, self.row_group):
             # a group's hidden values load together (one L2 round trip a group, not a row), then its reductions
-            sums = []
+            hidden = []
             for g in cutlass.range_constexpr(self.row_group):
-                acc = Float32(0.0)
                 for v in cutlass.range_constexpr(self.slice_vectors):
                     unit = k * self.slice + (v * WARP + lane) * VEC
-                    if unit < units and r0 + g < rows:
-                        h = self.load_vector(ws[3 * rows + (r0 + g) * hidden_rows + unit // self.cols, None],
-                                             unit % self.cols // VEC, True)
-                        acc = acc + (h.load() * weights[v]).reduce(cute.ReductionOp.ADD, 0.0, 0)
-                sums.append(acc)
-            for g in cutlass.range_constexpr(self.row_group):
-                sums[g] = cute.arch.warp_reduction_sum(sums[g])
-            if lane == 0:
+                    inside = unit < units and r0 + g < rows
+                    hidden.append(self.load_vector(ws[3 * rows + (r0 + g) * hidden_rows + unit // self.cols, None],
+                                                   unit % self.cols // VEC, inside).load())
+            sums = []
+            for cc in cutlass.range_constexpr(self.channel_block):
+                weights = [ring[None, lane, cc * self.slice_vectors + v, stage].load().to(Float32)
+                           for v in range(self.slice_vectors)]
                 for g in cutlass.range_constexpr(self.row_group):
-                    r = r0 + g
-                    if r < rows:
-                        total = sums[g]
-                        if k == 0:
-                            total = total + b2[i, c]
-                            if i == 0:
-                                total = total + x[r, c].to(Float32)
-                            else:
-                                total = total + ws[i % 3 * rows + r, c]
-                        self.red_add(ws, (i + 1) % 3 * rows + r, c, total)
+                    acc = Float32(0.0)
+                    for v in cutlass.range_constexpr(self.slice_vectors):
+                        if k * self.slice + (v * WARP + lane) * VEC < units:  # the ring holds stale values past
+                            acc = acc + (hidden[g * self.slice_vectors + v] * weights[v]).reduce(
+                                cute.ReductionOp.ADD, 0.0, 0)
+                    sums.append(acc)
+            for e in cutlass.range_constexpr(self.channel_block * self.row_group):
+                sums[e] = cute.arch.warp_reduction_sum(sums[e])
+            if lane == 0:
+                for cc in cutlass.range_constexpr(self.channel_block):
+                    c = c0 + cc
+                    for g in cutlass.range_constexpr(self.row_group):
+                        r = r0 + g
+                        if r < rows and c < channels:
+                            total = sums[cc * self.row_group + g]
+                            if k == 0:
+                                total = total + b2[i, c]
+                                if i == 0:
+                                    total = total + x[r, c].to(Float32)
+                                else:
+                                    total = total + ws[i % 3 * rows + r, c]
+                            self.red_add(ws, (i + 1) % 3 * rows + r, c, total)
