@@ -58,6 +58,7 @@ class StackGemv(PersistentStack):
         self.slice_vectors = SLICE_VECTORS[0] if self.tile_rows <= 2 else SLICE_VECTORS[1]
         self.slice = WARP * VEC * self.slice_vectors
         self.row_group = min(self.tile_rows, ROW_GROUP)
+        self.unit_block = 1  # hidden units a phase A item takes (the mma form: a tile of them)
         self.channel_block = CHANNEL_BLOCK if self.tile_rows > 2 and self.cols >= 1024 else 1
         assert self.channel_block * self.slice_vectors <= GEMV_STAGE_VECTORS, "a phase B item is one ring stage"
 
@@ -84,17 +85,10 @@ class StackGemv(PersistentStack):
         hidden_rows = (ws.shape[0] - 3 * rows) // rows  # workspace rows of one row's hidden units
 
         smem = SmemAllocator()
-        # the operand tile as the rows/grid forms' ``operand`` indexes it, (row, column in chunk, chunk), laid out
-        # row-major so that a lane's 8 columns are one 16-byte read
-        s_u = smem.allocate_tensor(Float16, cute.make_layout((self.tile_rows, STACK_TILE, self.k_tiles),
-                                                             stride=(self.cols, 1, STACK_TILE)), ALIGN)
-        u_rows = cute.make_tensor(s_u.iterator, cute.make_layout((self.tile_rows, self.cols), stride=(self.cols, 1)))
-        # each warp's ring: (vector element, lane, vector, stage); a lane's vector is 16 contiguous bytes
-        s_ring = smem.allocate_tensor(Float16, cute.make_layout((VEC, WARP, GEMV_STAGE_VECTORS, self.stages,
-                                                                 self.warps)), ALIGN)
-        ring = s_ring[None, None, None, None, warp]
-        acc = cute.make_rmem_tensor((self.tile_rows,), Float32)
-        gate = cute.make_rmem_tensor((self.tile_rows,), Float32)
+        # the operand tile as the rows/grid forms' ``operand`` indexes it, (row, column in chunk, chunk)
+        s_u = smem.allocate_tensor(Float16, self.operand_layout(), ALIGN)
+        ring = self.make_ring(smem, warp)
+        acc, gate = self.accumulators()
 
         # weights do not depend on the stream: each phase's first stages are copied before the barrier ahead of it
         self.first_unit_batches(w1, w3, ring, meta, Int32(0), first_warp, all_warps, lane)
@@ -104,8 +98,7 @@ class StackGemv(PersistentStack):
             target = (i + 1) % 3 * rows
             for e in range(cta * self.threads + tid, rows * self.cols, grid * self.threads):  # nobody reads it now
                 ws[target + e // self.cols, e % self.cols] = Float32(0.0)
-            # this warp's items: (unit, batch) pairs of the units first_warp, first_warp + all_warps, ...
-            unit_items = (units + all_warps - 1 - first_warp) // all_warps * self.batches
+            unit_items = self.unit_items(units, first_warp, all_warps)
             for row0 in range(0, rows, self.tile_rows):
                 if row0 > 0:  # the first row tile's stages are in flight already
                     self.first_unit_batches(w1, w3, ring, meta, i, first_warp, all_warps, lane)
@@ -116,7 +109,7 @@ class StackGemv(PersistentStack):
                     self.copy_unit_batch(w1, w3, ring, unit0, first_warp, all_warps, m + self.stages - 1,
                                          unit_items, lane)
                     cute.arch.cp_async_wait_group(self.stages - 1)  # item m's copies have landed
-                    self.unit_batch(ring, u_rows, acc, gate, m, lane)
+                    self.unit_batch(ring, s_u, acc, gate, m, lane)
                     if m % self.batches == self.batches - 1:
                         self.finish_unit(acc, gate, b1, b3, ws, unit0, first_warp + m // self.batches * all_warps,
                                          meta[i, 2], rows, row0, hidden_rows, lane)
@@ -139,6 +132,29 @@ class StackGemv(PersistentStack):
         for rr in range(first_warp, rows, all_warps):  # the final norm (or a copy), a warp a row
             self.finish_row(ws, blocks % 3 * rows + rr, rr, channels, y, meta[blocks, 3], eps[blocks], norm_w,
                             norm_b, blocks, lane)
+
+    # ---- what the mma form (``persistent_stack_mma``) replaces --------------------------------------------------
+
+    def operand_layout(self):
+        """Row-major, so that a lane's 8 columns are one 16-byte read."""
+        return cute.make_layout((self.tile_rows, STACK_TILE, self.k_tiles), stride=(self.cols, 1, STACK_TILE))
+
+    def make_ring(self, smem: SmemAllocator, warp: Int32) -> cute.Tensor:
+        """This warp's ring: (vector element, lane, vector, stage); a lane's vector is 16 contiguous bytes."""
+        s_ring = smem.allocate_tensor(Float16, cute.make_layout((VEC, WARP, GEMV_STAGE_VECTORS, self.stages,
+                                                                 self.warps)), ALIGN)
+        return s_ring[None, None, None, None, warp]
+
+    def accumulators(self):
+        """A lane's share of each row's W1 [and W3] products for the unit in hand."""
+        return cute.make_rmem_tensor((self.tile_rows,), Float32), cute.make_rmem_tensor((self.tile_rows,), Float32)
+
+    @cute.jit
+    def unit_items(self, units: Int32, first_warp: Int32, all_warps: Int32) -> Int32:
+        """This warp's phase A items: (unit block, batch) pairs of the unit blocks first_warp, first_warp +
+        all_warps, ..."""
+        unit_blocks = (units + self.unit_block - 1) // self.unit_block
+        return (unit_blocks + all_warps - 1 - first_warp) // all_warps * self.batches
 
     @cute.jit
     def load_vector(self, row: cute.Tensor, index: Int32, valid) -> cute.Tensor:
@@ -180,16 +196,16 @@ class StackGemv(PersistentStack):
     def first_unit_batches(self, w1, w3, ring: cute.Tensor, meta: cute.Tensor, i: Int32, first_warp: Int32,
                            all_warps: Int32, lane: Int32):
         """The copies of this warp's first stages - 1 items of block i's phase A (one row tile's)."""
-        units = meta[i, 1] * STACK_TILE
-        items = (units + all_warps - 1 - first_warp) // all_warps * self.batches
+        items = self.unit_items(meta[i, 1] * STACK_TILE, first_warp, all_warps)
         for m in cutlass.range_constexpr(self.stages - 1):
             self.copy_unit_batch(w1, w3, ring, meta[i, 0] * STACK_TILE, first_warp, all_warps, Int32(m), items, lane)
 
     @cute.jit
-    def unit_batch(self, ring: cute.Tensor, u_rows: cute.Tensor, acc: cute.Tensor, gate: cute.Tensor, m: Int32,
+    def unit_batch(self, ring: cute.Tensor, s_u: cute.Tensor, acc: cute.Tensor, gate: cute.Tensor, m: Int32,
                    lane: Int32):
         """acc[r] (gate[r]) += this lane's share of u[r] . W1[unit] (W3[unit]) over item m's batch, from its ring
         stage; a unit's first batch starts the sums."""
+        u_rows = cute.make_tensor(s_u.iterator, cute.make_layout((self.tile_rows, self.cols), stride=(self.cols, 1)))
         b = m % self.batches
         if b == 0:
             acc.fill(0.0)
