@@ -1,7 +1,7 @@
-"""The fused stack's forms side by side on the GPU host: per call in a CUDA graph (harness ``graph_throughput``), each
-report model at decode row counts, the grid and gemv forms forced and the per-block chain, every one validated first
-against the float64 reference (the models suite's problem and protocol), beside the weight floor (the model's weight
-bytes over the copy bandwidth measured in the same run).
+"""The fused stack's forms side by side on the GPU host: per call in a CUDA graph (harness ``graph_throughput``),
+each report model at decode row counts, the grid, gemv and mma forms forced and the per-block chain, every one
+validated first against the float64 reference (the models suite's problem and protocol), beside the weight floor
+(the model's weight bytes over the copy bandwidth measured in the same run).
 
     python3 tools/device/stack_forms.py [--models 'mlp*,swiglu2*'] [--rows 1,16] [--samples 7]
     python3 tools/device/stack_forms.py --show A.json[,B.json] [--forms gemv,grid]    (anywhere: records as a table)
@@ -21,6 +21,7 @@ import statistics
 
 FORMS = {"grid": {"engine": "persistent-stack", "stack_form": "grid"},
          "gemv": {"engine": "persistent-stack", "stack_form": "gemv"},
+         "mma": {"engine": "persistent-stack", "stack_form": "mma"},
          "chain": {"engine": "persistent-tc"}}
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from kernellab.megakernel import compile_model, models, planning, stack, validation
 from kernellab.megakernel.compiler import frontend
 from kernellab.megakernel.engines.graph import GraphCall
-from kernellab.megakernel.planning.stack import GEMV_PLANNED_ROWS, GEMV_ROW_TILES, StackPlan, plan_stack
+from kernellab.megakernel.planning.stack import GEMV_PLANNED_ROWS, GEMV_ROW_TILES, MMA_ROW_TILES, StackPlan, plan_stack
 
 pytestmark = pytest.mark.gpu
 
@@ -52,7 +52,7 @@ def _validate(spec, rows, seed, **options):
 
 @settings(max_examples=25, deadline=None)
 @given(spec=fusable_stacks(), rows=st.integers(1, 300), seed=st.integers(0, 2**16),
-       form=st.sampled_from([None, "grid", "rows", "gemv"]))
+       form=st.sampled_from([None, "grid", "rows", "gemv", "mma"]))
 def test_random_stacks_match_the_reference(spec, rows, seed, form):
     blocks, _ = frontend.read_spec(spec)
     assume(isinstance(plan_stack(blocks, rows, planning.current_device(), form=form), StackPlan))  # forced: if it can
@@ -83,7 +83,27 @@ def test_report_models_in_the_gemv_form(case, rows):
     _validate(case.spec, rows, 0, stack_form="gemv")
 
 
-@pytest.mark.parametrize("form", ["grid", "gemv"])
+@pytest.mark.parametrize("tile_rows", MMA_ROW_TILES)
+@pytest.mark.parametrize("rows", [1, 9, 64])
+def test_every_mma_tile_at_rows_it_takes_at_once_and_by_row_tiles(tile_rows, rows):
+    """The mma form: rows under, at and past each tile (a row tile after another), odd channels and hidden (the
+    packing's padding in every tile), both norms, every activation, gated and plain blocks in turn."""
+    for gated in (False, True):
+        spec = {"channels": 200, "final_norm": "layernorm", "blocks": [
+            {"hidden": 130, "activation": "gelu_erf", "norm": "rmsnorm", "gated": gated},
+            {"hidden": 70, "activation": "relu", "norm": {"kind": "layernorm"}, "gated": gated},
+            {"hidden": 64, "activation": "silu", "gated": gated}]}
+        compiled = _validate(spec, rows, 3, stack_form="mma", stack_tile_rows=tile_rows)
+        assert compiled.fused.plan_for(rows).form == "mma"
+
+
+@pytest.mark.parametrize("case", models.REPORT_MODELS, ids=lambda c: c.name)
+@pytest.mark.parametrize("rows", [16, 64])
+def test_report_models_in_the_mma_form(case, rows):
+    _validate(case.spec, rows, 0, stack_form="mma")
+
+
+@pytest.mark.parametrize("form", ["grid", "gemv", "mma"])
 def test_the_grid_barrier_words_stay_ready_over_many_launches(form):
     """The barrier's word is zeroed once: hundreds of launches, direct and replayed in a graph, each correct."""
     spec = {"channels": 128, "blocks": [{"hidden": 256, "activation": "silu", "norm": "rmsnorm"}] * 3}

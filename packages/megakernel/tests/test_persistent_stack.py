@@ -19,6 +19,7 @@ from kernellab.megakernel.planning.stack import (
     GEMV_RING_STAGES,
     GEMV_ROW_TILES,
     GEMV_ROWS,
+    MMA_ROWS,
     STACK_TILE,
     StackPlan,
     call_plan,
@@ -157,6 +158,26 @@ def test_gemv_ring_takes_the_most_stages_that_fit_beside_a_wide_operand():
             more + H200.reserved_smem_per_block > H200.smem_per_sm)
         got.append(plan.stages)
     assert got[0] == GEMV_RING_STAGES and got == sorted(got, reverse=True) and got[-1] == 0 and 2 in got
+
+
+@pytest.mark.parametrize("rows,tile", [(1, 16), (16, 16), (17, 32), (33, 64), (64, 64)])
+def test_mma_form_is_forced_only_and_takes_the_smallest_tile_holding_the_rows(rows, tile):
+    blocks = _blocks(_uniform(1024, 2816, 2, gated=True, norm="rmsnorm"))
+    plan = plan_stack(blocks, rows, H200, form="mma")
+    assert (plan.form, plan.tile_rows, plan.grid, plan.threads, plan.forced) == ("mma", tile, H200.sm_count, 256, True)
+    assert plan.smem_bytes == stack_smem_bytes("mma", tile, 1024, plan.stages) <= H200.smem_per_block
+    assert 2 <= plan.stages <= GEMV_RING_STAGES and "mma form" in plan.summary()
+    assert plan_stack(blocks, rows, H200).form != "mma", "never planned unforced before it is measured"
+
+
+def test_mma_form_refuses_past_its_rows_and_calls_past_them_run_the_rows_form():
+    blocks = _blocks(_uniform(512, 2048, 4, norm="rmsnorm"))
+    assert "past the 64 it takes" in plan_stack(blocks, MMA_ROWS + 1, H200, form="mma").reason
+    forced = plan_stack(blocks, 16, H200, form="mma")
+    assert call_plan(forced, MMA_ROWS, H200) is forced  # a tile after another up to its rows
+    assert call_plan(forced, MMA_ROWS + 1, H200).form == "rows"
+    wide = plan_stack(_blocks(_uniform(4096, 1024, 1, gated=True)), 64, H200, form="mma", tile_rows=64)
+    assert "no row tile" in wide.reason  # a 64-row operand of 4096 channels leaves no room for the ring
 
 
 def test_gemv_form_is_planned_at_decode_rows_and_refuses_a_tile_it_has_not():

@@ -37,7 +37,7 @@ def test_stack_cases_reach_every_form_every_row_tile_and_both_gatings():
         blocks, final = frontend.read_spec(spec)
         stack_plan = {k: v for k, v in forced.items() if k != "engine"}
         plans.append(passes.plan(blocks, rows, final_norm=final, fuse=True, **stack_plan).stack)
-    assert {p.form for p in plans} == {"rows", "grid", "gemv"}
+    assert {p.form for p in plans} == {"rows", "grid", "gemv", "mma"}
     assert {p.tile_rows for p in plans if p.form == "rows"} == {16, 32, 64}
     assert {p.gated for p in plans} == {True, False}
     assert any(p.form == "rows" and p.num_tiles > p.grid for p in plans)  # a CTA runs several row tiles
@@ -46,6 +46,7 @@ def test_stack_cases_reach_every_form_every_row_tile_and_both_gatings():
     assert {p.tile_rows for p in plans if p.form == "gemv"} == {1, 4}
     assert any(p.form == "gemv" and p.rows > p.tile_rows for p in plans)  # row tiles one after another
     assert any(p.form == "gemv" and p.gated for p in plans)
+    assert any(p.form == "mma" and p.rows > p.tile_rows and p.gated for p in plans)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")

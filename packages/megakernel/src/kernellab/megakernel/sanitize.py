@@ -58,6 +58,9 @@ def stack_cases():
         ("persistent-stack gemv form, 4-row tiles over 5 rows, plain, every norm and activation",
          {"channels": 200, "blocks": plain, "final_norm": "layernorm"}, 5,
          {"engine": STACK, "stack_form": "gemv", "stack_tile_rows": 4}),
+        ("persistent-stack mma form, 16-row tiles over 20 rows, gated, final norm", {"channels": 72,
+         "final_norm": "rmsnorm", "blocks": [{"hidden": 200, **gated}, {"hidden": 130, **gated}]}, 20,
+         {"engine": STACK, "stack_form": "mma", "stack_tile_rows": 16}),
     ]
 
 

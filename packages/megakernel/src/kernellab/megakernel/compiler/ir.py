@@ -77,7 +77,7 @@ class Program:
     final_norm: Norm | None = None  # a norm after the last block (its output is the model's, fp32)
     target: str = "cuda"  # where the compiled model runs; on "cpu" every block takes the torch chain
     fuse: bool = False  # try the fused whole-stack engine (persistent-stack) before the per-block chain
-    stack_form: str | None = None  # force the fused engine's form ("rows", "grid" or "gemv"; tests, sweeps)
+    stack_form: str | None = None  # force the fused engine's form (``STACK_FORMS``; tests, sweeps)
     stack_tile_rows: int | None = None  # force the fused engine's row tile
     # filled in by the stack pass: the fused plan, or why the stack runs as the per-block chain
     stack: StackPlan | None = None

@@ -37,7 +37,7 @@ from cutlass import Float16, Float32, Int32
 from cutlass.memory import SmemAllocator
 
 from ..planning import DeviceSpec, ceil_div
-from ..planning.stack import ALIGN, STACK_TILE, StackPlan, call_plan, stack_threads
+from ..planning.stack import ALIGN, MATRIX_VECTOR_FORMS, STACK_TILE, StackPlan, call_plan, stack_threads
 from . import tensorcore
 from .common import compile_variant, compiled
 from .stack_packing import ACT_CODES, META_COLUMNS, NORM_CODES
@@ -50,7 +50,7 @@ INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    form: str  # "rows" or "grid"
+    form: str  # "rows", "grid", "gemv" or "mma"
     tile_rows: int
     channels_tile: int
     stages: int
@@ -89,6 +89,10 @@ class Variant:
             from .persistent_stack_gemv import StackGemv
 
             return compile_variant(self.name, StackGemv(self), self.signature(), arch)
+        if self.form == "mma":
+            from .persistent_stack_mma import StackMma
+
+            return compile_variant(self.name, StackMma(self), self.signature(), arch)
         return compile_variant(self.name, PersistentStack(self), self.signature(), arch)
 
 
@@ -128,7 +132,7 @@ class Launcher:
         ws = self._workspaces.get(key)
         if ws is None:
             stream_rows = 3 * rows if plan.form == "grid" else 1
-            if plan.form == "gemv":  # three stream buffers, then each row's hidden units (fp32, fp16-rounded)
+            if plan.form in MATRIX_VECTOR_FORMS:  # three stream buffers, then each row's hidden units (fp16-rounded)
                 stream_rows = 3 * rows + rows * ceil_div(max(plan.chunks) * STACK_TILE, plan.channels_tile)
             ws = (torch.empty((stream_rows, plan.channels_tile), dtype=torch.float32, device=device),
                   torch.zeros((1,), dtype=torch.int32, device=device))  # the grid barrier's word, zeroed once
@@ -139,7 +143,7 @@ class Launcher:
         tiles = ceil_div(rows, plan.tile_rows)
         if plan.form == "grid":  # every CTA resident: at most one a SM
             return tiles * max(1, min(plan.ctas_per_tile, self.device.sm_count // tiles))
-        if plan.form == "gemv":
+        if plan.form in MATRIX_VECTOR_FORMS:
             return self.device.sm_count
         return min(tiles, self.device.sm_count)
 

@@ -86,8 +86,8 @@ class StackGemv(PersistentStack):
 
         smem = SmemAllocator()
         # the operand tile as the rows/grid forms' ``operand`` indexes it, (row, column in chunk, chunk)
-        s_u = smem.allocate_tensor(Float16, self.operand_layout(), ALIGN)
-        ring = self.make_ring(smem, warp)
+        s_u = self.make_operand(smem)
+        ring = self.make_ring(smem, warp, s_u)
         acc, gate = self.accumulators()
 
         # weights do not depend on the stream: each phase's first stages are copied before the barrier ahead of it
@@ -135,11 +135,12 @@ class StackGemv(PersistentStack):
 
     # ---- what the mma form (``persistent_stack_mma``) replaces --------------------------------------------------
 
-    def operand_layout(self):
+    def make_operand(self, smem: SmemAllocator) -> cute.Tensor:
         """Row-major, so that a lane's 8 columns are one 16-byte read."""
-        return cute.make_layout((self.tile_rows, STACK_TILE, self.k_tiles), stride=(self.cols, 1, STACK_TILE))
+        return smem.allocate_tensor(Float16, cute.make_layout((self.tile_rows, STACK_TILE, self.k_tiles),
+                                                              stride=(self.cols, 1, STACK_TILE)), ALIGN)
 
-    def make_ring(self, smem: SmemAllocator, warp: Int32) -> cute.Tensor:
+    def make_ring(self, smem: SmemAllocator, warp: Int32, s_u: cute.Tensor) -> cute.Tensor:
         """This warp's ring: (vector element, lane, vector, stage); a lane's vector is 16 contiguous bytes."""
         s_ring = smem.allocate_tensor(Float16, cute.make_layout((VEC, WARP, GEMV_STAGE_VECTORS, self.stages,
                                                                  self.warps)), ALIGN)

@@ -25,6 +25,9 @@ Three forms:
   stages in shared memory: each weight is read once a call by one warp, so at one row its floor is the weights'
   bytes over the SMs' load rate plus 2 barriers a block (measured well above it: ``reports/h100/stack-forms/``,
   ``reports/h100/grid-barrier/``).
+- ``mma`` (forced only, not yet measured): the gemv form's phases with a warp's item an ``mma.sync`` tile (the
+  rows x 16 hidden units, then x 16 output channels), so that each hidden value serves 16 channels: for 8-64 rows,
+  where the gemv form reads every row's hidden values once a channel.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ import dataclasses
 from .common import DeviceSpec, Refusal, ceil_div, round_up
 
 STACK_ENGINE = "persistent-stack"
-STACK_FORMS = ("rows", "grid", "gemv")
+STACK_FORMS = ("rows", "grid", "gemv", "mma")
+MATRIX_VECTOR_FORMS = ("gemv", "mma")  # two phases a block over every SM, a warp an item (``persistent_stack_gemv``)
 STACK_TILE = 64
 """Rows and columns of a weight tile in the ring (and the hidden chunk: hidden units per GEMM1 -> GEMM2 step)."""
 STACK_ROW_TILES = (16, 32, 64)
@@ -53,6 +57,12 @@ GEMV_PLANNED_ROWS = 2
 (``reports/h100/grid-barrier/``) it beat the grid form at 1 and 2 rows on every report model, at 4 on all but the
 1B-sized stack, and tied or lost from 8 rows (at 16 on every one)."""
 GEMV_THREADS = 256
+MMA_ROW_TILES = (16, 32, 64)
+"""Rows the mma form computes at once: the M of a warp's ``mma.sync`` tile."""
+MMA_TILE_UNITS = 16
+"""Hidden units (phase A) or output channels (phase B) of an mma form item: the N of a warp's tile."""
+MMA_ROWS = 64
+"""Row counts up to this run the mma form when it is forced (a tile after another past its tile)."""
 GEMV_STAGE_VECTORS = 8
 """16-byte weight vectors a lane copies into one stage of its warp's ring (a stage: 4 KB a warp)."""
 GEMV_RING_STAGES = 4
@@ -67,8 +77,8 @@ ALIGN = 1024  # each shared-memory buffer starts on a 1 KB boundary (the swizzle
 
 
 def stack_threads(form: str, tile_rows: int) -> int:
-    """A CTA's threads: 8 warps in the gemv form, else 4 warps per 16 rows of the mma layout."""
-    return GEMV_THREADS if form == "gemv" else tile_rows // 16 * THREADS_PER_16_ROWS
+    """A CTA's threads: 8 warps in the gemv and mma forms, else 4 warps per 16 rows of the mma layout."""
+    return GEMV_THREADS if form in MATRIX_VECTOR_FORMS else tile_rows // 16 * THREADS_PER_16_ROWS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,10 +130,18 @@ def stack_smem_bytes(form: str, tile_rows: int, channels_tile: int, stages: int)
     ring of ``stages`` stages)."""
     if form == "gemv":
         return round_up(tile_rows * channels_tile * 2, ALIGN) + stages * GEMV_STAGE_BYTES
+    if form == "mma":  # the operand tile (or, in phase B, each warp's staged hidden chunk), and the ring
+        operand = max(tile_rows * channels_tile, mma_staging_elements(tile_rows)) * 2
+        return round_up(operand, ALIGN) + stages * GEMV_STAGE_BYTES
     buffers = [tile_rows * channels_tile * 2, stages * STACK_TILE * STACK_TILE * 2, tile_rows * STACK_TILE * 2]
     if form == "rows":
         buffers.append(tile_rows * channels_tile * 4)
     return sum(round_up(b, ALIGN) for b in buffers)
+
+
+def mma_staging_elements(tile_rows: int) -> int:
+    """fp16 elements of the mma form's phase B staging: a (tile_rows x 64) hidden chunk for each warp."""
+    return GEMV_THREADS // 32 * tile_rows * STACK_TILE
 
 
 def _fits(form: str, tile_rows: int, channels_tile: int, stages: int, device: DeviceSpec) -> bool:
@@ -174,6 +192,8 @@ def _choose(blocks, rows: int, device: DeviceSpec, form: str | None, tile_rows: 
     weight_bytes = sum((3 if b.gated else 2) * 2 * b.channels * b.hidden for b in blocks)
     if form == "gemv":
         return _gemv_plan(rows, channels, cols, chunks, gated, device, tile_rows)
+    if form == "mma":
+        return _mma_plan(rows, channels, cols, chunks, gated, device, tile_rows)
     if form is None and tile_rows is None and rows <= GEMV_PLANNED_ROWS:
         got = _gemv_plan(rows, channels, cols, chunks, gated, device, None)
         if isinstance(got, StackPlan):
@@ -273,6 +293,26 @@ def _gemv_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackP
                      "output channel slice, 2 grid barriers a block")
 
 
+def _mma_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackPlan | Refusal:
+    """The smallest mma row tile that holds the rows (at most ``MMA_ROWS``) with a ring of two stages or more,
+    every SM a CTA; refused past ``MMA_ROWS`` rows (a call of the plan past them runs the rows form)."""
+    if rows > MMA_ROWS:
+        return Refusal(STACK_ENGINE, f"mma form: {rows} rows is past the {MMA_ROWS} it takes")
+    options = [t for t in MMA_ROW_TILES if (tile_rows is None and t >= min(rows, MMA_ROWS) or t == tile_rows)
+               and _most_stages("mma", t, cols, device, GEMV_RING_STAGES) is not None]
+    if not options:
+        return Refusal(STACK_ENGINE, f"mma form: no row tile of {MMA_ROW_TILES} fits "
+                                     f"{'the forced ' + str(tile_rows) if tile_rows else str(rows) + ' rows'} at "
+                                     f"{cols} channels with a ring of two stages")
+    tile = min(options)
+    stages = _most_stages("mma", tile, cols, device, GEMV_RING_STAGES)
+    return StackPlan("mma", rows, channels, cols, tile, stages, gated, device.sm_count, chunks,
+                     stack_smem_bytes("mma", tile, cols, stages),
+                     f"mma form (forced, up to {MMA_ROWS} rows): the gemv form's two phases a block over all "
+                     f"{device.sm_count} SMs, a warp an mma.sync tile of {tile} rows x {MMA_TILE_UNITS} hidden units, "
+                     f"then of {MMA_TILE_UNITS} output channels, 2 grid barriers a block")
+
+
 def call_plan(plan: StackPlan, rows: int, device: DeviceSpec) -> StackPlan | None:
     """The plan a call of ``rows`` rows runs with ``plan``'s packing (the forms share it), or None where the grid
     form cannot take the rows and no rows form fits. The plan itself while its form serves the rows; past them
@@ -285,6 +325,8 @@ def call_plan(plan: StackPlan, rows: int, device: DeviceSpec) -> StackPlan | Non
         wider = _gemv_plan(rows, plan.channels, plan.channels_tile, plan.chunks, plan.gated, device, None)
         if isinstance(wider, StackPlan):
             return wider
+    if plan.form == "mma" and rows > MMA_ROWS:  # forced only
+        return rows_form_of(plan, rows, device) or plan
     if plan.form == "gemv" and rows > (GEMV_ROWS if plan.forced else GEMV_PLANNED_ROWS):
         grid = None if plan.forced else _grid_plan(rows, plan.channels, plan.channels_tile, plan.chunks, plan.gated,
                                                     device, None)

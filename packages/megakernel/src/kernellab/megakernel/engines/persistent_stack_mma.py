@@ -1,0 +1,192 @@
+"""``persistent-stack``'s mma form: the gemv form's two phases a block over every SM, each warp's item a tensor-core
+tile instead of one hidden unit or output channel, for decode rows past what CUDA-core dot products serve well.
+
+Per block i, the rows in tiles of ``tile_rows`` (16, 32 or 64: the M of a warp's ``mma.sync`` m16n8k16 tile):
+
+    phase A  u = fp16(norm_i(s)) of the rows, by every CTA into its shared memory (swizzled, as the grid form's);
+             a warp's item is 16 hidden units and one 64-column chunk of W1 [and W3]: acc (rows x 16) += u_chunk .
+             W_chunk^T; after a unit tile's last chunk, h = fp16(act(acc + b1) [* (acc3 + b3)]) into the workspace
+    grid barrier
+    phase B  a warp's item is 16 output channels and 128 hidden units (two 64-unit chunks of W2): each chunk's
+             hidden values of the rows staged into the warp's shared memory as fp16 (they are fp16-rounded already;
+             the staging reuses the operand's buffer, dead in phase B), acc (rows x 16) = h . W2_tile^T, added into
+             the next stream buffer by fp32 atomics (+ s + b2 by the first slice)
+    grid barrier
+
+The weights go through each warp's ring of (16 x 64) fp16 tiles, two a stage, by 16-byte cp.async, as in the gemv
+form (``persistent_stack_gemv``, whose phases, barriers, stream buffers and final rows this form keeps). Each hidden
+value is read once per 16 output channels (the gemv form: once per channel, or per 2), and each weight once a call.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float16, Float32, Int32
+from cutlass.cute.nvgpu import warp as warp_ops
+from cutlass.memory import SmemAllocator
+
+from ..planning.stack import ALIGN, MMA_TILE_UNITS, STACK_TILE, mma_staging_elements
+from . import tensorcore
+from .common import activate
+from .persistent_stack import GELU_ERF, INV_SQRT2
+from .persistent_stack_gemv import WARP, StackGemv
+
+
+class StackMma(StackGemv):
+    def __init__(self, variant):
+        super().__init__(variant)
+        self.unit_block = MMA_TILE_UNITS  # a phase A item: 16 hidden units ...
+        self.batches = self.k_tiles  # ... and one 64-column chunk of their W1 [and W3] rows
+        self.channel_block = MMA_TILE_UNITS  # a phase B item: 16 output channels ...
+        self.slice = 2 * STACK_TILE  # ... and 128 hidden units of their W2 rows
+        self.row_group = self.tile_rows
+
+    # ---- the pieces of the gemv form's skeleton this form replaces ----------------------------------------------
+
+    def make_operand(self, smem: SmemAllocator) -> cute.Tensor:
+        """The operand tile (swizzled, as the grid form's) over a buffer that phase B reuses to stage hidden values
+        (``make_ring``): the operand is dead from phase A's end to the next block's, each side of a barrier."""
+        elements = max(self.tile_rows * self.cols, mma_staging_elements(self.tile_rows))
+        buffer = smem.allocate_array(Float16, num_elems=elements, byte_alignment=ALIGN)
+        return cute.make_tensor(buffer, tensorcore.smem_layout((self.tile_rows, STACK_TILE, self.k_tiles)))
+
+    def make_ring(self, smem: SmemAllocator, warp: Int32, s_u: cute.Tensor):
+        """This warp's ring of (16 x 64) weight tiles, two a stage, and its (rows x 64) staging of a hidden chunk
+        for phase B, over the operand's buffer."""
+        s_ring = smem.allocate_tensor(Float16, tensorcore.smem_layout((MMA_TILE_UNITS, STACK_TILE,
+                                                                        2 * self.stages * self.warps)), ALIGN)
+        s_h = cute.make_tensor(s_u.iterator, tensorcore.smem_layout((self.tile_rows, STACK_TILE, self.warps)))
+        return s_ring, s_h, warp
+
+    def accumulators(self):
+        mma = self.tiled_mma()
+        thr = mma.get_slice(Int32(0))  # the shape only: every lane's partition has it
+        shape = thr.partition_shape_C((self.tile_rows, MMA_TILE_UNITS))
+        return cute.make_rmem_tensor(shape, Float32), cute.make_rmem_tensor(shape, Float32)
+
+    def tiled_mma(self):
+        """One warp's (tile_rows x 16 x 16) tile of m16n8k16 MMAs."""
+        op = warp_ops.MmaF16BF16Op(Float16, Float32, tensorcore.MMA_SHAPE)
+        return cute.make_tiled_mma(op, cute.make_layout((1, 1, 1)),
+                                   permutation_mnk=(self.tile_rows, MMA_TILE_UNITS, tensorcore.MMA_SHAPE[2]))
+
+    @cute.jit
+    def slot(self, ring, stage: Int32, which: int) -> cute.Tensor:
+        s_ring, _, warp = ring
+        return s_ring[None, None, (warp * self.stages + stage) * 2 + which]
+
+    @cute.jit
+    def copy_weight_tile(self, src: cute.Tensor, dst: cute.Tensor, lane: Int32):
+        """A whole (16 x 64) tile of packed (padded) weights by this warp's 16-byte cp.async copies."""
+        g2s = tensorcore.g2s_copy(WARP, STACK_TILE)
+        thr = g2s.get_slice(lane)
+        cute.copy(g2s, thr.partition_S(src), thr.partition_D(dst))
+
+    @cute.jit
+    def copy_unit_batch(self, w1, w3, ring, unit0: Int32, first_warp: Int32, all_warps: Int32, m: Int32,
+                        items: Int32, lane: Int32):
+        """Item m of phase A (unit tile first_warp + m // batches * all_warps, chunk m % batches): its W1 [and W3]
+        tile into ring stage m % stages, then one commit (an empty group past the last item)."""
+        if m < items:
+            t = unit0 // MMA_TILE_UNITS + first_warp + m // self.batches * all_warps
+            k = m % self.batches
+            tiler = (MMA_TILE_UNITS, STACK_TILE)
+            self.copy_weight_tile(cute.local_tile(w1, tiler, (t, k)), self.slot(ring, m % self.stages, 0), lane)
+            if cutlass.const_expr(self.gated):
+                self.copy_weight_tile(cute.local_tile(w3, tiler, (t, k)), self.slot(ring, m % self.stages, 1), lane)
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def unit_batch(self, ring, s_u: cute.Tensor, acc: cute.Tensor, gate: cute.Tensor, m: Int32, lane: Int32):
+        """acc (gate) += u_chunk . W1_tile^T (W3_tile^T) for item m's chunk; a unit tile's first chunk starts them."""
+        mma = self.tiled_mma()
+        copy_a, copy_b = tensorcore.s2r_copies(mma)
+        k = m % self.batches
+        if k == 0:
+            acc.fill(0.0)
+            gate.fill(0.0)
+        tensorcore.gemm_from_smem(mma, lane, acc, s_u[None, None, k], self.slot(ring, m % self.stages, 0), copy_a,
+                                  copy_b)
+        if cutlass.const_expr(self.gated):
+            tensorcore.gemm_from_smem(mma, lane, gate, s_u[None, None, k], self.slot(ring, m % self.stages, 1),
+                                      copy_a, copy_b)
+
+    @cute.jit
+    def finish_unit(self, acc: cute.Tensor, gate: cute.Tensor, b1, b3, ws, unit0: Int32, j: Int32, act: Int32,
+                    rows: Int32, row0: Int32, hidden_rows: Int32, lane: Int32):
+        """h[r, u] = fp16(act(acc + b1) [* (gate + b3)]) of unit tile j, each lane its accumulator elements, into
+        the workspace."""
+        coords = self.tiled_mma().get_slice(lane).partition_C(
+            cute.make_identity_tensor((self.tile_rows, MMA_TILE_UNITS)))
+        for e in cutlass.range_constexpr(cute.size(acc)):
+            r, c = coords[e]
+            unit = j * MMA_TILE_UNITS + c
+            value = acc[e] + b1[unit0 + unit]
+            if act == GELU_ERF:
+                value = Float32(0.5) * value * (Float32(1.0) + cute.math.erf(value * Float32(INV_SQRT2)))
+            else:
+                value = activate(value, act)
+            if cutlass.const_expr(self.gated):
+                value = value * (gate[e] + b3[unit0 + unit])
+            if row0 + r < rows:
+                ws[3 * rows + (row0 + r) * hidden_rows + unit // self.cols, unit % self.cols] = (
+                    value.to(Float16).to(Float32))
+
+    @cute.jit
+    def copy_slice(self, w2, ring, unit0: Int32, units: Int32, slices: Int32, first_warp: Int32, all_warps: Int32,
+                   m: Int32, items: Int32, lane: Int32):
+        """Item m of phase B (channel tile c, slice k: item first_warp + m * all_warps is c * slices + k): the W2
+        tiles of its one or two 64-unit chunks into ring stage m % stages, then one commit."""
+        if m < items:
+            item = first_warp + m * all_warps
+            c, k = item // slices, item % slices
+            tiler = (MMA_TILE_UNITS, STACK_TILE)
+            for half in cutlass.range_constexpr(2):
+                if k * self.slice + half * STACK_TILE < units:
+                    chunk = unit0 // STACK_TILE + k * 2 + half
+                    self.copy_weight_tile(cute.local_tile(w2, tiler, (c, chunk)),
+                                          self.slot(ring, m % self.stages, half), lane)
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def output_slice(self, ring, ws, x, b2, i: Int32, c0: Int32, k: Int32, stage: Int32, units: Int32,
+                     rows: Int32, channels: Int32, hidden_rows: Int32, lane: Int32):
+        """s'[r, c] += h[r, slice k] . W2[c, slice k] for the item's 16 channels and every row (the first slice
+        adds s[r, c] + b2[c] too), a row tile at a time: the tile's hidden values staged in the warp's shared
+        memory as fp16, then the MMAs against the slice's W2 tiles, then one atomic add an element."""
+        _, s_h, warp = ring
+        mma = self.tiled_mma()
+        copy_a, copy_b = tensorcore.s2r_copies(mma)
+        thr = mma.get_slice(lane)
+        acc = cute.make_rmem_tensor(thr.partition_shape_C((self.tile_rows, MMA_TILE_UNITS)), Float32)
+        coords = thr.partition_C(cute.make_identity_tensor((self.tile_rows, MMA_TILE_UNITS)))
+        tile = s_h[None, None, warp]
+        for row0 in range(0, rows, self.tile_rows):
+            acc.fill(0.0)
+            for half in cutlass.range_constexpr(2):
+                if k * self.slice + half * STACK_TILE < units:
+                    cute.arch.sync_warp()  # every lane has read the last staged chunk
+                    # a (tile_rows x 64) chunk as 8-value vectors, the lanes over them, 4 a lane in flight at a time
+                    for e in cutlass.range(self.tile_rows * STACK_TILE // 8 // WARP, unroll=4):
+                        v = e * WARP + lane
+                        r, kv = v // (STACK_TILE // 8), v % (STACK_TILE // 8)
+                        unit = k * self.slice + half * STACK_TILE + kv * 8
+                        h = self.load_vector(ws[3 * rows + (row0 + r) * hidden_rows + unit // self.cols, None],
+                                             unit % self.cols // 8, row0 + r < rows)
+                        dst = cute.local_tile(tile[r, None], (8,), (kv,))
+                        dst.store(h.load().to(Float16))
+                    cute.arch.sync_warp()
+                    tensorcore.gemm_from_smem(mma, lane, acc, tile, self.slot(ring, stage, half), copy_a, copy_b)
+            for e in cutlass.range_constexpr(cute.size(acc)):
+                r, cc = coords[e]
+                row, c = row0 + r, c0 + cc
+                if row < rows and c < channels:
+                    total = acc[e]
+                    if k == 0:
+                        total = total + b2[i, c]
+                        if i == 0:
+                            total = total + x[row, c].to(Float32)
+                        else:
+                            total = total + ws[i % 3 * rows + row, c]
+                    self.red_add(ws, (i + 1) % 3 * rows + row, c, total)
