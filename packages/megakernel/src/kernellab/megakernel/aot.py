@@ -111,13 +111,13 @@ def variants(representative: bool = False) -> list:
 
 def stack_variants() -> list:
     """The persistent-stack kernels of the report's models section: each model's plan at each row count, the
-    rows form its grid plans fall back to for a call with more row tiles than SMs, and the gemv form at the row
-    counts it serves."""
+    rows form its grid plans fall back to for a call with more row tiles than SMs, and the gemv and mma forms at
+    the row counts they serve."""
     from .compiler import frontend
     from .engines import persistent_stack
     from .models import REPORT_MODELS, REPORT_ROWS
     from .planning import H200
-    from .planning.stack import GEMV_ROWS, StackPlan, plan_stack, rows_form_of
+    from .planning.stack import GEMV_ROWS, MMA_ROWS, StackPlan, plan_stack, rows_form_of
 
     out = []
     for case in REPORT_MODELS:
@@ -130,10 +130,11 @@ def stack_variants() -> list:
                     fallback = rows_form_of(plan, H200.sm_count * plan.tile_rows + 1, H200)
                     if fallback is not None:
                         out.append(persistent_stack.variant(fallback))
-            if rows <= GEMV_ROWS:  # the gemv form, forced at the rows it takes
-                gemv = plan_stack(blocks, rows, H200, form="gemv")
-                if isinstance(gemv, StackPlan):
-                    out.append(persistent_stack.variant(gemv))
+            for form, most in (("gemv", GEMV_ROWS), ("mma", MMA_ROWS)):  # forced at the rows each takes
+                if rows <= most:
+                    forced = plan_stack(blocks, rows, H200, form=form)
+                    if isinstance(forced, StackPlan):
+                        out.append(persistent_stack.variant(forced))
     return list(dict.fromkeys(out))
 
 
