@@ -158,6 +158,30 @@ class StackGemv(PersistentStack):
         return (unit_blocks + all_warps - 1 - first_warp) // all_warps * self.batches
 
     @cute.jit
+    def add_to_stream(self, ws, x, b2, i: Int32, k: Int32, r: Int32, c: Int32, rows: Int32, total: Float32):
+        """s'[r, c] += total, a slice's share of block i's output; the first slice (k == 0) adds the block's
+        input stream s[r, c] and b2[c] too."""
+        if k == 0:
+            total = total + b2[i, c]
+            if i == 0:
+                total = total + x[r, c].to(Float32)
+            else:
+                total = total + ws[i % 3 * rows + r, c]
+        self.red_add(ws, (i + 1) % 3 * rows + r, c, total)
+
+    @cute.jit
+    def hidden_value(self, value: Float32, gate: Float32, b1, b3, unit: Int32, act: Int32) -> Float32:
+        """fp32 act(value + b1[unit]) [* (gate + b3[unit])], a hidden unit's value before its fp16 rounding."""
+        value = value + b1[unit]
+        if act == GELU_ERF:
+            value = Float32(0.5) * value * (Float32(1.0) + cute.math.erf(value * Float32(INV_SQRT2)))
+        else:
+            value = activate(value, act)
+        if cutlass.const_expr(self.gated):
+            value = value * (gate + b3[unit])
+        return value
+
+    @cute.jit
     def load_vector(self, row: cute.Tensor, index: Int32, valid) -> cute.Tensor:
         """Elements index * VEC ... index * VEC + VEC - 1 of a contiguous row in registers, in the row's type (one
         16-byte load of fp16, two of fp32); zeros where ``valid`` is false."""
@@ -235,13 +259,7 @@ class StackGemv(PersistentStack):
             if cutlass.const_expr(self.gated):
                 gate[r] = cute.arch.warp_reduction_sum(gate[r])
         for r in cutlass.range_constexpr(self.tile_rows):
-            value = acc[r] + b1[unit0 + j]
-            if act == GELU_ERF:
-                value = Float32(0.5) * value * (Float32(1.0) + cute.math.erf(value * Float32(INV_SQRT2)))
-            else:
-                value = activate(value, act)
-            if cutlass.const_expr(self.gated):
-                value = value * (gate[r] + b3[unit0 + j])
+            value = self.hidden_value(acc[r], gate[r], b1, b3, unit0 + j, act)
             if lane == r % WARP:
                 if row0 + r < rows:
                     ws[3 * rows + (row0 + r) * hidden_rows + j // self.cols, j % self.cols] = (
@@ -299,11 +317,4 @@ class StackGemv(PersistentStack):
                     for g in cutlass.range_constexpr(self.row_group):
                         r = r0 + g
                         if r < rows and c < channels:
-                            total = sums[cc * self.row_group + g]
-                            if k == 0:
-                                total = total + b2[i, c]
-                                if i == 0:
-                                    total = total + x[r, c].to(Float32)
-                                else:
-                                    total = total + ws[i % 3 * rows + r, c]
-                            self.red_add(ws, (i + 1) % 3 * rows + r, c, total)
+                            self.add_to_stream(ws, x, b2, i, k, r, c, rows, sums[cc * self.row_group + g])

@@ -28,8 +28,6 @@ from cutlass.memory import SmemAllocator
 
 from ..planning.stack import ALIGN, MMA_TILE_UNITS, STACK_TILE, mma_staging_elements
 from . import tensorcore
-from .common import activate
-from .persistent_stack import GELU_ERF, INV_SQRT2
 from .persistent_stack_gemv import WARP, StackGemv
 
 
@@ -122,13 +120,7 @@ class StackMma(StackGemv):
         for e in cutlass.range_constexpr(cute.size(acc)):
             r, c = coords[e]
             unit = j * MMA_TILE_UNITS + c
-            value = acc[e] + b1[unit0 + unit]
-            if act == GELU_ERF:
-                value = Float32(0.5) * value * (Float32(1.0) + cute.math.erf(value * Float32(INV_SQRT2)))
-            else:
-                value = activate(value, act)
-            if cutlass.const_expr(self.gated):
-                value = value * (gate[e] + b3[unit0 + unit])
+            value = self.hidden_value(acc[e], gate[e], b1, b3, unit0 + unit, act)
             if row0 + r < rows:
                 ws[3 * rows + (row0 + r) * hidden_rows + unit // self.cols, unit % self.cols] = (
                     value.to(Float16).to(Float32))
@@ -182,11 +174,4 @@ class StackMma(StackGemv):
                 r, cc = coords[e]
                 row, c = row0 + r, c0 + cc
                 if row < rows and c < channels:
-                    total = acc[e]
-                    if k == 0:
-                        total = total + b2[i, c]
-                        if i == 0:
-                            total = total + x[row, c].to(Float32)
-                        else:
-                            total = total + ws[i % 3 * rows + row, c]
-                    self.red_add(ws, (i + 1) % 3 * rows + row, c, total)
+                    self.add_to_stream(ws, x, b2, i, k, row, c, rows, acc[e])
