@@ -32,7 +32,8 @@ def test_the_full_list_covers_every_engine_and_is_unique():
                    "persistent-tc_m64_c256_s1_wg_x2", "persistent-tc_m64_c512_s1_wg_tma_ov",
                    "persistent-tc_m64_c256_s2_wg_x2_tma_ov", "persistent-tc_regs_c16_h128_res",
                    "persistent-tc_regs_c64_h32_v1", "prologue-rmsnorm", "prologue-cast", "launch-floor",
-                   "persistent-stack_grid_m16_c2048_s8_gated", "persistent-stack_rows_m32_c512"):
+                   "persistent-stack_mma_m16_c2048_s4_gated", "persistent-stack_grid_m32_c2048_s8_gated",
+                   "persistent-stack_rows_m32_c512"):
         assert any(n.startswith(prefix) for n in names), prefix
 
 
@@ -124,4 +125,4 @@ def test_every_report_model_plan_runs_an_ahead_of_time_stack_variant():
                 continue
             assert persistent_stack.variant(plan).name in AOT_NAMES
             forms.add(plan.form)
-    assert forms == {"rows", "grid", "gemv"}
+    assert forms == {"rows", "grid", "gemv", "mma"}

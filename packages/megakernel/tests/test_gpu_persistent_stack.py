@@ -1,4 +1,4 @@
-"""The fused whole-stack engine on the GPU: random stacks of every form it fuses (all three, forced and planned)
+"""The fused whole-stack engine on the GPU: random stacks of every form it fuses (all four, forced and planned)
 against the float64 reference of the stack with the kernels' rounding points, through the engines' protocol
 (NaN-poisoned output, fresh inputs, inputs unchanged, changed-input CUDA-graph replay); a grid-form plan called
 with more rows than its barrier can hold; and the report's models planned and served by the fused engine."""
@@ -10,8 +10,16 @@ from hypothesis import strategies as st
 
 from kernellab.megakernel import compile_model, models, planning, stack, validation
 from kernellab.megakernel.compiler import frontend
+from kernellab.megakernel.compiler.passes import PassError
 from kernellab.megakernel.engines.graph import GraphCall
-from kernellab.megakernel.planning.stack import GEMV_PLANNED_ROWS, GEMV_ROW_TILES, MMA_ROW_TILES, StackPlan, plan_stack
+from kernellab.megakernel.planning.stack import (
+    GEMV_PLANNED_ROWS,
+    GEMV_ROW_TILES,
+    MMA_PLANNED_ROWS,
+    MMA_ROW_TILES,
+    StackPlan,
+    plan_stack,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -100,7 +108,16 @@ def test_every_mma_tile_at_rows_it_takes_at_once_and_by_row_tiles(tile_rows, row
 @pytest.mark.parametrize("case", models.REPORT_MODELS, ids=lambda c: c.name)
 @pytest.mark.parametrize("rows", [16, 64])
 def test_report_models_in_the_mma_form(case, rows):
-    _validate(case.spec, rows, 0, stack_form="mma")
+    """Each report model in the mma form where a row tile fits beside the ring; where none does (the 1B-sized
+    stack's 2048 channels at 64 rows), a clear refusal at compile time, before any launch."""
+    blocks, _ = frontend.read_spec(case.spec)
+    plan = plan_stack(blocks, rows, planning.current_device(), form="mma")
+    if isinstance(plan, StackPlan):
+        _validate(case.spec, rows, 0, stack_form="mma")
+        return
+    assert "no row tile" in plan.reason
+    with pytest.raises(PassError, match="no row tile"):
+        compile_model(case.spec, rows=rows, engine="persistent-stack", stack_form="mma")
 
 
 @pytest.mark.parametrize("form", ["grid", "gemv", "mma"])
@@ -123,17 +140,21 @@ def test_the_grid_barrier_words_stay_ready_over_many_launches(form):
     torch.testing.assert_close(out.double(), truth, rtol=models.STACK_TOLERANCE, atol=models.STACK_TOLERANCE)
 
 
-@pytest.mark.parametrize("compiled_rows, form", [(1, "gemv"), (GEMV_PLANNED_ROWS + 1, "grid")])
+@pytest.mark.parametrize("compiled_rows, form", [(1, "gemv"), (GEMV_PLANNED_ROWS + 1, "mma"),
+                                                 (MMA_PLANNED_ROWS + 1, "grid")])
 def test_a_plan_called_past_its_forms_rows_runs_the_planned_form(compiled_rows, form):
-    """Compiled for one row (the gemv form) or past the gemv form's planned rows (the grid form), called with
-    the gemv form's planned rows (its own form: the gemv one on its wider tile), 16 rows (the grid form) and more
-    row tiles than SMs (the rows form): each call correct, on the form planning chooses for its rows."""
+    """Compiled for one row (the gemv form), past the gemv form's planned rows (the mma form) or past the mma
+    form's (the grid form), called with the gemv form's planned rows, the mma form's, one more, and more row tiles
+    than SMs: each call correct, on the form planning chooses for its rows (a grid plan keeps the rows it holds)."""
     spec = {"channels": 64, "blocks": [{"hidden": 256, "activation": "silu", "norm": "rmsnorm", "gated": True,
                                         "bias": False}] * 2}
     compiled = compile_model(spec, rows=compiled_rows, seed=2, engine="persistent-stack")
     assert compiled.program.stack.form == form
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for rows, runs in [(GEMV_PLANNED_ROWS, form), (16, "grid"), (sms * 16 + 5, "rows")]:
+    matrix_vector = form != "grid"
+    for rows, runs in [(GEMV_PLANNED_ROWS, "gemv" if matrix_vector else "grid"),
+                       (MMA_PLANNED_ROWS, "mma" if matrix_vector else "grid"), (MMA_PLANNED_ROWS + 1, "grid"),
+                       (sms * 16 + 5, "rows")]:
         x = torch.randn(rows, 64, device="cuda").half()
         out = torch.full((rows, 64), float("nan"), device="cuda")
         compiled(x, out=out)

@@ -19,6 +19,7 @@ from kernellab.megakernel.planning.stack import (
     GEMV_RING_STAGES,
     GEMV_ROW_TILES,
     GEMV_ROWS,
+    MMA_PLANNED_ROWS,
     MMA_ROWS,
     STACK_TILE,
     StackPlan,
@@ -42,8 +43,14 @@ def _uniform(channels, hidden, depth, **block):
 
 # ---- planning ---------------------------------------------------------------------------------------------
 
+def planned_form(rows: int) -> str:
+    """The form planning takes unforced at ``rows`` where each fits."""
+    return ("gemv" if rows <= GEMV_PLANNED_ROWS else "mma" if rows <= MMA_PLANNED_ROWS else
+            "grid" if rows <= DECODE_ROWS else "rows")
+
+
 @pytest.mark.parametrize("case", models.REPORT_MODELS, ids=lambda c: c.name)
-def test_report_models_plan_gemv_at_one_row_grid_at_decode_rows_and_rows_form_above(case):
+def test_report_models_plan_gemv_then_mma_at_decode_rows_then_grid_and_rows_forms(case):
     blocks = _blocks(case.spec)
     for rows in models.REPORT_ROWS:
         plan = plan_stack(blocks, rows, H200)
@@ -51,7 +58,7 @@ def test_report_models_plan_gemv_at_one_row_grid_at_decode_rows_and_rows_form_ab
             assert isinstance(plan, planning.Refusal) and "do not fit the 60 MiB L2" in plan.reason
             continue
         assert isinstance(plan, StackPlan), plan
-        assert plan.form == ("gemv" if rows <= GEMV_PLANNED_ROWS else "grid" if rows <= DECODE_ROWS else "rows")
+        assert plan.form == planned_form(rows) and not plan.forced
         assert plan.smem_bytes == stack_smem_bytes(plan.form, plan.tile_rows, plan.channels_tile, plan.stages)
         assert plan.smem_bytes + H200.reserved_smem_per_block <= H200.smem_per_sm
         assert plan.grid <= H200.sm_count  # the grid form's barrier needs every CTA resident
@@ -60,7 +67,7 @@ def test_report_models_plan_gemv_at_one_row_grid_at_decode_rows_and_rows_form_ab
 
 
 def test_grid_form_spreads_each_row_tile_over_the_chunks_it_has():
-    plan = plan_stack(_blocks(_uniform(2048, 8192, 4, gated=True, norm="rmsnorm")), GEMV_PLANNED_ROWS + 1, H200)
+    plan = plan_stack(_blocks(_uniform(2048, 8192, 4, gated=True, norm="rmsnorm")), 3, H200, form="grid")
     assert (plan.form, plan.tile_rows, plan.num_tiles) == ("grid", 16, 1)
     assert plan.ctas_per_tile == 128 == plan.chunks[0]  # one chunk of 64 hidden units a CTA a block
     small = plan_stack(_blocks(_uniform(256, 1024, 4)), 64, H200)
@@ -73,11 +80,11 @@ def test_grid_form_spreads_each_row_tile_over_the_chunks_it_has():
 
 
 def test_grid_form_stages_are_the_deepest_ring_that_fits():
-    plan = plan_stack(_blocks(_uniform(2048, 8192, 1)), 16, H200)
+    plan = plan_stack(_blocks(_uniform(2048, 8192, 1)), 16, H200, form="grid")
     assert plan.stages == 8
     tight = dataclasses.replace(H200, smem_per_block=stack_smem_bytes("grid", 16, 2048, 3),
                                 smem_per_sm=stack_smem_bytes("grid", 16, 2048, 3) + 1024)
-    assert plan_stack(_blocks(_uniform(2048, 8192, 1)), 16, tight).stages == 3
+    assert plan_stack(_blocks(_uniform(2048, 8192, 1)), 16, tight, form="grid").stages == 3
 
 
 def test_rows_form_picks_the_cheapest_tile_and_the_largest_on_ties():
@@ -92,7 +99,7 @@ def test_rows_form_picks_the_cheapest_tile_and_the_largest_on_ties():
 
 
 def test_decode_rows_with_too_few_chunks_for_the_grid_form_take_the_rows_form_and_say_why():
-    plan = plan_stack(_blocks(_uniform(64, 64, 3)), 4, H200)
+    plan = plan_stack(_blocks(_uniform(64, 64, 3)), MMA_PLANNED_ROWS + 1, H200)
     assert plan.form == "rows" and plan.why.startswith("grid form: 1 row tiles leave fewer than 2 CTAs")
 
 
@@ -127,7 +134,7 @@ def test_forced_form_and_tile_are_kept_or_refused_never_replaced():
 
 
 def test_rows_fallback_of_a_grid_plan_keeps_its_packing():
-    plan = plan_stack(_blocks(_uniform(1024, 2816, 2, gated=True)), 16, H200)
+    plan = plan_stack(_blocks(_uniform(1024, 2816, 2, gated=True)), 16, H200, form="grid")
     many = H200.sm_count * plan.tile_rows + 1
     fallback = rows_form_of(plan, many, H200)
     assert fallback.form == "rows"
@@ -161,13 +168,16 @@ def test_gemv_ring_takes_the_most_stages_that_fit_beside_a_wide_operand():
 
 
 @pytest.mark.parametrize("rows,tile", [(1, 16), (16, 16), (17, 32), (33, 64), (64, 64)])
-def test_mma_form_is_forced_only_and_takes_the_smallest_tile_holding_the_rows(rows, tile):
+def test_mma_form_takes_the_smallest_tile_holding_the_rows(rows, tile):
     blocks = _blocks(_uniform(1024, 2816, 2, gated=True, norm="rmsnorm"))
     plan = plan_stack(blocks, rows, H200, form="mma")
     assert (plan.form, plan.tile_rows, plan.grid, plan.threads, plan.forced) == ("mma", tile, H200.sm_count, 256, True)
     assert plan.smem_bytes == stack_smem_bytes("mma", tile, 1024, plan.stages) <= H200.smem_per_block
     assert 2 <= plan.stages <= GEMV_RING_STAGES and "mma form" in plan.summary()
-    assert plan_stack(blocks, rows, H200).form != "mma", "never planned unforced before it is measured"
+    unforced = plan_stack(blocks, rows, H200)
+    assert unforced.form == planned_form(rows) and not unforced.forced
+    if unforced.form == "mma":
+        assert dataclasses.replace(unforced, forced=True) == plan  # the same kernel, planned or forced
 
 
 def test_mma_form_refuses_past_its_rows_and_calls_past_them_run_the_rows_form():
@@ -186,7 +196,8 @@ def test_gemv_form_is_planned_at_decode_rows_and_refuses_a_tile_it_has_not():
         planned = plan_stack(blocks, rows, H200)
         assert (planned.form, planned.forced) == ("gemv", False)
         assert planned.tile_rows == min(t for t in GEMV_ROW_TILES if t >= rows), "the smallest tile that holds them"
-    assert plan_stack(blocks, GEMV_PLANNED_ROWS + 1, H200).form == "grid"
+    assert plan_stack(blocks, GEMV_PLANNED_ROWS + 1, H200).form == "mma"
+    assert plan_stack(blocks, MMA_PLANNED_ROWS + 1, H200).form == "grid"
     assert plan_stack(blocks, 1, H200, tile_rows=16).form == "grid", "a forced tile keeps the forms it names"
     forced = plan_stack(blocks, 4, H200, form="gemv", tile_rows=2)
     assert (forced.tile_rows, forced.forced) == (2, True)
@@ -205,14 +216,19 @@ def test_a_call_past_its_forms_rows_runs_what_planning_would_choose():
     assert wider == plan_stack(blocks, GEMV_PLANNED_ROWS, H200) and wider.form == "gemv"
     assert wider.tile_rows == GEMV_PLANNED_ROWS and wider.chunks == planned.chunks
     assert call_plan(plan_stack(blocks, GEMV_PLANNED_ROWS, H200), 1, H200).tile_rows == GEMV_PLANNED_ROWS
-    at_16 = call_plan(planned, 16, H200)
-    assert at_16 == plan_stack(blocks, 16, H200) and at_16.form == "grid"
+    at_16 = call_plan(planned, MMA_PLANNED_ROWS, H200)
+    assert at_16 == plan_stack(blocks, MMA_PLANNED_ROWS, H200) and at_16.form == "mma"
     assert at_16.chunks == planned.chunks and at_16.channels_tile == planned.channels_tile  # the same packing
+    assert call_plan(at_16, GEMV_PLANNED_ROWS + 1, H200) is at_16  # its tile holds them
+    assert call_plan(at_16, 1, H200) == planned  # the gemv form again under its rows
+    past = call_plan(at_16, MMA_PLANNED_ROWS + 1, H200)
+    assert past == plan_stack(blocks, MMA_PLANNED_ROWS + 1, H200) and past.form == "grid"
+    assert call_plan(planned, MMA_PLANNED_ROWS + 1, H200) == past
     assert call_plan(planned, 4096, H200).form == "rows"  # past the grid form's rows
     forced = plan_stack(blocks, 1, H200, form="gemv")
     assert call_plan(forced, GEMV_ROWS, H200) is forced  # a forced form keeps its rows, a tile after another
     assert call_plan(forced, GEMV_ROWS + 1, H200).form == "rows"
-    grid = plan_stack(blocks, 16, H200)
+    grid = plan_stack(blocks, 16, H200, form="grid")
     assert call_plan(grid, 16 * H200.sm_count, H200) is grid
     assert call_plan(grid, 16 * H200.sm_count + 1, H200).form == "rows"
 
@@ -240,7 +256,7 @@ def test_compile_planning_fuses_every_form_and_prints_one_launch():
     blocks, final = frontend.read_spec(spec)
     program = passes.plan(blocks, rows=8, final_norm=final, fuse=True)
     plan = runner.describe_plan(program)
-    assert plan.form == "persistent-stack" and "grid form" in plan.form_reason
+    assert plan.form == "persistent-stack" and "mma form" in plan.form_reason
     assert [b.engine for b in plan.blocks] == ["persistent-stack"] * 2
     assert [b.why for b in plan.blocks] == ["fused: 2 hidden chunks of the one launch"] * 2
     text = str(plan)

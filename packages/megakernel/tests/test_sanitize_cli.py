@@ -61,3 +61,12 @@ def test_the_record_names_what_ran():
     assert record["packages"]["kernellab-megakernel"]
     assert any(name.startswith("megakernel/") for name in record["sources_sha256"])
     assert "commit" in record["git"] and record["device"]["kind"] == "cpu"
+
+
+def test_cases_filter_keeps_matching_labels_and_refuses_no_match(capsys, tmp_path):
+    labels = [c[0] for c in sanitize.cases()] + [c[0] for c in sanitize.stack_cases()]
+    mma = sanitize.selected(labels, "mma form")
+    assert mma and all("mma form" in label for label in mma)
+    assert sanitize.selected(labels, None) == labels
+    assert sanitize.main(["--out", str(tmp_path), "--cases", "no such kernel"]) == 2
+    assert "matches no case label" in capsys.readouterr().err

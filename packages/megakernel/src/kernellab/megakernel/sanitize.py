@@ -7,7 +7,9 @@ engines, both hidden placements and both weight placements of the persistent ker
 kernels, both forms and every row tile of the fused persistent-stack kernel) and checks each output.
 Writes ``DIR/sanitize.json`` ({tool: {errors or hazards: n}} and the run's provenance: the report's
 ``sanitizers`` block, via ``report --sanitizers DIR/sanitize.json``) and one log per tool.
-Exits 2 where there is no GPU or no compute-sanitizer, 1 when a tool reports anything.
+``--cases TEXT`` keeps the cases whose label contains TEXT (a quick rerun of one kernel after a fix; the record
+lists the cases that ran). Exits 2 where there is no GPU or no compute-sanitizer, or no case matches; 1 when a tool
+reports anything.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ ALIGNED, ODD = (33, 32, 72), (5, 19, 37)
 
 
 STACK = "persistent-stack"  # compile_model's opt-in whole-stack engine
+PROLOGUES = "compiled two-block stack with prologues"
 
 
 def stack_cases():
@@ -127,8 +130,14 @@ def cases():
     ]
 
 
-def child() -> int:
-    """Launch every case once and validate it; returns the number of failed validations."""
+def selected(labels: list[str], text: str | None) -> list[str]:
+    """The case labels containing ``text`` (every label where it is None)."""
+    return [label for label in labels if text is None or text in label]
+
+
+def child(text: str | None = None) -> int:
+    """Launch every case (whose label contains ``text``) once and validate it; returns the number of failed
+    validations."""
     import torch
 
     from . import bench, engines, planning, validation
@@ -137,6 +146,8 @@ def child() -> int:
     failures = 0
     device = planning.current_device()
     for label, engine, shape, choices in cases():
+        if not selected([label], text):
+            continue
         problem = bench.ResidualMLP(shape)
         plan = planning.forced(engine, *shape, device, **choices)
         run = engines.launcher(plan.engine, plan, problem.activation)
@@ -149,17 +160,20 @@ def child() -> int:
                                          problem.slack(inputs)["y"])
         failures += not check["passed"]
         print(f"{label} ({shape}): passed={check['passed']} max_abs={check['max_abs_error']}", flush=True)
-    stack = {"channels": 24, "blocks": [{"hidden": 40, "norm": True}, {"hidden": 48, "activation": "silu"}]}
-    compiled = compile_model(stack, rows=9, engine="persistent")
-    out = compiled(torch.randn(9, 24, device="cuda").half())
-    torch.cuda.synchronize()
-    finite = bool(torch.isfinite(out).all())
-    failures += not finite
-    print(f"compiled two-block stack with prologues: finite={finite}", flush=True)
+    if selected([PROLOGUES], text):
+        stack = {"channels": 24, "blocks": [{"hidden": 40, "norm": True}, {"hidden": 48, "activation": "silu"}]}
+        compiled = compile_model(stack, rows=9, engine="persistent")
+        out = compiled(torch.randn(9, 24, device="cuda").half())
+        torch.cuda.synchronize()
+        finite = bool(torch.isfinite(out).all())
+        failures += not finite
+        print(f"{PROLOGUES}: finite={finite}", flush=True)
     from . import stack as stacks
     from .models import STACK_TOLERANCE
 
     for label, spec, rows, forced in stack_cases():
+        if not selected([label], text):
+            continue
         compiled = compile_model(spec, rows=rows, seed=1, **forced)
         x = torch.randn(rows, spec["channels"], device="cuda").half()
         out = torch.full((rows, spec["channels"]), float("nan"), device="cuda")
@@ -198,10 +212,15 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="reports/h200/sanitize", help="directory for sanitize.json and the logs")
     p.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated subset of {list(TOOLS)}")
+    p.add_argument("--cases", metavar="TEXT", help="only the cases whose label contains TEXT")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    labels = selected([c[0] for c in cases()] + [PROLOGUES] + [c[0] for c in stack_cases()], args.cases)
+    if not labels:
+        print(f"sanitize: --cases {args.cases!r} matches no case label", file=sys.stderr)
+        return 2
     if args.child:
-        return 1 if child() else 0
+        return 1 if child(args.cases) else 0
     try:
         import torch
 
@@ -225,15 +244,15 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # compile everything once outside the sanitizer (the DSL's disk cache serves the children)
-    warm = subprocess.run([sys.executable, "-m", "kernellab.megakernel.sanitize", "--child"], capture_output=True,
-                          text=True)
+    child_cmd = [sys.executable, "-m", "kernellab.megakernel.sanitize", "--child",
+                 *(["--cases", args.cases] if args.cases else [])]
+    warm = subprocess.run(child_cmd, capture_output=True, text=True)
     (out / "plain.log").write_text(warm.stdout + warm.stderr)
-    results: dict = {"cases": [c[0] for c in cases()] + [c[0] for c in stack_cases()],
+    results: dict = {"cases": labels,
                      "plain_run_exit_code": warm.returncode}
     bad = warm.returncode != 0
     # the tools run side by side, each in its own process and context on the one GPU
-    commands = {tool: [sanitizer, *TOOLS[tool], sys.executable, "-m", "kernellab.megakernel.sanitize", "--child"]
-                for tool in tools}
+    commands = {tool: [sanitizer, *TOOLS[tool], *child_cmd] for tool in tools}
     print(f"sanitize: {', '.join(tools)} ...", file=sys.stderr, flush=True)
     procs = {}
     for tool, cmd in commands.items():
@@ -242,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     for tool, proc in procs.items():
         code = proc.wait()
         counted = count(tool, (out / f"{tool}.log").read_text())
-        results[tool] = {**counted, "exit_code": code, "command": " ".join(commands[tool][:-4] + ["<child>"])}
+        tool_args = commands[tool][:-len(child_cmd)]
+        results[tool] = {**counted, "exit_code": code, "command": " ".join(tool_args + ["<child>"])}
         found = counted.get("hazards") if tool == "racecheck" else counted.get("errors")
         bad |= found != 0 or code != 0
         print(f"sanitize: {tool}: {counted} (exit {code})", file=sys.stderr, flush=True)

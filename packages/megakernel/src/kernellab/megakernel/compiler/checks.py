@@ -143,7 +143,7 @@ PASS_CASES = (
     PassCase("stack: every form fused in one launch, the grid form at decode rows", "stack",
              lambda: run_to("stack", _program(_gelu(256, 1024, gated=True, norm=RMSNORM),
                                               Block(256, 1000, "gelu_erf", gated=True,
-                                                    norm=Norm("layernorm", bias=True)), rows=16, fuse=True)),
+                                                    norm=Norm("layernorm", bias=True)), rows=32, fuse=True)),
              expect=lambda p: p.stack is not None and p.stack.form == "grid" and p.stack.chunks == (16, 16)
              and p.stack_refusal is None),
     PassCase("stack: the rows form past decode rows, the stream tile in shared memory", "stack",

@@ -76,7 +76,9 @@ class StackMma(StackGemv):
 
     @cute.jit
     def copy_weight_tile(self, src: cute.Tensor, dst: cute.Tensor, lane: Int32):
-        """A whole (16 x 64) tile of packed (padded) weights by this warp's 16-byte cp.async copies."""
+        """A whole (16 x 64) tile of packed (padded) weights by this warp's 16-byte cp.async copies. A lane's copies
+        land where other lanes' ldmatrix read: the warp syncs first, so the stage it overwrites has been read."""
+        cute.arch.sync_warp()
         g2s = tensorcore.g2s_copy(WARP, STACK_TILE)
         thr = g2s.get_slice(lane)
         cute.copy(g2s, thr.partition_S(src), thr.partition_D(dst))
@@ -101,6 +103,7 @@ class StackMma(StackGemv):
         mma = self.tiled_mma()
         copy_a, copy_b = tensorcore.s2r_copies(mma)
         k = m % self.batches
+        cute.arch.sync_warp()  # every lane's copies of the stage have landed (each waited for its own)
         if k == 0:
             acc.fill(0.0)
             gate.fill(0.0)

@@ -25,9 +25,9 @@ Three forms:
   stages in shared memory: each weight is read once a call by one warp, so at one row its floor is the weights'
   bytes over the SMs' load rate plus 2 barriers a block (measured well above it: ``reports/h100/stack-forms/``,
   ``reports/h100/grid-barrier/``).
-- ``mma`` (forced only, not yet measured): the gemv form's phases with a warp's item an ``mma.sync`` tile (the
-  rows x 16 hidden units, then x 16 output channels), so that each hidden value serves 16 channels: for 8-64 rows,
-  where the gemv form reads every row's hidden values once a channel.
+- ``mma``: planned from 3 to 16 rows (``MMA_PLANNED_ROWS``), forced up to ``MMA_ROWS``; the gemv form's phases with
+  a warp's item an ``mma.sync`` tile (the rows x 16 hidden units, then x 16 output channels), so that each hidden
+  value serves 16 channels where the gemv form reads every row's hidden values once a channel.
 """
 
 from __future__ import annotations
@@ -63,6 +63,10 @@ MMA_TILE_UNITS = 16
 """Hidden units (phase A) or output channels (phase B) of an mma form item: the N of a warp's tile."""
 MMA_ROWS = 64
 """Row counts up to this run the mma form when it is forced (a tile after another past its tile)."""
+MMA_PLANNED_ROWS = 16
+"""Row counts past ``GEMV_PLANNED_ROWS`` and up to this take the mma form unforced: on an H100
+(``reports/h100/stack-mma/``) it beat the grid form at 4, 8 and 16 rows on every report model and the gemv form
+from 8 rows; at 64 rows the grid form beat it where both ran, and 17-63 rows are not measured."""
 GEMV_STAGE_VECTORS = 8
 """16-byte weight vectors a lane copies into one stage of its warp's ring (a stage: 4 KB a warp)."""
 GEMV_RING_STAGES = 4
@@ -194,9 +198,9 @@ def _choose(blocks, rows: int, device: DeviceSpec, form: str | None, tile_rows: 
         return _gemv_plan(rows, channels, cols, chunks, gated, device, tile_rows)
     if form == "mma":
         return _mma_plan(rows, channels, cols, chunks, gated, device, tile_rows)
-    if form is None and tile_rows is None and rows <= GEMV_PLANNED_ROWS:
-        got = _gemv_plan(rows, channels, cols, chunks, gated, device, None)
-        if isinstance(got, StackPlan):
+    if form is None and tile_rows is None:
+        got = _matrix_vector_plan(rows, channels, cols, chunks, gated, device)
+        if got is not None:
             return got
     if form == "grid" or form is None and rows <= DECODE_ROWS:
         got = _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows)
@@ -293,6 +297,20 @@ def _gemv_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackP
                      "output channel slice, 2 grid barriers a block")
 
 
+def _matrix_vector_plan(rows, channels, cols, chunks, gated, device) -> StackPlan | None:
+    """The form planned unforced at decode rows, where it fits: the gemv form up to ``GEMV_PLANNED_ROWS``, the mma
+    form up to ``MMA_PLANNED_ROWS``; None past them (the grid or rows form's rows)."""
+    if rows <= GEMV_PLANNED_ROWS:
+        got = _gemv_plan(rows, channels, cols, chunks, gated, device, None)
+        if isinstance(got, StackPlan):
+            return got
+    if rows <= MMA_PLANNED_ROWS:
+        got = _mma_plan(rows, channels, cols, chunks, gated, device, None)
+        if isinstance(got, StackPlan):
+            return got
+    return None
+
+
 def _mma_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackPlan | Refusal:
     """The smallest mma row tile that holds the rows (at most ``MMA_ROWS``) with a ring of two stages or more,
     every SM a CTA; refused past ``MMA_ROWS`` rows (a call of the plan past them runs the rows form)."""
@@ -308,7 +326,8 @@ def _mma_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackPl
     stages = _most_stages("mma", tile, cols, device, GEMV_RING_STAGES)
     return StackPlan("mma", rows, channels, cols, tile, stages, gated, device.sm_count, chunks,
                      stack_smem_bytes("mma", tile, cols, stages),
-                     f"mma form (forced, up to {MMA_ROWS} rows): the gemv form's two phases a block over all "
+                     f"mma form (planned at {GEMV_PLANNED_ROWS + 1}-{MMA_PLANNED_ROWS} rows, forced up to {MMA_ROWS}): "
+                     f"the gemv form's two phases a block over all "
                      f"{device.sm_count} SMs, a warp an mma.sync tile of {tile} rows x {MMA_TILE_UNITS} hidden units, "
                      f"then of {MMA_TILE_UNITS} output channels, 2 grid barriers a block")
 
@@ -316,22 +335,21 @@ def _mma_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackPl
 def call_plan(plan: StackPlan, rows: int, device: DeviceSpec) -> StackPlan | None:
     """The plan a call of ``rows`` rows runs with ``plan``'s packing (the forms share it), or None where the grid
     form cannot take the rows and no rows form fits. The plan itself while its form serves the rows; past them
-    what ``plan_stack`` would choose: a planned gemv form past ``GEMV_PLANNED_ROWS`` the grid form (the rows form
-    where that is refused), a forced one past ``GEMV_ROWS`` the rows form (itself where none fits), a grid form
-    with more row tiles than SMs (its barrier needs every CTA resident) the rows form. A planned gemv form whose
-    row tile is smaller than rows it is still planned for takes the gemv tile that holds them (not its own tile a
-    row after another)."""
-    if plan.form == "gemv" and not plan.forced and plan.tile_rows < rows <= GEMV_PLANNED_ROWS:
-        wider = _gemv_plan(rows, plan.channels, plan.channels_tile, plan.chunks, plan.gated, device, None)
-        if isinstance(wider, StackPlan):
-            return wider
-    if plan.form == "mma" and rows > MMA_ROWS:  # forced only
-        return rows_form_of(plan, rows, device) or plan
-    if plan.form == "gemv" and rows > (GEMV_ROWS if plan.forced else GEMV_PLANNED_ROWS):
-        grid = None if plan.forced else _grid_plan(rows, plan.channels, plan.channels_tile, plan.chunks, plan.gated,
-                                                    device, None)
-        if isinstance(grid, StackPlan):
-            return grid
+    what ``plan_stack`` would choose: a planned gemv or mma form the form planned at the call's rows (the gemv
+    form to ``GEMV_PLANNED_ROWS``, the mma form to ``MMA_PLANNED_ROWS``, then the grid form, the rows form where
+    that is refused), a forced one past ``GEMV_ROWS`` or ``MMA_ROWS`` the rows form (itself where none fits), a
+    grid form with more row tiles than SMs (its barrier needs every CTA resident) the rows form. A planned form
+    keeps its own tile for the rows it holds; past them it takes the tile that holds them (not its own tile a row
+    tile after another)."""
+    if plan.form in MATRIX_VECTOR_FORMS and not plan.forced:
+        args = (rows, plan.channels, plan.channels_tile, plan.chunks, plan.gated, device)
+        got = _matrix_vector_plan(*args)
+        if got is not None and got.form == plan.form and rows <= plan.tile_rows:
+            return plan
+        if got is None:
+            got = _grid_plan(*args, None)
+        return got if isinstance(got, StackPlan) else rows_form_of(plan, rows, device) or plan
+    if plan.form in MATRIX_VECTOR_FORMS and rows > (GEMV_ROWS if plan.form == "gemv" else MMA_ROWS):  # forced
         return rows_form_of(plan, rows, device) or plan
     if plan.form == "grid" and ceil_div(rows, plan.tile_rows) > device.sm_count:
         return rows_form_of(plan, rows, device)
