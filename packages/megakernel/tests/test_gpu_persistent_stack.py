@@ -154,7 +154,7 @@ def test_a_plan_called_past_its_forms_rows_runs_the_planned_form(compiled_rows, 
     matrix_vector = form != "grid"
     for rows, runs in [(GEMV_PLANNED_ROWS, "gemv" if matrix_vector else "grid"),
                        (MMA_PLANNED_ROWS, "mma" if matrix_vector else "grid"), (MMA_PLANNED_ROWS + 1, "grid"),
-                       (sms * 16 + 5, "rows")]:
+                       (sms * 32 + 5, "rows")]:  # more 32-row tiles than SMs, past the decode rows
         x = torch.randn(rows, 64, device="cuda").half()
         out = torch.full((rows, 64), float("nan"), device="cuda")
         compiled(x, out=out)
