@@ -92,6 +92,27 @@ def test_phases_table_adds_the_smaller_grids_only_where_they_were_timed(tmp_path
     assert len(capsys.readouterr().out.splitlines()) == 3
 
 
+def test_phases_table_of_several_records_puts_the_sum_and_kernel_of_each_revision_side_by_side(tmp_path, capsys):
+    """``backward_phases.py --show A,B``: the sum's and the kernel's column per record, labelled by its commit, the
+    first record's cases, '-' where a later record lacks one."""
+    import json
+
+    phases = load_tool("backward_phases")
+
+    def record(commit, cases):
+        found = {p: {case: {"p50_us": t[p], "grid": 132} for case, t in cases.items()} for p in phases.PHASES}
+        return {"cases": found, "provenance": {"git": {"commit": commit * 40}}}
+
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    one.write_text(json.dumps(record("a", {"x": {"full": 10.0, "barrier": 7.0, "rows": 4.0},
+                                           "y": {"full": 5.0, "barrier": 4.5, "rows": 4.0}})))
+    two.write_text(json.dumps(record("b", {"x": {"full": 8.5, "barrier": 7.0, "rows": 4.0}})))
+    phases.show(f"{one},{two}")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| case | + sum @aaaaaaa | + sum @bbbbbbb | kernel @aaaaaaa | kernel @bbbbbbb |"
+    assert lines[2:] == ["| x | 3.00 | 1.50 | 10.00 | 8.50 |", "| y | 0.50 | - | 5.00 | - |"]
+
+
 def test_forms_table_puts_revisions_side_by_side_and_the_floor_where_recorded(tmp_path, capsys):
     """``stack_forms.py --show A,B``: each chosen form's column per record (labelled by its commit) where that record
     has the form, a failed form as '-', and the weight floor column only when the first record measured it."""

@@ -6,7 +6,7 @@ timed (CUDA-graph throughput) three ways, each compiled in a process of its own:
     rows     rows alone (dweight / dbias left unwritten): what the per-row work costs
 
     python3 tools/device/backward_phases.py [--shapes 37x1537:float32,256x3072:bfloat16]
-    python3 tools/device/backward_phases.py --show RECORD.json   (anywhere: a written record as a table)
+    python3 tools/device/backward_phases.py --show RECORD.json[,...]   (anywhere: written records as tables)
 
 The differences are the barrier's and the sum's costs. Only "full" gives correct vector gradients; the
 others are timing probes. With ``--ctas 33,66``, each phase is also timed on grids of at most that many CTAs
@@ -72,10 +72,14 @@ def probe(phase: str, shapes: str, caps: list[int]) -> dict:
     return out
 
 
-def show(path: str) -> None:
-    """A written record as a markdown table: per case, the rows alone, what the barrier and the sum add, the whole
-    kernel (CUDA-graph throughput p50, us), and its grid."""
-    with open(path) as f:
+def show(paths: str) -> None:
+    """Written records as markdown tables. One record: per case, the rows alone, what the barrier and the sum add,
+    the whole kernel (CUDA-graph throughput p50, us), and its grid. Several (comma-separated: revisions of one run):
+    the sum's and the kernel's columns per record side by side, labelled by each record's commit."""
+    if "," in paths:
+        compare(paths.split(","))
+        return
+    with open(paths) as f:
         found = json.load(f)["cases"]
     print("| case | rows | + barrier | + sum | kernel | CTAs |")
     print("|---|---|---|---|---|---|")
@@ -96,6 +100,29 @@ def show(path: str) -> None:
                       f"{t['full'] - t['barrier']:.2f} | {t['full']:.2f} |")
 
 
+def compare(paths: list[str]) -> None:
+    """What the sum adds and the whole kernel per case, a column each per record (the cases of the first)."""
+    records = []
+    for path in paths:
+        with open(path) as f:
+            record = json.load(f)
+        records.append((record["cases"], record["provenance"]["git"]["commit"][:7]))
+    print("| case | " + " | ".join(f"+ sum @{c}" for _, c in records) + " | "
+          + " | ".join(f"kernel @{c}" for _, c in records) + " |")
+    print("|---|" + "---|" * 2 * len(records))
+    for case in records[0][0]["full"]:
+        sums, kernels = [], []
+        for found, _ in records:
+            if case not in found["full"]:
+                sums.append("-")
+                kernels.append("-")
+                continue
+            full, barrier = found["full"][case]["p50_us"], found["barrier"][case]["p50_us"]
+            sums.append(f"{full - barrier:.2f}")
+            kernels.append(f"{full:.2f}")
+        print(f"| {case} | " + " | ".join(sums) + " | " + " | ".join(kernels) + " |")
+
+
 def cta_counts(text: str) -> str:
     """--ctas: comma-separated positive integers (kept as text: it is passed on to each phase's process)."""
     if not all(c.isdigit() and int(c) > 0 for c in text.split(",") if c):
@@ -106,7 +133,8 @@ def cta_counts(text: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=SHAPES, help="comma-separated MxN:dtype")
-    ap.add_argument("--show", metavar="RECORD", help="print a written record as a markdown table and stop")
+    ap.add_argument("--show", metavar="RECORD[,RECORD...]",
+                    help="print written records (several: revisions side by side) as markdown tables and stop")
     ap.add_argument("--ctas", default="", type=cta_counts, help="comma-separated CTA counts: also time each case on "
                     "grids of at most that many CTAs")
     ap.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # the per-phase subprocess
