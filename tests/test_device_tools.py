@@ -113,6 +113,47 @@ def test_phases_table_of_several_records_puts_the_sum_and_kernel_of_each_revisio
     assert lines[2:] == ["| x | 3.00 | 1.50 | 10.00 | 8.50 |", "| y | 0.50 | - | 5.00 | - |"]
 
 
+def test_stack_phases_table_subtracts_each_probe_from_the_next_and_marks_what_is_missing(tmp_path, capsys):
+    """``stack_phases.py``: the per-phase entries merged per (model, rows, form) with the model's weight floor,
+    then the skeleton, what phase A and phase B add, and the full call; '-' where a phase failed."""
+    import json
+
+    phases = load_tool("stack_phases")
+    by_phase = {
+        "full": [{"model": "m", "rows": 1, "form": "gemv", "phase": "full", "p50_us": 20.0},
+                 {"model": "m", "rows": 1, "form": "mma", "phase": "full", "error": "failed validation"}],
+        "phase_a": [{"model": "m", "rows": 1, "form": "gemv", "phase": "phase_a", "p50_us": 14.0},
+                    {"model": "m", "rows": 1, "form": "mma", "phase": "phase_a", "p50_us": 16.0}],
+        "skeleton": [{"model": "m", "rows": 1, "form": "gemv", "phase": "skeleton", "p50_us": 9.5}],
+    }
+    entries = phases.merged(by_phase, {"m": 1.4})
+    assert [(e["form"], e["weight_floor_us"]) for e in entries] == [("gemv", 1.4), ("mma", 1.4)]
+    assert entries[1]["full"] == {"error": "failed validation"} and "skeleton" not in entries[1]
+    path = tmp_path / "phases.json"
+    path.write_text(json.dumps({"entries": entries}))
+    phases.show(str(path))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:] == ["| m | 1 | gemv | 9.5 | 4.5 | 6.0 | 20.0 | 1.4 |", "| m | 1 | mma | - | - | - | - | 1.4 |"]
+
+
+def test_stack_phase_probes_compile_out_their_methods_in_both_forms(monkeypatch):
+    """Each probe's methods exist on both forms' kernel classes (a rename would time the whole kernel under a
+    probe's name) and compile out: the skeleton's gemv cubin for sm_90a differs from the full one."""
+    pytest.importorskip("cutlass")
+    import hashlib
+
+    from kernellab.megakernel.engines import persistent_stack
+
+    phases = load_tool("stack_phases")
+    variant = persistent_stack.Variant("gemv", 1, 256, 4, False)
+    full = hashlib.sha256(variant.compile("sm_90a").__cubin__).hexdigest()
+    phases.compile_out("skeleton", patch=monkeypatch.setattr)
+    assert hashlib.sha256(variant.compile("sm_90a").__cubin__).hexdigest() != full
+    with pytest.raises(AttributeError, match="defines no"):
+        monkeypatch.setattr(phases, "PHASE_A", ("no_such_method",))
+        phases.compile_out("skeleton", patch=monkeypatch.setattr)
+
+
 def test_forms_table_puts_revisions_side_by_side_and_the_floor_where_recorded(tmp_path, capsys):
     """``stack_forms.py --show A,B``: each chosen form's column per record (labelled by its commit) where that record
     has the form, a failed form as '-', and the weight floor column only when the first record measured it."""
