@@ -6,7 +6,7 @@ The kernel (``engines/persistent_stack.py``) streams every weight through one ri
 stack) along the channels, then the W2 tiles along the channels. The packed weights pad the channels to
 ``channels_tile`` and each block's hidden to a whole number of chunks, so every tile is whole.
 
-Three forms:
+Four forms:
 - ``rows``: CTA b owns row tiles b, b + grid, ...; it carries a tile through every block with the fp32 stream
   of the tile in shared memory (tile_rows x channels_tile), so the stream never leaves the SM between blocks.
   Needs no grid-wide synchronization (rows are independent). Every CTA streams every weight, so it is
@@ -313,7 +313,7 @@ def _matrix_vector_plan(rows, channels, cols, chunks, gated, device) -> StackPla
 
 def _mma_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackPlan | Refusal:
     """The smallest mma row tile that holds the rows (at most ``MMA_ROWS``) with a ring of two stages or more,
-    every SM a CTA; refused past ``MMA_ROWS`` rows (a call of the plan past them runs the rows form)."""
+    every SM a CTA; refused past ``MMA_ROWS`` rows (a call past them runs what ``call_plan`` says)."""
     if rows > MMA_ROWS:
         return Refusal(STACK_ENGINE, f"mma form: {rows} rows is past the {MMA_ROWS} it takes")
     options = [t for t in MMA_ROW_TILES if (tile_rows is None and t >= min(rows, MMA_ROWS) or t == tile_rows)
