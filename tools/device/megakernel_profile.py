@@ -9,7 +9,7 @@ next kernel change aims at the bound that holds and not at a guess.
                                                                                   written ones)
 
 The plans are ``megakernel_sweep.PLANS``' labels plus ``torch-cublas``; with ``--model`` (a model of the report's
-models section at ``--rows``), ``MODEL_PLANS``: the fused stack as planned, its two forms forced, and the
+models section at ``--rows``), ``MODEL_PLANS``: the fused stack as planned, each of its forms forced, and the
 per-block chain. Each label runs in its own child
 process under ``ncu --profile-from-start off``: the child validates its plan, makes one untimed call (the
 compile), then profiles one call between ``cudaProfilerStart`` and ``cudaProfilerStop``, so only that call's
@@ -144,7 +144,8 @@ def profile_one_call(problem, call, description: dict) -> None:
     print("PLAN " + json.dumps(description), flush=True)
 
 
-MODEL_PLANS = {"stack": None, "stack-grid": "grid", "stack-rows": "rows", "chain": None}
+MODEL_PLANS = {"stack": None, "stack-grid": "grid", "stack-rows": "rows", "stack-gemv": "gemv", "stack-mma": "mma",
+               "chain": None}
 """--model labels -> the fused stack's forced form (None: as planned; "chain": the per-block persistent-tc chain)."""
 
 
