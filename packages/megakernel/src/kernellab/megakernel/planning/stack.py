@@ -277,24 +277,31 @@ def _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackP
 
 
 def _gemv_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackPlan | Refusal:
-    """The smallest gemv row tile that holds the rows (a forced one must be a gemv tile), every SM a CTA; refused
-    past ``GEMV_ROWS`` rows, where a call of the plan would run the rows form."""
-    if rows > GEMV_ROWS:
-        return Refusal(STACK_ENGINE, f"gemv form: {rows} rows is past the {GEMV_ROWS} it takes (a tile after another "
-                                     "up to there)")
-    options = [t for t in GEMV_ROW_TILES if (tile_rows is None and t >= min(rows, GEMV_ROWS) or t == tile_rows)
-               and _most_stages("gemv", t, cols, device, GEMV_RING_STAGES) is not None]
+    """The gemv form's plan (``_warp_item_plan``); past ``GEMV_ROWS`` rows a call of the plan runs the rows form."""
+    return _warp_item_plan(
+        "gemv", GEMV_ROW_TILES, GEMV_ROWS, rows, channels, cols, chunks, gated, device, tile_rows,
+        lambda tile: f"gemv form (planned at rows <= {GEMV_PLANNED_ROWS}, forced up to {GEMV_ROWS}): each block as "
+                     f"two matrix-vector phases over all {device.sm_count} SMs, a warp per hidden unit then per "
+                     "output channel slice, 2 grid barriers a block")
+
+
+def _warp_item_plan(form, tiles, most, rows, channels, cols, chunks, gated, device, tile_rows,
+                    why) -> StackPlan | Refusal:
+    """A form of 8-warp CTAs on every SM (``MATRIX_VECTOR_FORMS``): the smallest of its row ``tiles`` that holds
+    the rows (a forced one must be one of them; past the largest, a tile after another) with a ring of two stages or
+    more, as many as fit up to ``GEMV_RING_STAGES``; refused past ``most`` rows. ``why(tile)``: the plan's reason."""
+    if rows > most:
+        return Refusal(STACK_ENGINE, f"{form} form: {rows} rows is past the {most} it takes")
+    options = [t for t in tiles if (tile_rows is None and t >= min(rows, max(tiles)) or t == tile_rows)
+               and _most_stages(form, t, cols, device, GEMV_RING_STAGES) is not None]
     if not options:
-        return Refusal(STACK_ENGINE, f"gemv form: no row tile of {GEMV_ROW_TILES} fits "
+        return Refusal(STACK_ENGINE, f"{form} form: no row tile of {tiles} fits "
                                      f"{'the forced ' + str(tile_rows) if tile_rows else str(rows) + ' rows'} at "
                                      f"{cols} channels with a ring of two stages")
     tile = min(options)
-    stages = _most_stages("gemv", tile, cols, device, GEMV_RING_STAGES)
-    return StackPlan("gemv", rows, channels, cols, tile, stages, gated, device.sm_count, chunks,
-                     stack_smem_bytes("gemv", tile, cols, stages),
-                     f"gemv form (planned at rows <= {GEMV_PLANNED_ROWS}, forced up to {GEMV_ROWS}): each block as "
-                     f"two matrix-vector phases over all {device.sm_count} SMs, a warp per hidden unit then per "
-                     "output channel slice, 2 grid barriers a block")
+    stages = _most_stages(form, tile, cols, device, GEMV_RING_STAGES)
+    return StackPlan(form, rows, channels, cols, tile, stages, gated, device.sm_count, chunks,
+                     stack_smem_bytes(form, tile, cols, stages), why(tile))
 
 
 def _matrix_vector_plan(rows, channels, cols, chunks, gated, device) -> StackPlan | None:
@@ -312,24 +319,13 @@ def _matrix_vector_plan(rows, channels, cols, chunks, gated, device) -> StackPla
 
 
 def _mma_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackPlan | Refusal:
-    """The smallest mma row tile that holds the rows (at most ``MMA_ROWS``) with a ring of two stages or more,
-    every SM a CTA; refused past ``MMA_ROWS`` rows (a call past them runs what ``call_plan`` says)."""
-    if rows > MMA_ROWS:
-        return Refusal(STACK_ENGINE, f"mma form: {rows} rows is past the {MMA_ROWS} it takes")
-    options = [t for t in MMA_ROW_TILES if (tile_rows is None and t >= min(rows, MMA_ROWS) or t == tile_rows)
-               and _most_stages("mma", t, cols, device, GEMV_RING_STAGES) is not None]
-    if not options:
-        return Refusal(STACK_ENGINE, f"mma form: no row tile of {MMA_ROW_TILES} fits "
-                                     f"{'the forced ' + str(tile_rows) if tile_rows else str(rows) + ' rows'} at "
-                                     f"{cols} channels with a ring of two stages")
-    tile = min(options)
-    stages = _most_stages("mma", tile, cols, device, GEMV_RING_STAGES)
-    return StackPlan("mma", rows, channels, cols, tile, stages, gated, device.sm_count, chunks,
-                     stack_smem_bytes("mma", tile, cols, stages),
-                     f"mma form (planned at {GEMV_PLANNED_ROWS + 1}-{MMA_PLANNED_ROWS} rows, forced up to {MMA_ROWS}): "
-                     f"the gemv form's two phases a block over all "
-                     f"{device.sm_count} SMs, a warp an mma.sync tile of {tile} rows x {MMA_TILE_UNITS} hidden units, "
-                     f"then of {MMA_TILE_UNITS} output channels, 2 grid barriers a block")
+    """The mma form's plan (``_warp_item_plan``); a call past ``MMA_ROWS`` rows runs what ``call_plan`` says."""
+    return _warp_item_plan(
+        "mma", MMA_ROW_TILES, MMA_ROWS, rows, channels, cols, chunks, gated, device, tile_rows,
+        lambda tile: f"mma form (planned at {GEMV_PLANNED_ROWS + 1}-{MMA_PLANNED_ROWS} rows, forced up to "
+                     f"{MMA_ROWS}): the gemv form's two phases a block over all {device.sm_count} SMs, a warp an "
+                     f"mma.sync tile of {tile} rows x {MMA_TILE_UNITS} hidden units, then of {MMA_TILE_UNITS} output "
+                     "channels, 2 grid barriers a block")
 
 
 def call_plan(plan: StackPlan, rows: int, device: DeviceSpec) -> StackPlan | None:
