@@ -136,6 +136,20 @@ def test_stack_phases_table_subtracts_each_probe_from_the_next_and_marks_what_is
     assert lines[2:] == ["| m | 1 | gemv | 9.5 | 4.5 | 6.0 | 20.0 | 1.4 |", "| m | 1 | mma | - | - | - | - | 1.4 |"]
 
 
+def test_a_stack_form_that_cannot_be_built_is_recorded_with_why_not_timed():
+    """``stack_forms.time_form`` (shared with ``stack_phases``): a form whose compile fails (here: no CUDA device)
+    gives its error and no time."""
+    import torch
+
+    from kernellab.megakernel import models
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the no-GPU refusal")
+    forms = load_tool("stack_forms")
+    got = forms.time_form(models.StackProblem(models.REPORT_MODELS[0], 1, device="cpu"), forms.FORMS["gemv"], 3, None)
+    assert set(got) == {"error"} and "NeedsGPUError" in got["error"]
+
+
 def test_stack_phase_probes_compile_out_their_methods_in_both_forms(monkeypatch):
     """Each probe's methods exist on both forms' kernel classes (a rename would time the whole kernel under a
     probe's name) and compile out: the skeleton's gemv cubin for sm_90a differs from the full one."""

@@ -51,31 +51,41 @@ def show(paths: str, forms: str = "") -> None:
 
 
 def time_entry(case, rows: int, samples: int, device) -> dict:
-    from kernellab.harness import timing, validate
-    from kernellab.megakernel import compile_model, models
+    """Every form of ``FORMS`` at one model and row count, each validated first."""
+    from kernellab.megakernel import models
 
     problem = models.StackProblem(case, rows)
-    inputs = problem.make_inputs(1)
-    outputs = problem.make_outputs(inputs)
     entry = {"model": case.name, "rows": rows}
     for form, options in FORMS.items():
-        try:
-            compiled = compile_model(case.spec, rows=rows, **options)
-
-            def run(i, o, m=compiled):
-                m(i["x"], out=o["y"])
-                return o
-
-            checked = validate.validate_call(problem, run, seed=3)
-            if not checked["passed"]:
-                entry[form] = {"error": "failed validation", "validation": checked["outputs"]["y"]}
-                continue
-            times = timing.measure("graph_throughput", [functools.partial(run, inputs, outputs)], device,
-                                   samples=samples, iterations=20)
-            entry[form] = {"p50_us": statistics.median(times), "samples_us": times, "plan": str(compiled.plan())}
-        except Exception as e:  # noqa: BLE001 - recorded per form, the run goes on
-            entry[form] = {"error": f"{type(e).__name__}: {e}"}
+        entry[form] = time_form(problem, options, samples, device)
     return entry
+
+
+def time_form(problem, options: dict, samples: int, device, checked: bool = True) -> dict:
+    """One compiled form of ``problem``'s model (``compile_model`` options) in a CUDA graph: its p50 and samples,
+    after validation against the float64 reference unless ``checked`` is False (a timing probe that computes
+    something else); a form that cannot be built or fails validation gives its error instead."""
+    from kernellab.harness import timing, validate
+    from kernellab.megakernel import compile_model
+
+    inputs = problem.make_inputs(1)
+    outputs = problem.make_outputs(inputs)
+    try:
+        compiled = compile_model(problem.case.spec, rows=problem.shape[0], **options)
+
+        def run(i, o, m=compiled):
+            m(i["x"], out=o["y"])
+            return o
+
+        if checked:
+            result = validate.validate_call(problem, run, seed=3)
+            if not result["passed"]:
+                return {"error": "failed validation", "validation": result["outputs"]["y"]}
+        times = timing.measure("graph_throughput", [functools.partial(run, inputs, outputs)], device,
+                               samples=samples, iterations=20)
+        return {"p50_us": statistics.median(times), "samples_us": times, "plan": str(compiled.plan())}
+    except Exception as e:  # noqa: BLE001 - recorded per form, the run goes on
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def main() -> None:

@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import functools
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,11 +49,10 @@ def compile_out(phase: str, patch=setattr) -> None:
 
 
 def probe(phase: str, models: str, rows: list[int], forms: list[str], samples: int) -> list[dict]:
-    """One phase's timings, in this process (its kernels compile after ``compile_out``)."""
-    import torch
+    """One phase's timings, in this process (its kernels compile after ``compile_out``); only ``full`` is validated."""
+    from stack_forms import FORMS, time_form  # this script's folder is on sys.path
 
-    from kernellab.harness import timing, validate
-    from kernellab.megakernel import compile_model
+    from kernellab.harness import timing
     from kernellab.megakernel import models as report_models
 
     compile_out(phase)
@@ -66,29 +63,9 @@ def probe(phase: str, models: str, rows: list[int], forms: list[str], samples: i
             continue
         for r in rows:
             problem = report_models.StackProblem(case, r)
-            inputs = problem.make_inputs(1)
-            outputs = problem.make_outputs(inputs)
             for form in forms:
-                entry = {"model": case.name, "rows": r, "form": form, "phase": phase}
-                try:
-                    compiled = compile_model(case.spec, rows=r, engine="persistent-stack", stack_form=form)
-
-                    def run(i, o, m=compiled):
-                        m(i["x"], out=o["y"])
-                        return o
-
-                    if phase == "full":
-                        checked = validate.validate_call(problem, run, seed=3)
-                        if not checked["passed"]:
-                            out.append({**entry, "error": "failed validation"})
-                            continue
-                    times = timing.measure("graph_throughput", [functools.partial(run, inputs, outputs)], device,
-                                           samples=samples, iterations=20)
-                    entry.update(p50_us=statistics.median(times), samples_us=times, plan=str(compiled.plan()))
-                except Exception as e:  # noqa: BLE001 - recorded per entry, the run goes on
-                    entry["error"] = f"{type(e).__name__}: {e}"
-                out.append(entry)
-                torch.cuda.synchronize()
+                got = time_form(problem, FORMS[form], samples, device, checked=phase == "full")
+                out.append({"model": case.name, "rows": r, "form": form, "phase": phase, **got})
     return out
 
 
