@@ -130,9 +130,9 @@ def cases():
     ]
 
 
-def selected(labels: list[str], text: str | None) -> list[str]:
-    """The case labels containing ``text`` (every label where it is None)."""
-    return [label for label in labels if text is None or text in label]
+def wanted(label: str, text: str | None) -> bool:
+    """Whether ``--cases TEXT`` keeps the case of this label (every case where it is None)."""
+    return text is None or text in label
 
 
 def child(text: str | None = None) -> int:
@@ -146,7 +146,7 @@ def child(text: str | None = None) -> int:
     failures = 0
     device = planning.current_device()
     for label, engine, shape, choices in cases():
-        if not selected([label], text):
+        if not wanted(label, text):
             continue
         problem = bench.ResidualMLP(shape)
         plan = planning.forced(engine, *shape, device, **choices)
@@ -160,7 +160,7 @@ def child(text: str | None = None) -> int:
                                          problem.slack(inputs)["y"])
         failures += not check["passed"]
         print(f"{label} ({shape}): passed={check['passed']} max_abs={check['max_abs_error']}", flush=True)
-    if selected([PROLOGUES], text):
+    if wanted(PROLOGUES, text):
         stack = {"channels": 24, "blocks": [{"hidden": 40, "norm": True}, {"hidden": 48, "activation": "silu"}]}
         compiled = compile_model(stack, rows=9, engine="persistent")
         out = compiled(torch.randn(9, 24, device="cuda").half())
@@ -172,7 +172,7 @@ def child(text: str | None = None) -> int:
     from .models import STACK_TOLERANCE
 
     for label, spec, rows, forced in stack_cases():
-        if not selected([label], text):
+        if not wanted(label, text):
             continue
         compiled = compile_model(spec, rows=rows, seed=1, **forced)
         x = torch.randn(rows, spec["channels"], device="cuda").half()
@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", metavar="TEXT", help="only the cases whose label contains TEXT")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    labels = selected([c[0] for c in cases()] + [PROLOGUES] + [c[0] for c in stack_cases()], args.cases)
+    labels = [label for label in [c[0] for c in cases()] + [PROLOGUES] + [c[0] for c in stack_cases()]
+              if wanted(label, args.cases)]
     if not labels:
         print(f"sanitize: --cases {args.cases!r} matches no case label", file=sys.stderr)
         return 2
