@@ -55,6 +55,11 @@ STREAMED_BACKWARD_VALUES = 16
 # Rows of the partials a lane loads before it adds them (the sum's loop unrolled): its loads are independent, and
 # one at a time the sum took a latency per row (2.3-10.5 us on an H100, reports/h100/norm-backward/).
 PARTIAL_ROWS_IN_FLIGHT = 4
+# Rows of the partials a lane sums at most where the partials are few: a warp's lanes split into row lanes and column
+# lanes (powers of two), as few row lanes as keep a lane at this many rows, so that each column's sum ends in
+# log2(row lanes) shuffles instead of a whole warp's reduction. With one CTA's partial row per CTA of a small grid
+# (37 rows at 37x1537) the whole-warp reductions, one per column, were most of the sum.
+PARTIAL_ROWS_PER_LANE = 8
 
 ADD = operator.add
 
@@ -486,10 +491,11 @@ class GradKernel(RowKernel):
     @cute.jit
     def reduce_partials(self, pairs, m_sync: cute.Tensor | None, grid: Int32):
         """After the grid barrier (none where ``m_sync`` is None: a launch of its own), each (partials, output)
-        pair's output = the sum of its partials' rows, in
-        the output's dtype. Column groups of ``part_vec`` columns go to the grid's warps in batches of
-        ``batch`` groups per warp; lanes sum every 32nd row of the batch's groups (its loads independent, in
-        flight together), then one warp reduction per group."""
+        pair's output = the sum of its partials' rows, in the output's dtype. A warp's lanes are row lanes x
+        column lanes (``PARTIAL_ROWS_PER_LANE`` sets the split by the partials' rows: all 32 lanes over rows where
+        they are many); column lanes take consecutive groups of ``part_vec`` columns, in ``batch`` sets per warp
+        spread over the grid; a lane sums every row_lanes-th row of its groups (its loads independent, in flight
+        together), then the row lanes' sums are added by butterfly shuffles, log2(row lanes) per group."""
         if const_expr(m_sync is not None):
             self.grid_barrier(m_sync, grid)
         warps = self.num_threads // WARP
@@ -497,18 +503,24 @@ class GradKernel(RowKernel):
         lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
         rows = pairs[0][0].shape[0]
         tile, groups, batch = (1, self.part_vec), self.n // self.part_vec, max(1, 8 // self.part_vec)
-        stride = grid * warps
-        for first in cutlass.range(bidx * warps + warp, groups, stride * batch):
+        row_lanes = Int32(WARP)
+        for level in cutlass.range_constexpr(4, -1, -1):  # 16, 8, 4, 2, 1 row lanes: the fewest that suffice
+            if rows <= (1 << level) * PARTIAL_ROWS_PER_LANE:
+                row_lanes = Int32(1 << level)
+        col_lanes = WARP // row_lanes
+        row_lane, col_lane = lane // col_lanes, lane % col_lanes
+        span = grid * warps * col_lanes  # groups one pass of every warp's column lanes covers
+        for first in cutlass.range((bidx * warps + warp) * col_lanes, groups, span * batch):
             sums = []
             for m_part, _ in pairs:
                 for _ in cutlass.range_constexpr(batch):
                     acc = cute.make_rmem_tensor_like(cute.local_tile(m_part, tile, (0, 0)), Float32)
                     acc.fill(0.0)
                     sums.append(acc)
-            for r in cutlass.range(lane, rows, WARP, unroll=PARTIAL_ROWS_IN_FLIGHT):
+            for r in cutlass.range(row_lane, rows, row_lanes, unroll=PARTIAL_ROWS_IN_FLIGHT):
                 for p, (m_part, _) in enumerate(pairs):
                     for b in cutlass.range_constexpr(batch):
-                        group = first + b * stride
+                        group = first + b * span + col_lane
                         if group < groups:
                             src = cute.local_tile(m_part, tile, (r, group))
                             frag = cute.make_rmem_tensor_like(src)
@@ -517,11 +529,13 @@ class GradKernel(RowKernel):
                             acc.store(acc.load() + frag.load())
             for p, (_, m_out) in enumerate(pairs):
                 for b in cutlass.range_constexpr(batch):
-                    group = first + b * stride
+                    group = first + b * span + col_lane
                     acc = sums[p * batch + b]
                     for k in cutlass.range_constexpr(self.part_vec):
-                        acc[0, k] = cute.arch.warp_reduction(acc[0, k], ADD, threads_in_group=WARP)
-                    if lane == 0 and group < groups:
+                        for level in cutlass.range_constexpr(4, -1, -1):  # lanes 16, 8, ... apart: row lanes
+                            if (1 << level) >= col_lanes:
+                                acc[0, k] = acc[0, k] + cute.arch.shuffle_sync_bfly(acc[0, k], offset=1 << level)
+                    if row_lane == 0 and group < groups:
                         dst = cute.local_tile(self.broadcast_rows(m_out), tile, (0, group))
                         out = cute.make_rmem_tensor_like(dst)
                         out.store(acc.load().to(m_out.element_type))
