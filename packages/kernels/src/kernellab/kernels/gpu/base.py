@@ -57,8 +57,8 @@ STREAMED_BACKWARD_VALUES = 16
 PARTIAL_ROWS_IN_FLIGHT = 4
 # Rows of the partials a lane sums at most where the partials are few: a warp's lanes split into row lanes and column
 # lanes (powers of two), as few row lanes as keep a lane at this many rows, so that each column's sum ends in
-# log2(row lanes) shuffles instead of a whole warp's reduction. With one CTA's partial row per CTA of a small grid
-# (37 rows at 37x1537) the whole-warp reductions, one per column, were most of the sum.
+# log2(row lanes) shuffles instead of a whole warp's reduction. With one partial row per CTA of a small grid (37
+# rows at 37x1537) a lane held one row or two, and each column's 5-shuffle reduction was the sum's longest chain.
 PARTIAL_ROWS_PER_LANE = 8
 
 ADD = operator.add
