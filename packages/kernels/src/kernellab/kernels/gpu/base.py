@@ -55,10 +55,11 @@ STREAMED_BACKWARD_VALUES = 16
 # Rows of the partials a lane loads before it adds them (the sum's loop unrolled): its loads are independent, and
 # one at a time the sum took a latency per row (2.3-10.5 us on an H100, reports/h100/norm-backward/).
 PARTIAL_ROWS_IN_FLIGHT = 4
-# Rows of the partials a lane sums at most where the partials are few: a warp's lanes split into row lanes and column
-# lanes (powers of two), as few row lanes as keep a lane at this many rows, so that each column's sum ends in
-# log2(row lanes) shuffles instead of a whole warp's reduction. With one partial row per CTA of a small grid (37
-# rows at 37x1537) a lane held one row or two, and each column's 5-shuffle reduction was the sum's longest chain.
+# Rows of the partials a lane sums at most, where the CTA's lanes allow: the sum gives each CTA a block of column
+# groups and spreads the partials' rows over all the CTA's warps and over the fewest row lanes of each warp that keep
+# a lane at this many rows (the other lanes take more column groups). Before, one warp summed a group over every
+# row: at 65536x1024 (1584 partial rows, 256 groups) a lane walked about 50 rows, a round trip each few, and at
+# 37x1537 (37 rows) a lane held a row or two and each column ended in a whole-warp reduction.
 PARTIAL_ROWS_PER_LANE = 8
 
 ADD = operator.add
@@ -491,11 +492,12 @@ class GradKernel(RowKernel):
     @cute.jit
     def reduce_partials(self, pairs, m_sync: cute.Tensor | None, grid: Int32):
         """After the grid barrier (none where ``m_sync`` is None: a launch of its own), each (partials, output)
-        pair's output = the sum of its partials' rows, in the output's dtype. A warp's lanes are row lanes x
-        column lanes (``PARTIAL_ROWS_PER_LANE`` sets the split by the partials' rows: all 32 lanes over rows where
-        they are many); column lanes take consecutive groups of ``part_vec`` columns, in ``batch`` sets per warp
-        spread over the grid; a lane sums every row_lanes-th row of its groups (its loads independent, in flight
-        together), then the row lanes' sums are added by butterfly shuffles, log2(row lanes) per group."""
+        pair's output = the sum of its partials' rows, in the output's dtype. Each CTA takes blocks of
+        ``col_lanes * batch`` consecutive column groups (``part_vec`` columns each), block q by CTA q mod grid. A
+        warp's lanes are row lanes x column lanes (powers of two, the split by the partials' rows at runtime,
+        ``PARTIAL_ROWS_PER_LANE``); the CTA's warps and row lanes share the rows, each lane summing every
+        (warps * row_lanes)-th row of its groups with its loads in flight together. Then butterfly shuffles over
+        the row lanes, and the warps' sums meet in shared memory, where the first warp adds them and stores."""
         if const_expr(m_sync is not None):
             self.grid_barrier(m_sync, grid)
         warps = self.num_threads // WARP
@@ -505,41 +507,58 @@ class GradKernel(RowKernel):
         tile, groups, batch = (1, self.part_vec), self.n // self.part_vec, max(1, 8 // self.part_vec)
         row_lanes = Int32(WARP)
         for level in cutlass.range_constexpr(4, -1, -1):  # 16, 8, 4, 2, 1 row lanes: the fewest that suffice
-            if rows <= (1 << level) * PARTIAL_ROWS_PER_LANE:
+            if rows <= warps * (1 << level) * PARTIAL_ROWS_PER_LANE:
                 row_lanes = Int32(1 << level)
         col_lanes = WARP // row_lanes
         row_lane, col_lane = lane // col_lanes, lane % col_lanes
-        span = grid * warps * col_lanes  # groups one pass of every warp's column lanes covers
-        for first in cutlass.range((bidx * warps + warp) * col_lanes, groups, span * batch):
+        slot, slots = warp * row_lanes + row_lane, warps * row_lanes
+        width = col_lanes * batch  # groups in a block
+        # each warp's sums of a block: (value in the group, the block's group as b * col_lanes + col lane, warp)
+        staged = SmemAllocator().allocate_tensor(
+            Float32, cute.make_layout((self.part_vec, WARP * batch, warps)), byte_alignment=16)
+        for block in cutlass.range(bidx, (groups + width - 1) // width, grid):
+            first = block * width + col_lane
             sums = []
             for m_part, _ in pairs:
                 for _ in cutlass.range_constexpr(batch):
                     acc = cute.make_rmem_tensor_like(cute.local_tile(m_part, tile, (0, 0)), Float32)
                     acc.fill(0.0)
                     sums.append(acc)
-            for r in cutlass.range(row_lane, rows, row_lanes, unroll=PARTIAL_ROWS_IN_FLIGHT):
+            for r in cutlass.range(slot, rows, slots, unroll=PARTIAL_ROWS_IN_FLIGHT):  # every pair's loads together
                 for p, (m_part, _) in enumerate(pairs):
                     for b in cutlass.range_constexpr(batch):
-                        group = first + b * span + col_lane
-                        if group < groups:
-                            src = cute.local_tile(m_part, tile, (r, group))
+                        if first + b * col_lanes < groups:
+                            src = cute.local_tile(m_part, tile, (r, first + b * col_lanes))
                             frag = cute.make_rmem_tensor_like(src)
                             cute.autovec_copy(src, frag)
                             acc = sums[p * batch + b]
                             acc.store(acc.load() + frag.load())
-            for p, (_, m_out) in enumerate(pairs):
+            for p, (_, m_out) in enumerate(pairs):  # a pair at a time through the staging buffer
                 for b in cutlass.range_constexpr(batch):
-                    group = first + b * span + col_lane
-                    acc = sums[p * batch + b]
                     for k in cutlass.range_constexpr(self.part_vec):
+                        value = sums[p * batch + b][0, k]
                         for level in cutlass.range_constexpr(4, -1, -1):  # lanes 16, 8, ... apart: row lanes
                             if (1 << level) >= col_lanes:
-                                acc[0, k] = acc[0, k] + cute.arch.shuffle_sync_bfly(acc[0, k], offset=1 << level)
-                    if row_lane == 0 and group < groups:
-                        dst = cute.local_tile(self.broadcast_rows(m_out), tile, (0, group))
-                        out = cute.make_rmem_tensor_like(dst)
-                        out.store(acc.load().to(m_out.element_type))
-                        cute.autovec_copy(out, dst)
+                                value = value + cute.arch.shuffle_sync_bfly(value, offset=1 << level)
+                        if row_lane == 0:
+                            staged[k, b * col_lanes + col_lane, warp] = value
+                cute.arch.barrier()
+                if warp == 0:
+                    if row_lane == 0:
+                        for b in cutlass.range_constexpr(batch):
+                            group = first + b * col_lanes
+                            if group < groups:
+                                total = cute.make_rmem_tensor_like(sums[p * batch + b])
+                                for k in cutlass.range_constexpr(self.part_vec):
+                                    value = Float32(0.0)
+                                    for w in cutlass.range_constexpr(warps):
+                                        value = value + staged[k, b * col_lanes + col_lane, w]
+                                    total[0, k] = value
+                                dst = cute.local_tile(self.broadcast_rows(m_out), tile, (0, group))
+                                out = cute.make_rmem_tensor_like(dst)
+                                out.store(total.load().to(m_out.element_type))
+                                cute.autovec_copy(out, dst)
+                cute.arch.barrier()  # the first warp has read the staged sums before the next ones land
 
     @cute.jit
     def partials(self, thr, m_partials, block, tile, cols, later, values, held):

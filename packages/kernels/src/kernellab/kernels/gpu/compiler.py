@@ -209,7 +209,8 @@ SM_THREADS, SM_CTAS, SM_REGISTERS, REGISTER_UNIT = 2048, 32, 65536, 256
 
 def resident_ctas(threads: int, registers: int) -> int:
     """CTAs of ``threads`` threads at ``registers`` per thread that fit on one SM at once. Shared memory is
-    not the limit for the row kernels: they keep one fp32 per warp and row there, and a few mbarriers."""
+    not the limit for the row kernels: they keep one fp32 per warp and row there, a few mbarriers, and the
+    partials' sum's staging of at most 1 KB a warp (``base.GradKernel.reduce_partials``)."""
     warps = -(-threads // 32)
     per_warp = -(-registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
     return min(SM_CTAS, SM_THREADS // (warps * 32), SM_REGISTERS // (per_warp * warps) if registers else SM_CTAS)
