@@ -180,6 +180,24 @@ def test_many_rows_loop_the_persistent_grid(shape, dtype):
     check_vector(db, want[2], dtype, shape[0], "dbias")
 
 
+@pytest.mark.parametrize("shape", [(65536, 1024), (50000, 1537), (30011, 96)])
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_many_partial_rows_are_summed_by_every_warp_of_a_cta(shape, dtype):
+    """Past a warp's lanes at PARTIAL_ROWS_PER_LANE rows each, the partials' sum spreads a CTA's warps over the
+    rows of the same columns and adds their sums in shared memory: one column group a CTA (1024 bf16) and a batch
+    of single-column groups (odd N), RMSNorm's one pair."""
+    x = torch.randn(shape, device="cuda").to(dtype)
+    w = vector(x, "fp32", 3)
+    dy = torch.randn_like(x)
+    rstd = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-6)
+    dx, dw = gpu.rmsnorm_backward(x, w, dy, rstd)
+    assert any(key[0] == "rmsnorm_backward" and key[1] == dtype and key[2] == shape[1] and key[-1]
+               for key in ops._GRADS), "the variant that sums by CTAs ran"
+    want = grads64(lambda a, b: reference.rmsnorm(a, b, 1e-6)[0], (x, w), dy)
+    check(dx, want[0], dtype, "dx")
+    check_vector(dw, want[1], torch.float32, shape[0], "dweight")
+
+
 @given(st.sampled_from(DTYPES), st.sampled_from((1, 5, 1537, 4096, 40000)), st.integers(0, 2**31 - 1))
 def test_special_rows_give_what_torch_gives(dtype, n, seed):
     """-inf, NaN and inf in rows, through forward and backward: the NaN / inf pattern of float64 autograd."""

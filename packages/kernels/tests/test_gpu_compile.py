@@ -136,6 +136,31 @@ def test_backward_grid_keeps_the_wave_unless_its_partials_outweigh_the_rows(m, r
     assert compiler.backward_grid(m, rows_per_cta, per_wave, 132, element_size) == grid
 
 
+@pytest.mark.parametrize("m, rows_per_cta, per_wave, element_size, spread", [
+    (65536, 2, 396, 2, True),  # 65536x1024 bf16: 792 partial rows, a lane of a warp's sum would walk about 25
+    (256, 1, 264, 2, False),  # one CTA an SM: 132 rows
+    (37, 1, 264, 4, False),
+    (100000, 4, 528, 4, True),
+])
+def test_the_partials_sum_by_ctas_is_chosen_past_a_warps_lanes_at_their_rows(m, rows_per_cta, per_wave,
+                                                                              element_size, spread):
+    grid = compiler.backward_grid(m, rows_per_cta, per_wave, 132, element_size)
+    assert compiler.spread_sum_of(grid * rows_per_cta) is spread
+    assert not compiler.spread_sum_of(32 * compiler.PARTIAL_ROWS_PER_LANE)
+    assert compiler.spread_sum_of(32 * compiler.PARTIAL_ROWS_PER_LANE + 1)
+
+
+def test_the_spread_sum_is_its_own_variant_of_a_norm_backward_only():
+    spread = Variant("layernorm_backward", "bfloat16", 1024, 8, weight="bfloat16", bias="bfloat16", spread_sum=True)
+    plain = Variant("layernorm_backward", "bfloat16", 1024, 8, weight="bfloat16", bias="bfloat16")
+    assert spread.name == plain.name + "_spread"
+    assert repr(spread.kernel()) != repr(plain.kernel()), "compiled functions and artifacts of their own"
+    assert spread.kernel().spread_sum and not plain.kernel().spread_sum
+    assert spread.kernel().describe() == plain.kernel().describe(), "the same plan: only the sum differs"
+    with pytest.raises(ValueError, match="spread_sum is a norm backward's choice"):
+        Variant("softmax_backward", "float32", 1024, 4, spread_sum=True)
+
+
 def test_cubin_resources_and_the_launch_bound_of_a_denser_plan(tmp_path, monkeypatch):
     """Registers read from the cubin, and a plan one CTA per SM denser than the heuristic one: the
     launch bound caps the registers so that it is resident, without spilling."""

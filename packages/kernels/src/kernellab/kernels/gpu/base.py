@@ -55,14 +55,9 @@ STREAMED_BACKWARD_VALUES = 16
 # Rows of the partials a lane loads before it adds them (the sum's loop unrolled): its loads are independent, and
 # one at a time the sum took a latency per row (2.3-10.5 us on an H100, reports/h100/norm-backward/).
 PARTIAL_ROWS_IN_FLIGHT = 4
-# Rows of the partials a lane sums at most, where the CTA's lanes allow: the sum gives each CTA a block of column
-# groups and spreads the partials' rows over all the CTA's warps and over the fewest row lanes of each warp that keep
-# a lane at this many rows (the other lanes take more column groups). Before, one warp summed a group over every
-# row: at 65536x1024 (1584 partial rows, 256 groups) a lane walked about 50 rows, a round trip each few, and at
-# 37x1537 (37 rows) a lane held a row or two and each column ended in a whole-warp reduction.
-PARTIAL_ROWS_PER_LANE = 8
 
 ADD = operator.add
+
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -403,7 +398,7 @@ class GradKernel(RowKernel):
     reductions = 1
     wide_16_bit = False  # the norms: WIDE_BACKWARD for 16-bit rows from WIDE_BACKWARD_N columns
 
-    def __init__(self, dtype, n: int, vec: int, tuning: Tuning | None = None):
+    def __init__(self, dtype, n: int, vec: int, tuning: Tuning | None = None, spread_sum: bool = False):
         if tuning is None:
             wide = self.wide_16_bit and dtype.width == 16 and n >= WIDE_BACKWARD_N
             tuning = WIDE_BACKWARD if wide else BACKWARD
@@ -412,11 +407,15 @@ class GradKernel(RowKernel):
             super().__init__(dtype, n, vec, dataclasses.replace(self.tuning, tile_values=STREAMED_BACKWARD_VALUES))
         self.stages = 2 * self.reductions
         self.part_vec = min(vec, 4)  # fp32 columns per load of the partials (their rows are aligned as x's)
+        self.spread_sum = spread_sum  # the partials' sum by CTAs (``spread_sum_of``: many partial rows)
         # A held row keeps the weight (fp32) and its vector gradients' sums in registers across rows, unless the
         # CTA is so large (512 threads: at most 128 registers each) that x, dy and the next row's prefetch fill
         # them already: then each row re-reads the weight (an L1 hit) and the sums live in shared memory, each
         # thread's own slots, rather than spill.
         self.spare_registers = self.num_threads <= 256
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()}{'_spread' if self.spread_sum else ''}"
 
     def thread_slice(self):
         """As RowKernel's; the first column tile is a constant 0 without a cluster (simpler addressing)."""
@@ -492,73 +491,109 @@ class GradKernel(RowKernel):
     @cute.jit
     def reduce_partials(self, pairs, m_sync: cute.Tensor | None, grid: Int32):
         """After the grid barrier (none where ``m_sync`` is None: a launch of its own), each (partials, output)
-        pair's output = the sum of its partials' rows, in the output's dtype. Each CTA takes blocks of
-        ``col_lanes * batch`` consecutive column groups (``part_vec`` columns each), block q by CTA q mod grid. A
-        warp's lanes are row lanes x column lanes (powers of two, the split by the partials' rows at runtime,
-        ``PARTIAL_ROWS_PER_LANE``); the CTA's warps and row lanes share the rows, each lane summing every
-        (warps * row_lanes)-th row of its groups with its loads in flight together. Then butterfly shuffles over
-        the row lanes, and the warps' sums meet in shared memory, where the first warp adds them and stores."""
+        pair's output = the sum of its partials' rows, in the output's dtype: by CTAs (every warp of a CTA on the
+        same columns) in the variant compiled for many partial rows (``spread_sum``, chosen by
+        ``compiler.spread_sum_of``), by warps otherwise. A compile-time choice: with both paths behind a runtime
+        branch, fp32 and bf16 LayerNorm at 1537 columns took 255 registers and a stack where either path alone
+        takes about 160."""
         if const_expr(m_sync is not None):
             self.grid_barrier(m_sync, grid)
+        if const_expr(self.spread_sum):
+            self.sum_partials_by_ctas(pairs, grid)
+        else:
+            self.sum_partials_by_warps(pairs, grid)
+
+    @cute.jit
+    def sum_partials_by_warps(self, pairs, grid: Int32):
+        """Column groups of ``part_vec`` columns go to the grid's warps in batches of ``batch`` groups per warp;
+        lanes sum every 32nd row of the batch's groups (its loads independent, in flight together), then one warp
+        reduction per group."""
         warps = self.num_threads // WARP
         bidx, _, _ = cute.arch.block_idx()
         lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
         rows = pairs[0][0].shape[0]
-        tile, groups, batch = (1, self.part_vec), self.n // self.part_vec, max(1, 8 // self.part_vec)
-        row_lanes = Int32(WARP)
-        for level in cutlass.range_constexpr(4, -1, -1):  # 16, 8, 4, 2, 1 row lanes: the fewest that suffice
-            if rows <= warps * (1 << level) * PARTIAL_ROWS_PER_LANE:
-                row_lanes = Int32(1 << level)
-        col_lanes = WARP // row_lanes
-        row_lane, col_lane = lane // col_lanes, lane % col_lanes
-        slot, slots = warp * row_lanes + row_lane, warps * row_lanes
-        width = col_lanes * batch  # groups in a block
-        # each warp's sums of a block: (value in the group, the block's group as b * col_lanes + col lane, warp)
-        staged = SmemAllocator().allocate_tensor(
-            Float32, cute.make_layout((self.part_vec, WARP * batch, warps)), byte_alignment=16)
-        for block in cutlass.range(bidx, (groups + width - 1) // width, grid):
-            first = block * width + col_lane
-            sums = []
-            for m_part, _ in pairs:
-                for _ in cutlass.range_constexpr(batch):
-                    acc = cute.make_rmem_tensor_like(cute.local_tile(m_part, tile, (0, 0)), Float32)
-                    acc.fill(0.0)
-                    sums.append(acc)
-            for r in cutlass.range(slot, rows, slots, unroll=PARTIAL_ROWS_IN_FLIGHT):  # every pair's loads together
-                for p, (m_part, _) in enumerate(pairs):
-                    for b in cutlass.range_constexpr(batch):
-                        if first + b * col_lanes < groups:
-                            src = cute.local_tile(m_part, tile, (r, first + b * col_lanes))
-                            frag = cute.make_rmem_tensor_like(src)
-                            cute.autovec_copy(src, frag)
-                            acc = sums[p * batch + b]
-                            acc.store(acc.load() + frag.load())
+        groups, batch = self.n // self.part_vec, max(1, 8 // self.part_vec)
+        stride = grid * warps
+        for first in cutlass.range(bidx * warps + warp, groups, stride * batch):
+            sums = self.partial_sums(pairs, batch)
+            for r in cutlass.range(lane, rows, WARP, unroll=PARTIAL_ROWS_IN_FLIGHT):
+                self.add_partial_row(pairs, sums, r, first, stride, groups, batch)
+            for p, (_, m_out) in enumerate(pairs):
+                for b in cutlass.range_constexpr(batch):
+                    group = first + b * stride
+                    acc = sums[p * batch + b]
+                    for k in cutlass.range_constexpr(self.part_vec):
+                        acc[0, k] = cute.arch.warp_reduction(acc[0, k], ADD, threads_in_group=WARP)
+                    if lane == 0 and group < groups:
+                        self.store_group(m_out, acc, group)
+
+    @cute.jit
+    def sum_partials_by_ctas(self, pairs, grid: Int32):
+        """Batches of ``batch`` consecutive column groups go to the grid's CTAs; every lane of a CTA's warps sums
+        every (warps * 32)-th row of its CTA's batch, then a warp reduction per group, and the warps' sums meet in
+        shared memory (``batch * part_vec`` floats a warp), where the first lane adds them and stores: a lane walks
+        1 / warps of the rows a lane of ``sum_partials_by_warps`` walks."""
+        warps = self.num_threads // WARP
+        bidx, _, _ = cute.arch.block_idx()
+        lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
+        rows = pairs[0][0].shape[0]
+        groups, batch = self.n // self.part_vec, max(1, 8 // self.part_vec)
+        staged = SmemAllocator().allocate_tensor(Float32, cute.make_layout((self.part_vec, batch, warps)),
+                                                 byte_alignment=16)
+        for first in cutlass.range(bidx * batch, groups, grid * batch):  # the same trip count for the whole CTA
+            sums = self.partial_sums(pairs, batch)
+            for r in cutlass.range(warp * WARP + lane, rows, warps * WARP, unroll=PARTIAL_ROWS_IN_FLIGHT):
+                self.add_partial_row(pairs, sums, r, first, 1, groups, batch)
             for p, (_, m_out) in enumerate(pairs):  # a pair at a time through the staging buffer
                 for b in cutlass.range_constexpr(batch):
                     for k in cutlass.range_constexpr(self.part_vec):
-                        value = sums[p * batch + b][0, k]
-                        for level in cutlass.range_constexpr(4, -1, -1):  # lanes 16, 8, ... apart: row lanes
-                            if (1 << level) >= col_lanes:
-                                value = value + cute.arch.shuffle_sync_bfly(value, offset=1 << level)
-                        if row_lane == 0:
-                            staged[k, b * col_lanes + col_lane, warp] = value
+                        value = cute.arch.warp_reduction(sums[p * batch + b][0, k], ADD, threads_in_group=WARP)
+                        if lane == 0:
+                            staged[k, b, warp] = value
                 cute.arch.barrier()
-                if warp == 0:
-                    if row_lane == 0:
-                        for b in cutlass.range_constexpr(batch):
-                            group = first + b * col_lanes
-                            if group < groups:
-                                total = cute.make_rmem_tensor_like(sums[p * batch + b])
-                                for k in cutlass.range_constexpr(self.part_vec):
-                                    value = Float32(0.0)
-                                    for w in cutlass.range_constexpr(warps):
-                                        value = value + staged[k, b * col_lanes + col_lane, w]
-                                    total[0, k] = value
-                                dst = cute.local_tile(self.broadcast_rows(m_out), tile, (0, group))
-                                out = cute.make_rmem_tensor_like(dst)
-                                out.store(total.load().to(m_out.element_type))
-                                cute.autovec_copy(out, dst)
-                cute.arch.barrier()  # the first warp has read the staged sums before the next ones land
+                if warp == 0 and lane == 0:
+                    for b in cutlass.range_constexpr(batch):
+                        if first + b < groups:
+                            total = cute.make_rmem_tensor_like(sums[p * batch + b])
+                            for k in cutlass.range_constexpr(self.part_vec):
+                                value = Float32(0.0)
+                                for w in cutlass.range_constexpr(warps):
+                                    value = value + staged[k, b, w]
+                                total[0, k] = value
+                            self.store_group(m_out, total, first + b)
+                cute.arch.barrier()  # the first lane has read the staged sums before the next ones land
+
+    def partial_sums(self, pairs, batch: int) -> list:
+        """Zeroed fp32 sums of one column group, ``batch`` a pair."""
+        sums = []
+        for m_part, _ in pairs:
+            for _ in range(batch):
+                acc = cute.make_rmem_tensor_like(cute.local_tile(m_part, (1, self.part_vec), (0, 0)), Float32)
+                acc.fill(0.0)
+                sums.append(acc)
+        return sums
+
+    @cute.jit
+    def add_partial_row(self, pairs, sums: list, r: Int32, first: Int32, stride, groups: Int32, batch: int):
+        """Partials' row r of groups first + b * stride (b < batch) into the sums, every pair's loads together."""
+        tile = (1, self.part_vec)
+        for p, (m_part, _) in enumerate(pairs):
+            for b in cutlass.range_constexpr(batch):
+                group = first + b * stride
+                if group < groups:
+                    src = cute.local_tile(m_part, tile, (r, group))
+                    frag = cute.make_rmem_tensor_like(src)
+                    cute.autovec_copy(src, frag)
+                    acc = sums[p * batch + b]
+                    acc.store(acc.load() + frag.load())
+
+    @cute.jit
+    def store_group(self, m_out: cute.Tensor, total: cute.Tensor, group: Int32):
+        """One column group's fp32 sums into the output, in its dtype."""
+        dst = cute.local_tile(self.broadcast_rows(m_out), (1, self.part_vec), (0, group))
+        out = cute.make_rmem_tensor_like(dst)
+        out.store(total.load().to(m_out.element_type))
+        cute.autovec_copy(out, dst)
 
     @cute.jit
     def partials(self, thr, m_partials, block, tile, cols, later, values, held):

@@ -43,6 +43,7 @@ class Variant:
     residual: bool = False  # rmsnorm: h = x + residual; rmsnorm_backward: the gradient of h is added to dx
     tuning: Tuning | None = None  # None: the kernel's heuristic plan
     stats: bool = False  # rmsnorm, layernorm: also store each row's rstd (and mean) for the backward
+    spread_sum: bool = False  # rmsnorm_backward, layernorm_backward: the partials' sum by CTAs (many partial rows)
 
     def __post_init__(self):
         if self.op not in OPS:
@@ -52,6 +53,8 @@ class Variant:
                 raise ValueError(f"unsupported dtype {name!r}")
         if self.n < 1 or self.vec < 1 or self.n % self.vec or self.vec * DTYPES[self.dtype] > 128:
             raise ValueError(f"vector width {self.vec} does not fit N={self.n} of {self.dtype}")
+        if self.spread_sum and self.op not in ("rmsnorm_backward", "layernorm_backward"):
+            raise ValueError(f"spread_sum is a norm backward's choice, not {self.op!r}'s")
 
     @property
     def name(self) -> str:
@@ -63,7 +66,9 @@ class Variant:
                  f"{f'-p{t.max_threads_per_row}' if t.max_threads_per_row != type(t).max_threads_per_row else ''}"
                  if t else "")
         stats = "_stats" if self.stats else ""
-        return f"{self.op}_{self.dtype}_n{self.n}_v{self.vec}{flags}{'_res' if self.residual else ''}{stats}{knobs}"
+        spread = "_spread" if self.spread_sum else ""
+        return (f"{self.op}_{self.dtype}_n{self.n}_v{self.vec}{flags}{'_res' if self.residual else ''}{stats}{spread}"
+                f"{knobs}")
 
     @property
     def backward(self) -> bool:
@@ -87,12 +92,13 @@ class Variant:
         if self.op == "rmsnorm_backward":
             from .rmsnorm_backward_kernel import RMSNormBackward
 
-            return RMSNormBackward(x, self.n, self.vec, weight_dtype=w, residual=self.residual, tuning=self.tuning)
+            return RMSNormBackward(x, self.n, self.vec, weight_dtype=w, residual=self.residual, tuning=self.tuning,
+                                   spread_sum=self.spread_sum)
         if self.op == "layernorm_backward":
             from .layernorm_backward_kernel import LayerNormBackward
 
             return LayerNormBackward(x, self.n, self.vec, weight_dtype=w, bias=self.bias is not None,
-                                     tuning=self.tuning)
+                                     tuning=self.tuning, spread_sum=self.spread_sum)
         from .layernorm_kernel import LayerNorm
 
         return LayerNorm(x, self.n, self.vec, weight_dtype=w, bias_dtype=b, tuning=self.tuning)
@@ -290,6 +296,19 @@ def wave_grid(m: int, rows_per_cta: int, per_wave: int) -> int:
     return min(-(-m // rows_per_cta), per_wave)
 
 
+PARTIAL_ROWS_PER_LANE = 8
+"""Rows of the partials a lane of a warp's sum walks at most: past 32 times this, the backward launches its variant
+that spreads the sum over every warp of a CTA (``base.GradKernel.sum_partials_by_ctas``). With one warp a column
+group, at 65536x1024 bf16 (396 CTAs of 2 rows: 792 partial rows) a lane walked about 25 rows and the sum took 7-10
+us on an H100; spreading the rows over the CTA's warps at every size made the few-row cases slower instead (few
+CTAs with work: reports/h100/norm-backward/)."""
+
+
+def spread_sum_of(partial_rows: int) -> bool:
+    """Whether a backward's partials of this many rows are summed by CTAs (``Variant.spread_sum``)."""
+    return partial_rows > 32 * PARTIAL_ROWS_PER_LANE
+
+
 def backward_grid(m: int, rows_per_cta: int, per_wave: int, sms: int, element_size: int) -> int:
     """The grid of a backward launch with vector gradients over ``m`` rows: the wave (``wave``), or one CTA an SM
     where the wave's partials would be more than ``PARTIALS_SHARE`` of the rows' bytes (``sms`` 0, off the GPU:
@@ -421,6 +440,14 @@ def representative_variants() -> list[Variant]:
         Variant("layernorm_backward", "float16", 768, 8, bias="float16"),
         Variant("layernorm_backward", "float32", 20, 2, weight="float32"),
         Variant("layernorm_backward", "bfloat16", 300000, 8, weight="bfloat16", bias="bfloat16"),  # streamed
+        # the partials summed by CTAs (many partial rows): the bandwidth shape's N, a batch of single-column
+        # groups (odd N), dbias alone, a cluster (the sum a launch of its own), streamed rows
+        Variant("rmsnorm_backward", "bfloat16", 1024, 8, weight="bfloat16", spread_sum=True),
+        Variant("layernorm_backward", "bfloat16", 1024, 8, weight="bfloat16", bias="bfloat16", spread_sum=True),
+        Variant("rmsnorm_backward", "float32", 4097, 1, weight="float32", spread_sum=True),
+        Variant("layernorm_backward", "float16", 768, 8, bias="float16", spread_sum=True),
+        Variant("layernorm_backward", "float32", 12289, 1, weight="float32", bias="float32", spread_sum=True),
+        Variant("rmsnorm_backward", "bfloat16", 300000, 8, weight="float32", residual=True, spread_sum=True),
     ]
 
 

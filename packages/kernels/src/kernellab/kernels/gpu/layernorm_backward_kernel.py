@@ -23,8 +23,9 @@ class LayerNormBackward(GradKernel):
     name = "layernorm_backward"
     wide_16_bit = True
 
-    def __init__(self, dtype, n: int, vec: int, weight_dtype=None, bias: bool = False, tuning=None):
-        super().__init__(dtype, n, vec, tuning)
+    def __init__(self, dtype, n: int, vec: int, weight_dtype=None, bias: bool = False, tuning=None,
+                 spread_sum: bool = False):
+        super().__init__(dtype, n, vec, tuning, spread_sum)
         self.weight_dtype, self.bias = weight_dtype, bias
 
     def __repr__(self) -> str:

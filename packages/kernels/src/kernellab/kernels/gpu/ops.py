@@ -14,7 +14,7 @@ import torch
 
 from .. import checks
 from . import compiler
-from .compiler import Plans, Variant, backward_grid, call_of, wave
+from .compiler import Plans, Variant, backward_grid, call_of, spread_sum_of, wave
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -245,17 +245,19 @@ for _op in (_softmax_out, _rmsnorm_out, _layernorm_out):
 _GRADS: dict[tuple, tuple] = {}  # (op, dtypes, N, alignment, flags) -> (function, rows per CTA, CTAs per wave)
 
 
-def _grad_function(op: str, x, bits: int, weight, dh: bool, dbias):
+def _grad_function(op: str, x, bits: int, weight, dh: bool, dbias, spread_sum: bool = False):
     """The compiled backward of the call's alignment class, its rows per CTA, and how many of its CTAs (clusters) one
     wave holds on x's GPU (the persistent grid of the kernels with vector gradients). ``dbias``: dbias's
-    dtype, or None where it is not wanted."""
+    dtype, or None where it is not wanted; ``spread_sum``: the variant that sums many partial rows by CTAs (its
+    plan is the same)."""
     n = x.shape[1]
     wdt = None if weight is None else weight.dtype
-    key = (op, x.dtype, n, bits & -bits, wdt, dh, dbias)
+    key = (op, x.dtype, n, bits & -bits, wdt, dh, dbias, spread_sum)
     found = _GRADS.get(key)
     if found is None:
         vec = (bits & -bits) // x.element_size()
-        variant = Variant(op, _NAME[x.dtype], n, vec, weight=_NAME.get(wdt), bias=_NAME.get(dbias), residual=dh)
+        variant = Variant(op, _NAME[x.dtype], n, vec, weight=_NAME.get(wdt), bias=_NAME.get(dbias), residual=dh,
+                          spread_sum=spread_sum)
         found = _GRADS[key] = (call_of(compiler.compiled(variant)), *wave(variant, _sms(x)))
     return found
 
@@ -318,6 +320,8 @@ def _grad_launch(op: str, x, dy, weight=None, dh=None, rstd=None, mean=None, dbi
         return dx, None, None
     vectors = weight is not None or dbias is not None
     grid = backward_grid(m, rows_per_cta, per_wave, _sms(x), e) if vectors else -(-m // rows_per_cta)
+    if vectors and spread_sum_of(grid * rows_per_cta):
+        fn = _grad_function(op, x2, bits, weight, dh is not None, dbias, spread_sum=True)[0]
     pw = dw = pb = db = sync = None
     if weight is not None:
         pw, dw = x.new_empty((grid * rows_per_cta, n), dtype=torch.float32), torch.empty_like(weight)

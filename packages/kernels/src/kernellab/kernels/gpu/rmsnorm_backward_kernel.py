@@ -22,8 +22,9 @@ class RMSNormBackward(GradKernel):
     name = "rmsnorm_backward"
     wide_16_bit = True
 
-    def __init__(self, dtype, n: int, vec: int, weight_dtype=None, residual: bool = False, tuning=None):
-        super().__init__(dtype, n, vec, tuning)
+    def __init__(self, dtype, n: int, vec: int, weight_dtype=None, residual: bool = False, tuning=None,
+                 spread_sum: bool = False):
+        super().__init__(dtype, n, vec, tuning, spread_sum)
         self.weight_dtype, self.residual = weight_dtype, residual
 
     def __repr__(self) -> str:
