@@ -65,6 +65,9 @@ BACKWARD_CASES = [
     ("rmsnorm", "bfloat16", 300, 16384, "x", False, True, 0),
     ("layernorm", "float32", 300, 12289, "float32", True, False, 0),
     ("layernorm", "bfloat16", 3, 65536, None, True, False, 0),  # a cluster of 8, dbias alone
+    # more partial rows than a warp's lanes sum at PARTIAL_ROWS_PER_LANE each: the sum by CTAs (compiler.spread_sum_of)
+    ("rmsnorm", "bfloat16", 20000, 1024, "x", False, False, 0),
+    ("layernorm", "float32", 9000, 1537, "float32", True, False, 0),
     # 512-thread CTAs: the vector gradients' sums in shared memory, the weight re-read per row
     ("layernorm", "float32", 200, 8192, "x", True, False, 0),
     ("rmsnorm", "float32", 200, 8192, "float32", False, True, 0),
