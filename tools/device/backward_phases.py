@@ -17,6 +17,7 @@ $OUT/backward_phases.json and prints one line per case and grid.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -59,6 +60,8 @@ def probe(phase: str, shapes: str, caps: list[int]) -> dict:
             ours(op, v, w, sms)  # compiles: wave() reads the cubin's registers
             rows_per_cta, per_wave = compiler.wave(v, sms)
             default = compiler.backward_grid(m, rows_per_cta, per_wave, sms, x.element_size())  # the ops' grid
+            if compiler.spread_sum_of(default * rows_per_cta):  # the ops' variant for many partial rows
+                v = dataclasses.replace(v, spread_sum=True)
             wave = compiler.wave_grid(m, rows_per_cta, per_wave)  # timed too, so the rule can be rechecked
             iterations = max(20, int(3000 / (3 * m * n * x.element_size() / 4e6 + 2)))
             timed = {}
@@ -67,7 +70,7 @@ def probe(phase: str, shapes: str, caps: list[int]) -> dict:
                 samples = timing.measure("graph_throughput", [call], device, samples=7, iterations=iterations)
                 timed[grid] = statistics.median(samples)
             out[f"{op}_backward_{m}x{n}_{name}"] = {"p50_us": timed[default], "grid": default,
-                                                     "rows_per_cta": rows_per_cta,
+                                                     "rows_per_cta": rows_per_cta, "spread_sum": v.spread_sum,
                                                      "p50_us_by_grid": {str(g): t for g, t in timed.items()}}
     return out
 

@@ -59,7 +59,6 @@ PARTIAL_ROWS_IN_FLIGHT = 4
 ADD = operator.add
 
 
-
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
