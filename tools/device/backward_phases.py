@@ -60,8 +60,11 @@ def probe(phase: str, shapes: str, caps: list[int]) -> dict:
             ours(op, v, w, sms)  # compiles: wave() reads the cubin's registers
             rows_per_cta, per_wave = compiler.wave(v, sms)
             default = compiler.backward_grid(m, rows_per_cta, per_wave, sms, x.element_size())  # the ops' grid
-            if compiler.spread_sum_of(default * rows_per_cta):  # the ops' variant for many partial rows
+            if compiler.spread_sum_of(default * rows_per_cta):  # the ops' variant for many partial rows, its wave
                 v = dataclasses.replace(v, spread_sum=True)
+                ours(op, v, w, sms)
+                rows_per_cta, per_wave = compiler.wave(v, sms)
+                default = compiler.backward_grid(m, rows_per_cta, per_wave, sms, x.element_size())
             wave = compiler.wave_grid(m, rows_per_cta, per_wave)  # timed too, so the rule can be rechecked
             iterations = max(20, int(3000 / (3 * m * n * x.element_size() / 4e6 + 2)))
             timed = {}

@@ -320,8 +320,9 @@ def _grad_launch(op: str, x, dy, weight=None, dh=None, rstd=None, mean=None, dbi
         return dx, None, None
     vectors = weight is not None or dbias is not None
     grid = backward_grid(m, rows_per_cta, per_wave, _sms(x), e) if vectors else -(-m // rows_per_cta)
-    if vectors and spread_sum_of(grid * rows_per_cta):
-        fn = _grad_function(op, x2, bits, weight, dh is not None, dbias, spread_sum=True)[0]
+    if vectors and spread_sum_of(grid * rows_per_cta):  # its own wave: its sum's registers may hold fewer CTAs
+        fn, rows_per_cta, per_wave = _grad_function(op, x2, bits, weight, dh is not None, dbias, spread_sum=True)
+        grid = backward_grid(m, rows_per_cta, per_wave, _sms(x), e)
     pw = dw = pb = db = sync = None
     if weight is not None:
         pw, dw = x.new_empty((grid * rows_per_cta, n), dtype=torch.float32), torch.empty_like(weight)
