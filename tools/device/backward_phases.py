@@ -29,8 +29,9 @@ SHAPES = "37x1537:float32,256x3072:bfloat16,1024x4096:bfloat16,768x6144:bfloat16
 PHASES = ("full", "barrier", "rows")
 
 
-def probe(phase: str, shapes: str, caps: list[int]) -> dict:
-    """One phase's timings, in this process (the kernels compile after the patch)."""
+def probe(phase: str, shapes: str, caps: list[int], grids: dict) -> dict:
+    """One phase's timings, in this process (the kernels compile after the patch). ``grids``: the full phase's grid
+    of each case, which the others time too (a patched kernel's registers may hold another wave)."""
     import torch
     from backward_sweep import ours  # the kernel called directly, as the plan sweep calls it (this folder)
 
@@ -65,6 +66,7 @@ def probe(phase: str, shapes: str, caps: list[int]) -> dict:
                 ours(op, v, w, sms)
                 rows_per_cta, per_wave = compiler.wave(v, sms)
                 default = compiler.backward_grid(m, rows_per_cta, per_wave, sms, x.element_size())
+            default = grids.get(f"{op}_backward_{m}x{n}_{name}", default)
             wave = compiler.wave_grid(m, rows_per_cta, per_wave)  # timed too, so the rule can be rechecked
             iterations = max(20, int(3000 / (3 * m * n * x.element_size() / 4e6 + 2)))
             timed = {}
@@ -144,20 +146,22 @@ def main() -> int:
     ap.add_argument("--ctas", default="", type=cta_counts, help="comma-separated CTA counts: also time each case on "
                     "grids of at most that many CTAs")
     ap.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # the per-phase subprocess
+    ap.add_argument("--grids", default="{}", type=json.loads, help=argparse.SUPPRESS)  # the full phase's grids
     args = ap.parse_args()
     caps = [int(c) for c in args.ctas.split(",") if c]
     if args.show:
         show(args.show)
         return 0
     if args.phase:
-        print(json.dumps(probe(args.phase, args.shapes, caps)))
+        print(json.dumps(probe(args.phase, args.shapes, caps, args.grids)))
         return 0
     from kernellab.harness import provenance
 
     found = {}
     for phase in PHASES:
+        grids = {case: r["grid"] for case, r in found.get("full", {}).items()}  # PHASES starts with full
         run = subprocess.run([sys.executable, __file__, "--phase", phase, "--shapes", args.shapes, "--ctas",
-                              args.ctas], capture_output=True, text=True, check=True)
+                              args.ctas, "--grids", json.dumps(grids)], capture_output=True, text=True, check=True)
         found[phase] = json.loads(run.stdout.strip().splitlines()[-1])
     record = {"tool": "tools/device/backward_phases.py", "phases": PHASES, "mode": "graph_throughput",
               "provenance": provenance.of_check("cuda", __file__, ["kernels"]), "cases": found}
