@@ -113,6 +113,18 @@ def test_phases_table_of_several_records_puts_the_sum_and_kernel_of_each_revisio
     assert lines[2:] == ["| x | 3.00 | 1.50 | 10.00 | 8.50 |", "| y | 0.50 | - | 5.00 | - |"]
 
 
+def test_phases_ops_take_known_kernels_only():
+    """``backward_phases.py --ops``: LayerNorm without dbias is a kernel of its own; an unknown name or an empty list
+    is refused before any GPU work."""
+    import argparse
+
+    phases = load_tool("backward_phases")
+    assert phases.kernel_names("rmsnorm,layernorm-nobias") == "rmsnorm,layernorm-nobias"
+    for bad in ("", "rmsnorm,softmax", "layernorm,"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected"):
+            phases.kernel_names(bad)
+
+
 def test_stack_phases_table_subtracts_each_probe_from_the_next_and_marks_what_is_missing(tmp_path, capsys):
     """``stack_phases.py``: the per-phase entries merged per (model, rows, form) with the model's weight floor,
     then the skeleton, what phase A and phase B add, and the full call; '-' where a phase failed."""

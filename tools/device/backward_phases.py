@@ -5,12 +5,13 @@ timed (CUDA-graph throughput) three ways, each compiled in a process of its own:
     barrier  rows and the grid barrier, no partials' sum (dweight / dbias left unwritten)
     rows     rows alone (dweight / dbias left unwritten): what the per-row work costs
 
-    python3 tools/device/backward_phases.py [--shapes 37x1537:float32,256x3072:bfloat16]
+    python3 tools/device/backward_phases.py [--shapes 37x1537:float32,256x3072:bfloat16] [--ops rmsnorm,layernorm]
     python3 tools/device/backward_phases.py --show RECORD.json[,...]   (anywhere: written records as tables)
 
 The differences are the barrier's and the sum's costs. Only "full" gives correct vector gradients; the
 others are timing probes. With ``--ctas 33,66``, each phase is also timed on grids of at most that many CTAs
-(fewer, fatter CTAs: each runs more rows, and fewer partial rows are summed). Writes
+(fewer, fatter CTAs: each runs more rows, and fewer partial rows are summed). ``--ops`` picks the kernels:
+rmsnorm, layernorm, and layernorm-nobias (LayerNorm without dbias: one pair of partials to sum, not two). Writes
 $OUT/backward_phases.json and prints one line per case and grid.
 """
 
@@ -27,9 +28,10 @@ import sys
 
 SHAPES = "37x1537:float32,256x3072:bfloat16,1024x4096:bfloat16,768x6144:bfloat16,65536x1024:bfloat16"
 PHASES = ("full", "barrier", "rows")
+OPS = ("rmsnorm", "layernorm", "layernorm-nobias")
 
 
-def probe(phase: str, shapes: str, caps: list[int], grids: dict) -> dict:
+def probe(phase: str, shapes: str, caps: list[int], grids: dict, ops: list[str]) -> dict:
     """One phase's timings, in this process (the kernels compile after the patch). ``grids``: the full phase's grid
     of each case, which the others time too (a patched kernel's registers may hold another wave)."""
     import torch
@@ -54,9 +56,11 @@ def probe(phase: str, shapes: str, caps: list[int], grids: dict) -> dict:
         dy, w = torch.randn_like(x), torch.randn(n, device="cuda").to(dt)
         xf = x.float()
         mean, rstd = xf.mean(-1), torch.rsqrt(xf.var(-1, unbiased=False) + 1e-5)
-        for op in ("rmsnorm", "layernorm"):
+        for kind in ops:
+            op = kind.removesuffix("-nobias")
+            case = f"{op}_backward_{m}x{n}_{name}{'_nobias' if kind != op else ''}"
             v = Variant(f"{op}_backward", name, n, widest_vector(n, name), weight=name,
-                        bias=name if op == "layernorm" else None)
+                        bias=name if kind == "layernorm" else None)
             inputs = {"x": x, "dy": dy, "mean": mean, "rstd": rstd}
             ours(op, v, w, sms)  # compiles: wave() reads the cubin's registers
             rows_per_cta, per_wave = compiler.wave(v, sms)
@@ -66,7 +70,7 @@ def probe(phase: str, shapes: str, caps: list[int], grids: dict) -> dict:
                 ours(op, v, w, sms)
                 rows_per_cta, per_wave = compiler.wave(v, sms)
                 default = compiler.backward_grid(m, rows_per_cta, per_wave, sms, x.element_size())
-            default = grids.get(f"{op}_backward_{m}x{n}_{name}", default)
+            default = grids.get(case, default)
             wave = compiler.wave_grid(m, rows_per_cta, per_wave)  # timed too, so the rule can be rechecked
             iterations = max(20, int(3000 / (3 * m * n * x.element_size() / 4e6 + 2)))
             timed = {}
@@ -74,7 +78,7 @@ def probe(phase: str, shapes: str, caps: list[int], grids: dict) -> dict:
                 call = functools.partial(ours(op, v, w, sms, ctas=grid), inputs)
                 samples = timing.measure("graph_throughput", [call], device, samples=7, iterations=iterations)
                 timed[grid] = statistics.median(samples)
-            out[f"{op}_backward_{m}x{n}_{name}"] = {"p50_us": timed[default], "grid": default,
+            out[case] = {"p50_us": timed[default], "grid": default,
                                                      "rows_per_cta": rows_per_cta, "spread_sum": v.spread_sum,
                                                      "p50_us_by_grid": {str(g): t for g, t in timed.items()}}
     return out
@@ -131,6 +135,14 @@ def compare(paths: list[str]) -> None:
         print(f"| {case} | " + " | ".join(sums) + " | " + " | ".join(kernels) + " |")
 
 
+def kernel_names(text: str) -> str:
+    """--ops: comma-separated names of OPS (kept as text: it is passed on to each phase's process)."""
+    unknown = [k for k in text.split(",") if k not in OPS]
+    if unknown or not text:
+        raise argparse.ArgumentTypeError(f"comma-separated kernels of {','.join(OPS)} expected, got {text!r}")
+    return text
+
+
 def cta_counts(text: str) -> str:
     """--ctas: comma-separated positive integers (kept as text: it is passed on to each phase's process)."""
     if not all(c.isdigit() and int(c) > 0 for c in text.split(",") if c):
@@ -145,6 +157,8 @@ def main() -> int:
                     help="print written records (several: revisions side by side) as markdown tables and stop")
     ap.add_argument("--ctas", default="", type=cta_counts, help="comma-separated CTA counts: also time each case on "
                     "grids of at most that many CTAs")
+    ap.add_argument("--ops", default="rmsnorm,layernorm", type=kernel_names,
+                    help="comma-separated kernels of " + ",".join(OPS))
     ap.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # the per-phase subprocess
     ap.add_argument("--grids", default="{}", type=json.loads, help=argparse.SUPPRESS)  # the full phase's grids
     args = ap.parse_args()
@@ -153,7 +167,7 @@ def main() -> int:
         show(args.show)
         return 0
     if args.phase:
-        print(json.dumps(probe(args.phase, args.shapes, caps, args.grids)))
+        print(json.dumps(probe(args.phase, args.shapes, caps, args.grids, args.ops.split(","))))
         return 0
     from kernellab.harness import provenance
 
@@ -161,7 +175,8 @@ def main() -> int:
     for phase in PHASES:
         grids = {case: r["grid"] for case, r in found.get("full", {}).items()}  # PHASES starts with full
         run = subprocess.run([sys.executable, __file__, "--phase", phase, "--shapes", args.shapes, "--ctas",
-                              args.ctas, "--grids", json.dumps(grids)], capture_output=True, text=True, check=True)
+                              args.ctas, "--grids", json.dumps(grids), "--ops", args.ops], capture_output=True,
+                             text=True, check=True)
         found[phase] = json.loads(run.stdout.strip().splitlines()[-1])
     record = {"tool": "tools/device/backward_phases.py", "phases": PHASES, "mode": "graph_throughput",
               "provenance": provenance.of_check("cuda", __file__, ["kernels"]), "cases": found}

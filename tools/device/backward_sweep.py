@@ -110,7 +110,7 @@ def ours(op, variant, w, sms, ctas=None):
         if op == "rmsnorm":
             fn(x, w, dy, i["rstd"], None, dx, pw, dw, sync, grid)
             return dx, dw
-        pb, db = torch.empty_like(pw), torch.empty_like(w)
+        pb, db = (torch.empty_like(pw), torch.empty_like(w)) if variant.bias else (None, None)  # dbias wanted or not
         fn(x, w, dy, i["mean"], i["rstd"], dx, pw, pb, dw, db, sync, grid)
         return dx, dw, db
 
