@@ -125,6 +125,51 @@ def test_phases_ops_take_known_kernels_only():
             phases.kernel_names(bad)
 
 
+def test_stack_trace_stamps_every_step_of_each_block_in_the_gemv_kernel():
+    """``stack_trace.py``: the traced gemv module is valid Python with a stamp at the block's top and after each step,
+    inside the block loop (indexed by the block), and the stamp method beside the kernel."""
+    trace = load_tool("stack_trace")
+    source = (ROOT / "packages/megakernel/src/kernellab/megakernel/engines/persistent_stack_gemv.py").read_text()
+    traced = trace.traced_source(source)
+    ast.parse(traced)
+    stamps = [line for line in traced.splitlines() if "self.trace_stamp(tid, cta, i * " in line]
+    assert len(stamps) == trace.SLOTS_A_BLOCK
+    assert [int(line.rsplit("+ ", 1)[1].rstrip(")")) for line in stamps] == list(range(trace.SLOTS_A_BLOCK))
+    assert all(line.startswith(" " * 12) for line in stamps)  # in the loop over blocks (its body's indentation)
+    assert "def trace_stamp(" in traced and "cute.arch.globaltimer()" in traced
+
+
+def test_stack_trace_stops_on_an_anchor_the_kernel_lost():
+    trace = load_tool("stack_trace")
+    source = (ROOT / "packages/megakernel/src/kernellab/megakernel/engines/persistent_stack_gemv.py").read_text()
+    with pytest.raises(SystemExit, match="update STEPS"):
+        trace.traced_source(source.replace("            if i + 1 < blocks:", "            if blocks > i + 1:"))
+
+
+def test_stack_trace_timeline_converts_each_ctas_clocks_at_its_own_rate():
+    """Two CTAs, two blocks: one CTA at 1 clock a ns, the other at 2; per step the median and the slowest CTA."""
+    trace = load_tool("stack_trace")
+    per_block = trace.SLOTS_A_BLOCK
+
+    def cta(rate, durations_ns):
+        clocks, ns, out = 0, 1000, []
+        for d in durations_ns:
+            out.append([clocks, ns])
+            clocks, ns = clocks + d * rate, ns + d
+        out.append([clocks, ns])
+        return out + [[0, 0]] * (trace.TRACE_SLOTS - len(out))
+
+    steps = len(trace.STEPS)
+    fast = [100, 2000, 500, 1000, 300, 0] + [100, 2000, 500, 1000, 300]  # block 0's top to block 1's last step
+    slow = [100, 4000, 100, 3000, 100, 0] + [100, 2000, 500, 1000, 300]
+    assert len(fast) == per_block + steps
+    got = trace.timeline([cta(1, fast), cta(2, slow)], blocks=2)
+    assert list(got) == [name for name, _ in trace.STEPS]
+    assert got["phase A"][0] == {"median_us": 3.0, "max_us": 4.0}
+    assert got["barrier 1"][0] == {"median_us": 0.3, "max_us": 0.5}
+    assert got["phase B"][1] == {"median_us": 1.0, "max_us": 1.0}
+
+
 def test_stack_phases_table_subtracts_each_probe_from_the_next_and_marks_what_is_missing(tmp_path, capsys):
     """``stack_phases.py``: the per-phase entries merged per (model, rows, form) with the model's weight floor,
     then the skeleton, what phase A and phase B add, and the full call; '-' where a phase failed."""

@@ -1,0 +1,194 @@
+"""A timeline of the fused stack's matrix-vector forms inside one call, on the GPU host: per block, how long each
+CTA spends on its operand, phase A, the wait at the first grid barrier, phase B and the wait at the second.
+
+    python3 tools/device/stack_trace.py [--models 'swiglu4*'] [--rows 1,16] [--forms gemv,mma]
+    python3 tools/device/stack_trace.py --show RECORD.json    (anywhere: a written record as tables)
+
+Builds a traced copy of ``engines/persistent_stack_gemv.py`` beside it (``_traced_persistent_stack_gemv.py``,
+removed at the end) whose kernel has thread 0 of every CTA write ``clock64`` and ``%globaltimer`` at the steps of
+``STEPS`` of each block (anchored on lines of the kernel's source; a change that moves one stops this tool with the
+anchor's text), and uses its kernel in both forms (the mma form inherits the gemv form's). The stamps go to a
+buffer whose address is compiled into the kernel. Each model runs as ``stack_forms.time_form`` runs it (validated
+against the float64 reference, then timed in a CUDA graph), and the buffer holds the last replay's stamps. The
+clocks are converted to microseconds by each CTA's own clock rate over the call (``%globaltimer`` may tick
+coarsely, so it only sets the rate and the common start). Writes $OUT/stack_trace.json with the harness's
+provenance, and prints per block the median and the slowest CTA of each step. A block of several row tiles (past
+the planned rows) stamps its operand and phase A once a tile: the last tile's stand.
+
+What to read: where ``phase A`` (or ``B``) of the slowest CTA is far above the median, the barrier's wait is the
+skew of the work, not the barrier; where every step is short and the block still long, the time is between them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import importlib
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+STEPS = (  # (the step that ends at the stamp, where the stamp goes in StackGemv.kernel: after a line ending with a
+    # newline, else before the line the text ends in)
+    ("zero + operand", "self.stream_operand(x, ws, i, row0, rows, s_u, meta, eps, norm_w, norm_b, channels, tid)\n"),
+    ("phase A", "            slices = (units + self.slice - 1) // self.slice"),
+    ("barrier 1", "            for m in range(slice_items):"),
+    ("phase B", "            if i + 1 < blocks:"),
+    ("barrier 2", "self.first_unit_batches(w1, w3, ring, meta, i + 1, first_warp, all_warps, lane)\n"
+                  "            self.grid_barrier(sync, grid, tid)\n"),
+)
+"""A block's steps in order; the block starts at the top of its loop body (``BLOCK_TOP``)."""
+BLOCK_TOP = "            units = meta[i, 1] * STACK_TILE\n"
+SLOTS_A_BLOCK = len(STEPS) + 1  # the block's top, then one stamp a step
+MAX_BLOCKS = 32
+TRACE_SLOTS = MAX_BLOCKS * SLOTS_A_BLOCK
+STAMP = "self.trace_stamp(tid, cta, i * {per_block} + {k})"
+STAMP_METHOD = '''
+    @cute.jit
+    def trace_stamp(self, tid: Int32, cta: Int32, slot: Int32):
+        """stack_trace.py: thread 0 writes clock64 and %globaltimer into the trace buffer's (cta, slot)."""
+        if tid == 0:
+            trace = cute.make_tensor(cute.make_ptr(Int64, TRACE_ADDRESS, cute.AddressSpace.gmem, assumed_align=16),
+                                     cute.make_layout((TRACE_CTAS, TRACE_SLOTS, 2),
+                                                      stride=(TRACE_SLOTS * 2, 2, 1)))
+            trace[cta, slot, 0] = cute.arch.clock64()
+            trace[cta, slot, 1] = cute.arch.globaltimer()
+
+    # ---- what the mma form'''
+
+
+def _insert_after(source: str, anchor: str, line: str) -> str:
+    """``line`` after ``anchor`` (which ends with a newline, or is completed to its line's end), at the indentation
+    of the anchor's last line."""
+    if source.count(anchor) != 1:
+        raise SystemExit(f"stack_trace: the gemv kernel's source has {source.count(anchor)} of "
+                         f"{anchor.strip()!r}, not one: update STEPS with the kernel")
+    at = source.index(anchor) + len(anchor)
+    if not anchor.endswith("\n"):  # the stamp goes before the line the anchor ends in, at its indentation
+        at = source.rindex("\n", 0, at) + 1
+        line_start = at
+    else:  # after the anchor, at the indentation of its last line
+        line_start = source.rindex("\n", 0, at - 1) + 1
+    last = source[line_start:source.index("\n", line_start)]
+    indent = last[:len(last) - len(last.lstrip())]
+    return source[:at] + indent + line + "\n" + source[at:]
+
+
+def traced_source(source: str) -> str:
+    """persistent_stack_gemv.py with the trace buffer's stamps in ``StackGemv.kernel``."""
+    head = "from cutlass import Float16, Float32, Int32\n"
+    if source.count(head) != 1:
+        raise SystemExit("stack_trace: the gemv module's cutlass import moved: update traced_source")
+    s = source.replace(head, "from cutlass import Float16, Float32, Int32, Int64\n"
+                             "TRACE_ADDRESS, TRACE_CTAS, TRACE_SLOTS = 0, 1, 1  # set by stack_trace.py\n")
+    s = _insert_after(s, BLOCK_TOP, STAMP.format(per_block=SLOTS_A_BLOCK, k=0))
+    for k, (_, anchor) in enumerate(STEPS, start=1):
+        s = _insert_after(s, anchor, STAMP.format(per_block=SLOTS_A_BLOCK, k=k))
+    marker = "\n    # ---- what the mma form"
+    if s.count(marker) != 1:
+        raise SystemExit("stack_trace: the gemv module's section of the mma form's methods moved")
+    return s.replace(marker, STAMP_METHOD, 1)
+
+
+def timeline(stamps: list, blocks: int) -> dict:
+    """Per block and step, the median and the slowest CTA's microseconds (stamps: per CTA, per slot, (clock64,
+    globaltimer ns)); each CTA's clocks converted at its own rate between its first and last stamp."""
+    per_step = {name: [[] for _ in range(blocks)] for name, _ in STEPS}
+    for cta in stamps:
+        first, last = cta[0], cta[(blocks - 1) * SLOTS_A_BLOCK + len(STEPS)]
+        ns, clocks = last[1] - first[1], last[0] - first[0]
+        if ns <= 0 or clocks <= 0:
+            raise ValueError("a CTA's stamps do not advance: was the traced kernel run?")
+        us_per_clock = ns / clocks / 1000
+        for i in range(blocks):
+            base = i * SLOTS_A_BLOCK
+            for k, (name, _) in enumerate(STEPS):
+                per_step[name][i].append((cta[base + k + 1][0] - cta[base + k][0]) * us_per_clock)
+    return {name: [{"median_us": statistics.median(v), "max_us": max(v)} for v in by_block]
+            for name, by_block in per_step.items()}
+
+
+def show(path: str) -> None:
+    """A written record: per entry, a table of its blocks' steps (median / slowest CTA, us)."""
+    with open(path) as f:
+        record = json.load(f)
+    for e in record["entries"]:
+        print(f"\n{e['model']}, {e['rows']} rows, {e['form']} form: "
+              + (e["error"] if "error" in e else f"{e['p50_us']:.1f} us a call (traced)"))
+        if "steps" not in e:
+            continue
+        names = list(e["steps"])
+        print("| block | " + " | ".join(names) + " |")
+        print("|---|" + "---|" * len(names))
+        for i in range(len(e["steps"][names[0]])):
+            cells = [f"{e['steps'][n][i]['median_us']:.2f} / {e['steps'][n][i]['max_us']:.2f}" for n in names]
+            print(f"| {i} | " + " | ".join(cells) + " |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--show", metavar="RECORD", help="print a written record as tables and stop")
+    ap.add_argument("--models", default="*")
+    ap.add_argument("--rows", default="1,16")
+    ap.add_argument("--forms", default="gemv,mma")
+    ap.add_argument("--samples", type=int, default=5)
+    args = ap.parse_args()
+    if args.show:
+        show(args.show)
+        return
+    forms = args.forms.split(",")
+    if not forms or any(f not in ("gemv", "mma") for f in forms):
+        ap.error(f"--forms: gemv and/or mma, got {args.forms!r}")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import torch
+    from stack_forms import FORMS, time_form
+
+    from kernellab.harness import provenance, timing
+    from kernellab.megakernel import models as report_models
+    from kernellab.megakernel.engines import persistent_stack_gemv
+
+    original = Path(persistent_stack_gemv.__file__)
+    traced_path = original.with_name("_traced_persistent_stack_gemv.py")
+    traced_path.write_text(traced_source(original.read_text()))
+    try:
+        traced = importlib.import_module("kernellab.megakernel.engines._traced_persistent_stack_gemv")
+        ctas = torch.cuda.get_device_properties(0).multi_processor_count  # the forms' grid
+        trace = torch.zeros((ctas, TRACE_SLOTS, 2), dtype=torch.int64, device="cuda")
+        traced.TRACE_ADDRESS, traced.TRACE_CTAS, traced.TRACE_SLOTS = trace.data_ptr(), ctas, TRACE_SLOTS
+        # both forms run the traced kernel: the mma form's class inherits it from the gemv form's
+        persistent_stack_gemv.StackGemv.kernel = traced.StackGemv.__dict__["kernel"]
+        persistent_stack_gemv.StackGemv.trace_stamp = traced.StackGemv.__dict__["trace_stamp"]
+        device = timing.Device("cuda")
+        record = {"tool": "tools/device/stack_trace.py", "steps": [name for name, _ in STEPS],
+                  "provenance": provenance.of_check("cuda", __file__, ["megakernel"]), "entries": []}
+        for case in report_models.REPORT_MODELS:
+            if not any(fnmatch.fnmatch(case.name, p) for p in args.models.split(",") if p):
+                continue
+            blocks = len(case.spec["blocks"])
+            if blocks > MAX_BLOCKS:
+                raise SystemExit(f"stack_trace: {case.name} has {blocks} blocks, the trace holds {MAX_BLOCKS}")
+            for r in (int(v) for v in args.rows.split(",")):
+                for form in forms:
+                    trace.zero_()
+                    got = time_form(report_models.StackProblem(case, r), FORMS[form], args.samples, device)
+                    entry = {"model": case.name, "rows": r, "form": form,
+                             **{k: v for k, v in got.items() if k != "samples_us"}}
+                    if "error" not in got:
+                        torch.cuda.synchronize()
+                        entry["steps"] = timeline(trace.cpu().tolist(), blocks)
+                    record["entries"].append(entry)
+                    print(f"{case.name} rows={r} {form}: "
+                          + (entry.get("error") or f"{entry['p50_us']:.1f} us; per block (median/max us) "
+                             + "; ".join(f"{n} {statistics.mean(s['median_us'] for s in v):.2f}/"
+                                         f"{statistics.mean(s['max_us'] for s in v):.2f}"
+                                         for n, v in entry["steps"].items())), flush=True)
+        with open(os.path.join(os.environ.get("OUT", "."), "stack_trace.json"), "w") as f:
+            json.dump(record, f, indent=1)
+    finally:
+        traced_path.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    main()
