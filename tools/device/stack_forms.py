@@ -1,9 +1,10 @@
 """The fused stack's forms side by side on the GPU host: per call in a CUDA graph (harness ``graph_throughput``),
-each report model at decode row counts, the grid, gemv and mma forms forced and the per-block chain, every one
-validated first against the float64 reference (the models suite's problem and protocol), beside the weight floor
-(the model's weight bytes over the copy bandwidth measured in the same run).
+each report model at any row counts, the grid, gemv and mma forms forced and the per-block chain (``--forms``:
+also the rows form, a CTA a row tile through every block, the planned form past decode rows), every one validated
+first against the float64 reference (the models suite's problem and protocol), beside the weight floor (the
+model's weight bytes over the copy bandwidth measured in the same run).
 
-    python3 tools/device/stack_forms.py [--models 'mlp*,swiglu2*'] [--rows 1,16] [--samples 7]
+    python3 tools/device/stack_forms.py [--models 'mlp*,swiglu2*'] [--rows 1,16] [--samples 7] [--forms grid,rows]
     python3 tools/device/stack_forms.py --show A.json[,B.json] [--forms gemv,grid]    (anywhere: records as a table)
 
 Writes $OUT/stack_forms.json (provenance, then one entry per model and row count, after each) and prints a line
@@ -22,7 +23,10 @@ import statistics
 FORMS = {"grid": {"engine": "persistent-stack", "stack_form": "grid"},
          "gemv": {"engine": "persistent-stack", "stack_form": "gemv"},
          "mma": {"engine": "persistent-stack", "stack_form": "mma"},
+         "rows": {"engine": "persistent-stack", "stack_form": "rows"},
          "chain": {"engine": "persistent-tc"}}
+RUN_FORMS = ("grid", "gemv", "mma", "chain")
+"""The forms a run times unless ``--forms`` names others (the rows form is the slow one at decode rows)."""
 
 
 def show(paths: str, forms: str = "") -> None:
@@ -50,14 +54,14 @@ def show(paths: str, forms: str = "") -> None:
         print(f"| {e['model']} | {e['rows']} | " + " | ".join(cells) + " |")
 
 
-def time_entry(case, rows: int, samples: int, device) -> dict:
-    """Every form of ``FORMS`` at one model and row count, each validated first."""
+def time_entry(case, rows: int, samples: int, device, forms=RUN_FORMS) -> dict:
+    """Each of ``forms`` (names of ``FORMS``) at one model and row count, each validated first."""
     from kernellab.megakernel import models
 
     problem = models.StackProblem(case, rows)
     entry = {"model": case.name, "rows": rows}
-    for form, options in FORMS.items():
-        entry[form] = time_form(problem, options, samples, device)
+    for form in forms:
+        entry[form] = time_form(problem, FORMS[form], samples, device)
     return entry
 
 
@@ -91,7 +95,8 @@ def time_form(problem, options: dict, samples: int, device, checked: bool = True
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--show", metavar="RECORD[,RECORD...]", help="print written records as one markdown table")
-    ap.add_argument("--forms", default="", help="with --show: the forms to print (comma-separated), all by default")
+    ap.add_argument("--forms", default="", help="comma-separated forms of " + ",".join(FORMS) + ": those to time "
+                    "(default " + ",".join(RUN_FORMS) + "), or with --show those to print (default: all recorded)")
     ap.add_argument("--models", default="*")
     ap.add_argument("--rows", default="1,16")
     ap.add_argument("--samples", type=int, default=7)
@@ -99,27 +104,30 @@ def main() -> None:
     if args.show:
         show(args.show, args.forms)
         return
+    forms = [f for f in args.forms.split(",") if f] or list(RUN_FORMS)
+    if any(f not in FORMS for f in forms):
+        ap.error(f"--forms: names of {','.join(FORMS)} expected, got {args.forms!r}")
     from kernellab.harness import provenance, timing
     from kernellab.megakernel import models
 
     device = timing.Device("cuda")
     bandwidth = models.copy_bandwidth_gbs()  # the floor: the weights streamed once at the copy's rate
     path = os.path.join(os.environ.get("OUT", "."), "stack_forms.json")
-    record = {"tool": "tools/device/stack_forms.py", "mode": "graph_throughput", "forms": FORMS,
+    record = {"tool": "tools/device/stack_forms.py", "mode": "graph_throughput", "forms": {f: FORMS[f] for f in forms},
               "provenance": provenance.of_check("cuda", __file__, ["megakernel"]), "entries": []}
     patterns = [p for p in args.models.split(",") if p]
     for case in models.REPORT_MODELS:
         if not any(fnmatch.fnmatch(case.name, p) for p in patterns):
             continue
         for rows in (int(r) for r in args.rows.split(",")):
-            entry = time_entry(case, rows, args.samples, device)
+            entry = time_entry(case, rows, args.samples, device, forms)
             floor = models.floor_entry(case, 0.0, bandwidth)
             entry["floor"] = {k: floor[k] for k in ("weight_bytes", "copy_bandwidth_gbs", "weight_floor_us")}
             record["entries"].append(entry)
             with open(path, "w") as f:
                 json.dump(record, f, indent=1)
             print(case.name, rows, {form: round(got["p50_us"], 1) if "p50_us" in got else got.get("error")
-                                    for form, got in ((f, entry[f]) for f in FORMS)}, flush=True)
+                                    for form, got in ((f, entry[f]) for f in forms)}, flush=True)
 
 
 if __name__ == "__main__":

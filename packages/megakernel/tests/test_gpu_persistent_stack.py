@@ -74,6 +74,14 @@ def test_every_rows_form_tile(tile_rows):
     _validate(spec, 200, 4, stack_form="rows", stack_tile_rows=tile_rows)
 
 
+@pytest.mark.parametrize("rows", [1024, 4096])
+def test_the_grid_form_forced_past_decode_rows(rows):
+    """Forced past 4 x DECODE_ROWS (a timing probe): many row tiles, few CTAs each, their atomic partial sums."""
+    compiled = _validate(models.REPORT_MODELS[0].spec, rows, 2, stack_form="grid")
+    plan = compiled.fused.plan_for(rows)
+    assert plan.form == "grid" and plan.num_tiles > 1 and plan.ctas_per_tile >= 2
+
+
 @pytest.mark.parametrize("tile_rows", GEMV_ROW_TILES)
 @pytest.mark.parametrize("rows", [1, 5, 16])
 def test_every_gemv_tile_at_rows_it_takes_at_once_and_by_row_tiles(tile_rows, rows):

@@ -79,6 +79,19 @@ def test_grid_form_spreads_each_row_tile_over_the_chunks_it_has():
     assert forced.num_tiles == 4 and forced.grid == 64
 
 
+def test_grid_form_past_decode_rows_only_when_forced_and_while_each_tile_keeps_two_ctas():
+    """Unforced, the rows form serves 1024 rows; forced, the grid form takes them (16 tiles of 64 rows, 8 CTAs each
+    on 132 SMs) so that its atomic partial sums can be timed there, and refuses where a tile would get one CTA."""
+    blocks = _blocks(_uniform(256, 1024, 4))
+    assert plan_stack(blocks, 1024, H200).form == "rows"
+    forced = plan_stack(blocks, 1024, H200, form="grid")
+    assert isinstance(forced, StackPlan) and forced.forced
+    assert (forced.tile_rows, forced.num_tiles, forced.ctas_per_tile) == (64, 16, 8)
+    assert forced.grid == 128 <= H200.sm_count
+    many = plan_stack(blocks, 64 * (H200.sm_count // 2 + 1), H200, form="grid")
+    assert isinstance(many, planning.Refusal) and "fewer than 2 CTAs" in many.reason
+
+
 def test_grid_form_stages_are_the_deepest_ring_that_fits():
     plan = plan_stack(_blocks(_uniform(2048, 8192, 1)), 16, H200, form="grid")
     assert plan.stages == 8
@@ -126,7 +139,8 @@ def test_forced_form_and_tile_are_kept_or_refused_never_replaced():
     blocks = _blocks(_uniform(256, 1024, 2))
     plan = plan_stack(blocks, 16, H200, form="rows", tile_rows=64)
     assert (plan.form, plan.tile_rows, plan.why.startswith("rows form (forced tile)")) == ("rows", 64, True)
-    assert plan_stack(blocks, 4096, H200, form="grid").reason.startswith("grid form:")
+    too_many_tiles = 64 * (H200.sm_count // 2 + 1)  # a 64-row tile each, fewer than 2 CTAs a tile
+    assert plan_stack(blocks, too_many_tiles, H200, form="grid").reason.startswith("grid form:")
     with pytest.raises(ValueError, match="form must be one of"):
         plan_stack(blocks, 16, H200, form="cluster")
     with pytest.raises(ValueError, match="tile_rows must be one of"):

@@ -203,7 +203,7 @@ def _choose(blocks, rows: int, device: DeviceSpec, form: str | None, tile_rows: 
         if got is not None:
             return got
     if form == "grid" or form is None and rows <= DECODE_ROWS:
-        got = _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows)
+        got = _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows, forced=form == "grid")
         if form == "grid" or isinstance(got, StackPlan):
             return got
         rows_form = _rows_plan(rows, channels, cols, chunks, gated, device, tile_rows, weight_bytes)
@@ -249,12 +249,13 @@ def _rows_plan(rows, channels, cols, chunks, gated, device, tile_rows, weight_by
                      "memory through every block, no grid barrier")
 
 
-def _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackPlan | Refusal:
+def _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows, forced=False) -> StackPlan | Refusal:
     """The fewest row tiles whose operand tile and a ring of two weight tiles fit (each row tile's CTAs stream
     every weight once, and a decode tile's products cost little), the smallest such tile; as many CTAs per row
     tile as fit on the SMs (one CTA an SM, all resident for the grid barrier) and have a chunk of the widest
-    block; and the deepest ring that fits (up to 8 tiles)."""
-    if rows > DECODE_ROWS * 4:
+    block; and the deepest ring that fits (up to 8 tiles). Unforced, refused past 4 x ``DECODE_ROWS`` rows;
+    ``forced`` (``form='grid'``) takes any rows whose tiles leave 2 CTAs a tile or more, to time it there."""
+    if rows > DECODE_ROWS * 4 and not forced:
         return Refusal(STACK_ENGINE, f"grid form: {rows} rows is past decode row counts; the atomic partial sums "
                                      f"grow with the rows (the rows form serves it)")
     options = [t for t in STACK_ROW_TILES if (tile_rows is None or t == tile_rows)
