@@ -249,7 +249,7 @@ def _grad_function(op: str, x, bits: int, weight, dh: bool, dbias, spread_sum: b
     """The compiled backward of the call's alignment class, its rows per CTA, and how many of its CTAs (clusters) one
     wave holds on x's GPU (the persistent grid of the kernels with vector gradients). ``dbias``: dbias's
     dtype, or None where it is not wanted; ``spread_sum``: the variant that sums many partial rows by CTAs (its
-    plan is the same)."""
+    plan is the same; its registers may hold fewer CTAs a wave)."""
     n = x.shape[1]
     wdt = None if weight is None else weight.dtype
     key = (op, x.dtype, n, bits & -bits, wdt, dh, dbias, spread_sum)
