@@ -78,9 +78,8 @@ def probe(phase: str, shapes: str, caps: list[int], grids: dict, ops: list[str])
                 call = functools.partial(ours(op, v, w, sms, ctas=grid), inputs)
                 samples = timing.measure("graph_throughput", [call], device, samples=7, iterations=iterations)
                 timed[grid] = statistics.median(samples)
-            out[case] = {"p50_us": timed[default], "grid": default,
-                                                     "rows_per_cta": rows_per_cta, "spread_sum": v.spread_sum,
-                                                     "p50_us_by_grid": {str(g): t for g, t in timed.items()}}
+            out[case] = {"p50_us": timed[default], "grid": default, "rows_per_cta": rows_per_cta,
+                         "spread_sum": v.spread_sum, "p50_us_by_grid": {str(g): t for g, t in timed.items()}}
     return out
 
 
