@@ -2,6 +2,7 @@
 
 import ast
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,9 @@ KERNEL = ROOT / "packages/megakernel/src/kernellab/megakernel/engines/persistent
 
 
 def load_tool(name):
+    """A tools/device script as a module, its folder on sys.path as when it runs (the tools import each other)."""
+    if str(ROOT / "tools/device") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tools/device"))
     spec = importlib.util.spec_from_file_location(name, ROOT / "tools/device" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -139,10 +143,30 @@ def test_stack_trace_stamps_every_step_of_each_block_in_the_gemv_kernel():
     assert "def trace_stamp(" in traced and "cute.arch.globaltimer()" in traced
 
 
+def test_traced_module_imports_the_rewrite_beside_the_original_and_removes_it(tmp_path, monkeypatch):
+    """``source_patch.traced_module``: the rewritten copy is a module of the original's package while the block
+    runs (CuTe DSL reads a kernel's source from its file), and its file is gone afterwards, also on an error."""
+    patch = load_tool("source_patch")
+    (tmp_path / "kernelpkg").mkdir()
+    (tmp_path / "kernelpkg" / "__init__.py").write_text("")
+    (tmp_path / "kernelpkg" / "kern.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    kern = importlib.import_module("kernelpkg.kern")
+    with patch.traced_module(kern, lambda s: patch.line_after("t", s, "VALUE = 1", "TRACED = True")) as traced:
+        assert traced.__name__ == "kernelpkg._traced_kern" and traced.VALUE == 1 and traced.TRACED
+    assert not (tmp_path / "kernelpkg" / "_traced_kern.py").exists()
+    with pytest.raises(RuntimeError), patch.traced_module(kern, lambda s: s.replace("1", "2")):
+        raise RuntimeError("the run failed")
+    assert not (tmp_path / "kernelpkg" / "_traced_kern.py").exists()
+    assert patch.line_before("t", "a\n    b\n", "b", "x") == "a\n    x\n    b\n"
+    with pytest.raises(SystemExit, match="t: the kernel's source has 0 of 'c'"):
+        patch.replace_once("t", "a\nb\n", "c", "d")
+
+
 def test_stack_trace_stops_on_an_anchor_the_kernel_lost():
     trace = load_tool("stack_trace")
     source = (ROOT / "packages/megakernel/src/kernellab/megakernel/engines/persistent_stack_gemv.py").read_text()
-    with pytest.raises(SystemExit, match="update STEPS"):
+    with pytest.raises(SystemExit, match="update the anchors"):
         trace.traced_source(source.replace("            if i + 1 < blocks:", "            if blocks > i + 1:"))
 
 
@@ -164,7 +188,7 @@ def test_stack_trace_timeline_converts_each_ctas_clocks_at_its_own_rate():
     slow = [100, 4000, 100, 3000, 100, 0] + [100, 2000, 500, 1000, 300]
     assert len(fast) == per_block + steps
     got = trace.timeline([cta(1, fast), cta(2, slow)], blocks=2)
-    assert list(got) == [name for name, _ in trace.STEPS]
+    assert list(got) == [name for name, *_ in trace.STEPS]
     assert got["phase A"][0] == {"median_us": 3.0, "max_us": 4.0}
     assert got["barrier 1"][0] == {"median_us": 0.3, "max_us": 0.5}
     assert got["phase B"][1] == {"median_us": 1.0, "max_us": 1.0}

@@ -20,12 +20,13 @@ text, to be updated with the kernel.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import statistics
-from pathlib import Path
 
+from source_patch import line_after, replace_once, traced_module  # this folder
+
+TOOL = "megakernel_trace"
 TRACE_SLOTS = 512  # per CTA: 8 per chunk, tile-level stamps from TILE_SLOT
 TILE_SLOT = 500
 OVERLAPPED = [  # (a line of the overlapped chunk loop, the step that ends after it)
@@ -49,52 +50,35 @@ LOOP_TOPS = {"overlapped": "                    j = rank + split * jj\n",
 STAMP = "self.stamp(trace, tid, cta, {slot}, first)"
 
 
-def _replace_once(source: str, old: str, new: str) -> str:
-    if source.count(old) != 1:
-        raise SystemExit(f"megakernel_trace: the kernel's source has {source.count(old)} of {old.strip()!r}, "
-                         "not one: update the anchors with the kernel")
-    return source.replace(old, new)
-
-
-def _stamp_after(source: str, anchor: str, slot: str) -> str:
-    """``STAMP`` on the line after the (whole) line holding ``anchor``, at its indentation."""
-    if source.count(anchor) != 1:
-        raise SystemExit(f"megakernel_trace: {source.count(anchor)} lines hold {anchor.strip()!r}, not one")
-    start = source.rindex("\n", 0, source.index(anchor)) + 1
-    end = source.index("\n", source.index(anchor) + len(anchor.rstrip("\n")))
-    indent = source[start:end][:len(source[start:end]) - len(source[start:end].lstrip())]
-    return source[:end + 1] + indent + STAMP.format(slot=slot) + "\n" + source[end + 1:]
-
-
 def traced_source(source: str) -> str:
     """persistent_tc.py with the trace tensor and the stamps."""
-    s = _replace_once(source, "block_signature(self.vector, self.residual), arch)",
-                      "block_signature(self.vector, self.residual) + (cute.runtime.make_fake_tensor("
-                      f"Int32, (cute.sym_int(), {TRACE_SLOTS}), stride=({TRACE_SLOTS}, 1)),), arch)")
-    s = _replace_once(s, "act: Int32, grid: Int32, stream: cuda.CUstream):",
-                      "act: Int32, grid: Int32, trace: cute.Tensor, stream: cuda.CUstream):")
-    s = _replace_once(s, "self.kernel(u, residual, w1, b1, w2, b2, y, act, *layouts,",
-                      "self.kernel(u, residual, w1, b1, w2, b2, y, act, trace, *layouts,")
-    s = _replace_once(s, "y: cute.Tensor, act: Int32, x_layout: cute.ComposedLayout,",
-                      "y: cute.Tensor, act: Int32, trace: cute.Tensor, x_layout: cute.ComposedLayout,")
-    s = _replace_once(s, "    @cute.jit\n    def weight_pipelines(", (
+    s = replace_once(TOOL, source, "block_signature(self.vector, self.residual), arch)",
+                     "block_signature(self.vector, self.residual) + (cute.runtime.make_fake_tensor("
+                     f"Int32, (cute.sym_int(), {TRACE_SLOTS}), stride=({TRACE_SLOTS}, 1)),), arch)")
+    s = replace_once(TOOL, s, "act: Int32, grid: Int32, stream: cuda.CUstream):",
+                     "act: Int32, grid: Int32, trace: cute.Tensor, stream: cuda.CUstream):")
+    s = replace_once(TOOL, s, "self.kernel(u, residual, w1, b1, w2, b2, y, act, *layouts,",
+                     "self.kernel(u, residual, w1, b1, w2, b2, y, act, trace, *layouts,")
+    s = replace_once(TOOL, s, "y: cute.Tensor, act: Int32, x_layout: cute.ComposedLayout,",
+                     "y: cute.Tensor, act: Int32, trace: cute.Tensor, x_layout: cute.ComposedLayout,")
+    s = replace_once(TOOL, s, "    @cute.jit\n    def weight_pipelines(", (
         "    @cute.jit\n    def stamp(self, trace: cute.Tensor, tid: Int32, cta: Int32, slot: Int32, first: Int32):\n"
         "        if tid == 0 and first == 0:\n            trace[cta, slot] = cute.arch.clock()\n\n"
         "    @cute.jit\n    def weight_pipelines("))
-    s = _replace_once(s, "            row0 = tile * tile_rows\n", "            first = (tile - group) // groups\n"
-                      f"            {STAMP.format(slot=TILE_SLOT)}\n            row0 = tile * tile_rows\n")
-    s = _stamp_after(s, "tensorcore.wgmma_from_smem(mma_h, tid, acc_h, s_x, s_w1[None, None, use_w1.index], False)",
-                     str(TILE_SLOT + 1))  # the overlapped schedule's first GEMM1
+    s = replace_once(TOOL, s, "            row0 = tile * tile_rows\n", "            first = (tile - group) // groups\n"
+                     f"            {STAMP.format(slot=TILE_SLOT)}\n            row0 = tile * tile_rows\n")
+    s = line_after(TOOL, s, "tensorcore.wgmma_from_smem(mma_h, tid, acc_h, s_x, s_w1[None, None, use_w1.index], False)",
+                   STAMP.format(slot=TILE_SLOT + 1))  # the overlapped schedule's first GEMM1
     after_chunks = "            if cutlass.const_expr(split > 1):\n                cute.arch.cp_async_wait_group(0)"
-    s = _replace_once(s, after_chunks, f"            {STAMP.format(slot=TILE_SLOT + 2)}\n" + after_chunks)
-    s = _replace_once(s, "        if cutlass.const_expr(split * multicast > 1):  # no CTA leaves",
-                      f"            {STAMP.format(slot=TILE_SLOT + 3)}\n"
+    s = replace_once(TOOL, s, after_chunks, f"            {STAMP.format(slot=TILE_SLOT + 2)}\n" + after_chunks)
+    s = replace_once(TOOL, s, "        if cutlass.const_expr(split * multicast > 1):  # no CTA leaves",
+                     f"            {STAMP.format(slot=TILE_SLOT + 3)}\n"
                       "        if cutlass.const_expr(split * multicast > 1):  # no CTA leaves")
     for schedule, steps in (("overlapped", OVERLAPPED), ("serial", SERIAL)):
-        s = _stamp_after(s, LOOP_TOPS[schedule], "8 * jj")
+        s = line_after(TOOL, s, LOOP_TOPS[schedule], STAMP.format(slot="8 * jj"))
         for k, (anchor, _) in enumerate(steps, start=1):
-            s = _stamp_after(s, anchor, f"8 * jj + {k}")
-    return _replace_once(s, 'return (f"persistent-tc_m{', 'return (f"traced-persistent-tc_m{')
+            s = line_after(TOOL, s, anchor, STAMP.format(slot=f"8 * jj + {k}"))
+    return replace_once(TOOL, s, 'return (f"persistent-tc_m{', 'return (f"traced-persistent-tc_m{')
 
 
 def phases(stamps, grid: int, chunks: int, steps: list) -> dict:
@@ -122,10 +106,7 @@ def main() -> None:
     from kernellab.megakernel.engines import persistent_tc
     from kernellab.megakernel.model import ACTIVATION_CODES
 
-    traced_path = Path(persistent_tc.__file__).with_name("_traced_persistent_tc.py")
-    traced_path.write_text(traced_source(Path(persistent_tc.__file__).read_text()))
-    try:
-        traced = importlib.import_module("kernellab.megakernel.engines._traced_persistent_tc")
+    with traced_module(persistent_tc, traced_source) as traced:
         record = {"provenance": provenance.of_check("cuda", __file__, ["megakernel"]), "cases": {}}
         for case in args.cases:
             shape, *choices = case.split(":")
@@ -168,8 +149,6 @@ def main() -> None:
             print("  per tile: " + "  ".join(f"{k} {v:.0f}" for k, v in tile.items()))
         with open(os.path.join(os.environ.get("OUT", "."), "megakernel-trace.json"), "w") as f:
             json.dump(record, f, indent=1)
-    finally:
-        traced_path.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -23,24 +23,24 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import importlib
 import json
 import os
 import statistics
-import sys
-from pathlib import Path
 
-STEPS = (  # (the step that ends at the stamp, where the stamp goes in StackGemv.kernel: after a line ending with a
-    # newline, else before the line the text ends in)
-    ("zero + operand", "self.stream_operand(x, ws, i, row0, rows, s_u, meta, eps, norm_w, norm_b, channels, tid)\n"),
-    ("phase A", "            slices = (units + self.slice - 1) // self.slice"),
-    ("barrier 1", "            for m in range(slice_items):"),
-    ("phase B", "            if i + 1 < blocks:"),
+from source_patch import line_after, line_before, replace_once, traced_module  # this folder
+
+TOOL = "stack_trace"
+STEPS = (  # (the step that ends at the stamp, a line of StackGemv.kernel, whether the stamp goes after it or before)
+    ("zero + operand", "self.stream_operand(x, ws, i, row0, rows, s_u, meta, eps, norm_w, norm_b, channels, tid)",
+     True),
+    ("phase A", "            slices = (units + self.slice - 1) // self.slice", False),
+    ("barrier 1", "            for m in range(slice_items):", False),
+    ("phase B", "            if i + 1 < blocks:", False),
     ("barrier 2", "self.first_unit_batches(w1, w3, ring, meta, i + 1, first_warp, all_warps, lane)\n"
-                  "            self.grid_barrier(sync, grid, tid)\n"),
+                  "            self.grid_barrier(sync, grid, tid)", True),
 )
 """A block's steps in order; the block starts at the top of its loop body (``BLOCK_TOP``)."""
-BLOCK_TOP = "            units = meta[i, 1] * STACK_TILE\n"
+BLOCK_TOP = "            units = meta[i, 1] * STACK_TILE"
 SLOTS_A_BLOCK = len(STEPS) + 1  # the block's top, then one stamp a step
 MAX_BLOCKS = 32
 TRACE_SLOTS = MAX_BLOCKS * SLOTS_A_BLOCK
@@ -59,43 +59,21 @@ STAMP_METHOD = '''
     # ---- what the mma form'''
 
 
-def _insert_after(source: str, anchor: str, line: str) -> str:
-    """``line`` after ``anchor`` (which ends with a newline, or is completed to its line's end), at the indentation
-    of the anchor's last line."""
-    if source.count(anchor) != 1:
-        raise SystemExit(f"stack_trace: the gemv kernel's source has {source.count(anchor)} of "
-                         f"{anchor.strip()!r}, not one: update STEPS with the kernel")
-    at = source.index(anchor) + len(anchor)
-    if not anchor.endswith("\n"):  # the stamp goes before the line the anchor ends in, at its indentation
-        at = source.rindex("\n", 0, at) + 1
-        line_start = at
-    else:  # after the anchor, at the indentation of its last line
-        line_start = source.rindex("\n", 0, at - 1) + 1
-    last = source[line_start:source.index("\n", line_start)]
-    indent = last[:len(last) - len(last.lstrip())]
-    return source[:at] + indent + line + "\n" + source[at:]
-
-
 def traced_source(source: str) -> str:
     """persistent_stack_gemv.py with the trace buffer's stamps in ``StackGemv.kernel``."""
-    head = "from cutlass import Float16, Float32, Int32\n"
-    if source.count(head) != 1:
-        raise SystemExit("stack_trace: the gemv module's cutlass import moved: update traced_source")
-    s = source.replace(head, "from cutlass import Float16, Float32, Int32, Int64\n"
-                             "TRACE_ADDRESS, TRACE_CTAS, TRACE_SLOTS = 0, 1, 1  # set by stack_trace.py\n")
-    s = _insert_after(s, BLOCK_TOP, STAMP.format(per_block=SLOTS_A_BLOCK, k=0))
-    for k, (_, anchor) in enumerate(STEPS, start=1):
-        s = _insert_after(s, anchor, STAMP.format(per_block=SLOTS_A_BLOCK, k=k))
-    marker = "\n    # ---- what the mma form"
-    if s.count(marker) != 1:
-        raise SystemExit("stack_trace: the gemv module's section of the mma form's methods moved")
-    return s.replace(marker, STAMP_METHOD, 1)
+    s = replace_once(TOOL, source, "from cutlass import Float16, Float32, Int32\n",
+                     "from cutlass import Float16, Float32, Int32, Int64\n"
+                     "TRACE_ADDRESS, TRACE_CTAS, TRACE_SLOTS = 0, 1, 1  # set by stack_trace.py\n")
+    s = line_after(TOOL, s, BLOCK_TOP, STAMP.format(per_block=SLOTS_A_BLOCK, k=0))
+    for k, (_, anchor, after) in enumerate(STEPS, start=1):
+        s = (line_after if after else line_before)(TOOL, s, anchor, STAMP.format(per_block=SLOTS_A_BLOCK, k=k))
+    return replace_once(TOOL, s, "\n    # ---- what the mma form", STAMP_METHOD)
 
 
 def timeline(stamps: list, blocks: int) -> dict:
     """Per block and step, the median and the slowest CTA's microseconds (stamps: per CTA, per slot, (clock64,
     globaltimer ns)); each CTA's clocks converted at its own rate between its first and last stamp."""
-    per_step = {name: [[] for _ in range(blocks)] for name, _ in STEPS}
+    per_step = {name: [[] for _ in range(blocks)] for name, *_ in STEPS}
     for cta in stamps:
         first, last = cta[0], cta[(blocks - 1) * SLOTS_A_BLOCK + len(STEPS)]
         ns, clocks = last[1] - first[1], last[0] - first[0]
@@ -104,7 +82,7 @@ def timeline(stamps: list, blocks: int) -> dict:
         us_per_clock = ns / clocks / 1000
         for i in range(blocks):
             base = i * SLOTS_A_BLOCK
-            for k, (name, _) in enumerate(STEPS):
+            for k, (name, *_) in enumerate(STEPS):
                 per_step[name][i].append((cta[base + k + 1][0] - cta[base + k][0]) * us_per_clock)
     return {name: [{"median_us": statistics.median(v), "max_us": max(v)} for v in by_block]
             for name, by_block in per_step.items()}
@@ -141,7 +119,6 @@ def main() -> None:
     forms = args.forms.split(",")
     if not forms or any(f not in ("gemv", "mma") for f in forms):
         ap.error(f"--forms: gemv and/or mma, got {args.forms!r}")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import torch
     from stack_forms import FORMS, time_form
 
@@ -149,11 +126,7 @@ def main() -> None:
     from kernellab.megakernel import models as report_models
     from kernellab.megakernel.engines import persistent_stack_gemv
 
-    original = Path(persistent_stack_gemv.__file__)
-    traced_path = original.with_name("_traced_persistent_stack_gemv.py")
-    traced_path.write_text(traced_source(original.read_text()))
-    try:
-        traced = importlib.import_module("kernellab.megakernel.engines._traced_persistent_stack_gemv")
+    with traced_module(persistent_stack_gemv, traced_source) as traced:
         ctas = torch.cuda.get_device_properties(0).multi_processor_count  # the forms' grid
         trace = torch.zeros((ctas, TRACE_SLOTS, 2), dtype=torch.int64, device="cuda")
         traced.TRACE_ADDRESS, traced.TRACE_CTAS, traced.TRACE_SLOTS = trace.data_ptr(), ctas, TRACE_SLOTS
@@ -161,7 +134,7 @@ def main() -> None:
         persistent_stack_gemv.StackGemv.kernel = traced.StackGemv.__dict__["kernel"]
         persistent_stack_gemv.StackGemv.trace_stamp = traced.StackGemv.__dict__["trace_stamp"]
         device = timing.Device("cuda")
-        record = {"tool": "tools/device/stack_trace.py", "steps": [name for name, _ in STEPS],
+        record = {"tool": "tools/device/stack_trace.py", "steps": [name for name, *_ in STEPS],
                   "provenance": provenance.of_check("cuda", __file__, ["megakernel"]), "entries": []}
         for case in report_models.REPORT_MODELS:
             if not any(fnmatch.fnmatch(case.name, p) for p in args.models.split(",") if p):
@@ -186,8 +159,6 @@ def main() -> None:
                                          for n, v in entry["steps"].items())), flush=True)
         with open(os.path.join(os.environ.get("OUT", "."), "stack_trace.json"), "w") as f:
             json.dump(record, f, indent=1)
-    finally:
-        traced_path.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
