@@ -62,14 +62,16 @@ def probe(phase: str, shapes: str, caps: list[int], grids: dict, ops: list[str])
             v = Variant(f"{op}_backward", name, n, widest_vector(n, name), weight=name,
                         bias=name if kind == "layernorm" else None)
             inputs = {"x": x, "dy": dy, "mean": mean, "rstd": rstd}
-            ours(op, v, w, sms)  # compiles: wave() reads the cubin's registers
-            rows_per_cta, per_wave = compiler.wave(v, sms)
-            default = compiler.backward_grid(m, rows_per_cta, per_wave, sms, x.element_size())  # the ops' grid
-            if compiler.spread_sum_of(default * rows_per_cta):  # the ops' variant for many partial rows, its wave
-                v = dataclasses.replace(v, spread_sum=True)
-                ours(op, v, w, sms)
-                rows_per_cta, per_wave = compiler.wave(v, sms)
-                default = compiler.backward_grid(m, rows_per_cta, per_wave, sms, x.element_size())
+            spread_v = dataclasses.replace(v, spread_sum=True)
+
+            def spread_wave(op=op, spread_v=spread_v, w=w):  # called at once, in this iteration
+                ours(op, spread_v, w, sms)  # compiles: wave() reads the cubin's registers
+                return compiler.wave(spread_v, sms)
+
+            ours(op, v, w, sms)
+            spread, rows_per_cta, per_wave, default = compiler.vector_gradient_launch(  # the ops' variant and grid
+                m, sms, x.element_size(), *compiler.wave(v, sms), spread_wave)
+            v = spread_v if spread else v
             default = grids.get(case, default)
             wave = compiler.wave_grid(m, rows_per_cta, per_wave)  # timed too, so the rule can be rechecked
             iterations = max(20, int(3000 / (3 * m * n * x.element_size() / 4e6 + 2)))

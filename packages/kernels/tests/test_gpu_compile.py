@@ -150,6 +150,24 @@ def test_the_partials_sum_by_ctas_is_chosen_past_a_warps_lanes_at_their_rows(m, 
     assert compiler.spread_sum_of(32 * compiler.PARTIAL_ROWS_PER_LANE + 1)
 
 
+def test_a_launch_takes_the_spread_variant_on_its_own_wave_only_past_a_warps_lanes():
+    """``vector_gradient_launch``: few partial rows keep the warp sum and never ask for the spread variant's wave;
+    many take the spread variant on its own wave (LayerNorm fp32 at 1000 columns: 264 CTAs where the warp sum's
+    registers hold 396; the grid of the other wave failed the cooperative launch)."""
+    def never():
+        raise AssertionError("the spread variant's wave was asked for")
+
+    assert compiler.vector_gradient_launch(37, 132, 4, 1, 396, never) == (False, 1, 396, 37)
+    asked = []
+
+    def spread_wave():
+        asked.append(True)
+        return 2, 264
+
+    assert compiler.vector_gradient_launch(66000, 132, 4, 2, 396, spread_wave) == (True, 2, 264, 264)
+    assert asked == [True]
+
+
 def test_the_spread_sum_is_its_own_variant_of_a_norm_backward_only():
     spread = Variant("layernorm_backward", "bfloat16", 1024, 8, weight="bfloat16", bias="bfloat16", spread_sum=True)
     plain = Variant("layernorm_backward", "bfloat16", 1024, 8, weight="bfloat16", bias="bfloat16")

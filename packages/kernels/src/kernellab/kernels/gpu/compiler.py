@@ -320,6 +320,19 @@ def backward_grid(m: int, rows_per_cta: int, per_wave: int, sms: int, element_si
     return grid
 
 
+def vector_gradient_launch(m: int, sms: int, element_size: int, rows_per_cta: int, per_wave: int,
+                           spread_wave) -> tuple[bool, int, int, int]:
+    """(spread, rows per CTA, CTAs per wave, grid) of a backward launch with vector gradients over ``m`` rows, from
+    the warp-sum variant's wave: its grid (``backward_grid``), or where that grid's partials have many rows
+    (``spread_sum_of``) the spread variant on its own wave (``spread_wave()``: its rows per CTA and CTAs per wave;
+    its registers may hold fewer CTAs). The ops and the device tools launch by this one rule."""
+    grid = backward_grid(m, rows_per_cta, per_wave, sms, element_size)
+    if not spread_sum_of(grid * rows_per_cta):
+        return False, rows_per_cta, per_wave, grid
+    rows_per_cta, per_wave = spread_wave()
+    return True, rows_per_cta, per_wave, backward_grid(m, rows_per_cta, per_wave, sms, element_size)
+
+
 def call_of(fn):
     """The tvm_ffi.Function under the DSL's kwargs wrapper where there is one: the same positional
     arguments (the wrapper only fills defaults we always pass), a shorter host path per call."""

@@ -14,7 +14,7 @@ import torch
 
 from .. import checks
 from . import compiler
-from .compiler import Plans, Variant, backward_grid, call_of, spread_sum_of, wave
+from .compiler import Plans, Variant, call_of, vector_gradient_launch, wave
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -319,10 +319,14 @@ def _grad_launch(op: str, x, dy, weight=None, dh=None, rstd=None, mean=None, dbi
         fn(x2, dy2, dx2)
         return dx, None, None
     vectors = weight is not None or dbias is not None
-    grid = backward_grid(m, rows_per_cta, per_wave, _sms(x), e) if vectors else -(-m // rows_per_cta)
-    if vectors and spread_sum_of(grid * rows_per_cta):  # its own wave: its sum's registers may hold fewer CTAs
-        fn, rows_per_cta, per_wave = _grad_function(op, x2, bits, weight, dh is not None, dbias, spread_sum=True)
-        grid = backward_grid(m, rows_per_cta, per_wave, _sms(x), e)
+    if vectors:
+        spread, rows_per_cta, _, grid = vector_gradient_launch(
+            m, _sms(x), e, rows_per_cta, per_wave,
+            lambda: _grad_function(op, x2, bits, weight, dh is not None, dbias, spread_sum=True)[1:])
+        if spread:
+            fn = _grad_function(op, x2, bits, weight, dh is not None, dbias, spread_sum=True)[0]
+    else:
+        grid = -(-m // rows_per_cta)
     pw = dw = pb = db = sync = None
     if weight is not None:
         pw, dw = x.new_empty((grid * rows_per_cta, n), dtype=torch.float32), torch.empty_like(weight)
