@@ -126,3 +126,18 @@ def test_every_report_model_plan_runs_an_ahead_of_time_stack_variant():
             assert persistent_stack.variant(plan).name in AOT_NAMES
             forms.add(plan.form)
     assert forms == {"rows", "grid", "gemv", "mma"}
+
+
+def test_prologue_spreads_few_rows_over_more_warps_each():
+    """A row gets 8 warps (a CTA) while rows x 8 warps fit about a CTA an SM, halving down to a warp a row past 4 x
+    SMs rows; always a power of two dividing the CTA's warps."""
+    from kernellab.megakernel.engines import prologue
+
+    sms = 132
+    assert [prologue.row_split(r, sms) for r in (1, 16, 132)] == [prologue.WARPS] * 3
+    assert [prologue.row_split(r, sms) for r in (133, 264, 265, 528, 529, 1056, 1057, 10**6)] == [4, 4, 2, 2, 1, 1,
+                                                                                                      1, 1]
+    for rows in range(1, 3000, 7):
+        split = prologue.row_split(rows, sms)
+        assert prologue.WARPS % split == 0 and split & (split - 1) == 0
+        assert split == 1 or rows * split <= prologue.WARPS * sms

@@ -168,3 +168,23 @@ def test_models_contenders_pass_the_engines_validation():
     for name, contender in models.contenders(case, 33).items():
         result = validation.check(contender.problem, name, contender.call, seed=5)
         assert result["passed"] and result["replay_changed_input"], (name, result)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 133, 300, 1500, 5000])  # 8, 4, 2 and 1 warps a row on an H100 / H200
+@pytest.mark.parametrize("channels", [64, 200, 2048, 4097])
+@pytest.mark.parametrize("norm, stream", [(True, "float32"), (True, "float16"), (False, "float32")])
+def test_prologue_operand_at_every_row_split(rows, channels, norm, stream):
+    """The operand kernel (RMSNorm or a cast of the stream into fp16) against float64, rounded once: every warps-a-row
+    split, channels past and short of a lane's unrolled loads, a poisoned output."""
+    from kernellab.megakernel.engines import prologue
+
+    g = torch.Generator(device="cuda").manual_seed(rows * 7 + channels)
+    s = (torch.randn(rows, channels, device="cuda", generator=g) * 3 + 0.5).to(getattr(torch, stream))
+    w = torch.randn(channels, device="cuda", generator=g) * 0.5 + 1.0
+    u = torch.full((rows, channels), float("nan"), dtype=torch.float16, device="cuda")
+    prologue.launcher(norm, 1e-6, stream)(s, w, u)
+    sd = s.double()
+    want = sd * torch.rsqrt(sd.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double() if norm else sd
+    assert not torch.isnan(u).any(), "every element written"
+    err = (u.double() - want).abs() / (want.abs() + 1e-3)
+    assert err.max().item() <= 2.0**-10, f"max relative error {err.max().item()} past fp16 rounding"
