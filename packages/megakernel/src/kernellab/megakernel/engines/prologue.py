@@ -21,10 +21,10 @@ from cutlass import Float16, Float32, Int32
 from cutlass.memory import SmemAllocator
 
 from ..planning import ceil_div
-from .common import DTYPES, Symbols, compile_variant, compiled
+from .common import DTYPES, Symbols, compile_variant, compiled, gather_clamped
 
 WARPS = 8
-UNROLL = 8  # loads a lane issues at once before it uses them (``RowsKernel.gather``)
+UNROLL = 8  # loads a lane issues at once before it uses them (``common.gather_clamped``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +88,7 @@ class RowsKernel:
         if cutlass.const_expr(weight is not None):
             total = Float32(0.0)
             for c0 in cutlass.range(first, channels, stride * UNROLL):
-                values = self.gather(s, r, c0, stride, channels)
+                values = gather_clamped(s, r, c0, stride, UNROLL, channels)
                 for k in cutlass.range_constexpr(UNROLL):
                     if c0 + k * stride < channels:
                         total = total + values[k] * values[k]
@@ -103,9 +103,9 @@ class RowsKernel:
             scale = cute.math.rsqrt(total / Float32(channels) + eps)
         if row < rows:
             for c0 in cutlass.range(first, channels, stride * UNROLL):
-                values = self.gather(s, r, c0, stride, channels)
-                gains = self.gather(weight, None, c0, stride, channels) if cutlass.const_expr(weight is not None) \
-                    else None
+                values = gather_clamped(s, r, c0, stride, UNROLL, channels)
+                gains = (gather_clamped(weight, None, c0, stride, UNROLL, channels)
+                         if cutlass.const_expr(weight is not None) else None)
                 for k in cutlass.range_constexpr(UNROLL):
                     c = c0 + k * stride
                     if c < channels:
@@ -113,16 +113,6 @@ class RowsKernel:
                         if cutlass.const_expr(weight is not None):
                             value = value * gains[k]
                         u[row, c] = value.to(Float16)
-
-    def gather(self, t: cute.Tensor, row, c0, stride, channels) -> list:
-        """``UNROLL`` fp32 values of row ``row`` of ``t`` (or of the vector ``t``: row None), channels c0, c0 +
-        stride, ..., each index clamped into the row so that every load is issued at once, before any is used
-        (guarded loads would wait one by one); the caller drops those past the channels."""
-        out = []
-        for k in range(UNROLL):
-            c = cutlass.min(c0 + k * stride, channels - 1)
-            out.append((t[c] if row is None else t[row, c]).to(Float32))
-        return out
 
 
 class RmsNormOperand(RowsKernel):
