@@ -140,6 +140,11 @@ def test_stack_trace_stamps_every_step_of_each_block_in_the_gemv_kernel():
     assert len(stamps) == trace.SLOTS_A_BLOCK
     assert [int(line.rsplit("+ ", 1)[1].rstrip(")")) for line in stamps] == list(range(trace.SLOTS_A_BLOCK))
     assert all(line.startswith(" " * 12) for line in stamps)  # in the loop over blocks (its body's indentation)
+    final = [line for line in traced.splitlines() if "self.trace_stamp(tid, cta, blocks * " in line]
+    assert final == [f"        self.trace_stamp(tid, cta, blocks * {trace.SLOTS_A_BLOCK})"]  # after the block loop
+    kernel = traced[traced.index("    def kernel("):traced.index("    @cute.jit\n    def trace_stamp(")]
+    assert kernel.rstrip().endswith(final[0].strip())  # the kernel's last statement
+    assert trace.TRACE_SLOTS > trace.MAX_BLOCKS * trace.SLOTS_A_BLOCK
     assert "def trace_stamp(" in traced and "cute.arch.globaltimer()" in traced
 
 
@@ -183,15 +188,16 @@ def test_stack_trace_timeline_converts_each_ctas_clocks_at_its_own_rate():
         out.append([clocks, ns])
         return out + [[0, 0]] * (trace.TRACE_SLOTS - len(out))
 
-    steps = len(trace.STEPS)
-    fast = [100, 2000, 500, 1000, 300, 0] + [100, 2000, 500, 1000, 300]  # block 0's top to block 1's last step
-    slow = [100, 4000, 100, 3000, 100, 0] + [100, 2000, 500, 1000, 300]
-    assert len(fast) == per_block + steps
-    got = trace.timeline([cta(1, fast), cta(2, slow)], blocks=2)
+    # block 0's top to block 1's last step, then block 1's end to the final stamp (slot blocks * per_block)
+    fast = [100, 2000, 500, 1000, 300, 0] + [100, 2000, 500, 1000, 300] + [700]
+    slow = [100, 4000, 100, 3000, 100, 0] + [100, 2000, 500, 1000, 300] + [1500]
+    assert len(fast) == 2 * per_block
+    got, final = trace.timeline([cta(1, fast), cta(2, slow)], blocks=2)
     assert list(got) == [name for name, *_ in trace.STEPS]
     assert got["phase A"][0] == {"median_us": 3.0, "max_us": 4.0}
     assert got["barrier 1"][0] == {"median_us": 0.3, "max_us": 0.5}
     assert got["phase B"][1] == {"median_us": 1.0, "max_us": 1.0}
+    assert final == {"median_us": 1.1, "max_us": 1.5}
 
 
 def test_stack_phases_table_subtracts_each_probe_from_the_next_and_marks_what_is_missing(tmp_path, capsys):

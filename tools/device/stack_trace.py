@@ -1,19 +1,20 @@
 """A timeline of the fused stack's matrix-vector forms inside one call, on the GPU host: per block, how long each
-CTA spends on its operand, phase A, the wait at the first grid barrier, phase B and the wait at the second.
+CTA spends on its operand, phase A, the wait at the first grid barrier, phase B and the wait at the second; then
+the final norm (or the copy into y) after the last block.
 
     python3 tools/device/stack_trace.py [--models 'swiglu4*'] [--rows 1,16] [--forms gemv,mma]
     python3 tools/device/stack_trace.py --show RECORD.json    (anywhere: a written record as tables)
 
 Builds a traced copy of ``engines/persistent_stack_gemv.py`` beside it (``_traced_persistent_stack_gemv.py``,
 removed at the end) whose kernel has thread 0 of every CTA write ``clock64`` and ``%globaltimer`` at the steps of
-``STEPS`` of each block (anchored on lines of the kernel's source; a change that moves one stops this tool with the
-anchor's text), and uses its kernel in both forms (the mma form inherits the gemv form's). The stamps go to a
-buffer whose address is compiled into the kernel. Each model runs as ``stack_forms.time_form`` runs it (validated
-against the float64 reference, then timed in a CUDA graph), and the buffer holds the last replay's stamps. The
-clocks are converted to microseconds by each CTA's own clock rate over the call (``%globaltimer`` may tick
-coarsely, so it only sets the rate and the common start). Writes $OUT/stack_trace.json with the harness's
-provenance, and prints per block the median and the slowest CTA of each step. A block of several row tiles (past
-the planned rows) stamps its operand and phase A once a tile: the last tile's stand.
+``STEPS`` of each block and at the kernel's end (anchored on lines of the kernel's source; a change that moves one
+stops this tool with the anchor's text), and uses its kernel in both forms (the mma form inherits the gemv form's).
+The stamps go to a buffer whose address is compiled into the kernel. Each model runs as ``stack_forms.time_form``
+runs it (validated against the float64 reference, then timed in a CUDA graph), and the buffer holds the last
+replay's stamps. The clocks are converted to microseconds by each CTA's own clock rate over the call
+(``%globaltimer`` may tick coarsely, so it only sets the rate and the common start). Writes $OUT/stack_trace.json
+with the harness's provenance, and prints per block the median and the slowest CTA of each step. A block of several
+row tiles (past the planned rows) stamps its operand and phase A once a tile: the last tile's stand.
 
 What to read: where ``phase A`` (or ``B``) of the slowest CTA is far above the median, the barrier's wait is the
 skew of the work, not the barrier; where every step is short and the block still long, the time is between them.
@@ -43,8 +44,10 @@ STEPS = (  # (the step that ends at the stamp, a line of StackGemv.kernel, wheth
 BLOCK_TOP = "            units = meta[i, 1] * STACK_TILE"
 SLOTS_A_BLOCK = len(STEPS) + 1  # the block's top, then one stamp a step
 MAX_BLOCKS = 32
-TRACE_SLOTS = MAX_BLOCKS * SLOTS_A_BLOCK
+TRACE_SLOTS = MAX_BLOCKS * SLOTS_A_BLOCK + 1  # and one after the final norm
 STAMP = "self.trace_stamp(tid, cta, i * {per_block} + {k})"
+KERNEL_END = "\n\n    # ---- what the mma form"  # what follows the kernel's last line (the final norm's loop)
+FINAL_STAMP = "\n        self.trace_stamp(tid, cta, blocks * {per_block})"
 STAMP_METHOD = '''
     @cute.jit
     def trace_stamp(self, tid: Int32, cta: Int32, slot: Int32):
@@ -67,13 +70,16 @@ def traced_source(source: str) -> str:
     s = line_after(TOOL, s, BLOCK_TOP, STAMP.format(per_block=SLOTS_A_BLOCK, k=0))
     for k, (_, anchor, after) in enumerate(STEPS, start=1):
         s = (line_after if after else line_before)(TOOL, s, anchor, STAMP.format(per_block=SLOTS_A_BLOCK, k=k))
+    s = replace_once(TOOL, s, KERNEL_END, FINAL_STAMP.format(per_block=SLOTS_A_BLOCK) + KERNEL_END)
     return replace_once(TOOL, s, "\n    # ---- what the mma form", STAMP_METHOD)
 
 
-def timeline(stamps: list, blocks: int) -> dict:
+def timeline(stamps: list, blocks: int) -> tuple[dict, dict]:
     """Per block and step, the median and the slowest CTA's microseconds (stamps: per CTA, per slot, (clock64,
-    globaltimer ns)); each CTA's clocks converted at its own rate between its first and last stamp."""
+    globaltimer ns)), and the same of the final norm (or the copy into y) after the last block; each CTA's clocks
+    converted at its own rate between its first stamp and the end of its last block."""
     per_step = {name: [[] for _ in range(blocks)] for name, *_ in STEPS}
+    final = []
     for cta in stamps:
         first, last = cta[0], cta[(blocks - 1) * SLOTS_A_BLOCK + len(STEPS)]
         ns, clocks = last[1] - first[1], last[0] - first[0]
@@ -84,8 +90,10 @@ def timeline(stamps: list, blocks: int) -> dict:
             base = i * SLOTS_A_BLOCK
             for k, (name, *_) in enumerate(STEPS):
                 per_step[name][i].append((cta[base + k + 1][0] - cta[base + k][0]) * us_per_clock)
-    return {name: [{"median_us": statistics.median(v), "max_us": max(v)} for v in by_block]
-            for name, by_block in per_step.items()}
+        final.append((cta[blocks * SLOTS_A_BLOCK][0] - last[0]) * us_per_clock)
+    steps = {name: [{"median_us": statistics.median(v), "max_us": max(v)} for v in by_block]
+             for name, by_block in per_step.items()}
+    return steps, {"median_us": statistics.median(final), "max_us": max(final)}
 
 
 def show(path: str) -> None:
@@ -103,6 +111,9 @@ def show(path: str) -> None:
         for i in range(len(e["steps"][names[0]])):
             cells = [f"{e['steps'][n][i]['median_us']:.2f} / {e['steps'][n][i]['max_us']:.2f}" for n in names]
             print(f"| {i} | " + " | ".join(cells) + " |")
+        if "final_us" in e:  # records before it have none
+            print(f"\nafter the last block, the final norm (or the copy into y): {e['final_us']['median_us']:.2f} / "
+                  f"{e['final_us']['max_us']:.2f} us")
 
 
 def main() -> None:
@@ -150,7 +161,7 @@ def main() -> None:
                              **{k: v for k, v in got.items() if k != "samples_us"}}
                     if "error" not in got:
                         torch.cuda.synchronize()
-                        entry["steps"] = timeline(trace.cpu().tolist(), blocks)
+                        entry["steps"], entry["final_us"] = timeline(trace.cpu().tolist(), blocks)
                     record["entries"].append(entry)
                     print(f"{case.name} rows={r} {form}: "
                           + (entry.get("error") or f"{entry['p50_us']:.1f} us; per block (median/max us) "
