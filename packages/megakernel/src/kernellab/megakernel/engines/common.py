@@ -71,19 +71,19 @@ def activate(v: Float32, code: Int32) -> Float32:
     return out
 
 
-@cute.jit
 def gather_clamped(t: cute.Tensor, row, first, stride, count: int, limit) -> list:
     """``count`` fp32 values of row ``row`` of ``t`` (of the vector ``t``: row None) at columns first, first +
     stride, ..., each column clamped below ``limit`` so that every load is issued before any is used (a guarded
     load waits for the one before it: a warp walking a row took a memory latency a load); the caller drops the
     values of columns at or past ``limit``."""
     out = []
-    for k in cutlass.range_constexpr(count):
+    for k in range(count):
         c = cutlass.min(first + k * stride, limit - 1)
         out.append((t[c] if row is None else t[row, c]).to(Float32))
     return out
 
 
+@cute.jit
 def round_to_fp16(v: Float32) -> Float32:
     """The hidden's rounding point: round to nearest-even fp16, kept as fp32 for the next GEMM."""
     return v.to(Float16).to(Float32)
