@@ -5,6 +5,7 @@ first against the float64 reference (the models suite's problem and protocol), b
 model's weight bytes over the copy bandwidth measured in the same run).
 
     python3 tools/device/stack_forms.py [--models 'mlp*,swiglu2*'] [--rows 1,16] [--samples 7] [--forms grid,rows]
+        [--ctas 66,33]     (also the gemv and mma forms on grids of at most that many CTAs: form@N, a probe)
     python3 tools/device/stack_forms.py --show A.json[,B.json] [--forms gemv,grid]    (anywhere: records as a table)
 
 Writes $OUT/stack_forms.json (provenance, then one entry per model and row count, after each) and prints a line
@@ -14,6 +15,7 @@ per entry. A form that cannot be built or fails validation is recorded with why,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import functools
 import json
@@ -27,6 +29,36 @@ FORMS = {"grid": {"engine": "persistent-stack", "stack_form": "grid"},
          "chain": {"engine": "persistent-tc"}}
 RUN_FORMS = ("grid", "gemv", "mma", "chain")
 """The forms a run times unless ``--forms`` names others (the rows form is the slow one at decode rows)."""
+GRID_FORMS = ("gemv", "mma")
+"""The forms whose grid ``--ctas`` caps: every CTA an SM, work dealt over ``grid_dim`` at run time, so a smaller
+grid runs the same compiled kernel (fewer arrivals at each grid barrier, more items a warp)."""
+
+
+@contextlib.contextmanager
+def grid_capped(ctas: int | None):
+    """The fused stack's launches on at most ``ctas`` CTAs while inside (None: as planned, every SM)."""
+    if ctas is None:
+        yield
+        return
+    from kernellab.megakernel.engines.persistent_stack import Launcher
+
+    planned = Launcher.grid
+    Launcher.grid = lambda self, plan, rows: min(planned(self, plan, rows), ctas)
+    try:
+        yield
+    finally:
+        Launcher.grid = planned
+
+
+def form_options(name: str) -> dict:
+    """A record's description of column ``name``: the form's ``compile_model`` options, and its CTA cap if any."""
+    form, _, cap = name.partition("@")
+    return {**FORMS[form], "max_ctas": int(cap)} if cap else FORMS[form]
+
+
+def form_names(forms: list[str], ctas: list[int]) -> list[str]:
+    """The record's columns: each form, then each of ``GRID_FORMS`` among them at each cap, as ``form@N``."""
+    return forms + [f"{form}@{n}" for form in forms if form in GRID_FORMS for n in ctas]
 
 
 def show(paths: str, forms: str = "") -> None:
@@ -55,13 +87,16 @@ def show(paths: str, forms: str = "") -> None:
 
 
 def time_entry(case, rows: int, samples: int, device, forms=RUN_FORMS) -> dict:
-    """Each of ``forms`` (names of ``FORMS``) at one model and row count, each validated first."""
+    """Each of ``forms`` (names of ``FORMS``, or ``form@N``: that form on at most N CTAs) at one model and row
+    count, each validated first."""
     from kernellab.megakernel import models
 
     problem = models.StackProblem(case, rows)
     entry = {"model": case.name, "rows": rows}
-    for form in forms:
-        entry[form] = time_form(problem, FORMS[form], samples, device)
+    for name in forms:
+        form, _, cap = name.partition("@")
+        with grid_capped(int(cap) if cap else None):
+            entry[name] = time_form(problem, FORMS[form], samples, device)
     return entry
 
 
@@ -100,6 +135,8 @@ def main() -> None:
     ap.add_argument("--models", default="*")
     ap.add_argument("--rows", default="1,16")
     ap.add_argument("--samples", type=int, default=7)
+    ap.add_argument("--ctas", default="", help="comma-separated CTA counts: also time the " + ",".join(GRID_FORMS)
+                    + " forms on grids of at most that many CTAs (columns form@N)")
     args = ap.parse_args()
     if args.show:
         show(args.show, args.forms)
@@ -107,13 +144,17 @@ def main() -> None:
     forms = [f for f in args.forms.split(",") if f] or list(RUN_FORMS)
     if any(f not in FORMS for f in forms):
         ap.error(f"--forms: names of {','.join(FORMS)} expected, got {args.forms!r}")
+    if not all(c.isdigit() and int(c) > 0 for c in args.ctas.split(",") if c):
+        ap.error(f"--ctas: comma-separated positive integers expected, got {args.ctas!r}")
+    forms = form_names(forms, [int(c) for c in args.ctas.split(",") if c])
     from kernellab.harness import provenance, timing
     from kernellab.megakernel import models
 
     device = timing.Device("cuda")
     bandwidth = models.copy_bandwidth_gbs()  # the floor: the weights streamed once at the copy's rate
     path = os.path.join(os.environ.get("OUT", "."), "stack_forms.json")
-    record = {"tool": "tools/device/stack_forms.py", "mode": "graph_throughput", "forms": {f: FORMS[f] for f in forms},
+    record = {"tool": "tools/device/stack_forms.py", "mode": "graph_throughput",
+              "forms": {f: form_options(f) for f in forms},
               "provenance": provenance.of_check("cuda", __file__, ["megakernel"]), "entries": []}
     patterns = [p for p in args.models.split(",") if p]
     for case in models.REPORT_MODELS:
