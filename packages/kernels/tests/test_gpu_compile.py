@@ -128,7 +128,9 @@ def test_resident_ctas_matches_the_occupancy_calculator():
     (65536, 2, 396, 2, 396),
     (37, 1, 264, 4, 37),  # fewer rows than SMs: a CTA a row
     (4096, 2, 132, 4, 132),  # a wave of one CTA an SM stays
-    (100000, 4, 528, 4, 528),
+    (100000, 4, 528, 4, 264),  # fp32 rows: at most 2 CTAs an SM
+    (100000, 4, 528, 2, 528),  # 16-bit rows keep the wave
+    (66000, 2, 396, 4, 264),
     (300, 4, 264, 2, 75),  # 75 CTAs hold the rows
 ])
 def test_backward_grid_keeps_the_wave_unless_its_partials_outweigh_the_rows(m, rows_per_cta, per_wave,

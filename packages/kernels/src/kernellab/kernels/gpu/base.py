@@ -55,6 +55,10 @@ STREAMED_BACKWARD_VALUES = 16
 # Rows of the partials a lane loads before it adds them (the sum's loop unrolled): its loads are independent, and
 # one at a time the sum took a latency per row (2.3-10.5 us on an H100, reports/h100/norm-backward/).
 PARTIAL_ROWS_IN_FLIGHT = 4
+# Columns a CTA takes at once in the sum by CTAs (``GradKernel.sum_partials_by_ctas``), in groups of ``part_vec``:
+# at 65536x1024 (256 groups of 4 over 396 CTAs) 4 leaves one group a CTA, so twice the CTAs have work as at 8, each
+# lane loading half as much a row (LayerNorm's two pairs: 4 loads a row where 8 gave 8).
+SPREAD_BATCH_VALUES = 4
 
 ADD = operator.add
 
@@ -536,7 +540,7 @@ class GradKernel(RowKernel):
         bidx, _, _ = cute.arch.block_idx()
         lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
         rows = pairs[0][0].shape[0]
-        groups, batch = self.n // self.part_vec, max(1, 8 // self.part_vec)
+        groups, batch = self.n // self.part_vec, max(1, SPREAD_BATCH_VALUES // self.part_vec)
         staged = SmemAllocator().allocate_tensor(Float32, cute.make_layout((self.part_vec, batch, warps)),
                                                  byte_alignment=16)
         for first in cutlass.range(bidx * batch, groups, grid * batch):  # the same trip count for the whole CTA

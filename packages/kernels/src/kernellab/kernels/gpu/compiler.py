@@ -309,14 +309,22 @@ def spread_sum_of(partial_rows: int) -> bool:
     return partial_rows > 32 * PARTIAL_ROWS_PER_LANE
 
 
+FP32_BACKWARD_CTAS_PER_SM = 2
+"""CTAs an SM a backward over fp32 rows takes at most. On an H100 a wave of 3 CTAs an SM made the rows phase and the
+partials' sum slower than 2 at every fp32 shape probed, both norms (66000x1000, 40000x2048, 120000x512:
+reports/h100/norm-backward/backward-phases-fp32-ctas-17a02f0.json); for 16-bit rows the full wave was faster."""
+
+
 def backward_grid(m: int, rows_per_cta: int, per_wave: int, sms: int, element_size: int) -> int:
     """The grid of a backward launch with vector gradients over ``m`` rows: the wave (``wave``), or one CTA an SM
-    where the wave's partials would be more than ``PARTIALS_SHARE`` of the rows' bytes (``sms`` 0, off the GPU:
-    the wave). Any grid up to the wave is correct (the kernel's rows loop strides by the grid); this picks the
-    faster."""
+    where the wave's partials would be more than ``PARTIALS_SHARE`` of the rows' bytes, and for fp32 rows at most
+    ``FP32_BACKWARD_CTAS_PER_SM`` CTAs an SM (``sms`` 0, off the GPU: the wave). Any grid up to the wave is correct
+    (the kernel's rows loop strides by the grid); this picks the faster."""
     grid = wave_grid(m, rows_per_cta, per_wave)
     if 0 < sms < grid and 8 * grid * rows_per_cta > PARTIALS_SHARE * 3 * m * element_size:
         grid = sms
+    if sms > 0 and element_size == 4:
+        grid = min(grid, FP32_BACKWARD_CTAS_PER_SM * sms)
     return grid
 
 
