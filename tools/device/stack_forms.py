@@ -35,19 +35,20 @@ grid runs the same compiled kernel (fewer arrivals at each grid barrier, more it
 
 
 @contextlib.contextmanager
-def grid_capped(ctas: int | None):
-    """The fused stack's launches on at most ``ctas`` CTAs while inside (None: as planned, every SM)."""
+def grid_capped(ctas: int | None, launcher=None):
+    """The fused stack's launches on at most ``ctas`` CTAs while inside (None: as planned, every SM); ``launcher``:
+    the class whose ``grid`` is capped (the engine's ``Launcher`` unless given)."""
     if ctas is None:
         yield
         return
-    from kernellab.megakernel.engines.persistent_stack import Launcher
-
-    planned = Launcher.grid
-    Launcher.grid = lambda self, plan, rows: min(planned(self, plan, rows), ctas)
+    if launcher is None:
+        from kernellab.megakernel.engines.persistent_stack import Launcher as launcher
+    planned = launcher.grid
+    launcher.grid = lambda self, plan, rows: min(planned(self, plan, rows), ctas)
     try:
         yield
     finally:
-        Launcher.grid = planned
+        launcher.grid = planned
 
 
 def form_options(name: str) -> dict:
