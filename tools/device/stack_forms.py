@@ -22,6 +22,8 @@ import json
 import os
 import statistics
 
+from backward_phases import cta_counts  # this folder: --ctas as the backward's phases take it
+
 FORMS = {"grid": {"engine": "persistent-stack", "stack_form": "grid"},
          "gemv": {"engine": "persistent-stack", "stack_form": "gemv"},
          "mma": {"engine": "persistent-stack", "stack_form": "mma"},
@@ -136,8 +138,8 @@ def main() -> None:
     ap.add_argument("--models", default="*")
     ap.add_argument("--rows", default="1,16")
     ap.add_argument("--samples", type=int, default=7)
-    ap.add_argument("--ctas", default="", help="comma-separated CTA counts: also time the " + ",".join(GRID_FORMS)
-                    + " forms on grids of at most that many CTAs (columns form@N)")
+    ap.add_argument("--ctas", default="", type=cta_counts, help="comma-separated CTA counts: also time the "
+                    + ",".join(GRID_FORMS) + " forms on grids of at most that many CTAs (columns form@N)")
     args = ap.parse_args()
     if args.show:
         show(args.show, args.forms)
@@ -145,8 +147,6 @@ def main() -> None:
     forms = [f for f in args.forms.split(",") if f] or list(RUN_FORMS)
     if any(f not in FORMS for f in forms):
         ap.error(f"--forms: names of {','.join(FORMS)} expected, got {args.forms!r}")
-    if not all(c.isdigit() and int(c) > 0 for c in args.ctas.split(",") if c):
-        ap.error(f"--ctas: comma-separated positive integers expected, got {args.ctas!r}")
     forms = form_names(forms, [int(c) for c in args.ctas.split(",") if c])
     from kernellab.harness import provenance, timing
     from kernellab.megakernel import models

@@ -46,7 +46,7 @@ SLOTS_A_BLOCK = len(STEPS) + 1  # the block's top, then one stamp a step
 MAX_BLOCKS = 32
 TRACE_SLOTS = MAX_BLOCKS * SLOTS_A_BLOCK + 1  # and one after the final norm
 STAMP = "self.trace_stamp(tid, cta, i * {per_block} + {k})"
-KERNEL_END = "\n\n    # ---- what the mma form"  # what follows the kernel's last line (the final norm's loop)
+MMA_SECTION = "\n    # ---- what the mma form"  # the comment after StackGemv.kernel's last line (the final norm's loop)
 FINAL_STAMP = "\n        self.trace_stamp(tid, cta, blocks * {per_block})"
 STAMP_METHOD = '''
     @cute.jit
@@ -58,8 +58,7 @@ STAMP_METHOD = '''
                                                       stride=(TRACE_SLOTS * 2, 2, 1)))
             trace[cta, slot, 0] = cute.arch.clock64()
             trace[cta, slot, 1] = cute.arch.globaltimer()
-
-    # ---- what the mma form'''
+'''
 
 
 def traced_source(source: str) -> str:
@@ -70,8 +69,8 @@ def traced_source(source: str) -> str:
     s = line_after(TOOL, s, BLOCK_TOP, STAMP.format(per_block=SLOTS_A_BLOCK, k=0))
     for k, (_, anchor, after) in enumerate(STEPS, start=1):
         s = (line_after if after else line_before)(TOOL, s, anchor, STAMP.format(per_block=SLOTS_A_BLOCK, k=k))
-    s = replace_once(TOOL, s, KERNEL_END, FINAL_STAMP.format(per_block=SLOTS_A_BLOCK) + KERNEL_END)
-    return replace_once(TOOL, s, "\n    # ---- what the mma form", STAMP_METHOD)
+    return replace_once(TOOL, s, "\n" + MMA_SECTION,  # the final stamp ends the kernel, the method follows it
+                        FINAL_STAMP.format(per_block=SLOTS_A_BLOCK) + "\n" + STAMP_METHOD + MMA_SECTION)
 
 
 def timeline(stamps: list, blocks: int) -> tuple[dict, dict]:
