@@ -93,6 +93,19 @@ def test_every_gemv_tile_at_rows_it_takes_at_once_and_by_row_tiles(tile_rows, ro
     assert compiled.fused.plan_for(rows).form == "gemv"
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_gemv_forms_held_hidden_values_across_slices_and_blocks(rows):
+    """At one-row tiles a warp holds a W2 slice's hidden values from one phase B item to the next: hidden sizes of
+    5, 3 and 1 slices, differing per block (the held values are dropped at each block), and 640 channels, so that
+    a warp has several items (at 5 slices, which do not divide 132 SMs' warps, their slice changes from one to the
+    next; at 3 it stays); 3 rows take a row tile after another (nothing held)."""
+    spec = {"channels": 640, "blocks": [{"hidden": 5000, "activation": "silu", "norm": "rmsnorm"},
+                                       {"hidden": 2100, "activation": "gelu"},
+                                       {"hidden": 700, "activation": "relu", "norm": {"kind": "layernorm"}}]}
+    compiled = _validate(spec, rows, 5, stack_form="gemv", stack_tile_rows=1)
+    assert compiled.fused.plan_for(rows).tile_rows == 1
+
+
 @pytest.mark.parametrize("case", models.REPORT_MODELS, ids=lambda c: c.name)
 @pytest.mark.parametrize("rows", [1, 16])
 def test_report_models_in_the_gemv_form(case, rows):

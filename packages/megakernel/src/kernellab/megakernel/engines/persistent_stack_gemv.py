@@ -89,6 +89,7 @@ class StackGemv(PersistentStack):
         s_u = self.make_operand(smem)
         ring = self.make_ring(smem, warp, s_u)
         acc, gate = self.accumulators()
+        cache = self.slice_cache()
 
         # weights do not depend on the stream: each phase's first stages are copied before the barrier ahead of it
         self.first_unit_batches(w1, w3, ring, meta, Int32(0), first_warp, all_warps, lane)
@@ -119,13 +120,15 @@ class StackGemv(PersistentStack):
             for m in cutlass.range_constexpr(self.stages - 1):
                 self.copy_slice(w2, ring, unit0, units, slices, first_warp, all_warps, Int32(m), slice_items, lane)
             self.grid_barrier(sync, grid, tid)
+            if cutlass.const_expr(cache is not None):
+                cache[1][0] = Int32(-1)  # this block's hidden values are new
             for m in range(slice_items):
                 self.copy_slice(w2, ring, unit0, units, slices, first_warp, all_warps, m + self.stages - 1,
                                 slice_items, lane)
                 cute.arch.cp_async_wait_group(self.stages - 1)
                 item = first_warp + m * all_warps
                 self.output_slice(ring, ws, x, b2, i, item // slices * self.channel_block, item % slices,
-                                  m % self.stages, units, rows, channels, hidden_rows, lane)
+                                  m % self.stages, units, rows, channels, hidden_rows, cache, lane)
             if i + 1 < blocks:
                 self.first_unit_batches(w1, w3, ring, meta, i + 1, first_warp, all_warps, lane)
             self.grid_barrier(sync, grid, tid)
@@ -149,6 +152,16 @@ class StackGemv(PersistentStack):
     def accumulators(self):
         """A lane's share of each row's W1 [and W3] products for the unit in hand."""
         return cute.make_rmem_tensor((self.tile_rows,), Float32), cute.make_rmem_tensor((self.tile_rows,), Float32)
+
+    def slice_cache(self):
+        """At one-row tiles, (a lane's hidden values of one W2 slice, the slice's index): held in registers from one
+        of a warp's phase B items to the next, which mostly keep the slice (items go to the warps ``all_warps``
+        apart, a multiple of the slices at the report models), so that they load once a slice, not once an item
+        (at one row of the 1B-sized stack they were most of phase B's reads, 4 KB an item against W2's 2 KB).
+        None past one row: a lane would hold a row group's."""
+        if self.tile_rows > 1:
+            return None
+        return cute.make_rmem_tensor((VEC, self.slice_vectors), Float32), cute.make_rmem_tensor((1,), Int32)
 
     @cute.jit
     def unit_items(self, units: Int32, first_warp: Int32, all_warps: Int32) -> Int32:
@@ -284,20 +297,39 @@ class StackGemv(PersistentStack):
         cute.arch.cp_async_commit_group()
 
     @cute.jit
-    def output_slice(self, ring: cute.Tensor, ws, x, b2, i: Int32, c0: Int32, k: Int32, stage: Int32, units: Int32,
-                     rows: Int32, channels: Int32, hidden_rows: Int32, lane: Int32):
-        """s'[r, c] += h[r, slice k] . W2[c, slice k] for every row and the item's channels c0 ... (the first slice
-        adds s[r, c] + b2[c] too), by one warp: the slice's W2 vectors from its ring stage, the rows in groups of
-        ``row_group`` whose hidden values are loaded once for all the item's channels."""
-        for r0 in range(0, rows, self.row_group):
-            # a group's hidden values load together (one L2 round trip a group, not a row), then its reductions
-            hidden = []
+    def slice_hidden(self, ws, k: Int32, r0: Int32, rows: Int32, units: Int32, hidden_rows: Int32, cache,
+                     lane: Int32) -> list:
+        """This lane's hidden values of slice k for the rows r0 ... r0 + row_group - 1, loaded together (one L2
+        round trip a group, not a row); with a ``slice_cache``, from its registers where they are slice k's of
+        the one row."""
+        hidden = []
+        if cutlass.const_expr(cache is None):
             for g in cutlass.range_constexpr(self.row_group):
                 for v in cutlass.range_constexpr(self.slice_vectors):
                     unit = k * self.slice + (v * WARP + lane) * VEC
                     inside = unit < units and r0 + g < rows
                     hidden.append(self.load_vector(ws[3 * rows + (r0 + g) * hidden_rows + unit // self.cols, None],
                                                    unit % self.cols // VEC, inside).load())
+        else:
+            held, key = cache
+            if key[0] != k or rows > 1:
+                for v in cutlass.range_constexpr(self.slice_vectors):
+                    unit = k * self.slice + (v * WARP + lane) * VEC
+                    held[None, v].store(self.load_vector(ws[3 * rows + r0 * hidden_rows + unit // self.cols, None],
+                                                         unit % self.cols // VEC, unit < units).load())
+                key[0] = k
+            for v in cutlass.range_constexpr(self.slice_vectors):
+                hidden.append(held[None, v].load())
+        return hidden
+
+    @cute.jit
+    def output_slice(self, ring: cute.Tensor, ws, x, b2, i: Int32, c0: Int32, k: Int32, stage: Int32, units: Int32,
+                     rows: Int32, channels: Int32, hidden_rows: Int32, cache, lane: Int32):
+        """s'[r, c] += h[r, slice k] . W2[c, slice k] for every row and the item's channels c0 ... (the first slice
+        adds s[r, c] + b2[c] too), by one warp: the slice's W2 vectors from its ring stage, the rows in groups of
+        ``row_group`` whose hidden values (``slice_hidden``) serve all the item's channels."""
+        for r0 in range(0, rows, self.row_group):
+            hidden = self.slice_hidden(ws, k, r0, rows, units, hidden_rows, cache, lane)
             sums = []
             for cc in cutlass.range_constexpr(self.channel_block):
                 weights = [ring[None, lane, cc * self.slice_vectors + v, stage].load().to(Float32)

@@ -146,10 +146,11 @@ class StackMma(StackGemv):
 
     @cute.jit
     def output_slice(self, ring, ws, x, b2, i: Int32, c0: Int32, k: Int32, stage: Int32, units: Int32,
-                     rows: Int32, channels: Int32, hidden_rows: Int32, lane: Int32):
+                     rows: Int32, channels: Int32, hidden_rows: Int32, cache, lane: Int32):
         """s'[r, c] += h[r, slice k] . W2[c, slice k] for the item's 16 channels and every row (the first slice
         adds s[r, c] + b2[c] too), a row tile at a time: the tile's hidden values staged in the warp's shared
-        memory as fp16, then the MMAs against the slice's W2 tiles, then one atomic add an element."""
+        memory as fp16, then the MMAs against the slice's W2 tiles, then one atomic add an element. ``cache`` is
+        the gemv form's (``slice_cache``: None at these tiles)."""
         _, s_h, warp = ring
         mma = self.tiled_mma()
         copy_a, copy_b = tensorcore.s2r_copies(mma)
