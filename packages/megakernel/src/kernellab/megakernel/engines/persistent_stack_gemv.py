@@ -6,21 +6,20 @@ Per block i, with the rows taken ``tile_rows`` at a time (one tile for rows <= t
              hidden unit j (a warp each, units dealt round-robin over all warps of the grid):
              h[r, j] = fp16(act(u[r] . W1[j] + b1[j]) [* (u[r] . W3[j] + b3[j])]) into the workspace (fp32)
     grid barrier
-    phase B  output channel c, K slice k of W2's row (a warp each item, items dealt over all warps):
+    phase B  output channel c, K slice k of W2's row (a warp each item, a run of consecutive items a warp):
              s'[r, c] += h[r, k] . W2[c, k] (+ s[r, c] + b2[c] by the first slice), fp32 atomic adds
     grid barrier
 
 then ``y = final_norm(s)`` or ``y = s``, a warp a row. Each warp streams its weights through a ring of the plan's
 stages (``GEMV_RING_STAGES`` where they fit) in shared memory by 16-byte cp.async copies (a stage: a batch of a
-unit's W1 [and W3] row, or a W2 slice; a lane copies and later reads its own vectors, so no warp or CTA sync
-guards the ring): while it computes on one stage the next are in flight, and each weight is read once a call by
-one warp. Weights do not
-depend on the stream, so each phase's first stages are copied before the grid barrier ahead of it and land while
-the grid waits; the operand rows
-come from shared memory, the hidden values (a few KB) from L2. Stream
-buffers rotate over three as in the grid form (block i reads buffer i % 3, block 0 reads x, and adds into
-(i + 1) % 3, zeroed during phase A: nobody reads it then), the hidden units of every row follow them in the
-workspace. The barrier is the grid form's (``PersistentStack.grid_barrier``, one word zeroed once).
+unit's W1 [and W3] row, or a W2 slice; a lane copies and later reads its own vectors, so no warp or CTA sync guards
+the ring): while it computes on one stage the next are in flight, and each weight is read once a call by one warp.
+Weights do not depend on the stream, so each phase's first stages are copied before the grid barrier ahead of it and
+land while the grid waits; the operand rows come from shared memory, the hidden values from L2 (at one-row tiles
+held in registers for a warp's items of one slice). Stream buffers rotate over three as in the grid form (block i
+reads buffer i % 3, block 0 reads x, and adds into (i + 1) % 3, zeroed during phase A: nobody reads it then), the
+hidden units of every row follow them in the workspace. The barrier is the grid form's
+(``PersistentStack.grid_barrier``, one word zeroed once).
 """
 
 from __future__ import annotations
@@ -114,21 +113,23 @@ class StackGemv(PersistentStack):
                     if m % self.batches == self.batches - 1:
                         self.finish_unit(acc, gate, b1, b3, ws, unit0, first_warp + m // self.batches * all_warps,
                                          meta[i, 2], rows, row0, hidden_rows, lane)
+            # phase B's items, (channel block, slice) slice-major, in a run of consecutive ones a warp: a warp's
+            # items mostly share their slice, so its hidden values serve them all (``slice_cache``)
             slices = (units + self.slice - 1) // self.slice
             channel_blocks = (channels + self.channel_block - 1) // self.channel_block
-            slice_items = (channel_blocks * slices + all_warps - 1 - first_warp) // all_warps
+            first_item, slice_items = self.slice_run(channel_blocks * slices, first_warp, all_warps)
             for m in cutlass.range_constexpr(self.stages - 1):
-                self.copy_slice(w2, ring, unit0, units, slices, first_warp, all_warps, Int32(m), slice_items, lane)
+                self.copy_slice(w2, ring, unit0, units, channel_blocks, first_item, Int32(m), slice_items, lane)
             self.grid_barrier(sync, grid, tid)
             if cutlass.const_expr(cache is not None):
-                cache[1][0] = Int32(-1)  # this block's hidden values are new
+                self.forget_slice(cache)  # this block's hidden values are new
             for m in range(slice_items):
-                self.copy_slice(w2, ring, unit0, units, slices, first_warp, all_warps, m + self.stages - 1,
-                                slice_items, lane)
+                self.copy_slice(w2, ring, unit0, units, channel_blocks, first_item, m + self.stages - 1, slice_items,
+                                lane)
                 cute.arch.cp_async_wait_group(self.stages - 1)
-                item = first_warp + m * all_warps
-                self.output_slice(ring, ws, x, b2, i, item // slices * self.channel_block, item % slices,
-                                  m % self.stages, units, rows, channels, hidden_rows, cache, lane)
+                block, k = self.slice_item(first_item, m, channel_blocks)
+                self.output_slice(ring, ws, x, b2, i, block * self.channel_block, k, m % self.stages, units, rows,
+                                  channels, hidden_rows, cache, lane)
             if i + 1 < blocks:
                 self.first_unit_batches(w1, w3, ring, meta, i + 1, first_warp, all_warps, lane)
             self.grid_barrier(sync, grid, tid)
@@ -155,13 +156,29 @@ class StackGemv(PersistentStack):
 
     def slice_cache(self):
         """At one-row tiles, (a lane's hidden values of one W2 slice, the slice's index): held in registers from one
-        of a warp's phase B items to the next, which mostly keep the slice (items go to the warps ``all_warps``
-        apart, a multiple of the slices at the report models), so that they load once a slice, not once an item
-        (at one row of the 1B-sized stack they were most of phase B's reads, 4 KB an item against W2's 2 KB).
-        None past one row: a lane would hold a row group's."""
+        of a warp's phase B items to the next, which mostly keep the slice (``slice_item``), so that they load once a
+        slice, not once an item (at one row of the 1B-sized stack they were most of phase B's reads, 4 KB an item
+        against W2's 2 KB). None past one row: a lane would hold a row group's."""
         if self.tile_rows > 1:
             return None
         return cute.make_rmem_tensor((VEC, self.slice_vectors), Float32), cute.make_rmem_tensor((1,), Int32)
+
+    def forget_slice(self, cache):
+        """No slice's hidden values held (a block's phase B starts)."""
+        cache[1][0] = Int32(-1)
+
+    def slice_run(self, items: Int32, first_warp: Int32, all_warps: Int32):
+        """(first item, items) of this warp's run of phase B's ``items``: runs of equal length, the last ones short
+        or empty."""
+        per_warp = (items + all_warps - 1) // all_warps
+        first_item = first_warp * per_warp
+        return first_item, cutlass.max(cutlass.min(items - first_item, per_warp), 0)
+
+    def slice_item(self, first_item: Int32, m: Int32, channel_blocks: Int32):
+        """(channel block, slice) of a warp's phase B item m: its run of items starts at ``first_item``, slice-major,
+        so consecutive items change the channel block and keep the slice."""
+        item = first_item + m
+        return item % channel_blocks, item // channel_blocks
 
     @cute.jit
     def unit_items(self, units: Int32, first_warp: Int32, all_warps: Int32) -> Int32:
@@ -279,14 +296,14 @@ class StackGemv(PersistentStack):
                         value.to(Float16).to(Float32))
 
     @cute.jit
-    def copy_slice(self, w2, ring: cute.Tensor, unit0: Int32, units: Int32, slices: Int32, first_warp: Int32,
-                   all_warps: Int32, m: Int32, items: Int32, lane: Int32):
-        """Item m of this warp's phase B (channels c0 ... c0 + channel_block - 1, slice k of their W2 rows: item
-        first_warp + m * all_warps is (c0 / channel_block) * slices + k): this lane's vectors of the slice of each
-        channel into ring stage m % stages, then one commit."""
+    def copy_slice(self, w2, ring: cute.Tensor, unit0: Int32, units: Int32, channel_blocks: Int32, first_item: Int32,
+                   m: Int32, items: Int32, lane: Int32):
+        """Item m of this warp's phase B (channels c0 ... c0 + channel_block - 1, slice k of their W2 rows:
+        ``slice_item``): this lane's vectors of the slice of each channel into ring stage m % stages, then one
+        commit."""
         if m < items:
-            item = first_warp + m * all_warps
-            c0, k = item // slices * self.channel_block, item % slices
+            block, k = self.slice_item(first_item, m, channel_blocks)
+            c0 = block * self.channel_block
             for cc in cutlass.range_constexpr(self.channel_block):
                 if c0 + cc < w2.shape[0]:
                     for v in cutlass.range_constexpr(self.slice_vectors):

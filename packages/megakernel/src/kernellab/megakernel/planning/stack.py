@@ -144,8 +144,9 @@ def stack_smem_bytes(form: str, tile_rows: int, channels_tile: int, stages: int)
 
 
 def mma_staging_elements(tile_rows: int) -> int:
-    """fp16 elements of the mma form's phase B staging: a (tile_rows x 64) hidden chunk for each warp."""
-    return GEMV_THREADS // 32 * tile_rows * STACK_TILE
+    """fp16 elements of the mma form's phase B staging: a slice's two (tile_rows x 64) hidden chunks for each
+    warp."""
+    return GEMV_THREADS // 32 * tile_rows * 2 * STACK_TILE
 
 
 def _fits(form: str, tile_rows: int, channels_tile: int, stages: int, device: DeviceSpec) -> bool:
