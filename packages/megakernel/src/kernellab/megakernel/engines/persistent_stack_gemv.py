@@ -212,14 +212,28 @@ class StackGemv(PersistentStack):
         return value
 
     @cute.jit
-    def load_vector(self, row: cute.Tensor, index: Int32, valid) -> cute.Tensor:
+    def load_vector(self, row: cute.Tensor, index: Int32) -> cute.Tensor:
         """Elements index * VEC ... index * VEC + VEC - 1 of a contiguous row in registers, in the row's type (one
-        16-byte load of fp16, two of fp32); zeros where ``valid`` is false."""
+        16-byte load of fp16, two of fp32)."""
         run = cute.make_rmem_tensor((VEC,), row.element_type)
-        run.fill(0.0)
-        if valid:
-            cute.autovec_copy(cute.local_tile(row, (VEC,), (index,)), run)
+        cute.autovec_copy(cute.local_tile(row, (VEC,), (index,)), run)
         return run
+
+    @cute.jit
+    def hidden_vector(self, ws: cute.Tensor, rows: Int32, hidden_rows: Int32, row: Int32, unit: Int32,
+                      units: Int32, valid) -> cute.Tensor:
+        """Hidden units unit ... unit + VEC - 1 of a row (fp32, in the workspace) in registers, zeros where ``valid``
+        is false. Loaded whether valid or not (the row and the unit clamped into the block's hidden values), so
+        that a group's loads are all issued before any is used: each behind its own guard, they had waited one
+        after another (the 1B-sized stack's phase B at 16 rows in the gemv form: about 125 us a block, H100)."""
+        row = cutlass.min(row, rows - 1)
+        unit = cutlass.min(unit, units - VEC)
+        run = self.load_vector(ws[3 * rows + row * hidden_rows + unit // self.cols, None], unit % self.cols // VEC)
+        out = cute.make_rmem_tensor((VEC,), Float32)
+        out.fill(0.0)
+        if valid:
+            out.store(run.load())
+        return out
 
     @cute.jit
     def copy_vector(self, row: cute.Tensor, index: Int32, dst: cute.Tensor):
@@ -273,7 +287,7 @@ class StackGemv(PersistentStack):
                 if cutlass.const_expr(self.gated):
                     g = ring[None, lane, self.batch + t, m % self.stages].load().to(Float32)
                 for r in cutlass.range_constexpr(self.tile_rows):
-                    u = self.load_vector(u_rows[r, None], index, True).load().to(Float32)
+                    u = self.load_vector(u_rows[r, None], index).load().to(Float32)
                     acc[r] = acc[r] + (u * w).reduce(cute.ReductionOp.ADD, 0.0, 0)
                     if cutlass.const_expr(self.gated):
                         gate[r] = gate[r] + (u * g).reduce(cute.ReductionOp.ADD, 0.0, 0)
@@ -317,23 +331,21 @@ class StackGemv(PersistentStack):
     def slice_hidden(self, ws, k: Int32, r0: Int32, rows: Int32, units: Int32, hidden_rows: Int32, cache,
                      lane: Int32) -> list:
         """This lane's hidden values of slice k for the rows r0 ... r0 + row_group - 1, loaded together (one L2
-        round trip a group, not a row); with a ``slice_cache``, from its registers where they are slice k's of
-        the one row."""
+        round trip a group, not a row: ``hidden_vector``); with a ``slice_cache``, from its registers where they are
+        slice k's of the one row."""
         hidden = []
         if cutlass.const_expr(cache is None):
             for g in cutlass.range_constexpr(self.row_group):
                 for v in cutlass.range_constexpr(self.slice_vectors):
                     unit = k * self.slice + (v * WARP + lane) * VEC
-                    inside = unit < units and r0 + g < rows
-                    hidden.append(self.load_vector(ws[3 * rows + (r0 + g) * hidden_rows + unit // self.cols, None],
-                                                   unit % self.cols // VEC, inside).load())
+                    hidden.append(self.hidden_vector(ws, rows, hidden_rows, r0 + g, unit, units,
+                                                     unit < units and r0 + g < rows).load())
         else:
             held, key = cache
             if key[0] != k or rows > 1:
                 for v in cutlass.range_constexpr(self.slice_vectors):
                     unit = k * self.slice + (v * WARP + lane) * VEC
-                    held[None, v].store(self.load_vector(ws[3 * rows + r0 * hidden_rows + unit // self.cols, None],
-                                                         unit % self.cols // VEC, unit < units).load())
+                    held[None, v].store(self.hidden_vector(ws, rows, hidden_rows, r0, unit, units, unit < units).load())
                 key[0] = k
             for v in cutlass.range_constexpr(self.slice_vectors):
                 hidden.append(held[None, v].load())

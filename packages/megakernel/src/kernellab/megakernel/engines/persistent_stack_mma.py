@@ -177,8 +177,7 @@ class StackMma(StackGemv):
                             v = e * WARP + lane
                             r, kv = v // (STACK_TILE // 8), v % (STACK_TILE // 8)
                             unit = k * self.slice + half * STACK_TILE + kv * 8
-                            h = self.load_vector(ws[3 * rows + (row0 + r) * hidden_rows + unit // self.cols, None],
-                                                 unit % self.cols // 8, row0 + r < rows)
+                            h = self.hidden_vector(ws, rows, hidden_rows, row0 + r, unit, units, row0 + r < rows)
                             dst = cute.local_tile(s_h[r, None, 2 * warp + half], (8,), (kv,))
                             dst.store(h.load().to(Float16))
                 cute.arch.sync_warp()
