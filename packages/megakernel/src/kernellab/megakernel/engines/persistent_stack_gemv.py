@@ -60,6 +60,8 @@ class StackGemv(PersistentStack):
         self.row_group = min(self.tile_rows, ROW_GROUP)
         self.unit_block = 1  # hidden units a phase A item takes (the mma form: a tile of them)
         self.channel_block = CHANNEL_BLOCK if self.tile_rows > 2 and self.cols >= 1024 else 1
+        # fewer rows than warps: each row's operand over warps // tile_rows warps (at one row a warp had walked it)
+        self.row_split = self.warps // self.tile_rows if self.tile_rows < self.warps else 1
         assert self.channel_block * self.slice_vectors <= GEMV_STAGE_VECTORS, "a phase B item is one ring stage"
 
     @cute.jit
@@ -88,6 +90,9 @@ class StackGemv(PersistentStack):
         # the operand tile as the rows/grid forms' ``operand`` indexes it, (row, column in chunk, chunk)
         s_u = self.make_operand(smem)
         ring = self.make_ring(smem, warp, s_u)
+        s_stats = None  # a row's sums over its warps in ``operand``
+        if cutlass.const_expr(self.row_split > 1):
+            s_stats = smem.allocate_tensor(Float32, cute.make_layout(self.warps), byte_alignment=16)
         acc, gate = self.accumulators()
 
         # weights do not depend on the stream: each phase's first stages are copied before the barrier ahead of it
@@ -103,7 +108,7 @@ class StackGemv(PersistentStack):
                 if row0 > 0:  # the first row tile's stages are in flight already
                     self.first_unit_batches(w1, w3, ring, meta, i, first_warp, all_warps, lane)
                 cute.arch.sync_threads()  # every warp is done with the last row tile's operand
-                self.stream_operand(x, ws, i, row0, rows, s_u, meta, eps, norm_w, norm_b, channels, tid)
+                self.stream_operand(x, ws, i, row0, rows, s_u, meta, eps, norm_w, norm_b, channels, s_stats, tid)
                 cute.arch.sync_threads()
                 for m in range(unit_items):
                     self.copy_unit_batch(w1, w3, ring, unit0, first_warp, all_warps, m + self.stages - 1,
