@@ -563,6 +563,27 @@ class PersistentStack:
                 value = (value - mean) * scale * norm_w[i, c] + norm_b[i, c]
             y[row, c] = value
 
+    @cute.jit
+    def finish_row_by_warps(self, src, src_row: Int32, row: Int32, channels: Int32, y, kind: Int32, eps: Float32,
+                            norm_w, norm_b, i: Int32, s_stats, warp: Int32, lane: Int32):
+        """y[row] = final_norm(src[src_row]) (or the row itself) by every warp of the CTA (``row_norm``: a lane's
+        few values and the norm's gains and biases loaded at once, the warps' sums meeting in ``s_stats``); at
+        decode rows a warp a row had walked it one load at a time, three times for a LayerNorm."""
+        split = self.warps
+        count = (self.cols + 32 * split - 1) // (32 * split)
+        first = warp * 32 + lane
+        values, mean, scale = self.row_norm(src, src_row, True, first, split, count, channels, kind, eps, s_stats,
+                                            warp, lane)
+        gains = gather_clamped(norm_w, i, first, 32 * split, count, channels)
+        biases = gather_clamped(norm_b, i, first, 32 * split, count, channels)
+        for j in cutlass.range_constexpr(count):
+            c = first + 32 * split * j
+            if c < channels:
+                value = values[j]
+                if kind != NORM_NONE:
+                    value = (value - mean) * scale * gains[j] + biases[j]
+                y[row, c] = value
+
     # ---- the grid form's stream ------------------------------------------------------------------------------
 
     @cute.jit

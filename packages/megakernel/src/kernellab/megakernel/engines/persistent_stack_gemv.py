@@ -90,8 +90,8 @@ class StackGemv(PersistentStack):
         # the operand tile as the rows/grid forms' ``operand`` indexes it, (row, column in chunk, chunk)
         s_u = self.make_operand(smem)
         ring = self.make_ring(smem, warp, s_u)
-        s_stats = None  # a row's sums over its warps in ``operand``
-        if cutlass.const_expr(self.row_split > 1):
+        s_stats = None  # the gemv form's row sums over warps: its operand's rows (fewer than warps), its final norm
+        if cutlass.const_expr(self.form == "gemv"):
             s_stats = smem.allocate_tensor(Float32, cute.make_layout(self.warps), byte_alignment=16)
         acc, gate = self.accumulators()
 
@@ -134,9 +134,14 @@ class StackGemv(PersistentStack):
             if i + 1 < blocks:
                 self.first_unit_batches(w1, w3, ring, meta, i + 1, first_warp, all_warps, lane)
             self.grid_barrier(sync, grid, tid)
-        for rr in range(first_warp, rows, all_warps):  # the final norm (or a copy), a warp a row
-            self.finish_row(ws, blocks % 3 * rows + rr, rr, channels, y, meta[blocks, 3], eps[blocks], norm_w,
-                            norm_b, blocks, lane)
+        if cutlass.const_expr(self.form == "gemv"):  # the final norm (or a copy), a CTA a row
+            for rr in range(cta, rows, grid):
+                self.finish_row_by_warps(ws, blocks % 3 * rows + rr, rr, channels, y, meta[blocks, 3], eps[blocks],
+                                         norm_w, norm_b, blocks, s_stats, warp, lane)
+        else:  # a warp a row (a CTA a row took the mma form at 2048 channels past its registers)
+            for rr in range(first_warp, rows, all_warps):
+                self.finish_row(ws, blocks % 3 * rows + rr, rr, channels, y, meta[blocks, 3], eps[blocks], norm_w,
+                                norm_b, blocks, lane)
 
     # ---- what the mma form (``persistent_stack_mma``) replaces --------------------------------------------------
 
