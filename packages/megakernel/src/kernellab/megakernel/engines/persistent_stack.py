@@ -505,19 +505,22 @@ class PersistentStack:
                 norm_w, norm_b, i: Int32, channels: Int32, s_stats, tid: Int32):
         """u = fp16(norm(s)) of the tile's rows (src rows base .. base + tile_rows, those at or past ``limit``
         zero) into the operand tile, channels past the stream's zero: ``row_split`` warps a row (``row_norm``; past
-        one warp a row, their sums meet in ``s_stats``), the norm's gains and biases loaded at once where a lane
-        has at most ``GAINS_AT_ONCE`` channels (more would take registers the kernel's phases need)."""
+        one warp a row, their sums meet in ``s_stats``), the norm's gains and biases loaded at once, before the
+        rows (every row takes the same), where a lane has at most ``GAINS_AT_ONCE`` channels (more would take
+        registers the kernel's phases need); past that, each behind its guard as before."""
         lane, warp = tid % 32, tid // 32
         split = self.row_split
         count = (self.cols + 32 * split - 1) // (32 * split)  # a lane's channels
         first = warp % split * 32 + lane
+        gains, biases = None, None  # the same for every row: loaded once, before the rows
+        if cutlass.const_expr(count <= GAINS_AT_ONCE):
+            gains = gather_clamped(norm_w, i, first, 32 * split, count, channels)
+            biases = gather_clamped(norm_b, i, first, 32 * split, count, channels)
         for r in range(warp // split, self.tile_rows, self.warps // split):  # split > 1: a row a warp group
             inside = base + r < limit
             values, mean, scale = self.row_norm(src, cutlass.min(base + r, limit - 1), inside, first, split, count,
                                                 channels, kind, eps, s_stats, warp, lane)
-            if cutlass.const_expr(split > 1 and count <= GAINS_AT_ONCE):
-                gains = gather_clamped(norm_w, i, first, 32 * split, count, channels)
-                biases = gather_clamped(norm_b, i, first, 32 * split, count, channels)
+            if cutlass.const_expr(count <= GAINS_AT_ONCE):
                 for j in cutlass.range_constexpr(count):
                     c = first + 32 * split * j
                     out = Float32(0.0)
