@@ -403,3 +403,19 @@ def test_phase_b_runs_cover_each_item_once_and_mostly_keep_a_slice(channel_block
         seen.update(run)
         taken += items
     assert taken == len(seen) == channel_blocks * slices
+
+
+@pytest.mark.parametrize("tile_rows, split", [(1, 8), (2, 4), (4, 2), (8, 1), (16, 1)])
+def test_the_gemv_forms_operand_spreads_rows_fewer_than_warps_over_them(tile_rows, split):
+    """Each of a gemv tile's rows takes warps // tile_rows warps for its operand (their sums meet in a float a
+    warp of shared memory, which the plan counts: the final norm's rows, a CTA each, use it too); the mma form's
+    tiles have more rows than warps."""
+    from kernellab.megakernel.engines.persistent_stack import Variant
+    from kernellab.megakernel.engines.persistent_stack_gemv import StackGemv
+    from kernellab.megakernel.engines.persistent_stack_mma import StackMma
+
+    form = StackGemv(Variant("gemv", tile_rows, 2048, 4, True))
+    assert (form.warps, form.row_split) == (8, split)
+    operand_and_ring = -(-tile_rows * 2048 * 2 // 1024) * 1024 + 4 * 8 * 32 * 8 * 16
+    assert stack_smem_bytes("gemv", tile_rows, 2048, 4) == operand_and_ring + 4 * 8
+    assert StackMma(Variant("mma", 16, 2048, 4, True)).row_split == 1

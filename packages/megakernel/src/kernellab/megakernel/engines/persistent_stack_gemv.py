@@ -59,6 +59,8 @@ class StackGemv(PersistentStack):
         self.row_group = min(self.tile_rows, ROW_GROUP)
         self.unit_block = 1  # hidden units a phase A item takes (the mma form: a tile of them)
         self.channel_block = CHANNEL_BLOCK if self.tile_rows > 2 and self.cols >= 1024 else 1
+        # fewer rows than warps: each row's operand over warps // tile_rows warps (at one row a warp had walked it)
+        self.row_split = self.warps // self.tile_rows if self.tile_rows < self.warps else 1
         assert self.channel_block * self.slice_vectors <= GEMV_STAGE_VECTORS, "a phase B item is one ring stage"
 
     @cute.jit
@@ -87,6 +89,9 @@ class StackGemv(PersistentStack):
         # the operand tile as the rows/grid forms' ``operand`` indexes it, (row, column in chunk, chunk)
         s_u = self.make_operand(smem)
         ring = self.make_ring(smem, warp, s_u)
+        s_stats = None  # the gemv form's row sums over warps: its operand's rows (fewer than warps), its final norm
+        if cutlass.const_expr(self.form == "gemv"):
+            s_stats = smem.allocate_tensor(Float32, cute.make_layout(self.warps), byte_alignment=16)
         acc, gate = self.accumulators()
         cache = self.slice_cache()
 
@@ -103,7 +108,7 @@ class StackGemv(PersistentStack):
                 if row0 > 0:  # the first row tile's stages are in flight already
                     self.first_unit_batches(w1, w3, ring, meta, i, first_warp, all_warps, lane)
                 cute.arch.sync_threads()  # every warp is done with the last row tile's operand
-                self.stream_operand(x, ws, i, row0, rows, s_u, meta, eps, norm_w, norm_b, channels, tid)
+                self.stream_operand(x, ws, i, row0, rows, s_u, meta, eps, norm_w, norm_b, channels, s_stats, tid)
                 cute.arch.sync_threads()
                 for m in range(unit_items):
                     self.copy_unit_batch(w1, w3, ring, unit0, first_warp, all_warps, m + self.stages - 1,
@@ -133,9 +138,14 @@ class StackGemv(PersistentStack):
             if i + 1 < blocks:
                 self.first_unit_batches(w1, w3, ring, meta, i + 1, first_warp, all_warps, lane)
             self.grid_barrier(sync, grid, tid)
-        for rr in range(first_warp, rows, all_warps):  # the final norm (or a copy), a warp a row
-            self.finish_row(ws, blocks % 3 * rows + rr, rr, channels, y, meta[blocks, 3], eps[blocks], norm_w,
-                            norm_b, blocks, lane)
+        if cutlass.const_expr(self.form == "gemv"):  # the final norm (or a copy), a CTA a row
+            for rr in range(cta, rows, grid):
+                self.finish_row_by_warps(ws, blocks % 3 * rows + rr, rr, channels, y, meta[blocks, 3], eps[blocks],
+                                         norm_w, norm_b, blocks, s_stats, warp, lane)
+        else:  # a warp a row (a CTA a row took the mma form at 2048 channels past its registers)
+            for rr in range(first_warp, rows, all_warps):
+                self.finish_row(ws, blocks % 3 * rows + rr, rr, channels, y, meta[blocks, 3], eps[blocks], norm_w,
+                                norm_b, blocks, lane)
 
     # ---- what the mma form (``persistent_stack_mma``) replaces --------------------------------------------------
 
