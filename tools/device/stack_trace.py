@@ -32,8 +32,8 @@ from source_patch import line_after, line_before, replace_once, traced_module  #
 
 TOOL = "stack_trace"
 STEPS = (  # (the step that ends at the stamp, a line of StackGemv.kernel, whether the stamp goes after it or before)
-    ("zero + operand", "self.stream_operand(x, ws, i, row0, rows, s_u, meta, eps, norm_w, norm_b, channels, tid)",
-     True),
+    ("zero + operand",
+     "self.stream_operand(x, ws, i, row0, rows, s_u, meta, eps, norm_w, norm_b, channels, s_stats, tid)", True),
     ("phase A", "            slices = (units + self.slice - 1) // self.slice", False),
     ("barrier 1", "            for m in range(slice_items):", False),
     ("phase B", "            if i + 1 < blocks:", False),

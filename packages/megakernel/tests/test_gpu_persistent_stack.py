@@ -93,6 +93,21 @@ def test_every_gemv_tile_at_rows_it_takes_at_once_and_by_row_tiles(tile_rows, ro
     assert compiled.fused.plan_for(rows).form == "gemv"
 
 
+@pytest.mark.parametrize("form, tile_rows, rows", [("gemv", 1, 1), ("gemv", 1, 3), ("mma", 16, 16),
+                                                     ("mma", 16, 20)])
+def test_hidden_values_kept_across_a_warps_phase_b_items(form, tile_rows, rows):
+    """A warp's phase B items are a run of consecutive ones, slice-major, and it keeps a slice's hidden values
+    from one to the next (the gemv form at one-row tiles in registers, the mma form staged in shared memory):
+    hidden sizes of several slices differing per block (the kept values are dropped at each block) and 640
+    channels, so that a warp has more than one item and some runs cross from one slice to the next; rows past the
+    tile take a row tile after another (nothing kept)."""
+    spec = {"channels": 640, "blocks": [{"hidden": 5000, "activation": "silu", "norm": "rmsnorm"},
+                                        {"hidden": 2100, "activation": "gelu"},
+                                        {"hidden": 700, "activation": "relu", "norm": {"kind": "layernorm"}}]}
+    compiled = _validate(spec, rows, 5, stack_form=form, stack_tile_rows=tile_rows)
+    assert compiled.fused.plan_for(rows).tile_rows == tile_rows
+
+
 @pytest.mark.parametrize("case", models.REPORT_MODELS, ids=lambda c: c.name)
 @pytest.mark.parametrize("rows", [1, 16])
 def test_report_models_in_the_gemv_form(case, rows):

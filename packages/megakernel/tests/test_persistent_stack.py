@@ -382,3 +382,40 @@ def test_a_forced_form_is_marked_forced_and_a_planned_one_not():
     assert not any(plan_stack(blocks, rows, H200).forced for rows in (1, 16, 1024))
     assert all(plan_stack(blocks, rows, H200, form=form).forced for rows, form in ((1, "gemv"), (16, "grid"),
                                                                                    (1024, "rows")))
+
+
+@settings(max_examples=200, deadline=None)
+@given(channel_blocks=st.integers(1, 300), slices=st.integers(1, 50), all_warps=st.integers(1, 1200))
+def test_phase_b_runs_cover_each_item_once_and_mostly_keep_a_slice(channel_blocks, slices, all_warps):
+    """The fused stack's phase B items (``StackGemv.slice_run``, ``slice_item``): each warp's run is consecutive
+    items, slice-major, so the runs cover every (channel block, slice) once and a run of n items spans at most
+    n // channel_blocks + 2 slices (each a load of hidden values for the warp)."""
+    from kernellab.megakernel.engines.persistent_stack import Variant
+    from kernellab.megakernel.engines.persistent_stack_gemv import StackGemv
+
+    form = StackGemv(Variant("gemv", 1, 256, 4, False))
+    seen, taken = set(), 0
+    for warp in range(all_warps):
+        first, items = form.slice_run(channel_blocks * slices, warp, all_warps)
+        run = [form.slice_item(first, m, channel_blocks) for m in range(items)]
+        assert all(0 <= block < channel_blocks and 0 <= k < slices for block, k in run)
+        assert len({k for _, k in run}) <= items // channel_blocks + 2
+        seen.update(run)
+        taken += items
+    assert taken == len(seen) == channel_blocks * slices
+
+
+@pytest.mark.parametrize("tile_rows, split", [(1, 8), (2, 4), (4, 2), (8, 1), (16, 1)])
+def test_the_gemv_forms_operand_spreads_rows_fewer_than_warps_over_them(tile_rows, split):
+    """Each of a gemv tile's rows takes warps // tile_rows warps for its operand (their sums meet in a float a
+    warp of shared memory, which the plan counts: the final norm's rows, a CTA each, use it too); the mma form's
+    tiles have more rows than warps."""
+    from kernellab.megakernel.engines.persistent_stack import Variant
+    from kernellab.megakernel.engines.persistent_stack_gemv import StackGemv
+    from kernellab.megakernel.engines.persistent_stack_mma import StackMma
+
+    form = StackGemv(Variant("gemv", tile_rows, 2048, 4, True))
+    assert (form.warps, form.row_split) == (8, split)
+    operand_and_ring = -(-tile_rows * 2048 * 2 // 1024) * 1024 + 4 * 8 * 32 * 8 * 16
+    assert stack_smem_bytes("gemv", tile_rows, 2048, 4) == operand_and_ring + 4 * 8
+    assert StackMma(Variant("mma", 16, 2048, 4, True)).row_split == 1

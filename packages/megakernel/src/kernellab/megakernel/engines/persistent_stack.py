@@ -39,13 +39,14 @@ from cutlass.memory import SmemAllocator
 from ..planning import DeviceSpec, ceil_div
 from ..planning.stack import ALIGN, MATRIX_VECTOR_FORMS, STACK_TILE, StackPlan, call_plan, stack_threads
 from . import tensorcore
-from .common import compile_variant, compiled
+from .common import compile_variant, compiled, gather_clamped
 from .stack_packing import ACT_CODES, META_COLUMNS, NORM_CODES
 
 GELU_ERF = ACT_CODES["gelu_erf"]
 NORM_NONE, NORM_LAYER = NORM_CODES[None], NORM_CODES["layernorm"]
 WARPS_N = 4  # the mma layout's warps along the 64 output columns of a tile
 INV_SQRT2 = 1.0 / math.sqrt(2.0)
+GAINS_AT_ONCE = 16  # a lane's norm gains (and biases) loaded before any is used, at most (registers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +169,7 @@ class PersistentStack:
         self.gated = variant.gated
         self.threads = variant.threads
         self.warps = self.threads // 32
+        self.row_split = 1  # warps a row of the operand (``operand``; the gemv form splits its few rows)
         self.weight_kinds = 3 if variant.gated else 2
         self.chunk_tiles = self.weight_kinds * self.k_tiles  # ring tiles one hidden chunk consumes
 
@@ -236,7 +238,7 @@ class PersistentStack:
                     s_s[r, c] = value
                 for i in range(blocks):
                     cute.arch.sync_threads()  # the stream is complete
-                    self.operand(s_s, 0, tile_rows, s_u, meta[i, 3], eps[i], norm_w, norm_b, i, channels, tid)
+                    self.operand(s_s, 0, tile_rows, s_u, meta[i, 3], eps[i], norm_w, norm_b, i, channels, None, tid)
                     cute.arch.sync_threads()  # every warp read its rows of the stream before b2 joins it
                     for e in range(tid, tile_rows * self.cols, self.threads):
                         r, c = e // self.cols, e % self.cols
@@ -275,7 +277,7 @@ class PersistentStack:
             q = Int32(0)
             for i in range(blocks):
                 if v < meta[i, 1]:
-                    self.stream_operand(x, ws, i, row0, rows, s_u, meta, eps, norm_w, norm_b, channels, tid)
+                    self.stream_operand(x, ws, i, row0, rows, s_u, meta, eps, norm_w, norm_b, channels, None, tid)
                     cute.arch.sync_threads()
                 if i + 1 < blocks:  # the next block's target, untouched in this one
                     self.zero_target(ws, y, i + 1, blocks, meta[blocks, 3], rows, channels, tid)
@@ -442,55 +444,107 @@ class PersistentStack:
         return mean, scale
 
     @cute.jit
+    def row_norm(self, src: cute.Tensor, row: Int32, inside, first: Int32, split: int, count: int,
+                 channels: Int32, kind: Int32, eps: Float32, s_stats, warp: Int32, lane: Int32):
+        """(values, mean, 1 / sqrt(var + eps)) of a row of ``src`` (an RMSNorm's mean 0; no norm: 0 and 1) for
+        ``split`` warps a row: this lane's ``count`` values, channels first, first + 32 * split, ... (0 past the
+        channels or where the row is not ``inside``), every load issued before any is used (``gather_clamped``: one
+        after another, a warp had waited a memory latency per 32 channels); the sums over the row's warps (two
+        passes for a LayerNorm: the mean, then the centred squares, no cancellation)."""
+        loaded = gather_clamped(src, row, first, 32 * split, count, channels)
+        values = cute.make_rmem_tensor((count,), Float32)
+        for j in cutlass.range_constexpr(count):
+            value = Float32(0.0)
+            if inside and first + 32 * split * j < channels:
+                value = loaded[j]
+            values[j] = value
+        mean, scale = Float32(0.0), Float32(1.0)
+        if kind != NORM_NONE:
+            if kind == NORM_LAYER:
+                total = Float32(0.0)
+                for j in cutlass.range_constexpr(count):
+                    total = total + values[j]
+                mean = self.row_sum(total, split, s_stats, warp, lane) / Float32(channels)
+            squares = Float32(0.0)
+            for j in cutlass.range_constexpr(count):
+                d = values[j] - mean
+                if first + 32 * split * j >= channels:
+                    d = Float32(0.0)
+                squares = squares + d * d
+            scale = cute.math.rsqrt(self.row_sum(squares, split, s_stats, warp, lane) / Float32(channels) + eps)
+        return values, mean, scale
+
+    @cute.jit
+    def row_sum(self, value: Float32, split: int, s_stats, warp: Int32, lane: Int32) -> Float32:
+        """The sum of ``value`` over a row's ``split`` warps (their sums meet in ``s_stats``: every warp of the CTA
+        calls it)."""
+        total = cute.arch.warp_reduction_sum(value)
+        if cutlass.const_expr(split > 1):
+            if lane == 0:
+                s_stats[warp] = total
+            cute.arch.sync_threads()
+            total = Float32(0.0)
+            for k in cutlass.range_constexpr(split):
+                total = total + s_stats[warp // split * split + k]
+            cute.arch.sync_threads()  # every warp has read the sums before the next ones land
+        return total
+
+    @cute.jit
     def stream_operand(self, x: cute.Tensor, ws: cute.Tensor, i: Int32, row0: Int32, rows: Int32, s_u: cute.Tensor,
-                       meta: cute.Tensor, eps: cute.Tensor, norm_w, norm_b, channels: Int32, tid: Int32):
+                       meta: cute.Tensor, eps: cute.Tensor, norm_w, norm_b, channels: Int32, s_stats, tid: Int32):
         """``operand`` of block i for the rows from ``row0`` in the forms whose stream lives in global memory (grid,
         gemv): block 0 reads x, block i the stream buffer i % 3 of the workspace."""
         if i == 0:
-            self.operand(x, row0, rows, s_u, meta[i, 3], eps[i], norm_w, norm_b, i, channels, tid)
+            self.operand(x, row0, rows, s_u, meta[i, 3], eps[i], norm_w, norm_b, i, channels, s_stats, tid)
         else:
             self.operand(ws, i % 3 * rows + row0, (i % 3 + 1) * rows, s_u, meta[i, 3], eps[i], norm_w, norm_b, i,
-                         channels, tid)
+                         channels, s_stats, tid)
 
     @cute.jit
     def operand(self, src: cute.Tensor, base: Int32, limit: Int32, s_u: cute.Tensor, kind: Int32, eps: Float32,
-                norm_w, norm_b, i: Int32, channels: Int32, tid: Int32):
+                norm_w, norm_b, i: Int32, channels: Int32, s_stats, tid: Int32):
         """u = fp16(norm(s)) of the tile's rows (src rows base .. base + tile_rows, those at or past ``limit``
-        zero) into the operand tile, channels past the stream's zero. A warp a row: each lane loads its
-        channels_tile / 32 values of the row at once into registers (one memory latency, not one a channel),
-        sums them (twice for a LayerNorm: the mean, then the centred squares) and writes them normalized."""
+        zero) into the operand tile, channels past the stream's zero: ``row_split`` warps a row (``row_norm``; past
+        one warp a row, their sums meet in ``s_stats``), the norm's gains and biases loaded at once, before the
+        rows (every row takes the same), where a lane has at most ``GAINS_AT_ONCE`` channels (more would take
+        registers the kernel's phases need); past that, each behind its guard as before."""
         lane, warp = tid % 32, tid // 32
-        per_lane = self.cols // 32
-        values = cute.make_rmem_tensor((per_lane,), Float32)
-        for r in range(warp, self.tile_rows, self.warps):  # a loop: the channels within a row are unrolled
+        split = self.row_split
+        count = (self.cols + 32 * split - 1) // (32 * split)  # a lane's channels
+        first = warp % split * 32 + lane
+        gains, biases = None, None  # the same for every row: loaded once, before the rows
+        if cutlass.const_expr(count <= GAINS_AT_ONCE):
+            gains = gather_clamped(norm_w, i, first, 32 * split, count, channels)
+            biases = gather_clamped(norm_b, i, first, 32 * split, count, channels)
+        for r in range(warp // split, self.tile_rows, self.warps // split):  # split > 1: a row a warp group
             inside = base + r < limit
-            for j in cutlass.range_constexpr(per_lane):
-                value = Float32(0.0)
-                if inside and lane + 32 * j < channels:
-                    value = src[base + r, lane + 32 * j].to(Float32)
-                values[j] = value
-            mean, scale = Float32(0.0), Float32(1.0)
-            if kind != NORM_NONE:
-                if kind == NORM_LAYER:
-                    total = Float32(0.0)
-                    for j in cutlass.range_constexpr(per_lane):
-                        total = total + values[j]
-                    mean = cute.arch.warp_reduction_sum(total) / Float32(channels)
-                squares = Float32(0.0)
-                for j in cutlass.range_constexpr(per_lane):
-                    d = values[j] - mean
-                    if lane + 32 * j >= channels:
-                        d = Float32(0.0)
-                    squares = squares + d * d
-                scale = cute.math.rsqrt(cute.arch.warp_reduction_sum(squares) / Float32(channels) + eps)
-            for j in cutlass.range_constexpr(per_lane):
-                c = lane + 32 * j
-                out = Float32(0.0)
-                if inside and c < channels:
-                    out = (values[j] - mean) * scale
-                    if kind != NORM_NONE:
-                        out = out * norm_w[i, c] + norm_b[i, c]
-                s_u[r, c % STACK_TILE, c // STACK_TILE] = out.to(Float16)
+            values, mean, scale = self.row_norm(src, cutlass.min(base + r, limit - 1), inside, first, split, count,
+                                                channels, kind, eps, s_stats, warp, lane)
+            if cutlass.const_expr(count <= GAINS_AT_ONCE):
+                for j in cutlass.range_constexpr(count):
+                    c = first + 32 * split * j
+                    out = Float32(0.0)
+                    if inside and c < channels:
+                        out = (values[j] - mean) * scale
+                        if kind != NORM_NONE:
+                            out = out * gains[j] + biases[j]
+                    self.store_operand(s_u, r, c, out)
+            else:
+                for j in cutlass.range_constexpr(count):
+                    c = first + 32 * split * j
+                    out = Float32(0.0)
+                    if inside and c < channels:
+                        out = (values[j] - mean) * scale
+                        if kind != NORM_NONE:
+                            out = out * norm_w[i, c] + norm_b[i, c]
+                    self.store_operand(s_u, r, c, out)
+
+    @cute.jit
+    def store_operand(self, s_u: cute.Tensor, r: Int32, c: Int32, out: Float32):
+        """u[r, c] of the operand tile (columns up to channels_tile: a lane past them, at a split that does not
+        divide the tile, stores nothing)."""
+        if c < self.cols:
+            s_u[r, c % STACK_TILE, c // STACK_TILE] = out.to(Float16)
 
     @cute.jit
     def finish(self, s_s, row0: Int32, rows: Int32, channels: Int32, y, kind: Int32, eps: Float32, norm_w, norm_b,
@@ -511,6 +565,27 @@ class PersistentStack:
             if kind != NORM_NONE:
                 value = (value - mean) * scale * norm_w[i, c] + norm_b[i, c]
             y[row, c] = value
+
+    @cute.jit
+    def finish_row_by_warps(self, src, src_row: Int32, row: Int32, channels: Int32, y, kind: Int32, eps: Float32,
+                            norm_w, norm_b, i: Int32, s_stats, warp: Int32, lane: Int32):
+        """y[row] = final_norm(src[src_row]) (or the row itself) by every warp of the CTA (``row_norm``: a lane's
+        few values and the norm's gains and biases loaded at once, the warps' sums meeting in ``s_stats``); at
+        decode rows a warp a row had walked it one load at a time, three times for a LayerNorm."""
+        split = self.warps
+        count = (self.cols + 32 * split - 1) // (32 * split)
+        first = warp * 32 + lane
+        values, mean, scale = self.row_norm(src, src_row, True, first, split, count, channels, kind, eps, s_stats,
+                                            warp, lane)
+        gains = gather_clamped(norm_w, i, first, 32 * split, count, channels)
+        biases = gather_clamped(norm_b, i, first, 32 * split, count, channels)
+        for j in cutlass.range_constexpr(count):
+            c = first + 32 * split * j
+            if c < channels:
+                value = values[j]
+                if kind != NORM_NONE:
+                    value = (value - mean) * scale * gains[j] + biases[j]
+                y[row, c] = value
 
     # ---- the grid form's stream ------------------------------------------------------------------------------
 

@@ -6,21 +6,20 @@ Per block i, with the rows taken ``tile_rows`` at a time (one tile for rows <= t
              hidden unit j (a warp each, units dealt round-robin over all warps of the grid):
              h[r, j] = fp16(act(u[r] . W1[j] + b1[j]) [* (u[r] . W3[j] + b3[j])]) into the workspace (fp32)
     grid barrier
-    phase B  output channel c, K slice k of W2's row (a warp each item, items dealt over all warps):
+    phase B  output channel c, K slice k of W2's row (a warp each item, a run of consecutive items a warp):
              s'[r, c] += h[r, k] . W2[c, k] (+ s[r, c] + b2[c] by the first slice), fp32 atomic adds
     grid barrier
 
 then ``y = final_norm(s)`` or ``y = s``, a warp a row. Each warp streams its weights through a ring of the plan's
 stages (``GEMV_RING_STAGES`` where they fit) in shared memory by 16-byte cp.async copies (a stage: a batch of a
-unit's W1 [and W3] row, or a W2 slice; a lane copies and later reads its own vectors, so no warp or CTA sync
-guards the ring): while it computes on one stage the next are in flight, and each weight is read once a call by
-one warp. Weights do not
-depend on the stream, so each phase's first stages are copied before the grid barrier ahead of it and land while
-the grid waits; the operand rows
-come from shared memory, the hidden values (a few KB) from L2. Stream
-buffers rotate over three as in the grid form (block i reads buffer i % 3, block 0 reads x, and adds into
-(i + 1) % 3, zeroed during phase A: nobody reads it then), the hidden units of every row follow them in the
-workspace. The barrier is the grid form's (``PersistentStack.grid_barrier``, one word zeroed once).
+unit's W1 [and W3] row, or a W2 slice; a lane copies and later reads its own vectors, so no warp or CTA sync guards
+the ring): while it computes on one stage the next are in flight, and each weight is read once a call by one warp.
+Weights do not depend on the stream, so each phase's first stages are copied before the grid barrier ahead of it and
+land while the grid waits; the operand rows come from shared memory, the hidden values from L2 (at one-row tiles
+held in registers for a warp's items of one slice). Stream buffers rotate over three as in the grid form (block i
+reads buffer i % 3, block 0 reads x, and adds into (i + 1) % 3, zeroed during phase A: nobody reads it then), the
+hidden units of every row follow them in the workspace. The barrier is the grid form's
+(``PersistentStack.grid_barrier``, one word zeroed once).
 """
 
 from __future__ import annotations
@@ -60,6 +59,8 @@ class StackGemv(PersistentStack):
         self.row_group = min(self.tile_rows, ROW_GROUP)
         self.unit_block = 1  # hidden units a phase A item takes (the mma form: a tile of them)
         self.channel_block = CHANNEL_BLOCK if self.tile_rows > 2 and self.cols >= 1024 else 1
+        # fewer rows than warps: each row's operand over warps // tile_rows warps (at one row a warp had walked it)
+        self.row_split = self.warps // self.tile_rows if self.tile_rows < self.warps else 1
         assert self.channel_block * self.slice_vectors <= GEMV_STAGE_VECTORS, "a phase B item is one ring stage"
 
     @cute.jit
@@ -88,7 +89,11 @@ class StackGemv(PersistentStack):
         # the operand tile as the rows/grid forms' ``operand`` indexes it, (row, column in chunk, chunk)
         s_u = self.make_operand(smem)
         ring = self.make_ring(smem, warp, s_u)
+        s_stats = None  # the gemv form's row sums over warps: its operand's rows (fewer than warps), its final norm
+        if cutlass.const_expr(self.form == "gemv"):
+            s_stats = smem.allocate_tensor(Float32, cute.make_layout(self.warps), byte_alignment=16)
         acc, gate = self.accumulators()
+        cache = self.slice_cache()
 
         # weights do not depend on the stream: each phase's first stages are copied before the barrier ahead of it
         self.first_unit_batches(w1, w3, ring, meta, Int32(0), first_warp, all_warps, lane)
@@ -103,7 +108,7 @@ class StackGemv(PersistentStack):
                 if row0 > 0:  # the first row tile's stages are in flight already
                     self.first_unit_batches(w1, w3, ring, meta, i, first_warp, all_warps, lane)
                 cute.arch.sync_threads()  # every warp is done with the last row tile's operand
-                self.stream_operand(x, ws, i, row0, rows, s_u, meta, eps, norm_w, norm_b, channels, tid)
+                self.stream_operand(x, ws, i, row0, rows, s_u, meta, eps, norm_w, norm_b, channels, s_stats, tid)
                 cute.arch.sync_threads()
                 for m in range(unit_items):
                     self.copy_unit_batch(w1, w3, ring, unit0, first_warp, all_warps, m + self.stages - 1,
@@ -113,25 +118,34 @@ class StackGemv(PersistentStack):
                     if m % self.batches == self.batches - 1:
                         self.finish_unit(acc, gate, b1, b3, ws, unit0, first_warp + m // self.batches * all_warps,
                                          meta[i, 2], rows, row0, hidden_rows, lane)
+            # phase B's items, (channel block, slice) slice-major, in a run of consecutive ones a warp: a warp's
+            # items mostly share their slice, so its hidden values serve them all (``slice_cache``)
             slices = (units + self.slice - 1) // self.slice
             channel_blocks = (channels + self.channel_block - 1) // self.channel_block
-            slice_items = (channel_blocks * slices + all_warps - 1 - first_warp) // all_warps
+            first_item, slice_items = self.slice_run(channel_blocks * slices, first_warp, all_warps)
             for m in cutlass.range_constexpr(self.stages - 1):
-                self.copy_slice(w2, ring, unit0, units, slices, first_warp, all_warps, Int32(m), slice_items, lane)
+                self.copy_slice(w2, ring, unit0, units, channel_blocks, first_item, Int32(m), slice_items, lane)
             self.grid_barrier(sync, grid, tid)
+            if cutlass.const_expr(cache is not None):
+                self.forget_slice(cache)  # this block's hidden values are new
             for m in range(slice_items):
-                self.copy_slice(w2, ring, unit0, units, slices, first_warp, all_warps, m + self.stages - 1,
-                                slice_items, lane)
+                self.copy_slice(w2, ring, unit0, units, channel_blocks, first_item, m + self.stages - 1, slice_items,
+                                lane)
                 cute.arch.cp_async_wait_group(self.stages - 1)
-                item = first_warp + m * all_warps
-                self.output_slice(ring, ws, x, b2, i, item // slices * self.channel_block, item % slices,
-                                  m % self.stages, units, rows, channels, hidden_rows, lane)
+                block, k = self.slice_item(first_item, m, channel_blocks)
+                self.output_slice(ring, ws, x, b2, i, block * self.channel_block, k, m % self.stages, units, rows,
+                                  channels, hidden_rows, cache, lane)
             if i + 1 < blocks:
                 self.first_unit_batches(w1, w3, ring, meta, i + 1, first_warp, all_warps, lane)
             self.grid_barrier(sync, grid, tid)
-        for rr in range(first_warp, rows, all_warps):  # the final norm (or a copy), a warp a row
-            self.finish_row(ws, blocks % 3 * rows + rr, rr, channels, y, meta[blocks, 3], eps[blocks], norm_w,
-                            norm_b, blocks, lane)
+        if cutlass.const_expr(self.form == "gemv"):  # the final norm (or a copy), a CTA a row
+            for rr in range(cta, rows, grid):
+                self.finish_row_by_warps(ws, blocks % 3 * rows + rr, rr, channels, y, meta[blocks, 3], eps[blocks],
+                                         norm_w, norm_b, blocks, s_stats, warp, lane)
+        else:  # a warp a row (a CTA a row took the mma form at 2048 channels past its registers)
+            for rr in range(first_warp, rows, all_warps):
+                self.finish_row(ws, blocks % 3 * rows + rr, rr, channels, y, meta[blocks, 3], eps[blocks], norm_w,
+                                norm_b, blocks, lane)
 
     # ---- what the mma form (``persistent_stack_mma``) replaces --------------------------------------------------
 
@@ -149,6 +163,32 @@ class StackGemv(PersistentStack):
     def accumulators(self):
         """A lane's share of each row's W1 [and W3] products for the unit in hand."""
         return cute.make_rmem_tensor((self.tile_rows,), Float32), cute.make_rmem_tensor((self.tile_rows,), Float32)
+
+    def slice_cache(self):
+        """At one-row tiles, (a lane's hidden values of one W2 slice, the slice's index): held in registers from one
+        of a warp's phase B items to the next, which mostly keep the slice (``slice_item``), so that they load once a
+        slice, not once an item (at one row of the 1B-sized stack they were most of phase B's reads, 4 KB an item
+        against W2's 2 KB). None past one row: a lane would hold a row group's."""
+        if self.tile_rows > 1:
+            return None
+        return cute.make_rmem_tensor((VEC, self.slice_vectors), Float32), cute.make_rmem_tensor((1,), Int32)
+
+    def forget_slice(self, cache):
+        """No slice's hidden values held (a block's phase B starts)."""
+        cache[1][0] = Int32(-1)
+
+    def slice_run(self, items: Int32, first_warp: Int32, all_warps: Int32):
+        """(first item, items) of this warp's run of phase B's ``items``: runs of equal length, the last ones short
+        or empty."""
+        per_warp = (items + all_warps - 1) // all_warps
+        first_item = first_warp * per_warp
+        return first_item, cutlass.max(cutlass.min(items - first_item, per_warp), 0)
+
+    def slice_item(self, first_item: Int32, m: Int32, channel_blocks: Int32):
+        """(channel block, slice) of a warp's phase B item m: its run of items starts at ``first_item``, slice-major,
+        so consecutive items change the channel block and keep the slice."""
+        item = first_item + m
+        return item % channel_blocks, item // channel_blocks
 
     @cute.jit
     def unit_items(self, units: Int32, first_warp: Int32, all_warps: Int32) -> Int32:
@@ -182,14 +222,28 @@ class StackGemv(PersistentStack):
         return value
 
     @cute.jit
-    def load_vector(self, row: cute.Tensor, index: Int32, valid) -> cute.Tensor:
+    def load_vector(self, row: cute.Tensor, index: Int32) -> cute.Tensor:
         """Elements index * VEC ... index * VEC + VEC - 1 of a contiguous row in registers, in the row's type (one
-        16-byte load of fp16, two of fp32); zeros where ``valid`` is false."""
+        16-byte load of fp16, two of fp32)."""
         run = cute.make_rmem_tensor((VEC,), row.element_type)
-        run.fill(0.0)
-        if valid:
-            cute.autovec_copy(cute.local_tile(row, (VEC,), (index,)), run)
+        cute.autovec_copy(cute.local_tile(row, (VEC,), (index,)), run)
         return run
+
+    @cute.jit
+    def hidden_vector(self, ws: cute.Tensor, rows: Int32, hidden_rows: Int32, row: Int32, unit: Int32,
+                      units: Int32, valid) -> cute.Tensor:
+        """Hidden units unit ... unit + VEC - 1 of a row (fp32, in the workspace) in registers, zeros where ``valid``
+        is false. Loaded whether valid or not (the row and the unit clamped into the block's hidden values), so
+        that a group's loads are all issued before any is used: each behind its own guard, they had waited one
+        after another (the 1B-sized stack's phase B at 16 rows in the gemv form: about 125 us a block, H100)."""
+        row = cutlass.min(row, rows - 1)
+        unit = cutlass.min(unit, units - VEC)
+        run = self.load_vector(ws[3 * rows + row * hidden_rows + unit // self.cols, None], unit % self.cols // VEC)
+        out = cute.make_rmem_tensor((VEC,), Float32)
+        out.fill(0.0)
+        if valid:
+            out.store(run.load())
+        return out
 
     @cute.jit
     def copy_vector(self, row: cute.Tensor, index: Int32, dst: cute.Tensor):
@@ -243,7 +297,7 @@ class StackGemv(PersistentStack):
                 if cutlass.const_expr(self.gated):
                     g = ring[None, lane, self.batch + t, m % self.stages].load().to(Float32)
                 for r in cutlass.range_constexpr(self.tile_rows):
-                    u = self.load_vector(u_rows[r, None], index, True).load().to(Float32)
+                    u = self.load_vector(u_rows[r, None], index).load().to(Float32)
                     acc[r] = acc[r] + (u * w).reduce(cute.ReductionOp.ADD, 0.0, 0)
                     if cutlass.const_expr(self.gated):
                         gate[r] = gate[r] + (u * g).reduce(cute.ReductionOp.ADD, 0.0, 0)
@@ -266,14 +320,14 @@ class StackGemv(PersistentStack):
                         value.to(Float16).to(Float32))
 
     @cute.jit
-    def copy_slice(self, w2, ring: cute.Tensor, unit0: Int32, units: Int32, slices: Int32, first_warp: Int32,
-                   all_warps: Int32, m: Int32, items: Int32, lane: Int32):
-        """Item m of this warp's phase B (channels c0 ... c0 + channel_block - 1, slice k of their W2 rows: item
-        first_warp + m * all_warps is (c0 / channel_block) * slices + k): this lane's vectors of the slice of each
-        channel into ring stage m % stages, then one commit."""
+    def copy_slice(self, w2, ring: cute.Tensor, unit0: Int32, units: Int32, channel_blocks: Int32, first_item: Int32,
+                   m: Int32, items: Int32, lane: Int32):
+        """Item m of this warp's phase B (channels c0 ... c0 + channel_block - 1, slice k of their W2 rows:
+        ``slice_item``): this lane's vectors of the slice of each channel into ring stage m % stages, then one
+        commit."""
         if m < items:
-            item = first_warp + m * all_warps
-            c0, k = item // slices * self.channel_block, item % slices
+            block, k = self.slice_item(first_item, m, channel_blocks)
+            c0 = block * self.channel_block
             for cc in cutlass.range_constexpr(self.channel_block):
                 if c0 + cc < w2.shape[0]:
                     for v in cutlass.range_constexpr(self.slice_vectors):
@@ -284,20 +338,37 @@ class StackGemv(PersistentStack):
         cute.arch.cp_async_commit_group()
 
     @cute.jit
-    def output_slice(self, ring: cute.Tensor, ws, x, b2, i: Int32, c0: Int32, k: Int32, stage: Int32, units: Int32,
-                     rows: Int32, channels: Int32, hidden_rows: Int32, lane: Int32):
-        """s'[r, c] += h[r, slice k] . W2[c, slice k] for every row and the item's channels c0 ... (the first slice
-        adds s[r, c] + b2[c] too), by one warp: the slice's W2 vectors from its ring stage, the rows in groups of
-        ``row_group`` whose hidden values are loaded once for all the item's channels."""
-        for r0 in range(0, rows, self.row_group):
-            # a group's hidden values load together (one L2 round trip a group, not a row), then its reductions
-            hidden = []
+    def slice_hidden(self, ws, k: Int32, r0: Int32, rows: Int32, units: Int32, hidden_rows: Int32, cache,
+                     lane: Int32) -> list:
+        """This lane's hidden values of slice k for the rows r0 ... r0 + row_group - 1, loaded together (one L2
+        round trip a group, not a row: ``hidden_vector``); with a ``slice_cache``, from its registers where they are
+        slice k's of the one row."""
+        hidden = []
+        if cutlass.const_expr(cache is None):
             for g in cutlass.range_constexpr(self.row_group):
                 for v in cutlass.range_constexpr(self.slice_vectors):
                     unit = k * self.slice + (v * WARP + lane) * VEC
-                    inside = unit < units and r0 + g < rows
-                    hidden.append(self.load_vector(ws[3 * rows + (r0 + g) * hidden_rows + unit // self.cols, None],
-                                                   unit % self.cols // VEC, inside).load())
+                    hidden.append(self.hidden_vector(ws, rows, hidden_rows, r0 + g, unit, units,
+                                                     unit < units and r0 + g < rows).load())
+        else:
+            held, key = cache
+            if key[0] != k or rows > 1:
+                for v in cutlass.range_constexpr(self.slice_vectors):
+                    unit = k * self.slice + (v * WARP + lane) * VEC
+                    held[None, v].store(self.hidden_vector(ws, rows, hidden_rows, r0, unit, units, unit < units).load())
+                key[0] = k
+            for v in cutlass.range_constexpr(self.slice_vectors):
+                hidden.append(held[None, v].load())
+        return hidden
+
+    @cute.jit
+    def output_slice(self, ring: cute.Tensor, ws, x, b2, i: Int32, c0: Int32, k: Int32, stage: Int32, units: Int32,
+                     rows: Int32, channels: Int32, hidden_rows: Int32, cache, lane: Int32):
+        """s'[r, c] += h[r, slice k] . W2[c, slice k] for every row and the item's channels c0 ... (the first slice
+        adds s[r, c] + b2[c] too), by one warp: the slice's W2 vectors from its ring stage, the rows in groups of
+        ``row_group`` whose hidden values (``slice_hidden``) serve all the item's channels."""
+        for r0 in range(0, rows, self.row_group):
+            hidden = self.slice_hidden(ws, k, r0, rows, units, hidden_rows, cache, lane)
             sums = []
             for cc in cutlass.range_constexpr(self.channel_block):
                 weights = [ring[None, lane, cc * self.slice_vectors + v, stage].load().to(Float32)

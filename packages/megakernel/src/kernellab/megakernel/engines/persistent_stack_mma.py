@@ -7,15 +7,16 @@ Per block i, the rows in tiles of ``tile_rows`` (16, 32 or 64: the M of a warp's
              a warp's item is 16 hidden units and one 64-column chunk of W1 [and W3]: acc (rows x 16) += u_chunk .
              W_chunk^T; after a unit tile's last chunk, h = fp16(act(acc + b1) [* (acc3 + b3)]) into the workspace
     grid barrier
-    phase B  a warp's item is 16 output channels and 128 hidden units (two 64-unit chunks of W2): each chunk's
-             hidden values of the rows staged into the warp's shared memory as fp16 (they are fp16-rounded already;
-             the staging reuses the operand's buffer, dead in phase B), acc (rows x 16) = h . W2_tile^T, added into
+    phase B  a warp's item is 16 output channels and 128 hidden units (two 64-unit chunks of W2), a warp's items
+             a run of consecutive ones that mostly share their hidden units: the slice's hidden values of the rows
+             staged into the warp's shared memory as fp16 once for the run (they are fp16-rounded already; the
+             staging reuses the operand's buffer, dead in phase B), acc (rows x 16) = h . W2_tile^T, added into
              the next stream buffer by fp32 atomics (+ s + b2 by the first slice)
     grid barrier
 
 The weights go through each warp's ring of (16 x 64) fp16 tiles, two a stage, by 16-byte cp.async, as in the gemv
 form (``persistent_stack_gemv``, whose phases, barriers, stream buffers and final rows this form keeps). Each hidden
-value is read once per 16 output channels (the gemv form: once per channel, or per 2), and each weight once a call.
+value is read from L2 about once a warp that takes its slice, and each weight once a call.
 """
 
 from __future__ import annotations
@@ -50,12 +51,21 @@ class StackMma(StackGemv):
         return cute.make_tensor(buffer, tensorcore.smem_layout((self.tile_rows, STACK_TILE, self.k_tiles)))
 
     def make_ring(self, smem: SmemAllocator, warp: Int32, s_u: cute.Tensor):
-        """This warp's ring of (16 x 64) weight tiles, two a stage, and its (rows x 64) staging of a hidden chunk
-        for phase B, over the operand's buffer."""
+        """This warp's ring of (16 x 64) weight tiles, two a stage, and its staging of a slice's hidden values for
+        phase B (two (rows x 64) chunks), over the operand's buffer."""
         s_ring = smem.allocate_tensor(Float16, tensorcore.smem_layout((MMA_TILE_UNITS, STACK_TILE,
                                                                         2 * self.stages * self.warps)), ALIGN)
-        s_h = cute.make_tensor(s_u.iterator, tensorcore.smem_layout((self.tile_rows, STACK_TILE, self.warps)))
+        s_h = cute.make_tensor(s_u.iterator, tensorcore.smem_layout((self.tile_rows, STACK_TILE, 2 * self.warps)))
         return s_ring, s_h, warp
+
+    def slice_cache(self):
+        """The slice whose hidden values this warp has staged (its items mostly share one: ``slice_item``), so
+        that they are staged once a slice, not once an item: the staging had read 8 KB from L2 an item against
+        W2's 4 KB, in two round trips."""
+        return cute.make_rmem_tensor((1,), Int32)
+
+    def forget_slice(self, cache):
+        cache[0] = Int32(-1)
 
     def accumulators(self):
         mma = self.tiled_mma()
@@ -129,13 +139,12 @@ class StackMma(StackGemv):
                     value.to(Float16).to(Float32))
 
     @cute.jit
-    def copy_slice(self, w2, ring, unit0: Int32, units: Int32, slices: Int32, first_warp: Int32, all_warps: Int32,
-                   m: Int32, items: Int32, lane: Int32):
-        """Item m of phase B (channel tile c, slice k: item first_warp + m * all_warps is c * slices + k): the W2
-        tiles of its one or two 64-unit chunks into ring stage m % stages, then one commit."""
+    def copy_slice(self, w2, ring, unit0: Int32, units: Int32, channel_blocks: Int32, first_item: Int32, m: Int32,
+                   items: Int32, lane: Int32):
+        """Item m of this warp's phase B (channel tile c, slice k: ``slice_item``): the W2 tiles of its one or two
+        64-unit chunks into ring stage m % stages, then one commit."""
         if m < items:
-            item = first_warp + m * all_warps
-            c, k = item // slices, item % slices
+            c, k = self.slice_item(first_item, m, channel_blocks)
             tiler = (MMA_TILE_UNITS, STACK_TILE)
             for half in cutlass.range_constexpr(2):
                 if k * self.slice + half * STACK_TILE < units:
@@ -146,33 +155,37 @@ class StackMma(StackGemv):
 
     @cute.jit
     def output_slice(self, ring, ws, x, b2, i: Int32, c0: Int32, k: Int32, stage: Int32, units: Int32,
-                     rows: Int32, channels: Int32, hidden_rows: Int32, lane: Int32):
+                     rows: Int32, channels: Int32, hidden_rows: Int32, cache, lane: Int32):
         """s'[r, c] += h[r, slice k] . W2[c, slice k] for the item's 16 channels and every row (the first slice
-        adds s[r, c] + b2[c] too), a row tile at a time: the tile's hidden values staged in the warp's shared
-        memory as fp16, then the MMAs against the slice's W2 tiles, then one atomic add an element."""
+        adds s[r, c] + b2[c] too), a row tile at a time: the slice's hidden values of the tile staged in the warp's
+        shared memory as fp16 (kept for the warp's next items of the slice where the rows are one tile:
+        ``cache``), then the MMAs against the slice's W2 tiles, then one atomic add an element."""
         _, s_h, warp = ring
         mma = self.tiled_mma()
         copy_a, copy_b = tensorcore.s2r_copies(mma)
         thr = mma.get_slice(lane)
         acc = cute.make_rmem_tensor(thr.partition_shape_C((self.tile_rows, MMA_TILE_UNITS)), Float32)
         coords = thr.partition_C(cute.make_identity_tensor((self.tile_rows, MMA_TILE_UNITS)))
-        tile = s_h[None, None, warp]
         for row0 in range(0, rows, self.tile_rows):
             acc.fill(0.0)
+            if cache[0] != k or rows > self.tile_rows:
+                cute.arch.sync_warp()  # every lane has read the last staged slice
+                for half in cutlass.range_constexpr(2):
+                    if k * self.slice + half * STACK_TILE < units:
+                        # a (tile_rows x 64) chunk as 8-value vectors, the lanes over them, 4 a lane in flight
+                        for e in cutlass.range(self.tile_rows * STACK_TILE // 8 // WARP, unroll=4):
+                            v = e * WARP + lane
+                            r, kv = v // (STACK_TILE // 8), v % (STACK_TILE // 8)
+                            unit = k * self.slice + half * STACK_TILE + kv * 8
+                            h = self.hidden_vector(ws, rows, hidden_rows, row0 + r, unit, units, row0 + r < rows)
+                            dst = cute.local_tile(s_h[r, None, 2 * warp + half], (8,), (kv,))
+                            dst.store(h.load().to(Float16))
+                cute.arch.sync_warp()
+                cache[0] = k
             for half in cutlass.range_constexpr(2):
                 if k * self.slice + half * STACK_TILE < units:
-                    cute.arch.sync_warp()  # every lane has read the last staged chunk
-                    # a (tile_rows x 64) chunk as 8-value vectors, the lanes over them, 4 a lane in flight at a time
-                    for e in cutlass.range(self.tile_rows * STACK_TILE // 8 // WARP, unroll=4):
-                        v = e * WARP + lane
-                        r, kv = v // (STACK_TILE // 8), v % (STACK_TILE // 8)
-                        unit = k * self.slice + half * STACK_TILE + kv * 8
-                        h = self.load_vector(ws[3 * rows + (row0 + r) * hidden_rows + unit // self.cols, None],
-                                             unit % self.cols // 8, row0 + r < rows)
-                        dst = cute.local_tile(tile[r, None], (8,), (kv,))
-                        dst.store(h.load().to(Float16))
-                    cute.arch.sync_warp()
-                    tensorcore.gemm_from_smem(mma, lane, acc, tile, self.slot(ring, stage, half), copy_a, copy_b)
+                    tensorcore.gemm_from_smem(mma, lane, acc, s_h[None, None, 2 * warp + half],
+                                              self.slot(ring, stage, half), copy_a, copy_b)
             for e in cutlass.range_constexpr(cute.size(acc)):
                 r, cc = coords[e]
                 row, c = row0 + r, c0 + cc

@@ -131,9 +131,10 @@ class StackPlan:
 def stack_smem_bytes(form: str, tile_rows: int, channels_tile: int, stages: int) -> int:
     """Shared memory of one CTA: the fp16 operand tile, the weight ring, the fp16 hidden chunk and, in the rows
     form, the fp32 stream tile; each buffer aligned to ``ALIGN`` (the gemv form: the operand tile and each warp's
-    ring of ``stages`` stages)."""
+    ring of ``stages`` stages, and a float a warp for a row's sums over its warps)."""
     if form == "gemv":
-        return round_up(tile_rows * channels_tile * 2, ALIGN) + stages * GEMV_STAGE_BYTES
+        stats = 4 * (GEMV_THREADS // 32)
+        return round_up(tile_rows * channels_tile * 2, ALIGN) + stages * GEMV_STAGE_BYTES + stats
     if form == "mma":  # the operand tile (or, in phase B, each warp's staged hidden chunk), and the ring
         operand = max(tile_rows * channels_tile, mma_staging_elements(tile_rows)) * 2
         return round_up(operand, ALIGN) + stages * GEMV_STAGE_BYTES
@@ -144,8 +145,9 @@ def stack_smem_bytes(form: str, tile_rows: int, channels_tile: int, stages: int)
 
 
 def mma_staging_elements(tile_rows: int) -> int:
-    """fp16 elements of the mma form's phase B staging: a (tile_rows x 64) hidden chunk for each warp."""
-    return GEMV_THREADS // 32 * tile_rows * STACK_TILE
+    """fp16 elements of the mma form's phase B staging: a slice's two (tile_rows x 64) hidden chunks for each
+    warp."""
+    return GEMV_THREADS // 32 * tile_rows * 2 * STACK_TILE
 
 
 def _fits(form: str, tile_rows: int, channels_tile: int, stages: int, device: DeviceSpec) -> bool:
