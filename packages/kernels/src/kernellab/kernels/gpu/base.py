@@ -578,17 +578,29 @@ class GradKernel(RowKernel):
 
     @cute.jit
     def add_partial_row(self, pairs, sums: list, r: Int32, first: Int32, stride, groups: Int32, batch: int):
-        """Partials' row r of groups first + b * stride (b < batch) into the sums, every pair's loads together."""
+        """Partials' row r of groups first + b * stride (b < batch) into the sums, every pair's loads issued before
+        any is added, each past the last group skipped: a load whose add followed it under the same guard waited for
+        it (at 37x1537 LayerNorm's sum, two pairs, took about twice RMSNorm's, one pair), and a clamped load in its
+        place re-read the last group wherever a warp's later groups are past it (at 256x3072 every warp's second
+        one: reports/h100/norm-backward/, seventh session). The first group is never past it (the callers' loops)."""
         tile = (1, self.part_vec)
-        for p, (m_part, _) in enumerate(pairs):
+        frags = []
+        for m_part, _ in pairs:
             for b in cutlass.range_constexpr(batch):
-                group = first + b * stride
-                if group < groups:
-                    src = cute.local_tile(m_part, tile, (r, group))
-                    frag = cute.make_rmem_tensor_like(src)
+                src = cute.local_tile(m_part, tile, (r, cutlass.min(first + b * stride, groups - 1)))
+                frag = cute.make_rmem_tensor_like(src)
+                if const_expr(b == 0):
                     cute.autovec_copy(src, frag)
-                    acc = sums[p * batch + b]
-                    acc.store(acc.load() + frag.load())
+                elif first + b * stride < groups:
+                    cute.autovec_copy(src, frag)
+                frags.append(frag)
+        for p in cutlass.range_constexpr(len(pairs)):
+            for b in cutlass.range_constexpr(batch):
+                acc = sums[p * batch + b]
+                if const_expr(b == 0):
+                    acc.store(acc.load() + frags[p * batch].load())
+                elif first + b * stride < groups:
+                    acc.store(acc.load() + frags[p * batch + b].load())
 
     @cute.jit
     def store_group(self, m_out: cute.Tensor, total: cute.Tensor, group: Int32):
