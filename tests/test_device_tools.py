@@ -329,3 +329,19 @@ def test_trees_runs_a_command_in_each_packed_revision_with_its_commit(tmp_path):
     assert f"== HEAD ({head})" in run.stdout
     module, commit = (tmp_path / "out" / "HEAD" / "probe.txt").read_text().split()
     assert "kernellab-trees/HEAD/packages/kernels/src/" in module and commit == head
+
+
+def test_phases_refuse_a_row_held_by_a_cluster():
+    """``backward_phases.py``: a case whose row a cluster holds has no grid barrier phase (a launch of its own sums
+    its partials), so it is named before any timing; the plan is asked once per op, LayerNorm without dbias too."""
+    phases = load_tool("backward_phases")
+    asked = []
+
+    def ctas_of(op, n, dtype):
+        asked.append((op, n, dtype))
+        return 2 if n > 8192 else 1
+
+    found = phases.clustered_cases("37x1537:float32,1000x12289:float32", ["layernorm", "layernorm-nobias"], ctas_of)
+    assert found == ["1000x12289:float32 (layernorm: 2 CTAs a row)"]
+    assert asked == [("layernorm", 1537, "float32"), ("layernorm", 12289, "float32")]
+    assert phases.clustered_cases("256x3072:bfloat16", ["rmsnorm"], ctas_of) == []

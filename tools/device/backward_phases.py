@@ -12,7 +12,8 @@ The differences are the barrier's and the sum's costs. Only "full" gives correct
 others are timing probes. With ``--ctas 33,66``, each phase is also timed on grids of at most that many CTAs
 (fewer, fatter CTAs: each runs more rows, and fewer partial rows are summed). ``--ops`` picks the kernels:
 rmsnorm, layernorm, and layernorm-nobias (LayerNorm without dbias: one pair of partials to sum, not two). Writes
-$OUT/backward_phases.json and prints one line per case and grid.
+$OUT/backward_phases.json and prints one line per case and grid. A case whose row is held by a cluster is refused
+before any timing: its partials are summed by a launch of their own, so it has no grid barrier phase.
 """
 
 from __future__ import annotations
@@ -136,6 +137,24 @@ def compare(paths: list[str]) -> None:
         print(f"| {case} | " + " | ".join(sums) + " | " + " | ".join(kernels) + " |")
 
 
+def plan_ctas(op: str, n: int, dtype: str) -> int:
+    """CTAs that hold one row in the kernels' backward plan for N and dtype (more than 1: a cluster)."""
+    from kernellab.kernels.gpu.compiler import Variant, widest_vector
+
+    return Variant(f"{op}_backward", dtype, n, widest_vector(n, dtype), weight=dtype).kernel().ctas
+
+
+def clustered_cases(shapes: str, ops: list[str], ctas_of=plan_ctas) -> list[str]:
+    """The cases of ``shapes`` x ``ops`` whose row a cluster holds (``ctas_of(op, n, dtype)`` above 1)."""
+    found = []
+    for item in shapes.split(","):
+        shape, dtype = item.split(":")
+        n = int(shape.split("x")[1])
+        found += [f"{shape}:{dtype} ({op}: {ctas} CTAs a row)" for op in dict.fromkeys(k.removesuffix("-nobias")
+                  for k in ops) if (ctas := ctas_of(op, n, dtype)) > 1]
+    return found
+
+
 def kernel_names(text: str) -> str:
     """--ops: comma-separated names of OPS (kept as text: it is passed on to each phase's process)."""
     unknown = [k for k in text.split(",") if k not in OPS]
@@ -170,14 +189,18 @@ def main() -> int:
     if args.phase:
         print(json.dumps(probe(args.phase, args.shapes, caps, args.grids, args.ops.split(","))))
         return 0
+    clustered = clustered_cases(args.shapes, args.ops.split(","))
+    if clustered:
+        ap.error("--shapes: a cluster holds the row of " + ", ".join(clustered) + "; its partials are summed by a "
+                 "launch of their own, so there is no grid barrier phase to time (time it with backward_sweep.py)")
     from kernellab.harness import provenance
 
     found = {}
     for phase in PHASES:
         grids = {case: r["grid"] for case, r in found.get("full", {}).items()}  # PHASES starts with full
         run = subprocess.run([sys.executable, __file__, "--phase", phase, "--shapes", args.shapes, "--ctas",
-                              args.ctas, "--grids", json.dumps(grids), "--ops", args.ops], capture_output=True,
-                             text=True, check=True)
+                              args.ctas, "--grids", json.dumps(grids), "--ops", args.ops],
+                             stdout=subprocess.PIPE, text=True, check=True)  # its errors to our stderr
         found[phase] = json.loads(run.stdout.strip().splitlines()[-1])
     record = {"tool": "tools/device/backward_phases.py", "phases": PHASES, "mode": "graph_throughput",
               "provenance": provenance.of_check("cuda", __file__, ["kernels"]), "cases": found}
