@@ -520,24 +520,17 @@ class PersistentStack:
             inside = base + r < limit
             values, mean, scale = self.row_norm(src, cutlass.min(base + r, limit - 1), inside, first, split, count,
                                                 channels, kind, eps, s_stats, warp, lane)
-            if cutlass.const_expr(count <= GAINS_AT_ONCE):
-                for j in cutlass.range_constexpr(count):
-                    c = first + 32 * split * j
-                    out = Float32(0.0)
-                    if inside and c < channels:
-                        out = (values[j] - mean) * scale
-                        if kind != NORM_NONE:
-                            out = out * gains[j] + biases[j]
-                    self.store_operand(s_u, r, c, out)
-            else:
-                for j in cutlass.range_constexpr(count):
-                    c = first + 32 * split * j
-                    out = Float32(0.0)
-                    if inside and c < channels:
-                        out = (values[j] - mean) * scale
-                        if kind != NORM_NONE:
+            for j in cutlass.range_constexpr(count):
+                c = first + 32 * split * j
+                out = Float32(0.0)
+                if inside and c < channels:
+                    out = (values[j] - mean) * scale
+                    if kind != NORM_NONE:
+                        if cutlass.const_expr(gains is None):  # past GAINS_AT_ONCE: each behind the guard
                             out = out * norm_w[i, c] + norm_b[i, c]
-                    self.store_operand(s_u, r, c, out)
+                        else:
+                            out = out * gains[j] + biases[j]
+                self.store_operand(s_u, r, c, out)
 
     @cute.jit
     def store_operand(self, s_u: cute.Tensor, r: Int32, c: Int32, out: Float32):
