@@ -56,11 +56,12 @@ class Variant:
     channels_tile: int
     stages: int
     gated: bool
+    split: int = 1  # the mma form: warps of a CTA that share a phase A unit tile (``planning.stack.mma_split``)
 
     @property
     def name(self) -> str:
         return (f"persistent-stack_{self.form}_m{self.tile_rows}_c{self.channels_tile}_s{self.stages}"
-                f"{'_gated' if self.gated else ''}")
+                f"{'_gated' if self.gated else ''}{f'_k{self.split}' if self.split > 1 else ''}")
 
     @property
     def threads(self) -> int:
@@ -98,7 +99,7 @@ class Variant:
 
 
 def variant(plan: StackPlan) -> Variant:
-    return Variant(plan.form, plan.tile_rows, plan.channels_tile, plan.stages, plan.gated)
+    return Variant(plan.form, plan.tile_rows, plan.channels_tile, plan.stages, plan.gated, plan.split)
 
 
 # ---- the host side (packing: ``stack_packing``) -----------------------------------------------------------------
