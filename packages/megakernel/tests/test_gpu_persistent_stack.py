@@ -108,6 +108,19 @@ def test_hidden_values_kept_across_a_warps_phase_b_items(form, tile_rows, rows):
     assert compiled.fused.plan_for(rows).tile_rows == tile_rows
 
 
+@pytest.mark.parametrize("form, tile_rows, rows", [("mma", 16, 16), ("grid", 32, 40), ("rows", 16, 200)])
+def test_wide_operand_rows_normed_a_batch_of_channels_at_a_time(form, tile_rows, rows):
+    """Past 16 channels a lane (512 channels a warp a row) the operand step loads a row's values, gains and biases
+    a batch at a time: 1100 channels (a lane's last batch partly past the packed 1152 and the stream's 1100), both
+    norms with and without biases, in every form whose warps take whole rows."""
+    spec = {"channels": 1100, "final_norm": "layernorm", "blocks": [
+        {"hidden": 200, "activation": "gelu", "norm": {"kind": "layernorm", "bias": True}},
+        {"hidden": 130, "activation": "silu", "norm": "rmsnorm"},
+        {"hidden": 64, "activation": "relu", "norm": {"kind": "layernorm", "bias": False}}]}
+    compiled = _validate(spec, rows, 11, stack_form=form, stack_tile_rows=tile_rows)
+    assert compiled.fused.plan_for(rows).form == form
+
+
 @pytest.mark.parametrize("case", models.REPORT_MODELS, ids=lambda c: c.name)
 @pytest.mark.parametrize("rows", [1, 16])
 def test_report_models_in_the_gemv_form(case, rows):

@@ -21,9 +21,11 @@ from kernellab.megakernel.planning.stack import (
     GEMV_ROWS,
     MMA_PLANNED_ROWS,
     MMA_ROWS,
+    MMA_SPLIT_MOST,
     STACK_TILE,
     StackPlan,
     call_plan,
+    mma_split,
     plan_stack,
     rows_cost,
     rows_form_of,
@@ -59,7 +61,8 @@ def test_report_models_plan_gemv_then_mma_at_decode_rows_then_grid_and_rows_form
             continue
         assert isinstance(plan, StackPlan), plan
         assert plan.form == planned_form(rows) and not plan.forced
-        assert plan.smem_bytes == stack_smem_bytes(plan.form, plan.tile_rows, plan.channels_tile, plan.stages)
+        assert plan.smem_bytes == stack_smem_bytes(plan.form, plan.tile_rows, plan.channels_tile, plan.stages,
+                                                   plan.split)
         assert plan.smem_bytes + H200.reserved_smem_per_block <= H200.smem_per_sm
         assert plan.grid <= H200.sm_count  # the grid form's barrier needs every CTA resident
         assert plan.channels_tile % STACK_TILE == 0 and plan.channels_tile >= plan.channels
@@ -186,7 +189,7 @@ def test_mma_form_takes_the_smallest_tile_holding_the_rows(rows, tile):
     blocks = _blocks(_uniform(1024, 2816, 2, gated=True, norm="rmsnorm"))
     plan = plan_stack(blocks, rows, H200, form="mma")
     assert (plan.form, plan.tile_rows, plan.grid, plan.threads, plan.forced) == ("mma", tile, H200.sm_count, 256, True)
-    assert plan.smem_bytes == stack_smem_bytes("mma", tile, 1024, plan.stages) <= H200.smem_per_block
+    assert plan.smem_bytes == stack_smem_bytes("mma", tile, 1024, plan.stages, plan.split) <= H200.smem_per_block
     assert 2 <= plan.stages <= GEMV_RING_STAGES and "mma form" in plan.summary()
     unforced = plan_stack(blocks, rows, H200)
     assert unforced.form == planned_form(rows) and not unforced.forced
@@ -419,3 +422,62 @@ def test_the_gemv_forms_operand_spreads_rows_fewer_than_warps_over_them(tile_row
     operand_and_ring = -(-tile_rows * 2048 * 2 // 1024) * 1024 + 4 * 8 * 32 * 8 * 16
     assert stack_smem_bytes("gemv", tile_rows, 2048, 4) == operand_and_ring + 4 * 8
     assert StackMma(Variant("mma", 16, 2048, 4, True)).row_split == 1
+
+
+@pytest.mark.parametrize("case, split", [("mlp4-c256-h1024-gelu", 4), ("mlp8-c512-h2048-rms-silu", 8),
+                                         ("swiglu2-c1024-h2816-final-norm", 4), ("swiglu4-c2048-h8192-1b-ffn", 2)])
+def test_mma_plans_split_each_unit_tile_over_the_warps_the_grid_has_to_spare(case, split):
+    """At 16 rows the report models' unit tiles (16 hidden units) are fewer than the grid's warps: the mma plan
+    gives each tile the most warps of a CTA (a power of two up to the tile's chunks) that still take the widest
+    block's tiles in one round, and counts their partial sums' shared memory."""
+    spec = next(c for c in models.REPORT_MODELS if c.name == case).spec
+    plan = plan_stack(_blocks(spec), 16, H200)
+    assert (plan.form, plan.split) == ("mma", split)
+    tiles = max(plan.chunks) * STACK_TILE // 16
+    warps = H200.sm_count * 8
+    assert tiles * split <= warps and split <= min(MMA_SPLIT_MOST, plan.channels_tile // STACK_TILE)
+    assert split == MMA_SPLIT_MOST or tiles * split * 2 > warps or split * 2 > plan.channels_tile // STACK_TILE
+    partials = 8 * 16 * 16 * 2 * 4  # a warp's (rows x 16) sums of W1 and W3, fp32
+    assert plan.smem_bytes == stack_smem_bytes("mma", 16, plan.channels_tile, plan.stages) + partials
+    assert f"{split} warps per phase A unit tile" in plan.summary()
+    assert stack_smem_bytes("gemv", 1, 256, 4, split=4) == stack_smem_bytes("gemv", 1, 256, 4)  # mma only
+
+
+def test_mma_split_is_one_where_the_tiles_fill_the_warps_or_its_sums_would_cost_a_stage():
+    device = dataclasses.replace(H200, sm_count=8)  # 64 warps against the tiles of 1024 hidden units
+    assert mma_split((16,) * 4, 256, device) == 1
+    assert mma_split((16,) * 4, 64, H200) == 1  # one 64-column chunk: nothing to share
+    wide = plan_stack(_blocks(_uniform(2688, 1024, 2, gated=True)), 16, H200)  # 4 stages fill the CTA's memory
+    assert (wide.form, wide.stages, wide.split) == ("mma", 4, 1)
+    assert wide.smem_bytes == stack_smem_bytes("mma", 16, 2688, 4)
+    assert mma_split(wide.chunks, 2688, H200) > 1
+
+
+@pytest.mark.parametrize("units, cols, split, ctas", [(1024, 256, 4, 132), (2816, 1024, 4, 132), (8192, 2048, 2, 132),
+                                                      (2816, 1024, 4, 7), (320, 960, 8, 3), (64, 128, 2, 5)])
+def test_mma_split_items_take_every_chunk_of_every_unit_tile_once(units, cols, split, ctas):
+    """The mma form's phase A items with ``split`` warps a unit tile: over every warp of the grid, each (unit tile,
+    chunk) pair of the block is taken once (the rest are past the block: no copy, no write); every warp of a CTA
+    has the same count, a whole number of rounds of ``batches`` items (they meet in ``finish_unit``'s CTA syncs);
+    a tile's warps are consecutive in one CTA, its first the writer."""
+    from kernellab.megakernel.engines.persistent_stack import Variant
+    from kernellab.megakernel.engines.persistent_stack_mma import StackMma
+
+    form = StackMma(Variant("mma", 16, cols, 2, True, split))
+    k_tiles, tiles = cols // STACK_TILE, -(-units // 16)
+    all_warps, taken = ctas * form.warps, []
+    for cta in range(ctas):
+        counts = set()
+        for warp in range(form.warps):
+            first_warp = cta * form.warps + warp
+            items = form.unit_items(units, first_warp, all_warps)
+            counts.add(items)
+            assert items % form.batches == 0
+            for m in range(items):
+                t, k = form.unit_block_of(first_warp, all_warps, m), form.chunk_of(first_warp, m)
+                assert t == form.unit_block_of(first_warp - warp % split, all_warps, m)  # the group's writer's tile
+                if t < tiles and k < k_tiles:
+                    taken.append((t, k))
+        assert len(counts) == 1
+    assert sorted(taken) == [(t, k) for t in range(tiles) for k in range(k_tiles)]
+

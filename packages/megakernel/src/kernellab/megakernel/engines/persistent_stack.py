@@ -46,7 +46,8 @@ GELU_ERF = ACT_CODES["gelu_erf"]
 NORM_NONE, NORM_LAYER = NORM_CODES[None], NORM_CODES["layernorm"]
 WARPS_N = 4  # the mma layout's warps along the 64 output columns of a tile
 INV_SQRT2 = 1.0 / math.sqrt(2.0)
-GAINS_AT_ONCE = 16  # a lane's norm gains (and biases) loaded before any is used, at most (registers)
+GAINS_AT_ONCE = 16  # a lane's norm gains (and biases) loaded at once, before any is used, at most (registers)
+GAINS_BATCH = 8  # past GAINS_AT_ONCE a lane's channels: its values, gains and biases loaded this many at a time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,11 +57,12 @@ class Variant:
     channels_tile: int
     stages: int
     gated: bool
+    split: int = 1  # the mma form: warps of a CTA that share a phase A unit tile (``planning.stack.mma_split``)
 
     @property
     def name(self) -> str:
         return (f"persistent-stack_{self.form}_m{self.tile_rows}_c{self.channels_tile}_s{self.stages}"
-                f"{'_gated' if self.gated else ''}")
+                f"{'_gated' if self.gated else ''}{f'_k{self.split}' if self.split > 1 else ''}")
 
     @property
     def threads(self) -> int:
@@ -98,7 +100,7 @@ class Variant:
 
 
 def variant(plan: StackPlan) -> Variant:
-    return Variant(plan.form, plan.tile_rows, plan.channels_tile, plan.stages, plan.gated)
+    return Variant(plan.form, plan.tile_rows, plan.channels_tile, plan.stages, plan.gated, plan.split)
 
 
 # ---- the host side (packing: ``stack_packing``) -----------------------------------------------------------------
@@ -505,32 +507,50 @@ class PersistentStack:
                 norm_w, norm_b, i: Int32, channels: Int32, s_stats, tid: Int32):
         """u = fp16(norm(s)) of the tile's rows (src rows base .. base + tile_rows, those at or past ``limit``
         zero) into the operand tile, channels past the stream's zero: ``row_split`` warps a row (``row_norm``; past
-        one warp a row, their sums meet in ``s_stats``), the norm's gains and biases loaded at once, before the
-        rows (every row takes the same), where a lane has at most ``GAINS_AT_ONCE`` channels (more would take
-        registers the kernel's phases need); past that, each behind its guard as before."""
+        one warp a row, their sums meet in ``s_stats``), the norm's gains and biases loaded at once: before the rows
+        where a lane has at most ``GAINS_AT_ONCE`` channels (every row takes the same), else ``GAINS_BATCH`` at a
+        time with the row's values again, a batch a loop iteration (unrolled, the batches' loads were hoisted
+        together and spilled). Each behind its guard, a row's gains had waited a memory latency each: at 2048
+        channels and 16 rows (the mma form on the 1B-sized stack) 64 a lane a row."""
         lane, warp = tid % 32, tid // 32
         split = self.row_split
         count = (self.cols + 32 * split - 1) // (32 * split)  # a lane's channels
         first = warp % split * 32 + lane
-        gains, biases = None, None  # the same for every row: loaded once, before the rows
-        if cutlass.const_expr(count <= GAINS_AT_ONCE):
-            gains = gather_clamped(norm_w, i, first, 32 * split, count, channels)
-            biases = gather_clamped(norm_b, i, first, 32 * split, count, channels)
-        for r in range(warp // split, self.tile_rows, self.warps // split):  # split > 1: a row a warp group
-            inside = base + r < limit
-            values, mean, scale = self.row_norm(src, cutlass.min(base + r, limit - 1), inside, first, split, count,
-                                                channels, kind, eps, s_stats, warp, lane)
-            for j in cutlass.range_constexpr(count):
-                c = first + 32 * split * j
-                out = Float32(0.0)
-                if inside and c < channels:
-                    out = (values[j] - mean) * scale
-                    if kind != NORM_NONE:
-                        if cutlass.const_expr(gains is None):  # past GAINS_AT_ONCE: each behind the guard
-                            out = out * norm_w[i, c] + norm_b[i, c]
-                        else:
-                            out = out * gains[j] + biases[j]
-                self.store_operand(s_u, r, c, out)
+        stride = 32 * split
+        if cutlass.const_expr(count <= GAINS_AT_ONCE):  # the same for every row: loaded once, before the rows
+            gains = gather_clamped(norm_w, i, first, stride, count, channels)
+            biases = gather_clamped(norm_b, i, first, stride, count, channels)
+            for r in range(warp // split, self.tile_rows, self.warps // split):  # split > 1: a row a warp group
+                inside = base + r < limit
+                values, mean, scale = self.row_norm(src, cutlass.min(base + r, limit - 1), inside, first, split,
+                                                    count, channels, kind, eps, s_stats, warp, lane)
+                self.store_normed(s_u, r, values, mean, scale, kind, gains, biases, first, stride, inside, channels)
+        else:  # a batch of a lane's channels at a time, its values loaded again (L2 hits) beside their gains
+            for r in range(warp // split, self.tile_rows, self.warps // split):
+                inside = base + r < limit
+                row = cutlass.min(base + r, limit - 1)
+                _, mean, scale = self.row_norm(src, row, inside, first, split, count, channels, kind, eps, s_stats,
+                                               warp, lane)
+                for j0 in cutlass.range(0, count, GAINS_BATCH, unroll=1):  # a loop: unrolled, the batches' loads
+                    start = first + stride * j0  # were all hoisted together and spilled
+                    self.store_normed(s_u, r, gather_clamped(src, row, start, stride, GAINS_BATCH, channels), mean,
+                                      scale, kind, gather_clamped(norm_w, i, start, stride, GAINS_BATCH, channels),
+                                      gather_clamped(norm_b, i, start, stride, GAINS_BATCH, channels), start, stride,
+                                      inside, channels)
+
+    @cute.jit
+    def store_normed(self, s_u: cute.Tensor, r: Int32, values, mean: Float32, scale: Float32, kind: Int32, gains,
+                     biases, first: Int32, stride: int, inside, channels: Int32):
+        """u[r, c] = fp16((values - mean) * scale * gains + biases) (no norm: the values) at columns first, first +
+        stride, ... (one a value), 0 past the channels or where the row is not ``inside``."""
+        for k in cutlass.range_constexpr(len(gains)):
+            c = first + stride * k
+            out = Float32(0.0)
+            if inside and c < channels:
+                out = (values[k] - mean) * scale
+                if kind != NORM_NONE:
+                    out = out * gains[k] + biases[k]
+            self.store_operand(s_u, r, c, out)
 
     @cute.jit
     def store_operand(self, s_u: cute.Tensor, r: Int32, c: Int32, out: Float32):

@@ -111,13 +111,14 @@ class StackGemv(PersistentStack):
                 self.stream_operand(x, ws, i, row0, rows, s_u, meta, eps, norm_w, norm_b, channels, s_stats, tid)
                 cute.arch.sync_threads()
                 for m in range(unit_items):
-                    self.copy_unit_batch(w1, w3, ring, unit0, first_warp, all_warps, m + self.stages - 1,
+                    self.copy_unit_batch(w1, w3, ring, unit0, units, first_warp, all_warps, m + self.stages - 1,
                                          unit_items, lane)
                     cute.arch.cp_async_wait_group(self.stages - 1)  # item m's copies have landed
                     self.unit_batch(ring, s_u, acc, gate, m, lane)
                     if m % self.batches == self.batches - 1:
-                        self.finish_unit(acc, gate, b1, b3, ws, unit0, first_warp + m // self.batches * all_warps,
-                                         meta[i, 2], rows, row0, hidden_rows, lane)
+                        self.finish_unit(ring, acc, gate, b1, b3, ws, unit0, units,
+                                         self.unit_block_of(first_warp, all_warps, m), meta[i, 2], rows, row0,
+                                         hidden_rows, lane)
             # phase B's items, (channel block, slice) slice-major, in a run of consecutive ones a warp: a warp's
             # items mostly share their slice, so its hidden values serve them all (``slice_cache``)
             slices = (units + self.slice - 1) // self.slice
@@ -197,6 +198,10 @@ class StackGemv(PersistentStack):
         unit_blocks = (units + self.unit_block - 1) // self.unit_block
         return (unit_blocks + all_warps - 1 - first_warp) // all_warps * self.batches
 
+    def unit_block_of(self, first_warp: Int32, all_warps: Int32, m: Int32) -> Int32:
+        """The unit block of this warp's phase A item m (``unit_items``)."""
+        return first_warp + m // self.batches * all_warps
+
     @cute.jit
     def add_to_stream(self, ws, x, b2, i: Int32, k: Int32, r: Int32, c: Int32, rows: Int32, total: Float32):
         """s'[r, c] += total, a slice's share of block i's output; the first slice (k == 0) adds the block's
@@ -255,13 +260,13 @@ class StackGemv(PersistentStack):
         cute.copy(atom, cute.make_tensor(src, cute.make_layout(VEC)), dst)
 
     @cute.jit
-    def copy_unit_batch(self, w1, w3, ring: cute.Tensor, unit0: Int32, first_warp: Int32, all_warps: Int32,
-                        m: Int32, items: Int32, lane: Int32):
+    def copy_unit_batch(self, w1, w3, ring: cute.Tensor, unit0: Int32, units: Int32, first_warp: Int32,
+                        all_warps: Int32, m: Int32, items: Int32, lane: Int32):
         """Item m of this warp's phase A (unit first_warp + m // batches * all_warps, batch m % batches): this lane's
         vectors of the batch of W1's row [and W3's] into ring stage m % stages, then one commit (an empty
         group past the last item, so that a wait counts one group an item)."""
         if m < items:
-            j = unit0 + first_warp + m // self.batches * all_warps
+            j = unit0 + self.unit_block_of(first_warp, all_warps, m)
             b = m % self.batches
             for t in cutlass.range_constexpr(self.batch):
                 index = (b * self.batch + t) * WARP + lane
@@ -275,9 +280,11 @@ class StackGemv(PersistentStack):
     def first_unit_batches(self, w1, w3, ring: cute.Tensor, meta: cute.Tensor, i: Int32, first_warp: Int32,
                            all_warps: Int32, lane: Int32):
         """The copies of this warp's first stages - 1 items of block i's phase A (one row tile's)."""
-        items = self.unit_items(meta[i, 1] * STACK_TILE, first_warp, all_warps)
+        units = meta[i, 1] * STACK_TILE
+        items = self.unit_items(units, first_warp, all_warps)
         for m in cutlass.range_constexpr(self.stages - 1):
-            self.copy_unit_batch(w1, w3, ring, meta[i, 0] * STACK_TILE, first_warp, all_warps, Int32(m), items, lane)
+            self.copy_unit_batch(w1, w3, ring, meta[i, 0] * STACK_TILE, units, first_warp, all_warps, Int32(m), items,
+                                 lane)
 
     @cute.jit
     def unit_batch(self, ring: cute.Tensor, s_u: cute.Tensor, acc: cute.Tensor, gate: cute.Tensor, m: Int32,
@@ -303,8 +310,8 @@ class StackGemv(PersistentStack):
                         gate[r] = gate[r] + (u * g).reduce(cute.ReductionOp.ADD, 0.0, 0)
 
     @cute.jit
-    def finish_unit(self, acc: cute.Tensor, gate: cute.Tensor, b1, b3, ws, unit0: Int32, j: Int32, act: Int32,
-                    rows: Int32, row0: Int32, hidden_rows: Int32, lane: Int32):
+    def finish_unit(self, ring, acc: cute.Tensor, gate: cute.Tensor, b1, b3, ws, unit0: Int32, units: Int32, j: Int32,
+                    act: Int32, rows: Int32, row0: Int32, hidden_rows: Int32, lane: Int32):
         """h[r, j] = fp16(act(acc + b1) [* (gate + b3)]) for the tile's rows, the warp's sums reduced, into the
         workspace."""
         # every row's reductions first, with no branch between them, so that their shuffle chains interleave

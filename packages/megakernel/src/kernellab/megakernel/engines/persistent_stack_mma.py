@@ -5,7 +5,10 @@ Per block i, the rows in tiles of ``tile_rows`` (16, 32 or 64: the M of a warp's
 
     phase A  u = fp16(norm_i(s)) of the rows, by every CTA into its shared memory (swizzled, as the grid form's);
              a warp's item is 16 hidden units and one 64-column chunk of W1 [and W3]: acc (rows x 16) += u_chunk .
-             W_chunk^T; after a unit tile's last chunk, h = fp16(act(acc + b1) [* (acc3 + b3)]) into the workspace
+             W_chunk^T; after a unit tile's last chunk, h = fp16(act(acc + b1) [* (acc3 + b3)]) into the workspace.
+             With ``split`` > 1, that many warps of a CTA share a unit tile, each every split-th chunk, and their
+             sums meet in the CTA's shared memory before the first of them writes h (``finish_unit``): a unit tile
+             a warp had left most warps idle where the tiles are fewer than the grid's warps
     grid barrier
     phase B  a warp's item is 16 output channels and 128 hidden units (two 64-unit chunks of W2), a warp's items
              a run of consecutive ones that mostly share their hidden units: the slice's hidden values of the rows
@@ -36,7 +39,8 @@ class StackMma(StackGemv):
     def __init__(self, variant):
         super().__init__(variant)
         self.unit_block = MMA_TILE_UNITS  # a phase A item: 16 hidden units ...
-        self.batches = self.k_tiles  # ... and one 64-column chunk of their W1 [and W3] rows
+        self.split = variant.split  # ... shared by this many warps of a CTA (a power of two dividing its warps) ...
+        self.batches = -(-self.k_tiles // self.split)  # ... each taking this many 64-column chunks of W1 [and W3]
         self.channel_block = MMA_TILE_UNITS  # a phase B item: 16 output channels ...
         self.slice = 2 * STACK_TILE  # ... and 128 hidden units of their W2 rows
         self.row_group = self.tile_rows
@@ -56,7 +60,12 @@ class StackMma(StackGemv):
         s_ring = smem.allocate_tensor(Float16, tensorcore.smem_layout((MMA_TILE_UNITS, STACK_TILE,
                                                                         2 * self.stages * self.warps)), ALIGN)
         s_h = cute.make_tensor(s_u.iterator, tensorcore.smem_layout((self.tile_rows, STACK_TILE, 2 * self.warps)))
-        return s_ring, s_h, warp
+        s_part = None  # each warp's partial sums of its unit tile, lane-major (no bank conflicts), W1's then W3's
+        if cutlass.const_expr(self.split > 1):
+            values = self.tile_rows * MMA_TILE_UNITS // WARP
+            s_part = smem.allocate_tensor(Float32, cute.make_layout((WARP, 2 * values, self.warps),
+                                                                    stride=(1, WARP, WARP * 2 * values)), ALIGN)
+        return s_ring, s_h, warp, s_part
 
     def slice_cache(self):
         """The slice whose hidden values this warp has staged (its items mostly share one: ``slice_item``), so
@@ -81,7 +90,7 @@ class StackMma(StackGemv):
 
     @cute.jit
     def slot(self, ring, stage: Int32, which: int) -> cute.Tensor:
-        s_ring, _, warp = ring
+        s_ring, _, warp, _ = ring
         return s_ring[None, None, (warp * self.stages + stage) * 2 + which]
 
     @cute.jit
@@ -93,30 +102,74 @@ class StackMma(StackGemv):
         thr = g2s.get_slice(lane)
         cute.copy(g2s, thr.partition_S(src), thr.partition_D(dst))
 
+    def unit_items(self, units: Int32, first_warp: Int32, all_warps: Int32) -> Int32:
+        """This warp's phase A items: (unit tile, chunk) pairs, the unit tiles first_warp, first_warp + all_warps,
+        ...; with ``split`` > 1 the same count for every warp of a CTA (its warps meet once a unit tile), the rounds
+        of the CTA's first group of ``split`` warps (the groups a unit tile each, every ``groups``-th), each
+        ``batches`` chunks a warp."""
+        tiles = (units + MMA_TILE_UNITS - 1) // MMA_TILE_UNITS
+        if cutlass.const_expr(self.split == 1):
+            return (tiles + all_warps - 1 - first_warp) // all_warps * self.batches
+        groups = all_warps // self.split
+        first_group = first_warp // self.warps * (self.warps // self.split)  # this CTA's first
+        return (tiles + groups - 1 - first_group) // groups * self.batches
+
+    def unit_block_of(self, first_warp: Int32, all_warps: Int32, m: Int32) -> Int32:
+        """The unit tile of this warp's phase A item m (past the block's tiles where a CTA's groups take unequal
+        counts: ``unit_items``)."""
+        return first_warp // self.split + m // self.batches * (all_warps // self.split)
+
+    def chunk_of(self, first_warp: Int32, m: Int32) -> Int32:
+        """The 64-column chunk of this warp's phase A item m: every split-th, from the warp's place in its group."""
+        return first_warp % self.split + m % self.batches * self.split
+
     @cute.jit
-    def copy_unit_batch(self, w1, w3, ring, unit0: Int32, first_warp: Int32, all_warps: Int32, m: Int32,
-                        items: Int32, lane: Int32):
-        """Item m of phase A (unit tile first_warp + m // batches * all_warps, chunk m % batches): its W1 [and W3]
-        tile into ring stage m % stages, then one commit (an empty group past the last item)."""
+    def copy_unit_batch(self, w1, w3, ring, unit0: Int32, units: Int32, first_warp: Int32, all_warps: Int32,
+                        m: Int32, items: Int32, lane: Int32):
+        """Item m of phase A (``unit_block_of``, ``chunk_of``): its W1 [and W3] tile into ring stage m % stages,
+        then one commit (an empty group past the last item, or for a unit tile or chunk past the block's)."""
         if m < items:
-            t = unit0 // MMA_TILE_UNITS + first_warp + m // self.batches * all_warps
-            k = m % self.batches
-            tiler = (MMA_TILE_UNITS, STACK_TILE)
-            self.copy_weight_tile(cute.local_tile(w1, tiler, (t, k)), self.slot(ring, m % self.stages, 0), lane)
-            if cutlass.const_expr(self.gated):
-                self.copy_weight_tile(cute.local_tile(w3, tiler, (t, k)), self.slot(ring, m % self.stages, 1), lane)
+            t = self.unit_block_of(first_warp, all_warps, m)
+            k = self.chunk_of(first_warp, m)
+            if cutlass.const_expr(self.split == 1):  # every item of a warp's count is the block's
+                self.copy_unit_tiles(w1, w3, ring, unit0 // MMA_TILE_UNITS + t, k, m, lane)
+            else:
+                if t * MMA_TILE_UNITS < units:
+                    if k < self.k_tiles:
+                        self.copy_unit_tiles(w1, w3, ring, unit0 // MMA_TILE_UNITS + t, k, m, lane)
         cute.arch.cp_async_commit_group()
 
     @cute.jit
+    def copy_unit_tiles(self, w1, w3, ring, t: Int32, k: Int32, m: Int32, lane: Int32):
+        """Chunk k of unit tile t (of the packed weights) of W1 [and W3] into ring stage m % stages."""
+        tiler = (MMA_TILE_UNITS, STACK_TILE)
+        self.copy_weight_tile(cute.local_tile(w1, tiler, (t, k)), self.slot(ring, m % self.stages, 0), lane)
+        if cutlass.const_expr(self.gated):
+            self.copy_weight_tile(cute.local_tile(w3, tiler, (t, k)), self.slot(ring, m % self.stages, 1), lane)
+
+    @cute.jit
     def unit_batch(self, ring, s_u: cute.Tensor, acc: cute.Tensor, gate: cute.Tensor, m: Int32, lane: Int32):
-        """acc (gate) += u_chunk . W1_tile^T (W3_tile^T) for item m's chunk; a unit tile's first chunk starts them."""
-        mma = self.tiled_mma()
-        copy_a, copy_b = tensorcore.s2r_copies(mma)
+        """acc (gate) += u_chunk . W1_tile^T (W3_tile^T) for item m's chunk; a unit tile's first chunk starts them
+        (a chunk past the operand's adds nothing: with ``split`` > 1 a warp's last may be)."""
         k = m % self.batches
         cute.arch.sync_warp()  # every lane's copies of the stage have landed (each waited for its own)
         if k == 0:
             acc.fill(0.0)
             gate.fill(0.0)
+        if cutlass.const_expr(self.split == 1):
+            self.unit_products(ring, s_u, acc, gate, k, m, lane)
+        else:
+            tid, _, _ = cute.arch.thread_idx()
+            k = tid // WARP % self.split + k * self.split
+            if k < self.k_tiles:
+                self.unit_products(ring, s_u, acc, gate, k, m, lane)
+
+    @cute.jit
+    def unit_products(self, ring, s_u: cute.Tensor, acc: cute.Tensor, gate: cute.Tensor, k: Int32, m: Int32,
+                      lane: Int32):
+        """acc (gate) += u_chunk k . W1_tile^T (W3_tile^T), the tiles from ring stage m % stages."""
+        mma = self.tiled_mma()
+        copy_a, copy_b = tensorcore.s2r_copies(mma)
         tensorcore.gemm_from_smem(mma, lane, acc, s_u[None, None, k], self.slot(ring, m % self.stages, 0), copy_a,
                                   copy_b)
         if cutlass.const_expr(self.gated):
@@ -124,10 +177,36 @@ class StackMma(StackGemv):
                                       copy_a, copy_b)
 
     @cute.jit
-    def finish_unit(self, acc: cute.Tensor, gate: cute.Tensor, b1, b3, ws, unit0: Int32, j: Int32, act: Int32,
-                    rows: Int32, row0: Int32, hidden_rows: Int32, lane: Int32):
-        """h[r, u] = fp16(act(acc + b1) [* (gate + b3)]) of unit tile j, each lane its accumulator elements, into
-        the workspace."""
+    def finish_unit(self, ring, acc: cute.Tensor, gate: cute.Tensor, b1, b3, ws, unit0: Int32, units: Int32,
+                    j: Int32, act: Int32, rows: Int32, row0: Int32, hidden_rows: Int32, lane: Int32):
+        """h[r, u] = fp16(act(acc + b1) [* (gate + b3)]) of unit tile j into the workspace. With ``split`` > 1 every
+        warp of the CTA leaves its sums in shared memory, and the first warp of each group adds its partners' (a
+        lane's elements are the same (row, unit) in every warp) and writes; the CTA syncs before (every sum is
+        there) and after (the next tile's may overwrite them)."""
+        if cutlass.const_expr(self.split == 1):
+            self.write_unit(acc, gate, b1, b3, ws, unit0, j, act, rows, row0, hidden_rows, lane)
+        else:
+            _, _, warp, s_part = ring
+            values = cute.size(acc)
+            for e in cutlass.range_constexpr(values):
+                s_part[lane, e, warp] = acc[e]
+                if cutlass.const_expr(self.gated):
+                    s_part[lane, values + e, warp] = gate[e]
+            cute.arch.sync_threads()
+            if warp % self.split == 0:
+                if j * MMA_TILE_UNITS < units:
+                    for p in cutlass.range_constexpr(1, self.split):
+                        for e in cutlass.range_constexpr(values):
+                            acc[e] = acc[e] + s_part[lane, e, warp + p]
+                            if cutlass.const_expr(self.gated):
+                                gate[e] = gate[e] + s_part[lane, values + e, warp + p]
+                    self.write_unit(acc, gate, b1, b3, ws, unit0, j, act, rows, row0, hidden_rows, lane)
+            cute.arch.sync_threads()
+
+    @cute.jit
+    def write_unit(self, acc: cute.Tensor, gate: cute.Tensor, b1, b3, ws, unit0: Int32, j: Int32, act: Int32,
+                   rows: Int32, row0: Int32, hidden_rows: Int32, lane: Int32):
+        """h[r, u] = fp16(act(acc + b1) [* (gate + b3)]) of unit tile j, each lane its accumulator elements."""
         coords = self.tiled_mma().get_slice(lane).partition_C(
             cute.make_identity_tensor((self.tile_rows, MMA_TILE_UNITS)))
         for e in cutlass.range_constexpr(cute.size(acc)):
@@ -160,7 +239,7 @@ class StackMma(StackGemv):
         adds s[r, c] + b2[c] too), a row tile at a time: the slice's hidden values of the tile staged in the warp's
         shared memory as fp16 (kept for the warp's next items of the slice where the rows are one tile:
         ``cache``), then the MMAs against the slice's W2 tiles, then one atomic add an element."""
-        _, s_h, warp = ring
+        _, s_h, warp, _ = ring
         mma = self.tiled_mma()
         copy_a, copy_b = tensorcore.s2r_copies(mma)
         thr = mma.get_slice(lane)

@@ -67,6 +67,9 @@ MMA_PLANNED_ROWS = 16
 """Row counts past ``GEMV_PLANNED_ROWS`` and up to this take the mma form unforced: on an H100
 (``reports/h100/stack-mma/``) it beat the grid form at 4, 8 and 16 rows on every report model and the gemv form
 from 8 rows; at 64 rows the grid form beat it where both ran, and 17-63 rows are not measured."""
+MMA_SPLIT_MOST = 8
+"""Warps of a CTA that may share one phase A unit tile of the mma form, each taking every split-th 64-column chunk
+(all 8: their sums meet in the CTA's shared memory)."""
 GEMV_STAGE_VECTORS = 8
 """16-byte weight vectors a lane copies into one stage of its warp's ring (a stage: 4 KB a warp)."""
 GEMV_RING_STAGES = 4
@@ -101,6 +104,7 @@ class StackPlan:
     smem_bytes: int
     why: str
     forced: bool = False  # the form was asked for (``plan_stack(form=...)``): a forced gemv keeps its calls
+    split: int = 1  # the mma form: warps of a CTA that share a phase A unit tile's chunks (``mma_split``)
 
     @property
     def threads(self) -> int:
@@ -124,20 +128,24 @@ class StackPlan:
     def summary(self) -> str:
         """One line for ``print(model.plan())``."""
         split = f", {self.ctas_per_tile} CTAs per row tile" if self.form == "grid" else ""
+        if self.split > 1:
+            split = f", {self.split} warps per phase A unit tile"
         return (f"{STACK_ENGINE} {self.form} form: {self.tile_rows}-row tiles x {self.channels_tile} channels, "
                 f"grid {self.grid}{split}, {self.stages} weight tiles in flight, {self.smem_bytes} B shared memory")
 
 
-def stack_smem_bytes(form: str, tile_rows: int, channels_tile: int, stages: int) -> int:
+def stack_smem_bytes(form: str, tile_rows: int, channels_tile: int, stages: int, split: int = 1) -> int:
     """Shared memory of one CTA: the fp16 operand tile, the weight ring, the fp16 hidden chunk and, in the rows
     form, the fp32 stream tile; each buffer aligned to ``ALIGN`` (the gemv form: the operand tile and each warp's
-    ring of ``stages`` stages, and a float a warp for a row's sums over its warps)."""
+    ring of ``stages`` stages, and a float a warp for a row's sums over its warps; the mma form with ``split`` > 1:
+    each warp's fp32 partial sums of a unit tile, for W1 and W3)."""
     if form == "gemv":
         stats = 4 * (GEMV_THREADS // 32)
         return round_up(tile_rows * channels_tile * 2, ALIGN) + stages * GEMV_STAGE_BYTES + stats
     if form == "mma":  # the operand tile (or, in phase B, each warp's staged hidden chunk), and the ring
         operand = max(tile_rows * channels_tile, mma_staging_elements(tile_rows)) * 2
-        return round_up(operand, ALIGN) + stages * GEMV_STAGE_BYTES
+        partials = GEMV_THREADS // 32 * tile_rows * MMA_TILE_UNITS * 2 * 4 if split > 1 else 0
+        return round_up(operand, ALIGN) + stages * GEMV_STAGE_BYTES + partials
     buffers = [tile_rows * channels_tile * 2, stages * STACK_TILE * STACK_TILE * 2, tile_rows * STACK_TILE * 2]
     if form == "rows":
         buffers.append(tile_rows * channels_tile * 4)
@@ -150,8 +158,23 @@ def mma_staging_elements(tile_rows: int) -> int:
     return GEMV_THREADS // 32 * tile_rows * 2 * STACK_TILE
 
 
-def _fits(form: str, tile_rows: int, channels_tile: int, stages: int, device: DeviceSpec) -> bool:
-    need = stack_smem_bytes(form, tile_rows, channels_tile, stages)
+def mma_split(chunks, channels_tile: int, device: DeviceSpec) -> int:
+    """Warps of a CTA that share each phase A unit tile of the mma form: the most (a power of two up to
+    ``MMA_SPLIT_MOST`` and the tile's 64-column chunks) that leave every unit tile of the widest block its own
+    warps in one round. A warp had taken a whole unit tile, so at 16 rows most warps idled through phase A (16
+    hidden units a tile: 64 tiles a block of 1024 units against 1056 warps on 132 SMs; the trace's median CTA had
+    no phase A work at all)."""
+    tiles = max(chunks) * STACK_TILE // MMA_TILE_UNITS
+    most = min(MMA_SPLIT_MOST, channels_tile // STACK_TILE)
+    warps = device.sm_count * (GEMV_THREADS // 32)
+    split = 1
+    while split * 2 <= most and tiles * split * 2 <= warps:
+        split *= 2
+    return split
+
+
+def _fits(form: str, tile_rows: int, channels_tile: int, stages: int, device: DeviceSpec, split: int = 1) -> bool:
+    need = stack_smem_bytes(form, tile_rows, channels_tile, stages, split)
     return need <= device.smem_per_block and need + device.reserved_smem_per_block <= device.smem_per_sm
 
 
@@ -303,8 +326,11 @@ def _warp_item_plan(form, tiles, most, rows, channels, cols, chunks, gated, devi
                                      f"{cols} channels with a ring of two stages")
     tile = min(options)
     stages = _most_stages(form, tile, cols, device, GEMV_RING_STAGES)
+    split = mma_split(chunks, cols, device) if form == "mma" else 1
+    if not _fits(form, tile, cols, stages, device, split):  # the partial sums would cost a ring stage: none
+        split = 1
     return StackPlan(form, rows, channels, cols, tile, stages, gated, device.sm_count, chunks,
-                     stack_smem_bytes(form, tile, cols, stages), why(tile))
+                     stack_smem_bytes(form, tile, cols, stages, split), why(tile), split=split)
 
 
 def _matrix_vector_plan(rows, channels, cols, chunks, gated, device) -> StackPlan | None:
