@@ -1,7 +1,8 @@
 """The fused stack's forms side by side on the GPU host: per call in a CUDA graph (harness ``graph_throughput``),
 each report model at any row counts, the grid, gemv and mma forms forced and the per-block chain (``--forms``:
-also the rows form, a CTA a row tile through every block, the planned form past decode rows, and ``mma16``, the mma
-form on 16-row tiles, a tile after another past 16 rows), every one validated
+also the rows form, a CTA a row tile through every block, the planned form past decode rows; ``mma16``, the mma form
+on 16-row tiles, a tile after another past 16 rows; ``grid16``, the grid form on 16-row tiles, each its own CTAs),
+every one validated
 first against the float64 reference (the models suite's problem and protocol), beside the weight floor (the
 model's weight bytes over the copy bandwidth measured in the same run).
 
@@ -29,6 +30,7 @@ FORMS = {"grid": {"engine": "persistent-stack", "stack_form": "grid"},
          "gemv": {"engine": "persistent-stack", "stack_form": "gemv"},
          "mma": {"engine": "persistent-stack", "stack_form": "mma"},
          "mma16": {"engine": "persistent-stack", "stack_form": "mma", "stack_tile_rows": 16},
+         "grid16": {"engine": "persistent-stack", "stack_form": "grid", "stack_tile_rows": 16},
          "rows": {"engine": "persistent-stack", "stack_form": "rows"},
          "chain": {"engine": "persistent-tc"}}
 RUN_FORMS = ("grid", "gemv", "mma", "chain")
