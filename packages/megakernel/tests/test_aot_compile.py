@@ -32,7 +32,7 @@ def test_the_full_list_covers_every_engine_and_is_unique():
                    "persistent-tc_m64_c256_s1_wg_x2", "persistent-tc_m64_c512_s1_wg_tma_ov",
                    "persistent-tc_m64_c256_s2_wg_x2_tma_ov", "persistent-tc_regs_c16_h128_res",
                    "persistent-tc_regs_c64_h32_v1", "prologue-rmsnorm", "prologue-cast", "launch-floor",
-                   "persistent-stack_mma_m16_c2048_s4_gated", "persistent-stack_grid_m32_c2048_s8_gated",
+                   "persistent-stack_mma_m16_c2048_s4_gated", "persistent-stack_grid_m64_c256",
                    "persistent-stack_rows_m32_c512"):
         assert any(n.startswith(prefix) for n in names), prefix
 
@@ -109,7 +109,8 @@ def test_cuda_core_kernels_compile_at_the_smallest_sizes():
 
 def test_every_report_model_plan_runs_an_ahead_of_time_stack_variant():
     """Each model of the report's models section, at each of its row counts, runs a persistent-stack kernel that
-    ``compile_all`` compiles (and so do the grid plans' rows-form fallbacks)."""
+    ``compile_all`` compiles where planning fuses it (else the per-block chain serves), and so does the rows form
+    forced there."""
     from kernellab.megakernel import models, planning
     from kernellab.megakernel.compiler import frontend
     from kernellab.megakernel.engines import persistent_stack
@@ -119,13 +120,15 @@ def test_every_report_model_plan_runs_an_ahead_of_time_stack_variant():
     for case in models.REPORT_MODELS:
         blocks, _ = frontend.read_spec(case.spec)
         for rows in models.REPORT_ROWS:
+            forced = plan_stack(blocks, rows, planning.H200, form="rows")
+            assert not case.fits_l2 or persistent_stack.variant(forced).name in AOT_NAMES, (case.name, rows)
             plan = plan_stack(blocks, rows, planning.H200)
-            if not isinstance(plan, StackPlan):  # the 1B-sized stack past decode rows: the chain serves it
-                assert not case.fits_l2 and rows > 64, (case.name, rows, plan)
+            if not isinstance(plan, StackPlan):  # past the fused forms' rows: the chain serves it
+                assert "per-block chain was faster" in plan.reason, (case.name, rows, plan)
                 continue
             assert persistent_stack.variant(plan).name in AOT_NAMES
             forms.add(plan.form)
-    assert forms == {"rows", "grid", "gemv", "mma"}
+    assert forms == {"grid", "gemv", "mma"}
 
 
 def test_prologue_spreads_few_rows_over_more_warps_each():

@@ -14,7 +14,8 @@ from kernellab.megakernel.compiler import frontend, passes, runner
 from kernellab.megakernel.compiler.ir import Block
 from kernellab.megakernel.engines import stack_packing
 from kernellab.megakernel.planning.stack import (
-    DECODE_ROWS,
+    FUSED_GATED_ROWS,
+    FUSED_ROWS,
     GEMV_PLANNED_ROWS,
     GEMV_RING_STAGES,
     GEMV_ROW_TILES,
@@ -45,22 +46,25 @@ def _uniform(channels, hidden, depth, **block):
 
 # ---- planning ---------------------------------------------------------------------------------------------
 
-def planned_form(rows: int) -> str:
-    """The form planning takes unforced at ``rows`` where each fits."""
-    return ("gemv" if rows <= GEMV_PLANNED_ROWS else "mma" if rows <= MMA_PLANNED_ROWS else
-            "grid" if rows <= DECODE_ROWS else "rows")
+def planned_form(rows: int, gated: bool) -> str | None:
+    """The form planning takes unforced at ``rows`` where each fits; None: the per-block chain serves."""
+    if rows <= GEMV_PLANNED_ROWS:
+        return "gemv"
+    if rows <= MMA_PLANNED_ROWS:
+        return "mma"
+    return None if gated and rows > FUSED_GATED_ROWS or rows > FUSED_ROWS else "grid"
 
 
 @pytest.mark.parametrize("case", models.REPORT_MODELS, ids=lambda c: c.name)
-def test_report_models_plan_gemv_then_mma_at_decode_rows_then_grid_and_rows_forms(case):
+def test_report_models_plan_gemv_then_mma_at_decode_rows_then_grid_or_the_chain(case):
     blocks = _blocks(case.spec)
     for rows in models.REPORT_ROWS:
         plan = plan_stack(blocks, rows, H200)
-        if not case.fits_l2 and rows > DECODE_ROWS:  # every row tile would stream 384 MiB from memory
-            assert isinstance(plan, planning.Refusal) and "do not fit the 60 MiB L2" in plan.reason
+        if planned_form(rows, blocks[0].gated) is None:
+            assert isinstance(plan, planning.Refusal) and "per-block chain was faster there" in plan.reason
             continue
         assert isinstance(plan, StackPlan), plan
-        assert plan.form == planned_form(rows) and not plan.forced
+        assert plan.form == planned_form(rows, blocks[0].gated) and not plan.forced
         assert plan.smem_bytes == stack_smem_bytes(plan.form, plan.tile_rows, plan.channels_tile, plan.stages,
                                                    plan.split)
         assert plan.smem_bytes + H200.reserved_smem_per_block <= H200.smem_per_sm
@@ -76,17 +80,17 @@ def test_grid_form_spreads_each_row_tile_over_the_chunks_it_has():
     small = plan_stack(_blocks(_uniform(256, 1024, 4)), 64, H200)
     assert small.tile_rows == 64 and small.num_tiles == 1  # the fewest row tiles: each streams every weight
     assert small.ctas_per_tile == 16 and small.grid == 16  # 16 chunks a block
-    wide = plan_stack(_blocks(_uniform(2048, 8192, 4, gated=True)), 64, H200)
+    wide = plan_stack(_blocks(_uniform(2048, 8192, 4, gated=True)), 64, H200, form="grid")
     assert (wide.tile_rows, wide.num_tiles, wide.ctas_per_tile) == (32, 2, 66)  # a 64-row operand does not fit
     forced = plan_stack(_blocks(_uniform(256, 1024, 4)), 64, H200, form="grid", tile_rows=16)
     assert forced.num_tiles == 4 and forced.grid == 64
 
 
 def test_grid_form_past_decode_rows_only_when_forced_and_while_each_tile_keeps_two_ctas():
-    """Unforced, the rows form serves 1024 rows; forced, the grid form takes them (16 tiles of 64 rows, 8 CTAs each
-    on 132 SMs) so that its atomic partial sums can be timed there, and refuses where a tile would get one CTA."""
+    """Unforced, the per-block chain serves 1024 rows; forced, the grid form takes them (16 tiles of 64 rows, 8 CTAs
+    each on 132 SMs) so that its atomic partial sums can be timed there, and refuses where a tile would get one CTA."""
     blocks = _blocks(_uniform(256, 1024, 4))
-    assert plan_stack(blocks, 1024, H200).form == "rows"
+    assert isinstance(plan_stack(blocks, 1024, H200), planning.Refusal)
     forced = plan_stack(blocks, 1024, H200, form="grid")
     assert isinstance(forced, StackPlan) and forced.forced
     assert (forced.tile_rows, forced.num_tiles, forced.ctas_per_tile) == (64, 16, 8)
@@ -106,21 +110,23 @@ def test_grid_form_stages_are_the_deepest_ring_that_fits():
 def test_rows_form_picks_the_cheapest_tile_and_the_largest_on_ties():
     blocks = _blocks(_uniform(512, 2048, 8, norm="rmsnorm"))
     for rows in (65, 1024, 4096, 20000):
-        plan = plan_stack(blocks, rows, H200)
+        plan = plan_stack(blocks, rows, H200, form="rows")
         costs = {t: rows_cost(rows, t, H200) for t in (16, 32, 64)}
         assert costs[plan.tile_rows] == min(costs.values())
         assert plan.tile_rows == max(t for t, c in costs.items() if c == costs[plan.tile_rows])
     # 2048 channels: only 16-row tiles leave room for the fp32 stream tile
-    assert plan_stack(_blocks(_uniform(2048, 1024, 2)), 4096, H200).tile_rows == 16
+    assert plan_stack(_blocks(_uniform(2048, 1024, 2)), 4096, H200, form="rows").tile_rows == 16
 
 
-def test_decode_rows_with_too_few_chunks_for_the_grid_form_take_the_rows_form_and_say_why():
+def test_decode_rows_with_too_few_chunks_for_the_grid_form_leave_the_chain_and_say_why():
     plan = plan_stack(_blocks(_uniform(64, 64, 3)), MMA_PLANNED_ROWS + 1, H200)
-    assert plan.form == "rows" and plan.why.startswith("grid form: 1 row tiles leave fewer than 2 CTAs")
+    assert isinstance(plan, planning.Refusal) and plan.reason.startswith("grid form: 1 row tiles leave fewer than 2")
+    forced_tile = plan_stack(_blocks(_uniform(64, 64, 3)), MMA_PLANNED_ROWS + 1, H200, tile_rows=32)
+    assert forced_tile.form == "rows" and forced_tile.why.startswith("grid form: 1 row tiles leave fewer than 2")
 
 
 def test_rows_form_refuses_a_stream_tile_that_cannot_fit():
-    got = plan_stack(_blocks(_uniform(4096, 64, 1)), 4096, H200)
+    got = plan_stack(_blocks(_uniform(4096, 64, 1)), 4096, H200, form="rows")
     assert isinstance(got, planning.Refusal) and "rows form" in got.reason and "shared memory" in got.reason
 
 
@@ -192,7 +198,10 @@ def test_mma_form_takes_the_smallest_tile_holding_the_rows(rows, tile):
     assert plan.smem_bytes == stack_smem_bytes("mma", tile, 1024, plan.stages, plan.split) <= H200.smem_per_block
     assert 2 <= plan.stages <= GEMV_RING_STAGES and "mma form" in plan.summary()
     unforced = plan_stack(blocks, rows, H200)
-    assert unforced.form == planned_form(rows) and not unforced.forced
+    if planned_form(rows, gated=True) is None:
+        assert isinstance(unforced, planning.Refusal)
+        return
+    assert unforced.form == planned_form(rows, gated=True) and not unforced.forced
     if unforced.form == "mma":
         assert dataclasses.replace(unforced, forced=True) == plan  # the same kernel, planned or forced
 
@@ -241,7 +250,10 @@ def test_a_call_past_its_forms_rows_runs_what_planning_would_choose():
     past = call_plan(at_16, MMA_PLANNED_ROWS + 1, H200)
     assert past == plan_stack(blocks, MMA_PLANNED_ROWS + 1, H200) and past.form == "grid"
     assert call_plan(planned, MMA_PLANNED_ROWS + 1, H200) == past
-    assert call_plan(planned, 4096, H200).form == "rows"  # past the grid form's rows
+    assert call_plan(planned, FUSED_ROWS, H200).form == "grid"
+    assert call_plan(planned, FUSED_ROWS + 1, H200) is None  # past the grid form's rows: the per-block chain
+    gated = plan_stack(_blocks(_uniform(512, 2048, 2, gated=True)), MMA_PLANNED_ROWS, H200)
+    assert call_plan(gated, FUSED_GATED_ROWS, H200) is gated and call_plan(gated, FUSED_GATED_ROWS + 1, H200) is None
     forced = plan_stack(blocks, 1, H200, form="gemv")
     assert call_plan(forced, GEMV_ROWS, H200) is forced  # a forced form keeps its rows, a tile after another
     assert call_plan(forced, GEMV_ROWS + 1, H200).form == "rows"
@@ -357,6 +369,8 @@ def test_packed_parameters_compute_the_stack(spec, rows, seed):
     """What the kernel reads (offsets, padding, biases, norms, codes) computes the reference stack."""
     source = frontend.from_spec(spec, seed=seed)
     plan = plan_stack(source.blocks, rows, H200)
+    if not isinstance(plan, StackPlan):  # the chain serves these rows unforced: the rows form packs as any form
+        plan = plan_stack(source.blocks, rows, H200, form="rows")
     packed = stack_packing.pack(source.blocks, source.parameters, source.final_norm, source.final_parameters, plan,
                                 "cpu")
     x = torch.randn(rows, spec["channels"], generator=torch.Generator().manual_seed(seed)).half()
@@ -382,7 +396,8 @@ def test_packing_pads_with_zeros_and_records_the_meta():
 
 def test_a_forced_form_is_marked_forced_and_a_planned_one_not():
     blocks = _blocks(_uniform(256, 1024, 2))
-    assert not any(plan_stack(blocks, rows, H200).forced for rows in (1, 16, 1024))
+    assert not any(plan_stack(blocks, rows, H200).forced for rows in (1, 16, 64))
+    assert plan_stack(blocks, 16, H200, tile_rows=16).forced  # a forced tile is kept by calls as a forced form
     assert all(plan_stack(blocks, rows, H200, form=form).forced for rows, form in ((1, "gemv"), (16, "grid"),
                                                                                    (1024, "rows")))
 

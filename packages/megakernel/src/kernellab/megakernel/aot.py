@@ -110,14 +110,13 @@ def variants(representative: bool = False) -> list:
 
 
 def stack_variants() -> list:
-    """The persistent-stack kernels of the report's models section: each model's plan at each row count, the
-    rows form its grid plans fall back to for a call with more row tiles than SMs, and the gemv and mma forms at
-    the row counts they serve."""
+    """The persistent-stack kernels of the report's models section: each model's plan at each row count, and the
+    gemv, mma and rows forms forced at the row counts each takes (the rows form at every one: it is forced only)."""
     from .compiler import frontend
     from .engines import persistent_stack
     from .models import REPORT_MODELS, REPORT_ROWS
     from .planning import H200
-    from .planning.stack import GEMV_ROWS, MMA_ROWS, StackPlan, plan_stack, rows_form_of
+    from .planning.stack import GEMV_ROWS, MMA_ROWS, StackPlan, plan_stack
 
     out = []
     for case in REPORT_MODELS:
@@ -126,12 +125,8 @@ def stack_variants() -> list:
             plan = plan_stack(blocks, rows, H200)
             if isinstance(plan, StackPlan):
                 out.append(persistent_stack.variant(plan))
-                if plan.form == "grid":
-                    fallback = rows_form_of(plan, H200.sm_count * plan.tile_rows + 1, H200)
-                    if fallback is not None:
-                        out.append(persistent_stack.variant(fallback))
-            for form, most in (("gemv", GEMV_ROWS), ("mma", MMA_ROWS)):  # forced at the rows each takes
-                if rows <= most:
+            for form, most in (("gemv", GEMV_ROWS), ("mma", MMA_ROWS), ("rows", None)):  # forced where each runs
+                if most is None or rows <= most:
                     forced = plan_stack(blocks, rows, H200, form=form)
                     if isinstance(forced, StackPlan):
                         out.append(persistent_stack.variant(forced))

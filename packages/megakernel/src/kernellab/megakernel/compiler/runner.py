@@ -114,12 +114,13 @@ class CompiledModel:
         if program.stack is not None:
             device = next(iter(parameters[0].values())).device
             self.fused = codegen.generate_stack(program, parameters, self.final_parameters, device)
-        self.steps = codegen.generate(program) if self.fused is None else []
+        self.steps = codegen.generate(program)  # also a fused model's: it runs the calls no fused form takes
         self._buffers: dict = {}
 
     @property
     def engines(self) -> list[str]:
-        """Per block, the engine that serves it (``persistent-stack`` for every block of a fused stack)."""
+        """Per block, the engine that serves it (``persistent-stack`` for every block of a fused stack; a call of
+        rows that no fused form takes, ``planning.stack.call_plan``, runs the chain's)."""
         if self.fused is not None:
             return [STACK_ENGINE] * len(self.program.blocks)
         return [step.engine for step in self.steps]
@@ -153,7 +154,7 @@ class CompiledModel:
             raise ValueError(f"out must be a contiguous {tuple(x.shape)} float32 tensor on {device}, got "
                              f"{tuple(out.shape)} {out.dtype} on {out.device}"
                              f"{'' if out.is_contiguous() else ' (not contiguous)'}")
-        if self.fused is not None:
+        if self.fused is not None and self.fused.plan_for(rows) is not None:
             return self.fused(x, out)
         final_norm = self.program.final_norm
         stream = x

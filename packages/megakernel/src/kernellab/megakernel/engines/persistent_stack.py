@@ -107,8 +107,8 @@ def variant(plan: StackPlan) -> Variant:
 
 class Launcher:
     """``run(x, y)``: the stack on rows ``x`` (fp16) into ``y`` (fp32), one launch (the grid and gemv forms'
-    barrier word is zeroed once, with the workspace). Any row count runs: the grid form takes as many CTAs a row tile as
-    keep the grid within the SMs, and a call with more row tiles than SMs runs the rows form of the same packing.
+    barrier word is zeroed once, with the workspace). The rows a call runs on which form: ``plan_for``; the grid
+    form takes as many CTAs a row tile as keep the grid within the SMs.
     Workspaces are kept per row count, allocated on first use (the graph variant's warm-up call, outside capture)."""
 
     def __init__(self, plan: StackPlan, packed: dict, device: DeviceSpec):
@@ -116,17 +116,13 @@ class Launcher:
         self._plans: dict[int, StackPlan] = {}
         self._workspaces: dict = {}
 
-    def plan_for(self, rows: int) -> StackPlan:
+    def plan_for(self, rows: int) -> StackPlan | None:
         """The plan a call of ``rows`` rows runs (``planning.stack.call_plan``): the compiled plan while its form
-        serves the rows, else the form planning would choose, with the same packing."""
-        got = self._plans.get(rows)
-        if got is None:
-            got = call_plan(self.plan, rows, self.device)
-            if got is None:
-                raise ValueError(f"{rows} rows need more row tiles than the grid form's {self.device.sm_count} "
-                                 "CTAs and no rows form fits this stack; compile for this row count")
-            self._plans[rows] = got
-        return got
+        serves the rows, else the form planning would choose, with the same packing; None where no fused form
+        takes them (the compiled model runs its per-block chain)."""
+        if rows not in self._plans:
+            self._plans[rows] = call_plan(self.plan, rows, self.device)
+        return self._plans[rows]
 
     def workspace(self, plan: StackPlan, rows: int, device):
         import torch
@@ -153,6 +149,9 @@ class Launcher:
     def __call__(self, x, y):
         p, rows = self.packed, x.shape[0]
         plan = self.plan_for(rows)
+        if plan is None:
+            raise ValueError(f"no fused form takes {rows} rows of this stack (planning.stack.call_plan); the "
+                             "compiled model runs its per-block chain for them")
         ws, sync = self.workspace(plan, rows, x.device)
         compiled(variant(plan))(x, y, p["w1"], p["w3"], p["w2"], p["b1"], p["b3"], p["b2"], p["norm_w"], p["norm_b"],
                                 p["meta"], p["eps"], ws, sync, self.grid(plan, rows))

@@ -9,9 +9,10 @@ stack) along the channels, then the W2 tiles along the channels. The packed weig
 Four forms:
 - ``rows``: CTA b owns row tiles b, b + grid, ...; it carries a tile through every block with the fp32 stream
   of the tile in shared memory (tile_rows x channels_tile), so the stream never leaves the SM between blocks.
-  Needs no grid-wide synchronization (rows are independent). Every CTA streams every weight, so it is
-  the form for row counts that fill the SMs with tiles; refused where the weights do not fit the L2 (each row tile
-  would stream them from memory again: the per-block chain serves such a stack past decode rows).
+  Needs no grid-wide synchronization (rows are independent). Every CTA streams every weight through its one SM,
+  which makes it slower than the per-block chain at every row count measured on the H200 (``FUSED_ROWS``): it is
+  forced only (tests, sweeps, a forced form's calls past its rows), and refused where the weights do not fit the L2.
+  Unforced, past ``FUSED_ROWS`` rows (``FUSED_GATED_ROWS`` for a gated stack) the per-block chain serves.
 - ``grid``: for decode row counts (rows <= ``DECODE_ROWS``), where one CTA per row tile streaming every weight
   would leave most SMs idle: the fewest row tiles that fit (16, 32 or 64 rows), each block's hidden chunks
   spread over ``grid // row tiles`` CTAs per row tile,
@@ -67,6 +68,15 @@ MMA_PLANNED_ROWS = 16
 """Row counts past ``GEMV_PLANNED_ROWS`` and up to this take the mma form unforced: on an H100
 (``reports/h100/stack-mma/``) it beat the grid form at 4, 8 and 16 rows on every report model and the gemv form
 from 8 rows; at 64 rows the grid form beat it where both ran, and 17-63 rows are not measured."""
+FUSED_GATED_ROWS = MMA_PLANNED_ROWS
+"""Row counts up to this take a fused form unforced for a gated stack; past them the per-block chain serves it: on
+the H200 (``reports/h200/models/``, ``stack_forms`` at 256-4096 rows) the grid form lost to the chain on both gated
+report models at 64 rows and past."""
+FUSED_ROWS = 4 * DECODE_ROWS
+"""Row counts up to this take a fused form unforced (the grid form's cap); past them the per-block chain serves the
+stack: on the H200 the rows form, the only fused form there, was 3-23x slower than the chain on every report model
+at 256, 1024 and 4096 rows (every row tile streams every weight through one SM), and the grid form forced there lost
+to the chain from 1024 rows on every model."""
 MMA_SPLIT_MOST = 8
 """Warps of a CTA that may share one phase A unit tile of the mma form, each taking every split-th 64-column chunk
 (all 8: their sums meet in the CTA's shared memory)."""
@@ -103,7 +113,7 @@ class StackPlan:
     chunks: tuple[int, ...]  # hidden chunks of each block (hidden padded to STACK_TILE)
     smem_bytes: int
     why: str
-    forced: bool = False  # the form was asked for (``plan_stack(form=...)``): a forced gemv keeps its calls
+    forced: bool = False  # form or tile asked for (``plan_stack(form=..., tile_rows=...)``): ``call_plan`` keeps it
     split: int = 1  # the mma form: warps of a CTA that share a phase A unit tile's chunks (``mma_split``)
 
     @property
@@ -210,7 +220,8 @@ def plan_stack(blocks, rows: int, device: DeviceSpec, *, target: str = "cuda", i
     if reason is not None:
         return Refusal(STACK_ENGINE, reason)
     got = _choose(blocks, rows, device, form, tile_rows)
-    return dataclasses.replace(got, forced=True) if form is not None and isinstance(got, StackPlan) else got
+    forced = form is not None or tile_rows is not None
+    return dataclasses.replace(got, forced=True) if forced and isinstance(got, StackPlan) else got
 
 
 def _choose(blocks, rows: int, device: DeviceSpec, form: str | None, tile_rows: int | None) -> StackPlan | Refusal:
@@ -224,9 +235,7 @@ def _choose(blocks, rows: int, device: DeviceSpec, form: str | None, tile_rows: 
     if form == "mma":
         return _mma_plan(rows, channels, cols, chunks, gated, device, tile_rows)
     if form is None and tile_rows is None:
-        got = _matrix_vector_plan(rows, channels, cols, chunks, gated, device)
-        if got is not None:
-            return got
+        return _planned(rows, channels, cols, chunks, gated, device)
     if form == "grid" or form is None and rows <= DECODE_ROWS:
         got = _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows, forced=form == "grid")
         if form == "grid" or isinstance(got, StackPlan):
@@ -236,6 +245,23 @@ def _choose(blocks, rows: int, device: DeviceSpec, form: str | None, tile_rows: 
             return dataclasses.replace(rows_form, why=f"{got.reason}; {rows_form.why}")
         return Refusal(STACK_ENGINE, f"{got.reason}; {rows_form.reason}")
     return _rows_plan(rows, channels, cols, chunks, gated, device, tile_rows, weight_bytes)
+
+
+def _planned(rows, channels, cols, chunks, gated, device) -> StackPlan | Refusal:
+    """The unforced choice: the gemv or mma form at their planned rows; then, up to ``FUSED_GATED_ROWS`` rows for a
+    gated stack and ``FUSED_ROWS`` for a plain one, the grid form; else the refusal that leaves the per-block chain
+    to serve (the rows form is never planned: it is forced for tests and sweeps only)."""
+    got = _matrix_vector_plan(rows, channels, cols, chunks, gated, device)
+    if got is not None:
+        return got
+    if gated and rows > FUSED_GATED_ROWS:
+        return Refusal(STACK_ENGINE, f"{rows} rows of a gated stack, past the {FUSED_GATED_ROWS} a fused form takes "
+                                     "unforced: the per-block chain was faster there on the H200")
+    if rows > FUSED_ROWS:
+        return Refusal(STACK_ENGINE, f"{rows} rows, past the {FUSED_ROWS} a fused form takes unforced: the "
+                                     "per-block chain was faster there on the H200 (the rows form streams every "
+                                     "weight through one SM a row tile)")
+    return _grid_plan(rows, channels, cols, chunks, gated, device, None)
 
 
 STREAM_BALANCE_ROWS = 48
@@ -282,7 +308,7 @@ def _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows, forced=Fa
     ``forced`` (``form='grid'``) takes any rows whose tiles leave 2 CTAs a tile or more, to time it there."""
     if rows > DECODE_ROWS * 4 and not forced:
         return Refusal(STACK_ENGINE, f"grid form: {rows} rows is past decode row counts; the atomic partial sums "
-                                     f"grow with the rows (the rows form serves it)")
+                                     f"grow with the rows")
     options = [t for t in STACK_ROW_TILES if (tile_rows is None or t == tile_rows)
                and _most_stages("grid", t, cols, device, 8) is not None]
     if not options:
@@ -295,7 +321,7 @@ def _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows, forced=Fa
     per_tile = min(device.sm_count // tiles, max(chunks))
     if per_tile < 2:
         return Refusal(STACK_ENGINE, f"grid form: {tiles} row tiles leave fewer than 2 CTAs a tile on "
-                                     f"{device.sm_count} SMs (the rows form serves it)")
+                                     f"{device.sm_count} SMs")
     return StackPlan("grid", rows, channels, cols, tile, stages, gated, tiles * per_tile, chunks,
                      stack_smem_bytes("grid", tile, cols, stages),
                      f"grid form (decode rows <= {DECODE_ROWS}): {per_tile} CTAs share each row tile's hidden chunks, "
@@ -358,23 +384,20 @@ def _mma_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackPl
 
 
 def call_plan(plan: StackPlan, rows: int, device: DeviceSpec) -> StackPlan | None:
-    """The plan a call of ``rows`` rows runs with ``plan``'s packing (the forms share it), or None where the grid
-    form cannot take the rows and no rows form fits. The plan itself while its form serves the rows; past them
-    what ``plan_stack`` would choose: a planned gemv or mma form the form planned at the call's rows (the gemv
-    form to ``GEMV_PLANNED_ROWS``, the mma form to ``MMA_PLANNED_ROWS``, then the grid form, the rows form where
-    that is refused), a forced one past ``GEMV_ROWS`` or ``MMA_ROWS`` the rows form (itself where none fits), a
-    grid form with more row tiles than SMs (its barrier needs every CTA resident) the rows form. A planned form
-    keeps its own tile for the rows it holds; past them it takes the tile that holds them (not its own tile a row
-    tile after another)."""
-    if plan.form in MATRIX_VECTOR_FORMS and not plan.forced:
-        args = (rows, plan.channels, plan.channels_tile, plan.chunks, plan.gated, device)
-        got = _matrix_vector_plan(*args)
-        if got is not None and got.form == plan.form and rows <= plan.tile_rows:
-            return plan
-        if got is None:
-            got = _grid_plan(*args, None)
-        return got if isinstance(got, StackPlan) else rows_form_of(plan, rows, device) or plan
-    if plan.form in MATRIX_VECTOR_FORMS and rows > (GEMV_ROWS if plan.form == "gemv" else MMA_ROWS):  # forced
+    """The plan a call of ``rows`` rows runs with ``plan``'s packing (the forms share it), or None where no fused
+    form takes the rows (the caller runs the per-block chain). A planned (unforced) plan: what planning chooses
+    at the call's rows (``_planned``), the plan itself where that is its own form and its tile holds the rows (a
+    planned form keeps its tile for the rows it holds; past them the tile that holds them), None where planning
+    refuses. A forced plan: itself while its form serves the rows; a forced gemv or mma form past ``GEMV_ROWS`` or
+    ``MMA_ROWS``, or a grid form with more row tiles than SMs (its barrier needs every CTA resident), the rows
+    form (itself where none fits, for the gemv and mma forms)."""
+    if not plan.forced:
+        got = _planned(rows, plan.channels, plan.channels_tile, plan.chunks, plan.gated, device)
+        if not isinstance(got, StackPlan):
+            return None
+        return plan if got.form == plan.form and got.tile_rows <= plan.tile_rows and rows <= plan.tile_rows \
+            and plan.form in MATRIX_VECTOR_FORMS else got
+    if plan.form in MATRIX_VECTOR_FORMS and rows > (GEMV_ROWS if plan.form == "gemv" else MMA_ROWS):
         return rows_form_of(plan, rows, device) or plan
     if plan.form == "grid" and ceil_div(rows, plan.tile_rows) > device.sm_count:
         return rows_form_of(plan, rows, device)
