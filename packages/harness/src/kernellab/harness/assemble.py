@@ -109,8 +109,8 @@ def bandwidth(cases: list[dict], ceiling_op: str | None, control: str) -> None:
     """GB/s per mode by the problem's minimum bytes, and, where the suite has a ceiling problem, the
     fraction of the same-shape ceiling (a copy) that the control measured.
 
-    For the throughput modes the ceiling is the fastest copy among them: a copy captured in a graph
-    can run as a DMA memcpy node, slower than the copy kernel, and must not lower the bar."""
+    For the throughput modes the ceiling is the fastest copy among them, so that no one mode's slow copy
+    lowers the bar (the copy is a kernel, ``problems.Copy``, since a graph's memcpy node ran slower)."""
     ceilings: dict[tuple, dict[str, float]] = {}
     for c in cases:
         p = c["problem"]

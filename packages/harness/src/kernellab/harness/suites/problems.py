@@ -104,7 +104,10 @@ class LayerNorm(RowProblem):
 
 
 class Copy(RowProblem):
-    """Device-to-device copy: the bandwidth ceiling every other case is read against."""
+    """Device-to-device copy: the bandwidth ceiling every other case is read against. On a GPU an elementwise
+    kernel (``y = x * 1``, exact), not ``copy_``: a CUDA graph records ``copy_`` as a memcpy node, which on the H200 ran
+    fp32 copies of 512 MB at two thirds of the kernel's rate (``tools/device/copy_ceiling.py``,
+    ``reports/h200/norm-backward/copy-ceiling.json``) and so let kernels pass their "ceiling" by half."""
 
     op = "copy"
 
@@ -115,7 +118,12 @@ class Copy(RowProblem):
         return {"y": inputs["x"]}
 
     def control(self, inputs: Tensors, outputs: Tensors) -> Tensors:
-        outputs["y"].copy_(inputs["x"])
+        import torch
+
+        if inputs["x"].is_cuda:
+            torch.mul(inputs["x"], 1, out=outputs["y"])
+        else:  # no graph on the CPU: the plain copy
+            outputs["y"].copy_(inputs["x"])
         return outputs
 
     def bytes_moved(self) -> int:
