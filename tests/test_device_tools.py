@@ -305,6 +305,25 @@ def test_forms_table_puts_revisions_side_by_side_and_the_floor_where_recorded(tm
     assert lines[2] == "| mlp4 | 1 | 40.0 | - | - | 1.5 |"
 
 
+def test_forms_table_reads_the_rows_form_beside_the_row_count(tmp_path, capsys):
+    """A record keeps its forms under ``forms``, so the rows form's result and the entry's row count are two
+    fields; in a record from before, where the rows form had overwritten the row count, the count comes from the
+    plan that form recorded."""
+    import json
+
+    forms = load_tool("stack_forms")
+    plan = "4-block stack, planned for 1024 rows on cuda\nform: persistent-stack"
+    new = {"model": "mlp4", "rows": 1024, "forms": {"rows": {"p50_us": 327.6, "plan": plan}, "chain": {"p50_us": 7.5}}}
+    old = {"model": "mlp4", "rows": {"p50_us": 300.0, "plan": plan}, "chain": {"p50_us": 8.5}}
+    for name, entry, row in (("new", new, "| mlp4 | 1024 | 327.6 | 7.5 |"),
+                             ("old", old, "| mlp4 | 1024 | 300.0 | 8.5 |")):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"forms": {"rows": {}, "chain": {}}, "provenance": {"git": {"commit": "c" * 40}},
+                                    "entries": [entry]}))
+        forms.show(str(path), "rows,chain")
+        assert capsys.readouterr().out.splitlines()[2] == row
+
+
 def test_trees_runs_a_command_in_each_packed_revision_with_its_commit(tmp_path):
     """`trees.sh pack` archives a revision; `run` unpacks it and runs the command with that tree's packages
     first on the path and the revision's commit as the provenance's."""

@@ -22,6 +22,7 @@ import fnmatch
 import functools
 import json
 import os
+import re
 import statistics
 
 from backward_phases import cta_counts  # this folder: --ctas as the backward's phases take it
@@ -86,11 +87,24 @@ def show(paths: str, forms: str = "") -> None:
     for i, e in enumerate(records[0]["entries"]):
         cells = []
         for form, r, _ in columns:
-            got = r["entries"][i].get(form, {}) if i < len(r["entries"]) else {}
+            got = entry_forms(r["entries"][i]).get(form, {}) if i < len(r["entries"]) else {}
             cells.append(f"{got['p50_us']:.1f}" if "p50_us" in got else "-")
         if shown:
             cells.append("-" if floors[i] is None else f"{floors[i]:.1f}")
-        print(f"| {e['model']} | {e['rows']} | " + " | ".join(cells) + " |")
+        print(f"| {e['model']} | {entry_rows(e)} | " + " | ".join(cells) + " |")
+
+
+def entry_forms(entry: dict) -> dict:
+    """An entry's results by form: under ``forms``; records before it kept them beside ``model`` and ``rows``."""
+    return entry.get("forms", entry)
+
+
+def entry_rows(entry: dict) -> int:
+    """An entry's row count. In records before ``forms``, a timed rows form overwrote it with its result; the
+    plan the form recorded names the rows it was compiled for."""
+    if isinstance(entry["rows"], int):
+        return entry["rows"]
+    return int(re.search(r"planned for (\d+) rows", entry["rows"]["plan"]).group(1))
 
 
 def time_entry(case, rows: int, samples: int, device, forms=RUN_FORMS) -> dict:
@@ -99,11 +113,11 @@ def time_entry(case, rows: int, samples: int, device, forms=RUN_FORMS) -> dict:
     from kernellab.megakernel import models
 
     problem = models.StackProblem(case, rows)
-    entry = {"model": case.name, "rows": rows}
+    entry = {"model": case.name, "rows": rows, "forms": {}}
     for name in forms:
         form, _, cap = name.partition("@")
         with grid_capped(int(cap) if cap else None):
-            entry[name] = time_form(problem, FORMS[form], samples, device)
+            entry["forms"][name] = time_form(problem, FORMS[form], samples, device)
     return entry
 
 
@@ -173,7 +187,7 @@ def main() -> None:
             with open(path, "w") as f:
                 json.dump(record, f, indent=1)
             print(case.name, rows, {form: round(got["p50_us"], 1) if "p50_us" in got else got.get("error")
-                                    for form, got in ((f, entry[f]) for f in forms)}, flush=True)
+                                    for form, got in entry["forms"].items()}, flush=True)
 
 
 if __name__ == "__main__":
