@@ -762,6 +762,26 @@ def test_targets_are_read_from_the_section_met_and_missed():
     assert "missed: mlp4-c256-h1024-gelu rows=1" in text and "validations failed: 0" in text
 
 
+def test_show_models_only_prints_the_section_alone(tmp_path, capsys):
+    """``report --show R --models-only``: the models table and its targets without the engine table and the floor
+    line (the block a models README shows); a report without a models section is refused by name."""
+    from kernellab.megakernel import report
+
+    section = _timed(_complete_section(), {"persistent-stack": 10.0, "persistent-stack-graph": 12.0,
+                                           "block-chain-graph": 20.0, "torch-eager": 100.0,
+                                           "torch-compile-max-autotune-graph": 20.0})
+    engines = {"development": [], "assessment": []}
+    path = report.seal_and_write({**engines, "models": section}, tmp_path / "models.json")
+    assert report.main(["--show", str(path), "--models-only"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("models: stream p50") and "missed: mlp4-c256-h1024-gelu rows=1" in out
+    assert report.main(["--show", str(path)]) == 0
+    assert not capsys.readouterr().out.startswith("models:")  # in full, the engine table comes first
+    bare = report.seal_and_write(engines, tmp_path / "bare.json")
+    assert report.main(["--show", str(bare), "--models-only"]) == 1
+    assert "no models section" in capsys.readouterr().err
+
+
 def test_a_failed_contender_is_unmeasured_for_the_targets():
     section = _complete_section()
     section["entries"][0]["contenders"] = {**section["entries"][0]["contenders"],

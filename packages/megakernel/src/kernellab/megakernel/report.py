@@ -130,6 +130,8 @@ def parser() -> argparse.ArgumentParser:
                                         "entries of other row counts are kept from --resume")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--show", metavar="REPORT", help="verify a report's sha256 and print its table, then exit")
+    p.add_argument("--models-only", action="store_true", help="with --show: the models section's table and targets "
+                   "alone")
     p.add_argument("--format", default="simple", help="table format for --show (tabulate's; 'github' for READMEs)")
     p.add_argument("--plot", metavar="PNG", help="with --show: draw the report's picture (default for a run: the "
                                                  "report's path with .png, where matplotlib is installed)")
@@ -392,11 +394,13 @@ def partial_line(report: dict) -> str | None:
             f"{partial['shapes']} shapes validated, {partial['rounds_done']} of {partial['rounds']} rounds timed")
 
 
-def printout(report: dict, fmt: str = "simple") -> str:
+def printout(report: dict, fmt: str = "simple", models_only: bool = False) -> str:
     """The table of stream p50 and, where the report has it, the launch floor's line under it (and a
-    partial report's line over it); the models section's table and targets where it has one."""
-    lines = [partial_line(report), _table({k: report[k] for k in ("development", "assessment")}, fmt),
-             floor_line(report)]
+    partial report's line over it); the models section's table and targets where it has one (``models_only``:
+    those alone, the block a models README shows)."""
+    lines = [] if models_only else [partial_line(report), _table({k: report[k] for k in ("development",
+                                                                                      "assessment")}, fmt),
+                                    floor_line(report)]
     if "models" in report:  # the whole models and issue 33's targets
         from . import models
 
@@ -586,7 +590,7 @@ def read_sealed(path: str | Path) -> dict:
     return data
 
 
-def show(path: str, fmt: str, plot: str | None = None) -> int:
+def show(path: str, fmt: str, plot: str | None = None, models_only: bool = False) -> int:
     """Print a written report's table (and draw its picture to ``plot``) after checking that its sha256
     still matches its content. The READMEs' results blocks are this printout (``kernellab-bench tables``)."""
     try:
@@ -594,7 +598,10 @@ def show(path: str, fmt: str, plot: str | None = None) -> int:
     except ValueError as e:
         print(e, file=sys.stderr)
         return 1
-    print(printout(data, fmt))
+    if models_only and "models" not in data:
+        print(f"{path}: the report has no models section (run with --models)", file=sys.stderr)
+        return 1
+    print(printout(data, fmt, models_only))
     if plot:
         print(f"plot: {draw(data, plot)}", file=sys.stderr)
     return 0
@@ -603,7 +610,7 @@ def show(path: str, fmt: str, plot: str | None = None) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.show:
-        return show(args.show, args.format, args.plot)
+        return show(args.show, args.format, args.plot, args.models_only)
     if args.rounds < 1 or args.samples < 1 or args.warmup < 0:
         print("--rounds and --samples must be >= 1, --warmup >= 0", file=sys.stderr)
         return 2
