@@ -85,3 +85,19 @@ def test_the_comparison_table_explains_its_marks():
                       "than 10%", "gain: reference time / candidate time, above 1 is faster",
                       "x torch: candidate time / torch's, below 1 is faster"):
         assert explained in legend
+
+
+def test_a_fraction_far_above_the_copy_is_marked_and_explained():
+    """Past ``table.ABOVE_CEILING`` of its shape's copy a fraction is suspect (the copy was slow, not the kernel
+    fast): marked '!' in both tables, the mark explained under them; at or under it, no mark and no note."""
+    report = run_report(3)
+    for case, fraction in zip(report["cases"], (1.08, table.ABOVE_CEILING, 1.57), strict=True):
+        case["modes"]["e2e_throughput"]["ceiling_fraction"] = fraction
+    rows = table.run_table(report).splitlines()
+    assert [row.split()[-1] for row in rows if row.startswith("op_")] == ["1.08", "1.15", "1.57!"]
+    assert rows[-1] == table.ABOVE_NOTE
+    pivot = table.pivot_table({**report, "control": "torch"}, "e2e_throughput").splitlines()
+    assert [row.split()[-1] for row in pivot if row.startswith("op_")] == ["1.08", "1.15", "1.57!"]
+    assert pivot[-1] == table.ABOVE_NOTE
+    report["cases"][2]["modes"]["e2e_throughput"]["ceiling_fraction"] = 1.1
+    assert table.ABOVE_NOTE not in table.run_table(report)

@@ -17,8 +17,26 @@ def ceiling_op(report: dict) -> str | None:
     return report.get("ceiling_op", "copy")
 
 
+ABOVE_CEILING = 1.15
+"""A contender past its shape's copy by more than this is marked: a kernel that moves at least the bytes it is
+counted by cannot beat the device's copy by much (inputs rotated past the L2), so the copy is the suspect (a slow
+copy: a CUDA graph's memcpy node ran fp32 copies of 512 MB at two thirds of a kernel's rate on the H200)."""
+ABOVE_NOTE = (f"!: more than {ABOVE_CEILING - 1:.0%} above the copy of its shape: the ceiling, not the kernel, is "
+              "suspect (a slow copy)")
+
+
 def _fmt(x, spec=".2f"):
     return "-" if x is None else format(x, spec)
+
+
+def _fraction(x) -> str:
+    """A fraction of the copy ceiling, marked ``!`` past ``ABOVE_CEILING``."""
+    return _fmt(x) + ("!" if x is not None and x > ABOVE_CEILING else "")
+
+
+def _noted(rows: list[list[str]]) -> str:
+    """The note under a table where one of its fractions is marked."""
+    return "\n" + ABOVE_NOTE if any(cell.endswith("!") for row in rows for cell in row) else ""
 
 
 def run_table(report: dict, fmt: str = "simple") -> str:
@@ -32,11 +50,12 @@ def run_table(report: dict, fmt: str = "simple") -> str:
         row += [_fmt(c["modes"].get(m, {}).get("summary_us", {}).get("p50")) for m in modes]
         m = c["modes"].get(primary, {})
         row += [_fmt(ratios.get((c["name"], c["impl"])), ".3f"), _fmt(m.get("gbps"), ".1f"),
-                _fmt(m.get("ceiling_fraction"), ".2f")]
+                _fraction(m.get("ceiling_fraction"))]
         rows.append(row)
     headers = ["case", "impl", "status", *[f"{m} p50 us" for m in modes], f"x torch ({primary})", "GB/s", "of copy"]
     return (tabulate(rows, headers=headers, disable_numparse=True, tablefmt=fmt)
-            + f"\nx torch: time per call / torch's, median over rounds in {primary}; below 1 is faster than torch")
+            + f"\nx torch: time per call / torch's, median over rounds in {primary}; below 1 is faster than torch"
+            + _noted(rows))
 
 
 def pivot_table(report: dict, mode: str | None = None, fmt: str = "simple") -> str:
@@ -55,12 +74,12 @@ def pivot_table(report: dict, mode: str | None = None, fmt: str = "simple") -> s
         p50 = {i: by_impl.get(i, {}).get("summary_us", {}).get("p50") for i in impls}
         row = [name, *[_fmt(p50[i]) for i in impls]]
         row += [_fmt(p50[i] / p50[control] if p50[i] and p50[control] else None, ".3f") for i in impls[1:]]
-        row += [_fmt(by_impl.get(i, {}).get("ceiling_fraction"), ".2f") for i in impls[1:]]
+        row += [_fraction(by_impl.get(i, {}).get("ceiling_fraction")) for i in impls[1:]]
         rows.append(row)
     headers = ["case", *[f"{i} us" for i in impls], *[f"{i} / {control}" for i in impls[1:]],
                *[f"{i} of copy" for i in impls[1:]]]
     return (f"{mode} p50 per call\n" + tabulate(rows, headers=headers, disable_numparse=True, tablefmt=fmt)
-            + f"\nimpl / {control}: time per call over {control}'s; below 1 is faster than {control}")
+            + f"\nimpl / {control}: time per call over {control}'s; below 1 is faster than {control}" + _noted(rows))
 
 
 def comparison_table(report: dict, fmt: str = "simple") -> str:
