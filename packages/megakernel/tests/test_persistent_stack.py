@@ -290,6 +290,10 @@ def test_compile_planning_fuses_every_form_and_prints_one_launch():
     assert [b.why for b in plan.blocks] == ["fused: 2 hidden chunks of the one launch"] * 2
     text = str(plan)
     assert "final norm: layernorm" in text and "in the fused kernel" in text
+    assert text.splitlines()[-1].startswith(f"a call of more than {FUSED_GATED_ROWS} rows (or any rows no fused "
+                                            "form takes) runs the per-block chain: block 0 ")
+    forced = runner.describe_plan(passes.plan(blocks, rows=8, final_norm=final, fuse=True, stack_form="mma"))
+    assert forced.beyond is None and "per-block chain" not in str(forced)  # a forced form's calls stay fused
 
 
 def test_a_refused_stack_prints_the_chain_and_why():

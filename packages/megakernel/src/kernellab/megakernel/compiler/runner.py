@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from .. import stack
-from ..planning.stack import STACK_ENGINE
+from ..planning.stack import STACK_ENGINE, planned_rows_most
 from . import codegen, frontend, passes
 from .ir import TORCH_CHAIN, Program
 
@@ -46,6 +46,7 @@ class ModelPlan:
     form_reason: str
     blocks: tuple[BlockPlan, ...]
     final_norm: str | None
+    beyond: str | None = None  # a fused plan: which calls run the per-block chain instead, and on what engines
 
     def describe(self) -> dict:
         return dataclasses.asdict(self)
@@ -61,6 +62,8 @@ class ModelPlan:
         if self.final_norm is not None:
             where = "in the fused kernel" if self.form == STACK_ENGINE else "torch (no final-norm kernel)"
             lines.append(f"final norm: {self.final_norm}, {where}")
+        if self.beyond is not None:
+            lines.append(self.beyond)
         return "\n".join(lines)
 
 
@@ -93,8 +96,12 @@ def describe_plan(program: Program) -> ModelPlan:
         tile = f"{fused.tile_rows}x{fused.channels_tile} rows x channels, grid {fused.grid}"
         blocks = tuple(BlockPlan(i, _form(b), STACK_ENGINE, tile, f"fused: {chunks} hidden chunks of the one launch")
                        for i, (b, chunks) in enumerate(zip(program.blocks, fused.chunks, strict=True)))
+        most = planned_rows_most(fused)
+        beyond = None if most is None else (
+            f"a call of more than {most} rows (or any rows no fused form takes) runs the per-block chain: "
+            + ", ".join(f"block {i} {b.chosen}" for i, b in enumerate(program.blocks)))
         return ModelPlan(program.rows, program.target, STACK_ENGINE, f"{fused.summary()}; {fused.why}", blocks,
-                         program.final_norm.describe() if program.final_norm else None)
+                         program.final_norm.describe() if program.final_norm else None, beyond)
     blocks = tuple(BlockPlan(i, _form(b), b.chosen, _tile(b.plan), _why(b)) for i, b in enumerate(program.blocks))
     if program.target == "cpu":
         form, reason = "torch chain", "target 'cpu': every block in torch, with the kernels' rounding points"

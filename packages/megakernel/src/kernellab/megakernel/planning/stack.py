@@ -404,6 +404,14 @@ def call_plan(plan: StackPlan, rows: int, device: DeviceSpec) -> StackPlan | Non
     return plan
 
 
+def planned_rows_most(plan: StackPlan) -> int | None:
+    """The most rows a call of a planned (unforced) ``plan`` can run fused (``call_plan``: past them, the per-block
+    chain); None for a forced plan, whose calls stay fused."""
+    if plan.forced:
+        return None
+    return FUSED_GATED_ROWS if plan.gated else FUSED_ROWS
+
+
 def rows_form_of(plan: StackPlan, rows: int, device: DeviceSpec) -> StackPlan | None:
     """The rows-form plan with ``plan``'s packing (channels tile, chunks, gating) for a call of ``rows`` rows that
     the grid form cannot take (more row tiles than SMs: the grid barrier needs every CTA resident), or None where
