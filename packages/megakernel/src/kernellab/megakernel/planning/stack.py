@@ -13,9 +13,9 @@ Four forms:
   which makes it slower than the per-block chain at every row count measured on the H200 (``FUSED_ROWS``): it is
   forced only (tests, sweeps, a forced form's calls past its rows), and refused where the weights do not fit the L2.
   Unforced, past ``FUSED_ROWS`` rows (``FUSED_GATED_ROWS`` for a gated stack) the per-block chain serves.
-- ``grid``: for decode row counts (rows <= ``DECODE_ROWS``), where one CTA per row tile streaming every weight
-  would leave most SMs idle: the fewest row tiles that fit (16, 32 or 64 rows), each block's hidden chunks
-  spread over ``grid // row tiles`` CTAs per row tile,
+- ``grid``: planned past the mma form's rows up to ``FUSED_ROWS`` for a plain stack, where one CTA per row tile
+  streaming every weight would leave most SMs idle: the fewest row tiles that fit (16, 32 or 64 rows), each block's
+  hidden chunks spread over ``grid // row tiles`` CTAs per row tile,
   each adding its partial W2 product into the next stream buffer in global memory with fp32 atomic adds,
   and a grid-wide barrier between blocks (every CTA resident: grid <= SMs). The weights are still
   streamed once per row tile, now by all SMs together; the next block's first tiles load during the barrier.
@@ -47,7 +47,8 @@ STACK_ROW_TILES = (16, 32, 64)
 STACK_STAGES = (2, 3, 4, 6, 8)
 """Weight tiles in the ring: one is computed on while the others load (cp.async, one commit group each)."""
 DECODE_ROWS = 64
-"""Row counts up to this run the grid form where it can use more CTAs than the rows form."""
+"""Decode row counts: with a forced tile and no forced form, rows up to this take the grid form and past it the
+rows form; ``FUSED_ROWS`` is four times it."""
 THREADS_PER_16_ROWS = 128
 GEMV_ROW_TILES = (1, 2, 4, 8, 16)
 """Rows the gemv form computes at once (compile-time: a lane's accumulators, one per row and output)."""
@@ -324,8 +325,9 @@ def _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows, forced=Fa
                                      f"{device.sm_count} SMs")
     return StackPlan("grid", rows, channels, cols, tile, stages, gated, tiles * per_tile, chunks,
                      stack_smem_bytes("grid", tile, cols, stages),
-                     f"grid form (decode rows <= {DECODE_ROWS}): {per_tile} CTAs share each row tile's hidden chunks, "
-                     "so every SM streams weights; partial sums by fp32 atomics, a grid barrier between blocks")
+                     f"grid form (planned to {FUSED_ROWS} rows of a plain stack): {per_tile} CTAs share each row "
+                     "tile's hidden chunks, so every SM streams weights; partial sums by fp32 atomics, a grid "
+                     "barrier between blocks")
 
 
 def _gemv_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackPlan | Refusal:
@@ -395,8 +397,8 @@ def call_plan(plan: StackPlan, rows: int, device: DeviceSpec) -> StackPlan | Non
         got = _planned(rows, plan.channels, plan.channels_tile, plan.chunks, plan.gated, device)
         if not isinstance(got, StackPlan):
             return None
-        return plan if got.form == plan.form and got.tile_rows <= plan.tile_rows and rows <= plan.tile_rows \
-            and plan.form in MATRIX_VECTOR_FORMS else got
+        keep = plan.form in MATRIX_VECTOR_FORMS and got.form == plan.form and rows <= plan.tile_rows
+        return plan if keep else got
     if plan.form in MATRIX_VECTOR_FORMS and rows > (GEMV_ROWS if plan.form == "gemv" else MMA_ROWS):
         return rows_form_of(plan, rows, device) or plan
     if plan.form == "grid" and ceil_div(rows, plan.tile_rows) > device.sm_count:
