@@ -350,6 +350,36 @@ def test_trees_runs_a_command_in_each_packed_revision_with_its_commit(tmp_path):
     assert "kernellab-trees/HEAD/packages/kernels/src/" in module and commit == head
 
 
+def test_trees_packs_a_patch_on_its_base_as_a_commit_of_its_own(tmp_path):
+    """`trees.sh patch P` packs a tree of main with P applied, under P's name, its commit one made on main for it
+    (the tree's provenance then names what was measured); a patch that does not apply packs nothing."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs the repository's git history")
+    env = {**os.environ, "KERNELLAB_TREES": str(tmp_path / "trees")}
+    script = str(ROOT / "tools/device/trees.sh")
+    first = subprocess.run(["git", "show", "HEAD:tools/device/trees.sh"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.splitlines()[:3]
+    patch = tmp_path / "probe.patch"
+    patch.write_text("--- a/tools/device/trees.sh\n+++ b/tools/device/trees.sh\n@@ -1,3 +1,4 @@\n"
+                     f" {first[0]}\n+# probe\n {first[1]}\n {first[2]}\n")
+    subprocess.run(["bash", script, "patch", str(patch), "HEAD"], cwd=ROOT, env=env, check=True, capture_output=True)
+    rev = (tmp_path / "trees" / "probe.commit").read_text().strip()
+    parent = subprocess.run(["git", "rev-parse", f"{rev}^"], cwd=ROOT, capture_output=True, text=True).stdout
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert parent == head
+    shown = subprocess.run(["git", "show", f"{rev}:tools/device/trees.sh"], cwd=ROOT, capture_output=True, text=True)
+    assert shown.stdout.splitlines()[1] == "# probe"
+    bad = tmp_path / "bad.patch"
+    bad.write_text(patch.read_text().replace(f" {first[0]}", " no such line"))
+    got = subprocess.run(["bash", script, "patch", str(bad), "HEAD"], cwd=ROOT, env=env, capture_output=True,
+                         text=True)
+    assert got.returncode == 1 and "does not apply" in got.stderr and not (tmp_path / "trees" / "bad.zip").exists()
+
+
 def test_phases_refuse_a_row_held_by_a_cluster():
     """``backward_phases.py``: a case whose row a cluster holds has no grid barrier phase (a launch of its own sums
     its partials), so it is named before any timing; the plan is asked once per op, LayerNorm without dbias too."""

@@ -4,9 +4,12 @@
 # Plain scripts only (tools/device/*.py, pytest): kernellab-bench's workers import the harness's own tree.
 #   here:      bash tools/device/trees.sh pack REV...          .device/trees/<name>.zip and .commit per revision
 #                                                              (name: REV with each of / ~ ^ as -)
+#              bash tools/device/trees.sh patch PATCH [BASE]   a tree of BASE (default main) with PATCH applied, named
+#                                                              after the patch file, its commit one made for it on
+#                                                              BASE (no branch: BASE and the patch on main rebuild it)
 #   GPU host:  bash tools/device/trees.sh run "CMD" NAME...    (carry .device/trees) CMD in each tree, in order
 set -eu
-step=${1:?pack or run}; shift
+step=${1:?pack, patch or run}; shift
 trees=${KERNELLAB_TREES:-$PWD/.device/trees}  # where pack writes and run reads
 case "$step" in
   pack)
@@ -17,6 +20,23 @@ case "$step" in
       git rev-parse "$rev^{commit}" > "$trees/$name.commit"
     done
     du -sh "$trees" ;;
+  patch)
+    patch_file=$(realpath "${1:?the patch file}"); base=${2:-main}
+    name=$(basename "$patch_file" .patch)
+    work=$(mktemp -d)
+    git worktree add -q --detach "$work" "$base"
+    if git -C "$work" apply "$patch_file" && git -C "$work" add -A \
+        && git -C "$work" -c user.name=trees -c user.email=trees@localhost commit -qm "patch $name on $base"; then
+      rev=$(git -C "$work" rev-parse HEAD)
+    else
+      rev=""
+    fi
+    git worktree remove --force "$work"
+    [ -n "$rev" ] || { echo "$patch_file does not apply to $base" >&2; exit 1; }
+    mkdir -p "$trees"
+    git archive --format=zip -o "$trees/$name.zip" "$rev" packages tools
+    echo "$rev" > "$trees/$name.commit"
+    echo "$name: $patch_file on $base as $rev" ;;
   run)
     cmd=${1:?the command}; shift
     out=${OUT:?OUT must name the folder whose files come back}
@@ -30,5 +50,5 @@ case "$step" in
       (cd "$tree" && PYTHONPATH="$src${PYTHONPATH:+:$PYTHONPATH}" OUT="$out/$name" KERNELLAB_GIT_COMMIT=$commit \
         KERNELLAB_GIT_DIRTY=0 bash -c "$cmd") || echo "== $name: exit $?"
     done ;;
-  *) echo "unknown step $step: pack or run" >&2; exit 2 ;;
+  *) echo "unknown step $step: pack, patch or run" >&2; exit 2 ;;
 esac
