@@ -29,21 +29,25 @@ def _fmt(x, spec=".2f"):
     return "-" if x is None else format(x, spec)
 
 
+def _above(x) -> bool:
+    return x is not None and x > ABOVE_CEILING
+
+
 def _fraction(x) -> str:
     """A fraction of the copy ceiling, marked ``!`` past ``ABOVE_CEILING``."""
-    return _fmt(x) + ("!" if x is not None and x > ABOVE_CEILING else "")
+    return _fmt(x) + ("!" if _above(x) else "")
 
 
-def _noted(rows: list[list[str]]) -> str:
+def _noted(fractions) -> str:
     """The note under a table where one of its fractions is marked."""
-    return "\n" + ABOVE_NOTE if any(cell.endswith("!") for row in rows for cell in row) else ""
+    return "\n" + ABOVE_NOTE if any(_above(x) for x in fractions) else ""
 
 
 def run_table(report: dict, fmt: str = "simple") -> str:
     modes = [m for m in ALL_MODES if any(m in c["modes"] for c in report["cases"])]
     primary = primary_mode(report)
     ratios = {(r["name"], r["impl"]): r.get(primary, {}).get("native_torch_ratio") for r in report["versus_control"]}
-    rows = []
+    rows, fractions = [], []
     for c in report["cases"]:
         status = c["status"] if c["status"] == "ok" else f"{c['status']}: {c.get('reason') or ''}"[:60]
         row = [c["name"], c["impl"], status]
@@ -52,10 +56,11 @@ def run_table(report: dict, fmt: str = "simple") -> str:
         row += [_fmt(ratios.get((c["name"], c["impl"])), ".3f"), _fmt(m.get("gbps"), ".1f"),
                 _fraction(m.get("ceiling_fraction"))]
         rows.append(row)
+        fractions.append(m.get("ceiling_fraction"))
     headers = ["case", "impl", "status", *[f"{m} p50 us" for m in modes], f"x torch ({primary})", "GB/s", "of copy"]
     return (tabulate(rows, headers=headers, disable_numparse=True, tablefmt=fmt)
             + f"\nx torch: time per call / torch's, median over rounds in {primary}; below 1 is faster than torch"
-            + _noted(rows))
+            + _noted(fractions))
 
 
 def pivot_table(report: dict, mode: str | None = None, fmt: str = "simple") -> str:
@@ -69,17 +74,20 @@ def pivot_table(report: dict, mode: str | None = None, fmt: str = "simple") -> s
     for c in report["cases"]:
         if c["problem"]["op"] != ceiling:
             cells.setdefault(c["name"], {})[c["impl"]] = c["modes"].get(mode, {})
-    rows = []
+    rows, fractions = [], []
     for name, by_impl in cells.items():
         p50 = {i: by_impl.get(i, {}).get("summary_us", {}).get("p50") for i in impls}
         row = [name, *[_fmt(p50[i]) for i in impls]]
         row += [_fmt(p50[i] / p50[control] if p50[i] and p50[control] else None, ".3f") for i in impls[1:]]
-        row += [_fraction(by_impl.get(i, {}).get("ceiling_fraction")) for i in impls[1:]]
+        shares = [by_impl.get(i, {}).get("ceiling_fraction") for i in impls[1:]]
+        row += [_fraction(x) for x in shares]
         rows.append(row)
+        fractions += shares
     headers = ["case", *[f"{i} us" for i in impls], *[f"{i} / {control}" for i in impls[1:]],
                *[f"{i} of copy" for i in impls[1:]]]
     return (f"{mode} p50 per call\n" + tabulate(rows, headers=headers, disable_numparse=True, tablefmt=fmt)
-            + f"\nimpl / {control}: time per call over {control}'s; below 1 is faster than {control}" + _noted(rows))
+            + f"\nimpl / {control}: time per call over {control}'s; below 1 is faster than {control}"
+            + _noted(fractions))
 
 
 def comparison_table(report: dict, fmt: str = "simple") -> str:

@@ -398,9 +398,10 @@ def printout(report: dict, fmt: str = "simple", models_only: bool = False) -> st
     """The table of stream p50 and, where the report has it, the launch floor's line under it (and a
     partial report's line over it); the models section's table and targets where it has one (``models_only``:
     those alone, the block a models README shows)."""
-    lines = [] if models_only else [partial_line(report), _table({k: report[k] for k in ("development",
-                                                                                      "assessment")}, fmt),
-                                    floor_line(report)]
+    lines = []
+    if not models_only:
+        engines = {k: report[k] for k in ("development", "assessment")}
+        lines = [partial_line(report), _table(engines, fmt), floor_line(report)]
     if "models" in report:  # the whole models and issue 33's targets
         from . import models
 

@@ -238,7 +238,7 @@ def _choose(blocks, rows: int, device: DeviceSpec, form: str | None, tile_rows: 
     if form is None and tile_rows is None:
         return _planned(rows, channels, cols, chunks, gated, device)
     if form == "grid" or form is None and rows <= DECODE_ROWS:
-        got = _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows, forced=form == "grid")
+        got = _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows)
         if form == "grid" or isinstance(got, StackPlan):
             return got
         rows_form = _rows_plan(rows, channels, cols, chunks, gated, device, tile_rows, weight_bytes)
@@ -255,14 +255,16 @@ def _planned(rows, channels, cols, chunks, gated, device) -> StackPlan | Refusal
     got = _matrix_vector_plan(rows, channels, cols, chunks, gated, device)
     if got is not None:
         return got
-    if gated and rows > FUSED_GATED_ROWS:
-        return Refusal(STACK_ENGINE, f"{rows} rows of a gated stack, past the {FUSED_GATED_ROWS} a fused form takes "
-                                     "unforced: the per-block chain was faster there on the H200")
-    if rows > FUSED_ROWS:
-        return Refusal(STACK_ENGINE, f"{rows} rows, past the {FUSED_ROWS} a fused form takes unforced: the "
-                                     "per-block chain was faster there on the H200 (the rows form streams every "
-                                     "weight through one SM a row tile)")
+    most = fused_rows_most(gated)
+    if rows > most:
+        return Refusal(STACK_ENGINE, f"{rows} rows{' of a gated stack' if gated else ''}, past the {most} a fused "
+                                     "form takes unforced: the per-block chain was faster there on the H200")
     return _grid_plan(rows, channels, cols, chunks, gated, device, None)
+
+
+def fused_rows_most(gated: bool) -> int:
+    """The most rows planning fuses a stack at (``FUSED_GATED_ROWS`` for a gated one, ``FUSED_ROWS``)."""
+    return FUSED_GATED_ROWS if gated else FUSED_ROWS
 
 
 STREAM_BALANCE_ROWS = 48
@@ -301,15 +303,12 @@ def _rows_plan(rows, channels, cols, chunks, gated, device, tile_rows, weight_by
                      "memory through every block, no grid barrier")
 
 
-def _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows, forced=False) -> StackPlan | Refusal:
+def _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackPlan | Refusal:
     """The fewest row tiles whose operand tile and a ring of two weight tiles fit (each row tile's CTAs stream
     every weight once, and a decode tile's products cost little), the smallest such tile; as many CTAs per row
     tile as fit on the SMs (one CTA an SM, all resident for the grid barrier) and have a chunk of the widest
-    block; and the deepest ring that fits (up to 8 tiles). Unforced, refused past 4 x ``DECODE_ROWS`` rows;
-    ``forced`` (``form='grid'``) takes any rows whose tiles leave 2 CTAs a tile or more, to time it there."""
-    if rows > DECODE_ROWS * 4 and not forced:
-        return Refusal(STACK_ENGINE, f"grid form: {rows} rows is past decode row counts; the atomic partial sums "
-                                     f"grow with the rows")
+    block; and the deepest ring that fits (up to 8 tiles). Any rows whose tiles leave 2 CTAs a tile or more
+    (planning caps the rows it plans the form at: ``_planned``; forced, it times the form anywhere)."""
     options = [t for t in STACK_ROW_TILES if (tile_rows is None or t == tile_rows)
                and _most_stages("grid", t, cols, device, 8) is not None]
     if not options:
@@ -409,9 +408,7 @@ def call_plan(plan: StackPlan, rows: int, device: DeviceSpec) -> StackPlan | Non
 def planned_rows_most(plan: StackPlan) -> int | None:
     """The most rows a call of a planned (unforced) ``plan`` can run fused (``call_plan``: past them, the per-block
     chain); None for a forced plan, whose calls stay fused."""
-    if plan.forced:
-        return None
-    return FUSED_GATED_ROWS if plan.gated else FUSED_ROWS
+    return None if plan.forced else fused_rows_most(plan.gated)
 
 
 def rows_form_of(plan: StackPlan, rows: int, device: DeviceSpec) -> StackPlan | None:
