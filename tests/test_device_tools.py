@@ -324,6 +324,29 @@ def test_forms_table_reads_the_rows_form_beside_the_row_count(tmp_path, capsys):
         assert capsys.readouterr().out.splitlines()[2] == row
 
 
+def test_copy_ceiling_reads_a_run_against_the_fastest_copy_of_each_shape():
+    """``copy_ceiling.py --show COPY --against RUN``: each contender's GB/s (the report's own, by minimum bytes) over
+    the fastest copy the record timed at the same shape and dtype (any copy, any clock), beside the report's own
+    fraction; the run's ceiling cases and shapes the record did not time are left out."""
+    tool = load_tool("copy_ceiling")
+    records = [{"shape": "64x32", "dtype": "float32", "copy": "memcpy", "clock": "graph", "gbps": 2000.0},
+               {"shape": "64x32", "dtype": "float32", "copy": "mul-kernel", "clock": "stream", "gbps": 4000.0},
+               {"shape": "64x32", "dtype": "bfloat16", "copy": "memcpy", "clock": "graph", "gbps": 3000.0}]
+
+    def case(op, shape, dtype, gbps, own):
+        return {"name": f"{op}_{shape}_{dtype}", "impl": "cute", "modes": {"graph_throughput": {
+                "gbps": gbps, "ceiling_fraction": own}},
+                "problem": {"op": op, "shape": [int(v) for v in shape.split("x")], "dtype": dtype}}
+
+    run = {"ceiling_op": "copy", "cases": [case("copy", "64x32", "fp32", 2000.0, 1.0),
+                                           case("rmsnorm", "64x32", "fp32", 3000.0, 1.5),
+                                           case("rmsnorm", "64x32", "bf16", 2700.0, 0.9),
+                                           case("rmsnorm", "128x32", "fp32", 100.0, 0.5)]}
+    rows = tool.against(records, run, "graph_throughput").splitlines()[2:]
+    assert rows == ["| rmsnorm_64x32_fp32 | cute | 3000 | 1.50 | 0.75 |",
+                    "| rmsnorm_64x32_bf16 | cute | 2700 | 0.90 | 0.90 |"]
+
+
 def test_trees_runs_a_command_in_each_packed_revision_with_its_commit(tmp_path):
     """`trees.sh pack` archives a revision; `run` unpacks it and runs the command with that tree's packages
     first on the path and the revision's commit as the provenance's."""

@@ -7,6 +7,8 @@ graph a stable ceiling, or one that a kernel reading and writing the same bytes 
     python3 tools/device/copy_ceiling.py [--shapes 16384x8192,8192x16384,65536x1024] [--dtypes float32,bfloat16]
                                          [--rounds 3] [--calls 20]
     python3 tools/device/copy_ceiling.py --show reports/h200/norm-backward/copy-ceiling.json
+    python3 tools/device/copy_ceiling.py --show COPY.json --against RUN.json [--mode graph_throughput]
+        (each contender of a harness run report against the fastest copy of its shape and dtype in COPY.json)
 
 Writes $OUT/copy-ceiling.json (the harness's provenance, then a record per shape, dtype, copy and clock: the
 median over rounds of GB/s by bytes read plus written) and prints a table of it last.
@@ -63,6 +65,30 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # the harness's dtype names, torch's
+
+
+def against(records: list[dict], run: dict, mode: str) -> str:
+    """A harness run report's contenders at the shapes ``records`` timed: GB/s by the problem's minimum bytes (the
+    report's own ``gbps``) over the fastest copy of the same shape and dtype among ``records``, beside the report's
+    own ``ceiling_fraction`` (its copy)."""
+    best: dict[tuple, float] = {}
+    for r in records:
+        key = (r["shape"], r["dtype"])
+        best[key] = max(best.get(key, 0.0), r["gbps"])
+    lines = [f"| case | impl | {mode} GB/s | of the report's copy | of the fastest copy here |",
+             "|---|---|---|---|---|"]
+    for c in run["cases"]:
+        p, m = c["problem"], c["modes"].get(mode, {})
+        key = ("x".join(map(str, p["shape"])), DTYPES.get(p["dtype"], p["dtype"]))
+        if p["op"] == run.get("ceiling_op", "copy") or key not in best or "gbps" not in m:
+            continue
+        own = m.get("ceiling_fraction")
+        lines.append(f"| {c['name']} | {c['impl']} | {m['gbps']:.0f} | {'-' if own is None else f'{own:.2f}'} | "
+                     f"{m['gbps'] / best[key]:.2f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="16384x8192,8192x16384,65536x1024")
@@ -70,9 +96,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=20, help="copies a timing, each on the next rotated pair")
     ap.add_argument("--show", metavar="JSON", help="print a written record's table, then exit")
+    ap.add_argument("--against", metavar="RUN", help="with --show: a harness run report read against the record")
+    ap.add_argument("--mode", default="graph_throughput", help="with --against: the report's mode")
     args = ap.parse_args()
     if args.show:
-        print(table(json.load(open(args.show))["records"]))
+        records = json.load(open(args.show))["records"]
+        if args.against:
+            print(against(records, json.load(open(args.against)), args.mode))
+        else:
+            print(table(records))
         return
     import torch
 
