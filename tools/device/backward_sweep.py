@@ -12,6 +12,7 @@ prints one line per case: each plan as a fraction of the copy ceiling.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fnmatch
 import functools
 import json
@@ -19,13 +20,13 @@ import os
 import statistics
 
 SHAPES = [(16384, 8192), (8192, 16384), (65536, 1024), (768, 6144), (1024, 4096), (256, 3072), (37, 1537)]
-PLAN_LABELS = ("B0", "B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9")
+PLAN_LABELS = ("B0", "B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10", "B11", "B12", "B13")
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
 def plans() -> dict:
     """The sweep's Tuning plans by label (B0: the kernels' own backward plan)."""
-    from kernellab.kernels.gpu.base import Tuning
+    from kernellab.kernels.gpu.base import BACKWARD, WIDE_BACKWARD, Tuning
 
     return {
         "B0": None,  # the kernels' own plan (BACKWARD, or WIDE_BACKWARD for 16-bit norm rows from WIDE_BACKWARD_N)
@@ -41,6 +42,12 @@ def plans() -> dict:
         # B0 under a launch bound of 4 CTAs an SM: at N = 1024 the 16-bit LayerNorm's 168 registers leave 3
         # 128-thread CTAs an SM; bound to 128 (8 B of stack for LayerNorm, none for RMSNorm; sm_90a)
         "B9": Tuning(accesses=2, register_values=16, resident_threads=0, tile_values=0, ctas_per_sm=4),
+        # BACKWARD (B10, B11) and WIDE_BACKWARD (B12, B13) reading held rows through a shared-memory ring filled by
+        # cp.async 2 or 3 row blocks ahead (Tuning.ring_stages): more bytes in flight an SM than the registers hold
+        "B10": dataclasses.replace(BACKWARD, ring_stages=3),
+        "B11": dataclasses.replace(BACKWARD, ring_stages=4),
+        "B12": dataclasses.replace(WIDE_BACKWARD, ring_stages=3),
+        "B13": dataclasses.replace(WIDE_BACKWARD, ring_stages=4),
     }
 
 

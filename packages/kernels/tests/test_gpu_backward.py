@@ -180,6 +180,52 @@ def test_many_rows_loop_the_persistent_grid(shape, dtype):
     check_vector(db, want[2], dtype, shape[0], "dbias")
 
 
+@pytest.mark.parametrize("n", [96, 1000, 1024, 8192, 16384])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_ring_of_row_blocks(n, dtype, stages):
+    """Held rows read through a shared-memory ring that cp.async fills ahead (``Tuning.ring_stages``): on a
+    grid of a few CTAs (each visits many row blocks, wrapping the ring many times), the full wave, and a row
+    count that leaves the last blocks partly past M; N with and without column predicates, a row over a
+    cluster (16384)."""
+    import dataclasses
+
+    from kernellab.kernels.gpu.base import BACKWARD, WIDE_BACKWARD
+
+    name = str(dtype).removeprefix("torch.")
+    vec = compiler.widest_vector(n, name)
+    wide = dtype != torch.float32 and n >= 8192
+    tuning = dataclasses.replace(WIDE_BACKWARD if wide else BACKWARD, ring_stages=stages)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for op in ("rmsnorm_backward", "layernorm_backward"):
+        variant = compiler.Variant(op, name, n, vec, weight=name, bias=name if op == "layernorm_backward" else None,
+                                   tuning=tuning)
+        assert variant.kernel().ring, variant.kernel().describe()
+        fn = compiler.call_of(compiler.compiled(variant))
+        rows_per_cta, per_wave = compiler.wave(variant, sms)
+        for m, grid in ((37 * rows_per_cta - 1, 3), (5 * per_wave * rows_per_cta + 3, per_wave)):
+            x = torch.randn(m, n, device="cuda").to(dtype)
+            w, b = vector(x, "x", 1), vector(x, "x", 2, shift=0.0)
+            dy = torch.randn_like(x)
+            xf = x.float()
+            mean = xf.mean(-1)
+            dx = torch.full_like(x, float("nan"))
+            pw, dw = torch.empty(grid * rows_per_cta, n, device="cuda"), torch.full_like(w, float("nan"))
+            sync = ops._grid_sync(x.device)
+            if op == "rmsnorm_backward":
+                rstd = torch.rsqrt(xf.pow(2).mean(-1) + 1e-6)
+                fn(x, w, dy, rstd, None, dx, pw, dw, sync, grid)
+                want = grads64(lambda a, c: reference.rmsnorm(a, c, 1e-6)[0], (x, w), dy)
+            else:
+                rstd = torch.rsqrt((xf - mean[:, None]).pow(2).mean(-1) + 1e-5)
+                pb, db = torch.empty_like(pw), torch.full_like(w, float("nan"))
+                fn(x, w, dy, mean, rstd, dx, pw, pb, dw, db, sync, grid)
+                want = grads64(lambda a, c, d: reference.layernorm(a, c, d, 1e-5), (x, w, b), dy)
+                check_vector(db, want[2], dtype, m, f"{op} dbias (m={m}, grid={grid})")
+            check(dx, want[0], dtype, f"{op} dx (m={m}, grid={grid})")
+            check_vector(dw, want[1], dtype, m, f"{op} dweight (m={m}, grid={grid})")
+
+
 @pytest.mark.parametrize("shape", [(65536, 1024), (50000, 1537), (30011, 96)])
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
 def test_many_partial_rows_are_summed_by_every_warp_of_a_cta(shape, dtype):

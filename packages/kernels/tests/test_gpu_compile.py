@@ -119,6 +119,45 @@ def test_resident_ctas_matches_the_occupancy_calculator():
     assert compiler.resident_ctas(128, 0) == 16  # no register limit: the thread limit
     assert compiler.resident_ctas(32, 16) == 32  # the CTA limit
     assert compiler.resident_ctas(1024, 255) == 0
+    # a ring of row blocks in shared memory (228 KiB an SM, 1 KiB reserved a CTA, WARP_SHARED a warp): 4 warps and
+    # 50 KiB: 55 KiB a CTA, 4 an SM where the registers would hold 8
+    assert compiler.resident_ctas(128, 64, ring_bytes=50 << 10) == 4
+    assert compiler.resident_ctas(128, 64, ring_bytes=8 << 10) == 8  # the registers bind first
+
+
+@pytest.mark.parametrize("op", ["rmsnorm_backward", "layernorm_backward"])
+@pytest.mark.parametrize("dtype,n,stages", [("bfloat16", 1024, 3), ("bfloat16", 1024, 4), ("float16", 1000, 3),
+                                            ("bfloat16", 16384, 4), ("float32", 4096, 3), ("bfloat16", 1537, 3)])
+def test_ring_of_row_blocks_compiles_without_spills(tmp_path, monkeypatch, op, dtype, n, stages):
+    """A held row's ring (``Tuning.ring_stages``): as deep as asked where RING_BYTES holds it, none for 2-byte
+    accesses (cp.async moves 4, 8 or 16 bytes); for sm_90a without a stack frame; its shared memory in the
+    grid's CTAs an SM (``compiler.wave``)."""
+    import dataclasses
+
+    from kernellab.kernels.gpu.base import BACKWARD, RING_BYTES, WIDE_BACKWARD
+
+    monkeypatch.setenv("KERNELLAB_CUTE_CACHE", str(tmp_path))
+    wide = dtype != "float32" and n >= 8192
+    tuning = dataclasses.replace(WIDE_BACKWARD if wide else BACKWARD, ring_stages=stages)
+    vec = compiler.widest_vector(n, dtype)
+    variant = Variant(op, dtype, n, vec, weight=dtype, bias=dtype if op == "layernorm_backward" else None,
+                      tuning=tuning)
+    kernel = variant.kernel()
+    plan = kernel.describe()
+    if vec * {"float32": 32}.get(dtype, 16) < 32:
+        assert plan["ring_stages"] == 0 and plan["ring_bytes"] == 0
+        return
+    expected = min(stages, RING_BYTES // kernel.ring_stage_bytes())
+    assert plan["ring_stages"] == (expected if expected >= 2 else 0) and plan["ring_stages"] >= 2
+    assert plan["ring_bytes"] == plan["ring_stages"] * kernel.ring_stage_bytes() <= RING_BYTES
+    assert f"-r{stages}" in variant.name
+    variant.compile("sm_90a")
+    res = compiler._RESOURCES[variant]
+    assert res.stack_bytes == 0 and res.registers <= 255
+    _, per_wave = compiler.wave(variant, 132)
+    by_registers = compiler.resident_ctas(plan["num_threads"], res.registers)
+    assert per_wave == 132 * compiler.resident_ctas(plan["num_threads"], res.registers, plan["ring_bytes"]) \
+        // plan["cluster"] <= 132 * by_registers // plan["cluster"]
 
 
 @pytest.mark.parametrize("m,rows_per_cta,per_wave,element_size,grid", [

@@ -40,6 +40,8 @@ class Tuning:
     # passes after the first re-read x, mostly from L2, for fewer registers and more rows in flight); 0: stream
     # only rows that overflow a cluster's registers; None: the kernel's rule (RowKernel.stream_values)
     max_threads_per_row: int = 512  # one CTA's share of a row; 512 keeps two or more CTAs resident per SM
+    ring_stages: int = 0  # a persistent backward's held rows: a shared-memory ring of this many row blocks, filled
+    # by cp.async ring_stages - 1 blocks ahead (GradKernel.row_source); 0: the next block in registers
 
 # The backward kernels hold two row tensors (x or y, and dy) and fp32 accumulators of the vector gradients:
 # 16 values per thread and tensor (two 128-bit accesses of a 16-bit row, four of an fp32 row); a longer row is
@@ -59,6 +61,10 @@ PARTIAL_ROWS_IN_FLIGHT = 4
 # at 65536x1024 (256 groups of 4 over 396 CTAs) 4 leaves one group a CTA, so twice the CTAs have work as at 8, each
 # lane loading half as much a row (LayerNorm's two pairs: 4 loads a row where 8 gave 8).
 SPREAD_BATCH_VALUES = 4
+# Shared memory a CTA's ring of row blocks takes at most (``Tuning.ring_stages``): 4 stages of a wide 16-bit row
+# (a wide 16-bit row's CTA of 256 threads holds one an SM by its registers alone); the grid counts the ring in the
+# CTAs an SM holds (``compiler.resident_ctas``).
+RING_BYTES = 160 << 10
 
 ADD = operator.add
 
@@ -416,6 +422,23 @@ class GradKernel(RowKernel):
         # them already: then each row re-reads the weight (an L1 hit) and the sums live in shared memory, each
         # thread's own slots, rather than spill.
         self.spare_registers = self.num_threads <= 256
+        self.ring = self.ring_depth()
+
+    def ring_depth(self) -> int:
+        """Stages of the held rows' shared-memory ring (``Tuning.ring_stages``, as many as ``RING_BYTES`` holds of
+        the two row tensors' blocks), or 0: streamed rows, accesses narrower than cp.async's 4 bytes, or room for
+        fewer than two stages keep the register prefetch."""
+        if not self.tuning.ring_stages or self.tiles > 1 or self.vec * self.dtype.width < 32:
+            return 0
+        stages = min(self.tuning.ring_stages, RING_BYTES // self.ring_stage_bytes())
+        return stages if stages >= 2 else 0
+
+    def ring_stage_bytes(self) -> int:
+        """One ring stage: a block of the two row tensors and each thread's slots of two row values."""
+        return 2 * self.rows_per_cta * self.tile_cols * self.dtype.width // 8 + 2 * 4 * self.num_threads
+
+    def describe(self) -> dict:
+        return super().describe() | {"ring_stages": self.ring, "ring_bytes": self.ring * self.ring_stage_bytes()}
 
     def __repr__(self) -> str:
         return f"{super().__repr__()}{'_spread' if self.spread_sum else ''}"
@@ -633,6 +656,91 @@ class GradKernel(RowKernel):
             frag.fill(0.0)
             if row_ok:
                 self._copy_chunks(self.part(thr, src, block, tile), frag, cols)
+
+    @cute.jit
+    def row_source(self, thr, tensors, row_tensors, rows, bidx, first, cols, grid):
+        """Start reading this CTA's held row blocks ``bidx, bidx + grid, ...`` of two row tensors (x or y, dy) and
+        their (M,) fp32 row values (rstd, mean): a register copy of the next block (``prefetch``), or a ring of
+        ``self.ring`` blocks in shared memory that cp.async fills ``ring - 1`` blocks ahead, more bytes in flight
+        an SM than registers hold. ``next_row`` takes the blocks in order."""
+        if const_expr(self.ring == 0):
+            frags = [cute.make_rmem_tensor_like(self.part(thr, t, 0, 0)) for t in tensors]
+            stats = cute.make_rmem_tensor(cute.make_layout(len(row_tensors)), Float32)
+            self.prefetch(thr, tensors, frags, rows, bidx, first, cols)
+            self.prefetch_row_values(thr, row_tensors, stats, rows, bidx)
+            return frags, stats
+        smem = SmemAllocator()
+        layout = cute.make_ordered_layout((*self.tiler, self.ring), order=(1, 0, 2))
+        rings = [smem.allocate_tensor(self.dtype, layout, byte_alignment=16) for _ in tensors]
+        stats = smem.allocate_tensor(Float32, cute.make_layout((self.num_threads, len(row_tensors), self.ring)),
+                                     byte_alignment=16)
+        for s in cutlass.range_constexpr(self.ring - 1):
+            self.ring_issue(thr, tensors, row_tensors, rings, stats, rows, bidx + s * grid, s, first, cols)
+        return rings, stats
+
+    @cute.jit
+    def ring_issue(self, thr, tensors, row_tensors, rings, stats, rows, block, stage, first, cols):
+        """cp.async of row block ``block`` (nothing past M) into ring stage ``stage``: each thread its own columns
+        and its row's values, so it alone reads them back (no CTA barrier); one commit group a block, empty or not."""
+        row_ok, _ = self.predicates(thr, rows, block, first)
+        if row_ok:
+            bits = self.vec * self.dtype.width
+            modes = cute.nvgpu.cpasync.LoadCacheMode
+            mode = modes.GLOBAL if const_expr(bits == 128) else modes.ALWAYS  # .cg takes 16 bytes only
+            atom = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cache_mode=mode), self.dtype,
+                                       num_bits_per_copy=bits)
+            for src, ring in zip(tensors, rings, strict=True):
+                g, r = self.part(thr, src, block, first), self.part(thr, ring[None, None, stage], 0, 0)
+                for k in cutlass.range_constexpr(self.chunks):
+                    if const_expr(cols is None):
+                        cute.copy(atom, g[None, 0, k], r[None, 0, k])
+                    else:
+                        if cols[k]:
+                            cute.copy(atom, g[None, 0, k], r[None, 0, k])
+            word = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(), Float32, num_bits_per_copy=32)
+            row = self.row_coord(thr, rows, block, 0)[0]
+            tidx, _, _ = cute.arch.thread_idx()
+            for i, src in enumerate(row_tensors):
+                cute.copy(word, cute.local_tile(src, (1,), (row,)), cute.local_tile(stats[tidx, i, None], (1,),
+                                                                                    (stage,)))
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def next_row(self, thr, source, tensors, row_tensors, rows, block, visit, grid, first, cols, terms):
+        """``terms(values, row_values)`` of this CTA's ``visit``-th row block ``block``: the row tensors' values in
+        fp32 (zeros past M and N) and its row values (1.0 past M); and the read of a later block issued. With the
+        register prefetch ``terms`` runs before the next block's loads overwrite the registers, as the kernels'
+        own code did before the ring (the same cubins)."""
+        frags, stats = source
+        if const_expr(self.ring == 0):
+            found = terms([f.load().to(Float32) for f in frags], [stats[i] for i, _ in enumerate(row_tensors)])
+            self.prefetch(thr, tensors, frags, rows, block + grid, first, cols)
+            self.prefetch_row_values(thr, row_tensors, stats, rows, block + grid)
+            return found
+        # the stage refilled here was read into registers (and used) at the previous visit
+        ahead = self.ring - 1
+        self.ring_issue(thr, tensors, row_tensors, frags, stats, rows, block + ahead * grid,
+                        (visit + ahead) % self.ring, first, cols)
+        cute.arch.cp_async_wait_group(ahead)  # this block's group is complete
+        stage = visit % self.ring
+        row_ok, _ = self.predicates(thr, rows, block, first)
+        tidx, _, _ = cute.arch.thread_idx()
+        values = []
+        for ring in frags:
+            held = self.part(thr, ring[None, None, stage], 0, 0)
+            frag = cute.make_rmem_tensor_like(held)
+            cute.autovec_copy(held, frag)
+            if not row_ok:
+                frag.fill(0.0)
+            self.zero_out_of_range(frag, cols)
+            values.append(frag.load().to(Float32))
+        row_values = []
+        for i in cutlass.range_constexpr(len(row_tensors)):
+            value = Float32(1.0)
+            if row_ok:
+                value = stats[tidx, i, stage]
+            row_values.append(value)
+        return terms(values, row_values)
 
     @cute.jit
     def prefetch_row_values(self, thr, tensors, frag, rows, block):

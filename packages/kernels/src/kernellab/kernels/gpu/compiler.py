@@ -64,6 +64,7 @@ class Variant:
                  f"{f'-c{t.ctas_per_sm}' if t.ctas_per_sm else ''}"
                  f"{f'-s{t.tile_values}' if t.tile_values is not None else ''}"
                  f"{f'-p{t.max_threads_per_row}' if t.max_threads_per_row != type(t).max_threads_per_row else ''}"
+                 f"{f'-r{t.ring_stages}' if t.ring_stages else ''}"
                  if t else "")
         stats = "_stats" if self.stats else ""
         spread = "_spread" if self.spread_sum else ""
@@ -211,15 +212,19 @@ def cubin_resources(cubin: bytes) -> Resources:
 
 # Hopper's (sm_90) per-SM limits, as the occupancy calculator applies them.
 SM_THREADS, SM_CTAS, SM_REGISTERS, REGISTER_UNIT = 2048, 32, 65536, 256
+SM_SHARED, CTA_SHARED_RESERVED, WARP_SHARED = 228 << 10, 1 << 10, 1 << 10
 
 
-def resident_ctas(threads: int, registers: int) -> int:
-    """CTAs of ``threads`` threads at ``registers`` per thread that fit on one SM at once. Shared memory is
-    not the limit for the row kernels: they keep one fp32 per warp and row there, a few mbarriers, and the
-    partials' sum's staging of at most 1 KB a warp (``base.GradKernel.reduce_partials``)."""
+def resident_ctas(threads: int, registers: int, ring_bytes: int = 0) -> int:
+    """CTAs of ``threads`` threads at ``registers`` per thread that fit on one SM at once. Shared memory
+    limits only a backward with a ring of row blocks (``ring_bytes``, ``base.GradKernel.row_source``): besides
+    it the row kernels keep one fp32 per warp and row there, a few mbarriers, and the partials' sum's staging of
+    at most 1 KB a warp (``base.GradKernel.reduce_partials``), counted here as ``WARP_SHARED`` a warp."""
     warps = -(-threads // 32)
     per_warp = -(-registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
-    return min(SM_CTAS, SM_THREADS // (warps * 32), SM_REGISTERS // (per_warp * warps) if registers else SM_CTAS)
+    by_shared = SM_SHARED // (ring_bytes + warps * WARP_SHARED + CTA_SHARED_RESERVED) if ring_bytes else SM_CTAS
+    return min(SM_CTAS, SM_THREADS // (warps * 32), by_shared,
+               SM_REGISTERS // (per_warp * warps) if registers else SM_CTAS)
 
 
 class Plans:
@@ -280,7 +285,9 @@ def wave(variant: Variant, sms: int) -> tuple[int, int]:
     variant: the grid of a persistent kernel. One CTA per SM where the registers are unknown (no cubin)."""
     plan = variant.kernel().describe()
     res = _RESOURCES.get(variant)
-    per_sm = resident_ctas(plan["num_threads"], res.registers) if res and res.registers else 1
+    per_sm = 1
+    if res and res.registers:
+        per_sm = resident_ctas(plan["num_threads"], res.registers, plan.get("ring_bytes", 0))
     return plan["rows_per_cta"], max(1, sms * per_sm // plan["cluster"])
 
 

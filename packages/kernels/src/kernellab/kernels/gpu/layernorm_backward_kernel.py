@@ -58,19 +58,13 @@ class LayerNormBackward(GradKernel):
             w = self.load_vector(thr, gW, first, cols)
         dw, db = self.accumulator(thr, mDW), self.accumulator(thr, mDB)
         if const_expr(self.tiles == 1):
-            frags = [cute.make_rmem_tensor_like(self.part(thr, t, 0, 0)) for t in (mX, mDY)]
-            stats = cute.make_rmem_tensor(cute.make_layout(2), Float32)
-            self.prefetch(thr, (mX, mDY), frags, rows, bidx, first, cols)
-            self.prefetch_row_values(thr, (mMean, mRstd), stats, rows, bidx)
+            source = self.row_source(thr, (mX, mDY), (mMean, mRstd), rows, bidx, first, cols, grid)
             for block in cutlass.range(bidx, blocks, grid):
                 visit = (block - bidx) // grid
                 stage = visit % 2 * 2
-                mean, rstd = stats[0], stats[1]
                 row_ok, _ = self.predicates(thr, rows, block, first)
-                x = (frags[0].load().to(Float32) - mean) * rstd
-                dy = frags[1].load().to(Float32)
-                self.prefetch(thr, (mX, mDY), frags, rows, block + grid, first, cols)
-                self.prefetch_row_values(thr, (mMean, mRstd), stats, rows, block + grid)
+                x, dy, rstd = self.next_row(thr, source, (mX, mDY), (mMean, mRstd), rows, block, visit, grid, first,
+                                            cols, lambda v, r: ((v[0] - r[0]) * r[1], v[1], r[1]))
                 row_w = w if const_expr(self.spare_registers) else self.load_vector(thr, gW, first, cols)
                 g = dy if const_expr(row_w is None) else dy * row_w
                 sum_g, sum_gx = self.row_reduce((g.reduce(cute.ReductionOp.ADD, 0.0, 0),

@@ -55,19 +55,13 @@ class RMSNormBackward(GradKernel):
             w = self.load_vector(thr, gW, first, cols)
         dw = self.accumulator(thr, mDW)
         if const_expr(self.tiles == 1):
-            frags = [cute.make_rmem_tensor_like(self.part(thr, t, 0, 0)) for t in (mX, mDY)]
-            stats = cute.make_rmem_tensor(cute.make_layout(1), Float32)
-            self.prefetch(thr, (mX, mDY), frags, rows, bidx, first, cols)
-            self.prefetch_row_values(thr, (mRstd,), stats, rows, bidx)
+            source = self.row_source(thr, (mX, mDY), (mRstd,), rows, bidx, first, cols, grid)
             for block in cutlass.range(bidx, blocks, grid):
                 visit = (block - bidx) // grid
                 half = visit % 2
-                rstd = stats[0]
                 row_ok, _ = self.predicates(thr, rows, block, first)
-                x = frags[0].load().to(Float32) * rstd
-                dy = frags[1].load().to(Float32)
-                self.prefetch(thr, (mX, mDY), frags, rows, block + grid, first, cols)
-                self.prefetch_row_values(thr, (mRstd,), stats, rows, block + grid)
+                x, dy, rstd = self.next_row(thr, source, (mX, mDY), (mRstd,), rows, block, visit, grid, first, cols,
+                                            lambda v, r: (v[0] * r[0], v[1], r[0]))
                 row_w = w if const_expr(self.spare_registers) else self.load_vector(thr, gW, first, cols)
                 g = dy if const_expr(row_w is None) else dy * row_w
                 dot = self.row_reduce((g * x).reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, half, buffer, mbar,
