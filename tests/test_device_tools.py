@@ -280,7 +280,7 @@ def test_stack_phase_probes_compile_out_their_methods_in_both_forms(monkeypatch)
 
 def test_forms_table_puts_revisions_side_by_side_and_the_floor_where_recorded(tmp_path, capsys):
     """``stack_forms.py --show A,B``: each chosen form's column per record (labelled by its commit) where that record
-    has the form, a failed form as '-', and the weight floor column only when the first record measured it."""
+    has the form, a failed form as '-', and the weight floor column only when a record measured it."""
     import json
 
     forms = load_tool("stack_forms")
@@ -297,12 +297,35 @@ def test_forms_table_puts_revisions_side_by_side_and_the_floor_where_recorded(tm
     new.write_text(json.dumps(record("b", ("grid", "gemv", "cluster"), {"error": "failed validation"}, 1.5)))
     forms.show(f"{old},{new}", "gemv,cluster")
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "| model | rows | gemv us @aaaaaaa | gemv us @bbbbbbb | cluster us @bbbbbbb |"
-    assert lines[2] == "| mlp4 | 1 | 31.4 | - | - |"
+    assert lines[0] == "| model | rows | gemv us @aaaaaaa | gemv us @bbbbbbb | cluster us @bbbbbbb | weight floor us |"
+    assert lines[2] == "| mlp4 | 1 | 31.4 | - | - | 1.5 |"
+    forms.show(f"{old}", "gemv")
+    assert capsys.readouterr().out.splitlines()[0] == "| model | rows | gemv us |"
     forms.show(f"{new}")
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "| model | rows | grid us | gemv us | cluster us | weight floor us |"
     assert lines[2] == "| mlp4 | 1 | 40.0 | - | - | 1.5 |"
+
+
+def test_forms_table_matches_records_by_model_and_rows(tmp_path, capsys):
+    """Records of different models or row counts side by side: each cell from the record's own entry of that model
+    and row count (not its entry at the same position), "-" where the record has none, rows in the order first met."""
+    import json
+
+    forms = load_tool("stack_forms")
+
+    def record(commit, entries):
+        return {"forms": {"mma": {}}, "provenance": {"git": {"commit": commit * 40}},
+                "entries": [{"model": m, "rows": r, "forms": {"mma": {"p50_us": us}}} for m, r, us in entries]}
+
+    paths = []
+    for commit, entries in (("a", [("mlp4", 16, 36.0), ("mlp8", 16, 84.5)]), ("b", [("mlp8", 16, 74.4),
+                                                                                      ("mlp8", 32, 106.2)])):
+        paths.append(tmp_path / f"{commit}.json")
+        paths[-1].write_text(json.dumps(record(commit, entries)))
+    forms.show(",".join(map(str, paths)))
+    assert capsys.readouterr().out.splitlines()[2:] == ["| mlp4 | 16 | 36.0 | - |", "| mlp8 | 16 | 84.5 | 74.4 |",
+                                                         "| mlp8 | 32 | - | 106.2 |"]
 
 
 def test_forms_table_reads_the_rows_form_beside_the_row_count(tmp_path, capsys):

@@ -71,7 +71,8 @@ def form_names(forms: list[str], ctas: list[int]) -> list[str]:
 
 def show(paths: str, forms: str = "") -> None:
     """Written records as one markdown table: p50 per form, and with several records (revisions of one run, in
-    order) each form's column per record that has the form, labelled by the record's commit."""
+    order) each form's column per record that has the form, labelled by the record's commit. A row per model and
+    row count of any record, in the order first met; a record without that entry shows "-"."""
     records = []
     for path in paths.split(","):
         with open(path) as f:
@@ -79,19 +80,26 @@ def show(paths: str, forms: str = "") -> None:
     chosen = [f for f in forms.split(",") if f] or list(dict.fromkeys(f for r in records for f in r["forms"]))
     columns = [(form, r, f"{form} us" + (f" @{r['provenance']['git']['commit'][:7]}" if len(records) > 1 else ""))
                for form in chosen for r in records if form in r["forms"]]
-    floors = [e.get("floor", {}).get("weight_floor_us") for e in records[0]["entries"]]  # none in older records
-    shown = any(f is not None for f in floors)
+    by_key = [{(e["model"], entry_rows(e)): e for e in r["entries"]} for r in records]
+    keys = list(dict.fromkeys(key for found in by_key for key in found))
+    floors = {}  # none in older records
+    for found in by_key:
+        for key, e in found.items():
+            if e.get("floor", {}).get("weight_floor_us") is not None:
+                floors.setdefault(key, e["floor"]["weight_floor_us"])
+    shown = bool(floors)
     print("| model | rows | " + " | ".join(label for _, _, label in columns) + (" | weight floor us" if shown else "")
           + " |")
     print("|---|---|" + "---|" * (len(columns) + shown))
-    for i, e in enumerate(records[0]["entries"]):
+    for model, rows in keys:
         cells = []
         for form, r, _ in columns:
-            got = entry_forms(r["entries"][i]).get(form, {}) if i < len(r["entries"]) else {}
+            e = by_key[records.index(r)].get((model, rows))
+            got = entry_forms(e).get(form, {}) if e else {}
             cells.append(f"{got['p50_us']:.1f}" if "p50_us" in got else "-")
         if shown:
-            cells.append("-" if floors[i] is None else f"{floors[i]:.1f}")
-        print(f"| {e['model']} | {entry_rows(e)} | " + " | ".join(cells) + " |")
+            cells.append(f"{floors[(model, rows)]:.1f}" if (model, rows) in floors else "-")
+        print(f"| {model} | {rows} | " + " | ".join(cells) + " |")
 
 
 def entry_forms(entry: dict) -> dict:
