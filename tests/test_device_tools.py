@@ -370,6 +370,21 @@ def test_copy_ceiling_reads_a_run_against_the_fastest_copy_of_each_shape():
                     "| rmsnorm_64x32_bf16 | cute | 2700 | 0.90 | 0.90 |"]
 
 
+def test_a_record_never_overwrites_an_earlier_one_of_the_same_call(tmp_path, monkeypatch):
+    """Two commands of one device call that write the same record name keep both (a later one had overwritten the
+    first, and its data was lost)."""
+    records = load_tool("records")
+    monkeypatch.setenv("OUT", str(tmp_path))
+    first = records.record_path("stack_forms.json")
+    assert first == str(tmp_path / "stack_forms.json")
+    open(first, "w").close()
+    second = records.record_path("stack_forms.json")
+    assert second == str(tmp_path / "stack_forms-2.json")
+    open(second, "w").close()
+    assert records.record_path("stack_forms.json") == str(tmp_path / "stack_forms-3.json")
+    assert records.record_path("backward_sweep.json") == str(tmp_path / "backward_sweep.json")
+
+
 def test_trees_runs_a_command_in_each_packed_revision_with_its_commit(tmp_path):
     """`trees.sh pack` archives a revision; `run` unpacks it and runs the command with that tree's packages
     first on the path and the revision's commit as the provenance's."""

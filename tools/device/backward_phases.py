@@ -22,7 +22,6 @@ import argparse
 import dataclasses
 import functools
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -204,7 +203,8 @@ def main() -> int:
         found[phase] = json.loads(run.stdout.strip().splitlines()[-1])
     record = {"tool": "tools/device/backward_phases.py", "phases": PHASES, "mode": "graph_throughput",
               "provenance": provenance.of_check("cuda", __file__, ["kernels"]), "cases": found}
-    path = os.path.join(os.environ.get("OUT", "."), "backward_phases.json")
+    from records import record_path  # this folder: a record never overwrites an earlier one
+    path = record_path("backward_phases.json")
     with open(path, "w") as f:
         json.dump(record, f, indent=1)
     for case, full in found["full"].items():

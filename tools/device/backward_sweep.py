@@ -16,7 +16,6 @@ import dataclasses
 import fnmatch
 import functools
 import json
-import os
 import statistics
 
 SHAPES = [(16384, 8192), (8192, 16384), (65536, 1024), (768, 6144), (1024, 4096), (256, 3072), (37, 1537)]
@@ -202,7 +201,8 @@ def main() -> None:
     device = timing.Device("cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = SHAPES if not args.shapes else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
-    out = os.path.join(os.environ.get("OUT", "."), "backward_sweep.json")
+    from records import record_path  # this folder: a record never overwrites an earlier one
+    out = record_path("backward_sweep.json")
     record = {"tool": "tools/device/backward_sweep.py", "mode": "graph_throughput",
               "plans": {k: str(v) for k, v in args.tunings.items()},
               "provenance": provenance.of_check("cuda", __file__, ["kernels"]), "cases": []}

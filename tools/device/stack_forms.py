@@ -21,7 +21,6 @@ import contextlib
 import fnmatch
 import functools
 import json
-import os
 import re
 import statistics
 
@@ -179,7 +178,8 @@ def main() -> None:
 
     device = timing.Device("cuda")
     bandwidth = models.copy_bandwidth_gbs()  # the floor: the weights streamed once at the copy's rate
-    path = os.path.join(os.environ.get("OUT", "."), "stack_forms.json")
+    from records import record_path  # this folder: a record never overwrites an earlier one
+    path = record_path("stack_forms.json")
     record = {"tool": "tools/device/stack_forms.py", "mode": "graph_throughput",
               "forms": {f: form_options(f) for f in forms},
               "provenance": provenance.of_check("cuda", __file__, ["megakernel"]), "entries": []}

@@ -149,7 +149,8 @@ def main() -> None:
     record = {"tool": "tools/device/stack_phases.py", "mode": "graph_throughput", "phases": PHASES,
               "provenance": provenance.of_check("cuda", __file__, ["megakernel"]),
               "entries": merged(by_phase, floors)}
-    path = os.path.join(os.environ.get("OUT", "."), "stack_phases.json")
+    from records import record_path  # this folder: a record never overwrites an earlier one
+    path = record_path("stack_phases.json")
     with open(path, "w") as f:
         json.dump(record, f, indent=1)
 

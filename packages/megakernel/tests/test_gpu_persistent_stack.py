@@ -13,6 +13,7 @@ from kernellab.megakernel.compiler import frontend
 from kernellab.megakernel.compiler.passes import PassError
 from kernellab.megakernel.engines.graph import GraphCall
 from kernellab.megakernel.planning.stack import (
+    FUSED_GATED_ROWS,
     FUSED_ROWS,
     GEMV_PLANNED_ROWS,
     GEMV_ROW_TILES,
@@ -175,6 +176,25 @@ def test_the_grid_barrier_words_stay_ready_over_many_launches(form):
         graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out.double(), truth, rtol=models.STACK_TOLERANCE, atol=models.STACK_TOLERANCE)
+
+
+def test_a_gated_plan_takes_the_mma_form_to_its_rows_then_the_chain():
+    """A gated stack whose weights fit the L2, compiled for the mma form's planned rows and called past them: the
+    mma form on a tile holding the rows up to ``FUSED_GATED_ROWS``, the per-block chain past it, each call correct."""
+    spec = {"channels": 128, "blocks": [{"hidden": 320, "gated": True, "norm": "rmsnorm"}] * 2}
+    compiled = compile_model(spec, rows=MMA_PLANNED_ROWS, seed=3, engine="persistent-stack")
+    assert compiled.program.stack.form == "mma"
+    for rows, runs in [(MMA_PLANNED_ROWS + 1, ("mma", FUSED_GATED_ROWS)), (FUSED_GATED_ROWS, ("mma", FUSED_GATED_ROWS)),
+                       (FUSED_GATED_ROWS + 1, None)]:
+        x = torch.randn(rows, 128, device="cuda").half()
+        out = torch.full((rows, 128), float("nan"), device="cuda")
+        compiled(x, out=out)
+        torch.cuda.synchronize()
+        plan = compiled.fused.plan_for(rows)
+        assert (plan and (plan.form, plan.tile_rows)) == runs
+        truth = stack.reference_stack(x, compiled.program.blocks, compiled.parameters, compiled.program.final_norm,
+                                      compiled.final_parameters)
+        torch.testing.assert_close(out.double(), truth, rtol=models.STACK_TOLERANCE, atol=models.STACK_TOLERANCE)
 
 
 @pytest.mark.parametrize("compiled_rows, form", [(1, "gemv"), (GEMV_PLANNED_ROWS + 1, "mma"),

@@ -46,25 +46,32 @@ def _uniform(channels, hidden, depth, **block):
 
 # ---- planning ---------------------------------------------------------------------------------------------
 
-def planned_form(rows: int, gated: bool) -> str | None:
+def planned_form(rows: int, gated: bool, weights_fit_l2: bool = True) -> str | None:
     """The form planning takes unforced at ``rows`` where each fits; None: the per-block chain serves."""
     if rows <= GEMV_PLANNED_ROWS:
         return "gemv"
     if rows <= MMA_PLANNED_ROWS:
         return "mma"
-    return None if gated and rows > FUSED_GATED_ROWS or rows > FUSED_ROWS else "grid"
+    if gated:
+        return "mma" if weights_fit_l2 and rows <= FUSED_GATED_ROWS else None
+    return None if rows > FUSED_ROWS else "grid"
+
+
+def weights_fit_l2(blocks) -> bool:
+    return sum((3 if b.gated else 2) * 2 * b.channels * b.hidden for b in blocks) <= H200.l2_bytes
 
 
 @pytest.mark.parametrize("case", models.REPORT_MODELS, ids=lambda c: c.name)
 def test_report_models_plan_gemv_then_mma_at_decode_rows_then_grid_or_the_chain(case):
     blocks = _blocks(case.spec)
-    for rows in models.REPORT_ROWS:
+    for rows in sorted({*models.REPORT_ROWS, 24, 32, 33}):
         plan = plan_stack(blocks, rows, H200)
-        if planned_form(rows, blocks[0].gated) is None:
+        expected = planned_form(rows, blocks[0].gated, weights_fit_l2(blocks))
+        if expected is None:
             assert isinstance(plan, planning.Refusal) and "per-block chain was faster there" in plan.reason
             continue
         assert isinstance(plan, StackPlan), plan
-        assert plan.form == planned_form(rows, blocks[0].gated) and not plan.forced
+        assert plan.form == expected and not plan.forced
         assert plan.smem_bytes == stack_smem_bytes(plan.form, plan.tile_rows, plan.channels_tile, plan.stages,
                                                    plan.split)
         assert plan.smem_bytes + H200.reserved_smem_per_block <= H200.smem_per_sm
@@ -198,6 +205,7 @@ def test_mma_form_takes_the_smallest_tile_holding_the_rows(rows, tile):
     assert plan.smem_bytes == stack_smem_bytes("mma", tile, 1024, plan.stages, plan.split) <= H200.smem_per_block
     assert 2 <= plan.stages <= GEMV_RING_STAGES and "mma form" in plan.summary()
     unforced = plan_stack(blocks, rows, H200)
+    assert weights_fit_l2(blocks)
     if planned_form(rows, gated=True) is None:
         assert isinstance(unforced, planning.Refusal)
         return
@@ -253,7 +261,14 @@ def test_a_call_past_its_forms_rows_runs_what_planning_would_choose():
     assert call_plan(planned, FUSED_ROWS, H200).form == "grid"
     assert call_plan(planned, FUSED_ROWS + 1, H200) is None  # past the grid form's rows: the per-block chain
     gated = plan_stack(_blocks(_uniform(512, 2048, 2, gated=True)), MMA_PLANNED_ROWS, H200)
-    assert call_plan(gated, FUSED_GATED_ROWS, H200) is gated and call_plan(gated, FUSED_GATED_ROWS + 1, H200) is None
+    assert call_plan(gated, MMA_PLANNED_ROWS, H200) is gated
+    wider_gated = call_plan(gated, FUSED_GATED_ROWS, H200)  # weights in the L2: the mma form, a tile holding the rows
+    assert (wider_gated.form, wider_gated.tile_rows) == ("mma", FUSED_GATED_ROWS)
+    assert call_plan(gated, FUSED_GATED_ROWS + 1, H200) is None
+    streamed = plan_stack(_blocks(_uniform(2048, 8192, 4, gated=True)), MMA_PLANNED_ROWS, H200)  # 400 MB of weights
+    assert streamed.form == "mma" and call_plan(streamed, MMA_PLANNED_ROWS + 1, H200) is None
+    assert "past the 16 a fused form takes" in plan_stack(_blocks(_uniform(2048, 8192, 4, gated=True)),
+                                                           MMA_PLANNED_ROWS + 1, H200).reason
     forced = plan_stack(blocks, 1, H200, form="gemv")
     assert call_plan(forced, GEMV_ROWS, H200) is forced  # a forced form keeps its rows, a tile after another
     assert call_plan(forced, GEMV_ROWS + 1, H200).form == "rows"
@@ -407,6 +422,37 @@ def test_a_forced_form_is_marked_forced_and_a_planned_one_not():
 
 
 @settings(max_examples=200, deadline=None)
+@given(channel_blocks=st.integers(1, 300), slices=st.integers(1, 80), ctas=st.integers(1, 150),
+       split=st.sampled_from([1, 2, 4, 8]))
+def test_mma_phase_b_items_by_cta_cover_each_tile_and_slice_once(channel_blocks, slices, ctas, split):
+    """The mma form's phase B with ``split`` > 1 (``StackMma.slice_run``, ``slice_item``, ``group_slice``): a CTA's
+    warps share one run of (channel tile, slice group) items, each warp its slice of the group, so every (channel
+    tile, slice) is taken once and the CTA's warps meet once an item; with ``split`` 1 a warp's own run."""
+    from kernellab.megakernel.engines.persistent_stack import Variant
+    from kernellab.megakernel.engines.persistent_stack_gemv import StackGemv
+    from kernellab.megakernel.engines.persistent_stack_mma import StackMma
+
+    form = StackMma(Variant("mma", 16, 256, 2, False, split))
+    warps = form.warps
+    seen, taken = set(), 0
+    for cta in range(ctas):
+        runs = [form.slice_run(channel_blocks, slices, cta * warps + w, ctas * warps) for w in range(warps)]
+        if split > 1:
+            assert len(set(runs)) == 1  # every warp of the CTA the same items: they sync once an item
+        for w, (first, items) in enumerate(runs):
+            for m in range(items):
+                block, k = StackGemv.slice_item(form, first, m, channel_blocks)
+                if split > 1:
+                    k = form.group_slice(k, w)
+                    if k >= slices:  # the last group's warps past the block's slices add nothing
+                        continue
+                assert 0 <= block < channel_blocks and 0 <= k < slices and (block, k) not in seen
+                seen.add((block, k))
+                taken += 1
+    assert taken == len(seen) == channel_blocks * slices
+
+
+@settings(max_examples=200, deadline=None)
 @given(channel_blocks=st.integers(1, 300), slices=st.integers(1, 50), all_warps=st.integers(1, 1200))
 def test_phase_b_runs_cover_each_item_once_and_mostly_keep_a_slice(channel_blocks, slices, all_warps):
     """The fused stack's phase B items (``StackGemv.slice_run``, ``slice_item``): each warp's run is consecutive
@@ -418,7 +464,7 @@ def test_phase_b_runs_cover_each_item_once_and_mostly_keep_a_slice(channel_block
     form = StackGemv(Variant("gemv", 1, 256, 4, False))
     seen, taken = set(), 0
     for warp in range(all_warps):
-        first, items = form.slice_run(channel_blocks * slices, warp, all_warps)
+        first, items = form.slice_run(channel_blocks, slices, warp, all_warps)
         run = [form.slice_item(first, m, channel_blocks) for m in range(items)]
         assert all(0 <= block < channel_blocks and 0 <= k < slices for block, k in run)
         assert len({k for _, k in run}) <= items // channel_blocks + 2

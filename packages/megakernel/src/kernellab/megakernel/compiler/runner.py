@@ -96,7 +96,7 @@ def describe_plan(program: Program) -> ModelPlan:
         tile = f"{fused.tile_rows}x{fused.channels_tile} rows x channels, grid {fused.grid}"
         blocks = tuple(BlockPlan(i, _form(b), STACK_ENGINE, tile, f"fused: {chunks} hidden chunks of the one launch")
                        for i, (b, chunks) in enumerate(zip(program.blocks, fused.chunks, strict=True)))
-        most = planned_rows_most(fused)
+        most = planned_rows_most(fused, program.device)
         beyond = None if most is None else (
             f"a call of more than {most} rows (or any rows no fused form takes) runs the per-block chain: "
             + ", ".join(f"block {i} {b.chosen}" for i, b in enumerate(program.blocks)))

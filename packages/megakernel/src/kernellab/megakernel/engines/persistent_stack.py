@@ -426,25 +426,6 @@ class PersistentStack:
         cute.autovec_copy(h, h_dst)
 
     @cute.jit
-    def row_stats(self, src: cute.Tensor, row: Int32, channels: Int32, kind: Int32, eps: Float32, lane: Int32):
-        """(mean, 1 / sqrt(var + eps)) of a row for a LayerNorm, (0, 1 / sqrt(mean square + eps)) for an RMSNorm,
-        (0, 1) without a norm; a warp per row, two passes for the LayerNorm (no cancellation). The final norm's
-        (once a row: ``operand`` holds a row in registers instead)."""
-        mean, scale = Float32(0.0), Float32(1.0)
-        if kind != NORM_NONE:
-            if kind == NORM_LAYER:
-                total = Float32(0.0)
-                for c in range(lane, channels, 32):
-                    total = total + src[row, c].to(Float32)
-                mean = cute.arch.warp_reduction_sum(total) / Float32(channels)
-            squares = Float32(0.0)
-            for c in range(lane, channels, 32):
-                d = src[row, c].to(Float32) - mean
-                squares = squares + d * d
-            scale = cute.math.rsqrt(cute.arch.warp_reduction_sum(squares) / Float32(channels) + eps)
-        return mean, scale
-
-    @cute.jit
     def row_norm(self, src: cute.Tensor, row: Int32, inside, first: Int32, split: int, count: int,
                  channels: Int32, kind: Int32, eps: Float32, s_stats, warp: Int32, lane: Int32):
         """(values, mean, 1 / sqrt(var + eps)) of a row of ``src`` (an RMSNorm's mean 0; no norm: 0 and 1) for
@@ -570,13 +551,44 @@ class PersistentStack:
     @cute.jit
     def finish_row(self, src, src_row: Int32, row: Int32, channels: Int32, y, kind: Int32, eps: Float32, norm_w,
                    norm_b, i: Int32, lane: Int32):
-        """y[row] = final_norm(src[src_row]) (or the row itself), by one warp."""
-        mean, scale = self.row_stats(src, src_row, channels, kind, eps, lane)
-        for c in range(lane, channels, 32):
-            value = src[src_row, c]
-            if kind != NORM_NONE:
-                value = (value - mean) * scale * norm_w[i, c] + norm_b[i, c]
-            y[row, c] = value
+        """y[row] = final_norm(src[src_row]) (or the row itself) by one warp, from the stream in global memory (the
+        grid and mma forms) or the rows form's tile in shared memory: each pass over the row (a LayerNorm's mean,
+        the squares, the output) loads a lane's values, and the output's gains and biases, ``GAINS_BATCH`` at once,
+        a batch a loop iteration (``gather_clamped``). A column loop had waited a memory latency a load: at 16 rows
+        of the 2-block SwiGLU model the final norm outlasted a block's phase A."""
+        mean, scale = Float32(0.0), Float32(1.0)
+        if kind != NORM_NONE:
+            if kind == NORM_LAYER:
+                mean = self.row_batch_sum(src, src_row, channels, mean, False, lane) / Float32(channels)
+            squares = self.row_batch_sum(src, src_row, channels, mean, True, lane)
+            scale = cute.math.rsqrt(squares / Float32(channels) + eps)
+        for j0 in cutlass.range(0, (self.cols + 31) // 32, GAINS_BATCH, unroll=1):
+            start = lane + 32 * j0
+            values = gather_clamped(src, src_row, start, 32, GAINS_BATCH, channels)
+            gains = gather_clamped(norm_w, i, start, 32, GAINS_BATCH, channels)
+            biases = gather_clamped(norm_b, i, start, 32, GAINS_BATCH, channels)
+            for k in cutlass.range_constexpr(GAINS_BATCH):
+                c = start + 32 * k
+                if c < channels:
+                    value = values[k]
+                    if kind != NORM_NONE:
+                        value = (value - mean) * scale * gains[k] + biases[k]
+                    y[row, c] = value
+
+    @cute.jit
+    def row_batch_sum(self, src, src_row: Int32, channels: Int32, mean: Float32, squared: bool,
+                      lane: Int32) -> Float32:
+        """The warp's sum over a row of its values (``squared``: of their squares about ``mean``, the LayerNorm's
+        second pass, no cancellation), a lane's values ``GAINS_BATCH`` at once."""
+        total = Float32(0.0)
+        for j0 in cutlass.range(0, (self.cols + 31) // 32, GAINS_BATCH, unroll=1):
+            start = lane + 32 * j0
+            values = gather_clamped(src, src_row, start, 32, GAINS_BATCH, channels)
+            for k in cutlass.range_constexpr(GAINS_BATCH):
+                if start + 32 * k < channels:
+                    d = values[k] - mean
+                    total = total + (d * d if squared else values[k])
+        return cute.arch.warp_reduction_sum(total)
 
     @cute.jit
     def finish_row_by_warps(self, src, src_row: Int32, row: Int32, channels: Int32, y, kind: Int32, eps: Float32,

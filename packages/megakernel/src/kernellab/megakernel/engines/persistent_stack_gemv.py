@@ -123,7 +123,7 @@ class StackGemv(PersistentStack):
             # items mostly share their slice, so its hidden values serve them all (``slice_cache``)
             slices = (units + self.slice - 1) // self.slice
             channel_blocks = (channels + self.channel_block - 1) // self.channel_block
-            first_item, slice_items = self.slice_run(channel_blocks * slices, first_warp, all_warps)
+            first_item, slice_items = self.slice_run(channel_blocks, slices, first_warp, all_warps)
             for m in cutlass.range_constexpr(self.stages - 1):
                 self.copy_slice(w2, ring, unit0, units, channel_blocks, first_item, Int32(m), slice_items, lane)
             self.grid_barrier(sync, grid, tid)
@@ -178,9 +178,10 @@ class StackGemv(PersistentStack):
         """No slice's hidden values held (a block's phase B starts)."""
         cache[1][0] = Int32(-1)
 
-    def slice_run(self, items: Int32, first_warp: Int32, all_warps: Int32):
-        """(first item, items) of this warp's run of phase B's ``items``: runs of equal length, the last ones short
-        or empty."""
+    def slice_run(self, channel_blocks: Int32, slices: Int32, first_warp: Int32, all_warps: Int32):
+        """(first item, items) of this warp's run of phase B's (channel block, slice) items: runs of equal length,
+        the last ones short or empty."""
+        items = channel_blocks * slices
         per_warp = (items + all_warps - 1) // all_warps
         first_item = first_warp * per_warp
         return first_item, cutlass.max(cutlass.min(items - first_item, per_warp), 0)

@@ -14,7 +14,10 @@ Per block i, the rows in tiles of ``tile_rows`` (16, 32 or 64: the M of a warp's
              a run of consecutive ones that mostly share their hidden units: the slice's hidden values of the rows
              staged into the warp's shared memory as fp16 once for the run (they are fp16-rounded already; the
              staging reuses the operand's buffer, dead in phase B), acc (rows x 16) = h . W2_tile^T, added into
-             the next stream buffer by fp32 atomics (+ s + b2 by the first slice)
+             the next stream buffer by fp32 atomics (+ s + b2 by the first slice). With ``split`` > 1 (the CTA has
+             the partial sums' buffer) an item is the CTA's: 16 channels and a group of as many slices as the CTA
+             has warps, a slice a warp, their sums added in shared memory before one atomic an element
+             (``add_tile_by_cta``), where a warp an item had made an atomic an element a slice
     grid barrier
 
 The weights go through each warp's ring of (16 x 64) fp16 tiles, two a stage, by 16-byte cp.async, as in the gemv
@@ -101,6 +104,28 @@ class StackMma(StackGemv):
         g2s = tensorcore.g2s_copy(WARP, STACK_TILE)
         thr = g2s.get_slice(lane)
         cute.copy(g2s, thr.partition_S(src), thr.partition_D(dst))
+
+    def slice_run(self, channel_blocks: Int32, slices: Int32, first_warp: Int32, all_warps: Int32):
+        """(first item, items) of phase B's run: with ``split`` > 1 the CTA's run of its (channel tile, slice group)
+        items, the same for each of its warps (they meet once an item), runs of equal length over the CTAs."""
+        if cutlass.const_expr(self.split == 1):
+            return super().slice_run(channel_blocks, slices, first_warp, all_warps)
+        groups = (slices + self.warps - 1) // self.warps
+        return super().slice_run(channel_blocks, groups, first_warp // self.warps, all_warps // self.warps)
+
+    def slice_item(self, first_item: Int32, m: Int32, channel_blocks: Int32):
+        """(channel tile, slice) of this warp's phase B item m, slice-major: with ``split`` > 1 the CTA's item m
+        names a slice group and this warp takes its place in the group (past the block's slices in the last group:
+        ``output_slice`` adds nothing for it)."""
+        block, k = super().slice_item(first_item, m, channel_blocks)
+        if cutlass.const_expr(self.split > 1):
+            tid, _, _ = cute.arch.thread_idx()
+            k = self.group_slice(k, tid // WARP)
+        return block, k
+
+    def group_slice(self, group: Int32, warp: Int32) -> Int32:
+        """The slice that warp ``warp`` of a CTA takes of slice group ``group`` (``split`` > 1)."""
+        return group * self.warps + warp
 
     def unit_items(self, units: Int32, first_warp: Int32, all_warps: Int32) -> Int32:
         """This warp's phase A items: (unit tile, chunk) pairs, the unit tiles first_warp, first_warp + all_warps,
@@ -238,7 +263,8 @@ class StackMma(StackGemv):
         """s'[r, c] += h[r, slice k] . W2[c, slice k] for the item's 16 channels and every row (the first slice
         adds s[r, c] + b2[c] too), a row tile at a time: the slice's hidden values of the tile staged in the warp's
         shared memory as fp16 (kept for the warp's next items of the slice where the rows are one tile:
-        ``cache``), then the MMAs against the slice's W2 tiles, then one atomic add an element."""
+        ``cache``), then the MMAs against the slice's W2 tiles, then one atomic add an element (with ``split`` > 1
+        one for the CTA's warps together: ``add_tile_by_cta``)."""
         _, s_h, warp, _ = ring
         mma = self.tiled_mma()
         copy_a, copy_b = tensorcore.s2r_copies(mma)
@@ -265,8 +291,35 @@ class StackMma(StackGemv):
                 if k * self.slice + half * STACK_TILE < units:
                     tensorcore.gemm_from_smem(mma, lane, acc, s_h[None, None, 2 * warp + half],
                                               self.slot(ring, stage, half), copy_a, copy_b)
-            for e in cutlass.range_constexpr(cute.size(acc)):
+            if cutlass.const_expr(self.split == 1):
+                for e in cutlass.range_constexpr(cute.size(acc)):
+                    r, cc = coords[e]
+                    row, c = row0 + r, c0 + cc
+                    if row < rows and c < channels:
+                        self.add_to_stream(ws, x, b2, i, k, row, c, rows, acc[e])
+            else:
+                self.add_tile_by_cta(ring, acc, coords, ws, x, b2, i, c0, k // self.warps, row0, rows, channels,
+                                     lane)
+
+    @cute.jit
+    def add_tile_by_cta(self, ring, acc: cute.Tensor, coords: cute.Tensor, ws, x, b2, i: Int32, c0: Int32,
+                        group: Int32, row0: Int32, rows: Int32, channels: Int32, lane: Int32):
+        """The CTA's warps' sums of one (rows x 16) tile, a slice of the group each, added in shared memory and then
+        into the stream by one atomic an element, the elements dealt over the warps (a lane's elements are the same
+        (row, channel) in every warp). The first group adds s + b2 (``add_to_stream``). The CTA syncs before
+        writing (the last tile's sums are read) and after (every warp's are there)."""
+        _, _, warp, s_part = ring
+        values = cute.size(acc)
+        cute.arch.sync_threads()
+        for e in cutlass.range_constexpr(values):
+            s_part[lane, e, warp] = acc[e]
+        cute.arch.sync_threads()
+        for e in cutlass.range_constexpr(values):
+            if e % self.warps == warp:
+                total = s_part[lane, e, 0]
+                for p in cutlass.range_constexpr(1, self.warps):
+                    total = total + s_part[lane, e, p]
                 r, cc = coords[e]
                 row, c = row0 + r, c0 + cc
                 if row < rows and c < channels:
-                    self.add_to_stream(ws, x, b2, i, k, row, c, rows, acc[e])
+                    self.add_to_stream(ws, x, b2, i, group, row, c, rows, total)
