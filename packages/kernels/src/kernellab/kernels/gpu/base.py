@@ -61,9 +61,9 @@ PARTIAL_ROWS_IN_FLIGHT = 4
 # at 65536x1024 (256 groups of 4 over 396 CTAs) 4 leaves one group a CTA, so twice the CTAs have work as at 8, each
 # lane loading half as much a row (LayerNorm's two pairs: 4 loads a row where 8 gave 8).
 SPREAD_BATCH_VALUES = 4
-# Shared memory a CTA's ring of row blocks takes at most (``Tuning.ring_stages``): 4 stages of a wide 16-bit row
-# (a wide 16-bit row's CTA of 256 threads holds one an SM by its registers alone); the grid counts the ring in the
-# CTAs an SM holds (``compiler.resident_ctas``).
+# Shared memory a CTA's ring of row blocks takes at most (``Tuning.ring_stages``): 4 stages of a wide 16-bit row's
+# CTA, whose registers alone leave it one an SM; the grid counts the ring in the CTAs an SM holds
+# (``compiler.resident_ctas``).
 RING_BYTES = 160 << 10
 
 ADD = operator.add
@@ -709,8 +709,8 @@ class GradKernel(RowKernel):
     def next_row(self, thr, source, tensors, row_tensors, rows, block, visit, grid, first, cols, terms):
         """``terms(values, row_values)`` of this CTA's ``visit``-th row block ``block``: the row tensors' values in
         fp32 (zeros past M and N) and its row values (1.0 past M); and the read of a later block issued. With the
-        register prefetch ``terms`` runs before the next block's loads overwrite the registers, as the kernels'
-        own code did before the ring (the same cubins)."""
+        register prefetch ``terms`` runs before the next block's loads overwrite the registers, in the order the
+        kernels' own loops had before the ring (their default cubins keep their registers)."""
         frags, stats = source
         if const_expr(self.ring == 0):
             found = terms([f.load().to(Float32) for f in frags], [stats[i] for i, _ in enumerate(row_tensors)])
