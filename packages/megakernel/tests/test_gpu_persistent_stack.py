@@ -18,6 +18,7 @@ from kernellab.megakernel.planning.stack import (
     GEMV_PLANNED_ROWS,
     GEMV_ROW_TILES,
     MMA_PLANNED_ROWS,
+    MMA_RESIDENT_ROWS,
     MMA_ROW_TILES,
     StackPlan,
     plan_stack,
@@ -198,7 +199,7 @@ def test_a_gated_plan_takes_the_mma_form_to_its_rows_then_the_chain():
 
 
 @pytest.mark.parametrize("compiled_rows, form", [(1, "gemv"), (GEMV_PLANNED_ROWS + 1, "mma"),
-                                                 (MMA_PLANNED_ROWS + 1, "grid")])
+                                                 (MMA_RESIDENT_ROWS + 1, "grid")])
 def test_a_plan_called_past_its_forms_rows_runs_the_planned_form(compiled_rows, form):
     """Compiled for one row (the gemv form), past the gemv form's planned rows (the mma form) or past the mma
     form's (the grid form), called with the gemv form's planned rows, the mma form's, one more, and past the fused
@@ -206,7 +207,7 @@ def test_a_plan_called_past_its_forms_rows_runs_the_planned_form(compiled_rows, 
     spec = {"channels": 64, "blocks": [{"hidden": 256, "activation": "silu", "norm": "rmsnorm"}] * 2}
     compiled = compile_model(spec, rows=compiled_rows, seed=2, engine="persistent-stack")
     assert compiled.program.stack.form == form
-    for rows, runs in [(GEMV_PLANNED_ROWS, "gemv"), (MMA_PLANNED_ROWS, "mma"), (MMA_PLANNED_ROWS + 1, "grid"),
+    for rows, runs in [(GEMV_PLANNED_ROWS, "gemv"), (MMA_RESIDENT_ROWS, "mma"), (MMA_RESIDENT_ROWS + 1, "grid"),
                        (FUSED_ROWS + 1, None)]:
         x = torch.randn(rows, 64, device="cuda").half()
         out = torch.full((rows, 64), float("nan"), device="cuda")

@@ -21,6 +21,7 @@ from kernellab.megakernel.planning.stack import (
     GEMV_ROW_TILES,
     GEMV_ROWS,
     MMA_PLANNED_ROWS,
+    MMA_RESIDENT_ROWS,
     MMA_ROWS,
     MMA_SPLIT_MOST,
     STACK_TILE,
@@ -50,11 +51,9 @@ def planned_form(rows: int, gated: bool, weights_fit_l2: bool = True) -> str | N
     """The form planning takes unforced at ``rows`` where each fits; None: the per-block chain serves."""
     if rows <= GEMV_PLANNED_ROWS:
         return "gemv"
-    if rows <= MMA_PLANNED_ROWS:
+    if rows <= (MMA_RESIDENT_ROWS if weights_fit_l2 else MMA_PLANNED_ROWS):
         return "mma"
-    if gated:
-        return "mma" if weights_fit_l2 and rows <= FUSED_GATED_ROWS else None
-    return None if rows > FUSED_ROWS else "grid"
+    return None if gated or rows > FUSED_ROWS else "grid"
 
 
 def weights_fit_l2(blocks) -> bool:
@@ -126,9 +125,9 @@ def test_rows_form_picks_the_cheapest_tile_and_the_largest_on_ties():
 
 
 def test_decode_rows_with_too_few_chunks_for_the_grid_form_leave_the_chain_and_say_why():
-    plan = plan_stack(_blocks(_uniform(64, 64, 3)), MMA_PLANNED_ROWS + 1, H200)
+    plan = plan_stack(_blocks(_uniform(64, 64, 3)), MMA_RESIDENT_ROWS + 1, H200)
     assert isinstance(plan, planning.Refusal) and plan.reason.startswith("grid form: 1 row tiles leave fewer than 2")
-    forced_tile = plan_stack(_blocks(_uniform(64, 64, 3)), MMA_PLANNED_ROWS + 1, H200, tile_rows=32)
+    forced_tile = plan_stack(_blocks(_uniform(64, 64, 3)), MMA_RESIDENT_ROWS + 1, H200, tile_rows=64)
     assert forced_tile.form == "rows" and forced_tile.why.startswith("grid form: 1 row tiles leave fewer than 2")
 
 
@@ -231,7 +230,8 @@ def test_gemv_form_is_planned_at_decode_rows_and_refuses_a_tile_it_has_not():
         assert (planned.form, planned.forced) == ("gemv", False)
         assert planned.tile_rows == min(t for t in GEMV_ROW_TILES if t >= rows), "the smallest tile that holds them"
     assert plan_stack(blocks, GEMV_PLANNED_ROWS + 1, H200).form == "mma"
-    assert plan_stack(blocks, MMA_PLANNED_ROWS + 1, H200).form == "grid"
+    assert plan_stack(blocks, MMA_RESIDENT_ROWS, H200).form == "mma"  # its weights (16 MB) fit the L2
+    assert plan_stack(blocks, MMA_RESIDENT_ROWS + 1, H200).form == "grid"
     assert plan_stack(blocks, 1, H200, tile_rows=16).form == "grid", "a forced tile keeps the forms it names"
     forced = plan_stack(blocks, 4, H200, form="gemv", tile_rows=2)
     assert (forced.tile_rows, forced.forced) == (2, True)
@@ -255,9 +255,12 @@ def test_a_call_past_its_forms_rows_runs_what_planning_would_choose():
     assert at_16.chunks == planned.chunks and at_16.channels_tile == planned.channels_tile  # the same packing
     assert call_plan(at_16, GEMV_PLANNED_ROWS + 1, H200) is at_16  # its tile holds them
     assert call_plan(at_16, 1, H200) == planned  # the gemv form again under its rows
-    past = call_plan(at_16, MMA_PLANNED_ROWS + 1, H200)
-    assert past == plan_stack(blocks, MMA_PLANNED_ROWS + 1, H200) and past.form == "grid"
-    assert call_plan(planned, MMA_PLANNED_ROWS + 1, H200) == past
+    wider_mma = call_plan(at_16, MMA_PLANNED_ROWS + 1, H200)  # weights in the L2: the mma form, a tile holding them
+    assert wider_mma == plan_stack(blocks, MMA_PLANNED_ROWS + 1, H200) and (wider_mma.form, wider_mma.tile_rows) == (
+        "mma", MMA_RESIDENT_ROWS)
+    past = call_plan(at_16, MMA_RESIDENT_ROWS + 1, H200)
+    assert past == plan_stack(blocks, MMA_RESIDENT_ROWS + 1, H200) and past.form == "grid"
+    assert call_plan(planned, MMA_RESIDENT_ROWS + 1, H200) == past
     assert call_plan(planned, FUSED_ROWS, H200).form == "grid"
     assert call_plan(planned, FUSED_ROWS + 1, H200) is None  # past the grid form's rows: the per-block chain
     gated = plan_stack(_blocks(_uniform(512, 2048, 2, gated=True)), MMA_PLANNED_ROWS, H200)

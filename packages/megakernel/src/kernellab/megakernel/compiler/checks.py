@@ -142,7 +142,7 @@ PASS_CASES = (
              error="no CTA could be resident"),
     PassCase("stack: every form fused in one launch, the grid form at decode rows", "stack",
              lambda: run_to("stack", _program(_gelu(256, 1024, norm=RMSNORM),
-                                              Block(256, 1000, "gelu_erf", norm=Norm("layernorm", bias=True)), rows=32,
+                                              Block(256, 1000, "gelu_erf", norm=Norm("layernorm", bias=True)), rows=48,
                                               fuse=True)),
              expect=lambda p: p.stack is not None and p.stack.form == "grid" and p.stack.chunks == (16, 16)
              and p.stack_refusal is None),
@@ -150,7 +150,7 @@ PASS_CASES = (
              lambda: run_to("stack", _program(_gelu(256, 1024, gated=True), _gelu(256, 1024, gated=True), rows=48,
                                               fuse=True)),
              expect=lambda p: p.stack is None and "gated stack" in p.stack_refusal),
-    PassCase("stack: a gated stack whose weights fit the L2 takes the mma form to 32 rows", "stack",
+    PassCase("stack: a stack whose weights fit the L2 takes the mma form to 32 rows", "stack",
              lambda: run_to("stack", _program(_gelu(256, 1024, gated=True), _gelu(256, 1024, gated=True), rows=32,
                                               fuse=True)),
              expect=lambda p: p.stack is not None and p.stack.form == "mma" and p.stack.tile_rows == 32),

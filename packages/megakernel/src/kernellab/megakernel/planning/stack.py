@@ -26,8 +26,8 @@ Four forms:
   stages in shared memory: each weight is read once a call by one warp, so at one row its floor is the weights'
   bytes over the SMs' load rate plus 2 barriers a block (measured well above it: ``reports/h100/stack-forms/``,
   ``reports/h100/grid-barrier/``).
-- ``mma``: planned from 3 to 16 rows (``MMA_PLANNED_ROWS``; to 32 for a gated stack whose weights fit the L2,
-  ``MMA_GATED_ROWS``), forced up to ``MMA_ROWS``; the gemv form's phases with
+- ``mma``: planned from 3 to 16 rows (``MMA_PLANNED_ROWS``; to 32 for a stack whose weights fit the L2,
+  ``MMA_RESIDENT_ROWS``), forced up to ``MMA_ROWS``; the gemv form's phases with
   a warp's item an ``mma.sync`` tile (the rows x 16 hidden units, then x 16 output channels), so that each hidden
   value serves 16 channels where the gemv form reads every row's hidden values once a channel.
 """
@@ -70,16 +70,16 @@ MMA_PLANNED_ROWS = 16
 """Row counts past ``GEMV_PLANNED_ROWS`` and up to this take the mma form unforced: on an H100
 (``reports/h100/stack-mma/``) it beat the grid form at 4, 8 and 16 rows on every report model and the gemv form
 from 8 rows; at 64 rows the grid form beat it where both ran, and 17-63 rows are not measured."""
-MMA_GATED_ROWS = 32
-"""Row counts past ``MMA_PLANNED_ROWS`` and up to this take the mma form unforced for a gated stack whose packed
-weights fit the L2 (``packed_weight_bytes``); any other gated stack's calls past ``MMA_PLANNED_ROWS`` run the
-per-block chain. On an H100 (``reports/h100/phase-b-split/``) the mma form beat the chain at 24 and 32 rows on the
-2-block SwiGLU model (35 MB of weights; by more with 0.26.0's phase B) and lost to it from 40 rows; on the 1B-sized
-stack (400 MB) it lost from 24 rows, and the grid form had lost to the chain on both gated report models at 32 and
-64 rows (``reports/h100/large-rows/``, and at 64 on the H200)."""
-FUSED_GATED_ROWS = MMA_GATED_ROWS
-"""Row counts up to this take a fused form unforced for a gated stack whose weights fit the L2
-(``MMA_PLANNED_ROWS`` for one whose weights do not); past them the per-block chain serves it."""
+MMA_RESIDENT_ROWS = 32
+"""Row counts past ``MMA_PLANNED_ROWS`` and up to this take the mma form unforced for a stack whose packed weights
+fit the L2 (``packed_weight_bytes``). On an H100 (``reports/h100/phase-b-split/``, with 0.26.0's phase B) at 24 and
+32 rows it beat the grid form on both plain report models and the per-block chain on the 2-block SwiGLU model (35 MB
+of weights), and lost to the grid form at 64 rows on the 4-block model and to the chain from 40 rows on the SwiGLU
+one; on the 1B-sized stack (400 MB) it lost to the chain from 24 rows."""
+FUSED_GATED_ROWS = MMA_RESIDENT_ROWS
+"""Row counts up to this take a fused form unforced for a gated stack whose weights fit the L2 (``MMA_PLANNED_ROWS``
+for one whose weights do not): the mma form; past them the per-block chain serves it, since the grid form lost to
+the chain on both gated report models at 32 and 64 rows (``reports/h100/large-rows/``, and at 64 on the H200)."""
 FUSED_ROWS = 4 * DECODE_ROWS
 """Row counts up to this take a fused form unforced (the grid form's cap); past them the per-block chain serves the
 stack: on the H200 the rows form, the only fused form there, was 3-23x slower than the chain on every report model
@@ -256,10 +256,10 @@ def _choose(blocks, rows: int, device: DeviceSpec, form: str | None, tile_rows: 
 
 
 def _planned(rows, channels, cols, chunks, gated, device) -> StackPlan | Refusal:
-    """The unforced choice: the gemv or mma form at their planned rows; then, up to ``FUSED_ROWS`` rows of a plain
-    stack (and where the mma form does not fit, up to ``MMA_PLANNED_ROWS`` of a gated one), the grid form; else the
-    refusal that leaves the per-block chain to serve (the rows form is never planned: it is forced for tests and
-    sweeps only)."""
+    """The unforced choice: the gemv or mma form at their planned rows (``mma_rows_most``); then, up to
+    ``FUSED_ROWS`` rows of a plain stack (and where the mma form does not fit, up to ``MMA_PLANNED_ROWS`` of a gated
+    one), the grid form; else the refusal that leaves the per-block chain to serve (the rows form is never planned:
+    it is forced for tests and sweeps only)."""
     got = _matrix_vector_plan(rows, channels, cols, chunks, gated, device)
     if got is not None:
         return got
@@ -278,12 +278,16 @@ def packed_weight_bytes(channels_tile: int, chunks, gated: bool) -> int:
     return sum((3 if gated else 2) * 2 * channels_tile * c * STACK_TILE for c in chunks)
 
 
+def mma_rows_most(weight_bytes: int, device: DeviceSpec) -> int:
+    """The most rows the mma form takes unforced: ``MMA_RESIDENT_ROWS`` where the packed weights fit the L2, else
+    ``MMA_PLANNED_ROWS``."""
+    return MMA_RESIDENT_ROWS if weight_bytes <= device.l2_bytes else MMA_PLANNED_ROWS
+
+
 def fused_rows_most(gated: bool, weight_bytes: int, device: DeviceSpec) -> int:
-    """The most rows planning fuses a stack at: ``FUSED_ROWS`` for a plain one; for a gated one ``FUSED_GATED_ROWS``
-    where its packed weights fit the L2, else ``MMA_PLANNED_ROWS``."""
-    if not gated:
-        return FUSED_ROWS
-    return FUSED_GATED_ROWS if weight_bytes <= device.l2_bytes else MMA_PLANNED_ROWS
+    """The most rows planning fuses a stack at: ``FUSED_ROWS`` for a plain one, the mma form's (``mma_rows_most``)
+    for a gated one."""
+    return mma_rows_most(weight_bytes, device) if gated else FUSED_ROWS
 
 
 STREAM_BALANCE_ROWS = 48
@@ -381,13 +385,12 @@ def _warp_item_plan(form, tiles, most, rows, channels, cols, chunks, gated, devi
 
 def _matrix_vector_plan(rows, channels, cols, chunks, gated, device) -> StackPlan | None:
     """The form planned unforced at decode rows, where it fits: the gemv form up to ``GEMV_PLANNED_ROWS``, the mma
-    form up to ``MMA_PLANNED_ROWS`` (a gated stack's up to ``fused_rows_most``); None past them."""
+    form up to ``mma_rows_most``; None past them."""
     if rows <= GEMV_PLANNED_ROWS:
         got = _gemv_plan(rows, channels, cols, chunks, gated, device, None)
         if isinstance(got, StackPlan):
             return got
-    if rows <= MMA_PLANNED_ROWS or gated and rows <= fused_rows_most(gated, packed_weight_bytes(cols, chunks, gated),
-                                                                     device):
+    if rows <= mma_rows_most(packed_weight_bytes(cols, chunks, gated), device):
         got = _mma_plan(rows, channels, cols, chunks, gated, device, None)
         if isinstance(got, StackPlan):
             return got
@@ -398,11 +401,10 @@ def _mma_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackPl
     """The mma form's plan (``_warp_item_plan``); a call past ``MMA_ROWS`` rows runs what ``call_plan`` says."""
     return _warp_item_plan(
         "mma", MMA_ROW_TILES, MMA_ROWS, rows, channels, cols, chunks, gated, device, tile_rows,
-        lambda tile: f"mma form (planned at {GEMV_PLANNED_ROWS + 1}-{MMA_PLANNED_ROWS} rows, to {MMA_GATED_ROWS} for a "
-                     f"gated stack whose weights fit the L2, forced up to "
-                     f"{MMA_ROWS}): the gemv form's two phases a block over all {device.sm_count} SMs, a warp an "
-                     f"mma.sync tile of {tile} rows x {MMA_TILE_UNITS} hidden units, then of {MMA_TILE_UNITS} output "
-                     "channels, 2 grid barriers a block")
+        lambda tile: f"mma form (planned at {GEMV_PLANNED_ROWS + 1}-{MMA_PLANNED_ROWS} rows, to {MMA_RESIDENT_ROWS} "
+                     f"where the weights fit the L2, forced up to {MMA_ROWS}): the gemv form's two phases a block "
+                     f"over all {device.sm_count} SMs, a warp an mma.sync tile of {tile} rows x {MMA_TILE_UNITS} "
+                     f"hidden units, then of {MMA_TILE_UNITS} output channels, 2 grid barriers a block")
 
 
 def call_plan(plan: StackPlan, rows: int, device: DeviceSpec) -> StackPlan | None:
