@@ -179,6 +179,20 @@ def test_the_grid_barrier_words_stay_ready_over_many_launches(form):
     torch.testing.assert_close(out.double(), truth, rtol=models.STACK_TOLERANCE, atol=models.STACK_TOLERANCE)
 
 
+def call_checked(compiled, rows: int):
+    """Call a compiled model with ``rows`` fresh rows into a poisoned output, check it against the float64 reference,
+    and return the fused plan that served the call (None: the per-block chain)."""
+    channels = compiled.program.blocks[0].channels
+    x = torch.randn(rows, channels, device="cuda").half()
+    out = torch.full((rows, channels), float("nan"), device="cuda")
+    compiled(x, out=out)
+    torch.cuda.synchronize()
+    truth = stack.reference_stack(x, compiled.program.blocks, compiled.parameters, compiled.program.final_norm,
+                                  compiled.final_parameters)
+    torch.testing.assert_close(out.double(), truth, rtol=models.STACK_TOLERANCE, atol=models.STACK_TOLERANCE)
+    return compiled.fused.plan_for(rows)
+
+
 def test_a_gated_plan_takes_the_mma_form_to_its_rows_then_the_chain():
     """A gated stack whose weights fit the L2, compiled for the mma form's planned rows and called past them: the
     mma form on a tile holding the rows up to ``FUSED_GATED_ROWS``, the per-block chain past it, each call correct."""
@@ -187,15 +201,8 @@ def test_a_gated_plan_takes_the_mma_form_to_its_rows_then_the_chain():
     assert compiled.program.stack.form == "mma"
     for rows, runs in [(MMA_PLANNED_ROWS + 1, ("mma", FUSED_GATED_ROWS)), (FUSED_GATED_ROWS, ("mma", FUSED_GATED_ROWS)),
                        (FUSED_GATED_ROWS + 1, None)]:
-        x = torch.randn(rows, 128, device="cuda").half()
-        out = torch.full((rows, 128), float("nan"), device="cuda")
-        compiled(x, out=out)
-        torch.cuda.synchronize()
-        plan = compiled.fused.plan_for(rows)
+        plan = call_checked(compiled, rows)
         assert (plan and (plan.form, plan.tile_rows)) == runs
-        truth = stack.reference_stack(x, compiled.program.blocks, compiled.parameters, compiled.program.final_norm,
-                                      compiled.final_parameters)
-        torch.testing.assert_close(out.double(), truth, rtol=models.STACK_TOLERANCE, atol=models.STACK_TOLERANCE)
 
 
 @pytest.mark.parametrize("compiled_rows, form", [(1, "gemv"), (GEMV_PLANNED_ROWS + 1, "mma"),
@@ -209,15 +216,8 @@ def test_a_plan_called_past_its_forms_rows_runs_the_planned_form(compiled_rows, 
     assert compiled.program.stack.form == form
     for rows, runs in [(GEMV_PLANNED_ROWS, "gemv"), (MMA_RESIDENT_ROWS, "mma"), (MMA_RESIDENT_ROWS + 1, "grid"),
                        (FUSED_ROWS + 1, None)]:
-        x = torch.randn(rows, 64, device="cuda").half()
-        out = torch.full((rows, 64), float("nan"), device="cuda")
-        compiled(x, out=out)
-        torch.cuda.synchronize()
-        plan = compiled.fused.plan_for(rows)
+        plan = call_checked(compiled, rows)
         assert (plan and plan.form) == runs
-        truth = stack.reference_stack(x, compiled.program.blocks, compiled.parameters, compiled.program.final_norm,
-                                      compiled.final_parameters)
-        torch.testing.assert_close(out.double(), truth, rtol=models.STACK_TOLERANCE, atol=models.STACK_TOLERANCE)
 
 
 @pytest.mark.parametrize("case", models.REPORT_MODELS[:3], ids=lambda c: c.name)
