@@ -13,7 +13,6 @@ from kernellab.megakernel.compiler import frontend
 from kernellab.megakernel.compiler.passes import PassError
 from kernellab.megakernel.engines.graph import GraphCall
 from kernellab.megakernel.planning.stack import (
-    FUSED_GATED_ROWS,
     FUSED_ROWS,
     GEMV_PLANNED_ROWS,
     GEMV_ROW_TILES,
@@ -195,12 +194,12 @@ def call_checked(compiled, rows: int):
 
 def test_a_gated_plan_takes_the_mma_form_to_its_rows_then_the_chain():
     """A gated stack whose weights fit the L2, compiled for the mma form's planned rows and called past them: the
-    mma form on a tile holding the rows up to ``FUSED_GATED_ROWS``, the per-block chain past it, each call correct."""
+    mma form on a tile holding the rows up to ``MMA_RESIDENT_ROWS``, the per-block chain past it, each call correct."""
     spec = {"channels": 128, "blocks": [{"hidden": 320, "gated": True, "norm": "rmsnorm"}] * 2}
     compiled = compile_model(spec, rows=MMA_PLANNED_ROWS, seed=3, engine="persistent-stack")
     assert compiled.program.stack.form == "mma"
-    for rows, runs in [(MMA_PLANNED_ROWS + 1, ("mma", FUSED_GATED_ROWS)), (FUSED_GATED_ROWS, ("mma", FUSED_GATED_ROWS)),
-                       (FUSED_GATED_ROWS + 1, None)]:
+    mma = ("mma", MMA_RESIDENT_ROWS)  # the tile holding the rows
+    for rows, runs in [(MMA_PLANNED_ROWS + 1, mma), (MMA_RESIDENT_ROWS, mma), (MMA_RESIDENT_ROWS + 1, None)]:
         plan = call_checked(compiled, rows)
         assert (plan and (plan.form, plan.tile_rows)) == runs
 

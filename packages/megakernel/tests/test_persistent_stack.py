@@ -14,7 +14,6 @@ from kernellab.megakernel.compiler import frontend, passes, runner
 from kernellab.megakernel.compiler.ir import Block
 from kernellab.megakernel.engines import stack_packing
 from kernellab.megakernel.planning.stack import (
-    FUSED_GATED_ROWS,
     FUSED_ROWS,
     GEMV_PLANNED_ROWS,
     GEMV_RING_STAGES,
@@ -265,9 +264,9 @@ def test_a_call_past_its_forms_rows_runs_what_planning_would_choose():
     assert call_plan(planned, FUSED_ROWS + 1, H200) is None  # past the grid form's rows: the per-block chain
     gated = plan_stack(_blocks(_uniform(512, 2048, 2, gated=True)), MMA_PLANNED_ROWS, H200)
     assert call_plan(gated, MMA_PLANNED_ROWS, H200) is gated
-    wider_gated = call_plan(gated, FUSED_GATED_ROWS, H200)  # weights in the L2: the mma form, a tile holding the rows
-    assert (wider_gated.form, wider_gated.tile_rows) == ("mma", FUSED_GATED_ROWS)
-    assert call_plan(gated, FUSED_GATED_ROWS + 1, H200) is None
+    wider_gated = call_plan(gated, MMA_RESIDENT_ROWS, H200)  # weights in the L2: the mma form, a tile holding the rows
+    assert (wider_gated.form, wider_gated.tile_rows) == ("mma", MMA_RESIDENT_ROWS)
+    assert call_plan(gated, MMA_RESIDENT_ROWS + 1, H200) is None
     streamed = plan_stack(_blocks(_uniform(2048, 8192, 4, gated=True)), MMA_PLANNED_ROWS, H200)  # 400 MB of weights
     assert streamed.form == "mma" and call_plan(streamed, MMA_PLANNED_ROWS + 1, H200) is None
     assert "past the 16 a fused form takes" in plan_stack(_blocks(_uniform(2048, 8192, 4, gated=True)),
@@ -308,7 +307,7 @@ def test_compile_planning_fuses_every_form_and_prints_one_launch():
     assert [b.why for b in plan.blocks] == ["fused: 2 hidden chunks of the one launch"] * 2
     text = str(plan)
     assert "final norm: layernorm" in text and "in the fused kernel" in text
-    assert text.splitlines()[-1].startswith(f"a call of more than {FUSED_GATED_ROWS} rows (or any rows no fused "
+    assert text.splitlines()[-1].startswith(f"a call of more than {MMA_RESIDENT_ROWS} rows (or any rows no fused "
                                             "form takes) runs the per-block chain: block 0 ")
     forced = runner.describe_plan(passes.plan(blocks, rows=8, final_norm=final, fuse=True, stack_form="mma"))
     assert forced.beyond is None and "per-block chain" not in str(forced)  # a forced form's calls stay fused

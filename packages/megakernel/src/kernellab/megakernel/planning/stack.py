@@ -75,11 +75,9 @@ MMA_RESIDENT_ROWS = 32
 fit the L2 (``packed_weight_bytes``). On an H100 (``reports/h100/phase-b-split/``, with 0.26.0's phase B) at 24 and
 32 rows it beat the grid form on both plain report models and the per-block chain on the 2-block SwiGLU model (35 MB
 of weights), and lost to the grid form at 64 rows on the 4-block model and to the chain from 40 rows on the SwiGLU
-one; on the 1B-sized stack (400 MB) it lost to the chain from 24 rows."""
-FUSED_GATED_ROWS = MMA_RESIDENT_ROWS
-"""Row counts up to this take a fused form unforced for a gated stack whose weights fit the L2 (``MMA_PLANNED_ROWS``
-for one whose weights do not): the mma form; past them the per-block chain serves it, since the grid form lost to
-the chain on both gated report models at 32 and 64 rows (``reports/h100/large-rows/``, and at 64 on the H200)."""
+one; on the 1B-sized stack (400 MB) it lost to the chain from 24 rows. Past the mma form's rows a gated stack runs
+the per-block chain (``fused_rows_most``): the grid form lost to it on both gated report models at 32 and 64 rows
+(``reports/h100/large-rows/``, and at 64 on the H200)."""
 FUSED_ROWS = 4 * DECODE_ROWS
 """Row counts up to this take a fused form unforced (the grid form's cap); past them the per-block chain serves the
 stack: on the H200 the rows form, the only fused form there, was 3-23x slower than the chain on every report model
