@@ -565,15 +565,7 @@ class PersistentStack:
         for j0 in cutlass.range(0, (self.cols + 31) // 32, GAINS_BATCH, unroll=1):
             start = lane + 32 * j0
             values = gather_clamped(src, src_row, start, 32, GAINS_BATCH, channels)
-            gains = gather_clamped(norm_w, i, start, 32, GAINS_BATCH, channels)
-            biases = gather_clamped(norm_b, i, start, 32, GAINS_BATCH, channels)
-            for k in cutlass.range_constexpr(GAINS_BATCH):
-                c = start + 32 * k
-                if c < channels:
-                    value = values[k]
-                    if kind != NORM_NONE:
-                        value = (value - mean) * scale * gains[k] + biases[k]
-                    y[row, c] = value
+            self.store_final(values, y, row, start, 32, GAINS_BATCH, channels, kind, mean, scale, norm_w, norm_b, i)
 
     @cute.jit
     def row_batch_sum(self, src, src_row: Int32, channels: Int32, mean: Float32, squared: bool,
@@ -601,14 +593,22 @@ class PersistentStack:
         first = warp * 32 + lane
         values, mean, scale = self.row_norm(src, src_row, True, first, split, count, channels, kind, eps, s_stats,
                                             warp, lane)
-        gains = gather_clamped(norm_w, i, first, 32 * split, count, channels)
-        biases = gather_clamped(norm_b, i, first, 32 * split, count, channels)
-        for j in cutlass.range_constexpr(count):
-            c = first + 32 * split * j
+        self.store_final(values, y, row, first, 32 * split, count, channels, kind, mean, scale, norm_w, norm_b, i)
+
+    @cute.jit
+    def store_final(self, values, y, row: Int32, first: Int32, stride: int, count: int, channels: Int32, kind: Int32,
+                    mean: Float32, scale: Float32, norm_w, norm_b, i: Int32):
+        """y[row, first + stride * k] = the final norm of ``values[k]`` (the value itself without a norm) for each of
+        the ``count`` columns before ``channels``, the norm's gains and biases of those columns loaded at once (the
+        operand's counterpart, into the output: ``store_normed``)."""
+        gains = gather_clamped(norm_w, i, first, stride, count, channels)
+        biases = gather_clamped(norm_b, i, first, stride, count, channels)
+        for k in cutlass.range_constexpr(count):
+            c = first + stride * k
             if c < channels:
-                value = values[j]
+                value = values[k]
                 if kind != NORM_NONE:
-                    value = (value - mean) * scale * gains[j] + biases[j]
+                    value = (value - mean) * scale * gains[k] + biases[k]
                 y[row, c] = value
 
     # ---- the grid form's stream ------------------------------------------------------------------------------
