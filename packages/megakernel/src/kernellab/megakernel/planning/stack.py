@@ -258,10 +258,11 @@ def _planned(rows, channels, cols, chunks, gated, device) -> StackPlan | Refusal
     ``FUSED_ROWS`` rows of a plain stack (and where the mma form does not fit, up to ``MMA_PLANNED_ROWS`` of a gated
     one), the grid form; else the refusal that leaves the per-block chain to serve (the rows form is never planned:
     it is forced for tests and sweeps only)."""
-    got = _matrix_vector_plan(rows, channels, cols, chunks, gated, device)
+    weight_bytes = packed_weight_bytes(cols, chunks, gated)
+    got = _matrix_vector_plan(rows, channels, cols, chunks, gated, device, weight_bytes)
     if got is not None:
         return got
-    most = fused_rows_most(gated, packed_weight_bytes(cols, chunks, gated), device)
+    most = fused_rows_most(gated, weight_bytes, device)
     if rows > most:
         return Refusal(STACK_ENGINE, f"{rows} rows{' of a gated stack' if gated else ''}, past the {most} a fused "
                                      "form takes unforced: the per-block chain was faster there")
@@ -381,14 +382,14 @@ def _warp_item_plan(form, tiles, most, rows, channels, cols, chunks, gated, devi
                      stack_smem_bytes(form, tile, cols, stages, split), why(tile), split=split)
 
 
-def _matrix_vector_plan(rows, channels, cols, chunks, gated, device) -> StackPlan | None:
+def _matrix_vector_plan(rows, channels, cols, chunks, gated, device, weight_bytes: int) -> StackPlan | None:
     """The form planned unforced at decode rows, where it fits: the gemv form up to ``GEMV_PLANNED_ROWS``, the mma
     form up to ``mma_rows_most``; None past them."""
     if rows <= GEMV_PLANNED_ROWS:
         got = _gemv_plan(rows, channels, cols, chunks, gated, device, None)
         if isinstance(got, StackPlan):
             return got
-    if rows <= mma_rows_most(packed_weight_bytes(cols, chunks, gated), device):
+    if rows <= mma_rows_most(weight_bytes, device):
         got = _mma_plan(rows, channels, cols, chunks, gated, device, None)
         if isinstance(got, StackPlan):
             return got
