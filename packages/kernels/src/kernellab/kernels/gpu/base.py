@@ -706,9 +706,10 @@ class GradKernel(RowKernel):
         cute.arch.cp_async_commit_group()
 
     @cute.jit
-    def next_row(self, thr, source, tensors, row_tensors, rows, block, visit, grid, first, cols, terms):
-        """``terms(values, row_values)`` of this CTA's ``visit``-th row block ``block``: the row tensors' values in
-        fp32 (zeros past M and N) and its row values (1.0 past M); and the read of a later block issued. With the
+    def next_row(self, thr, source, tensors, row_tensors, rows, block, visit, grid, first, cols, row_ok, terms):
+        """``terms(values, row_values)`` of this CTA's ``visit``-th row block ``block`` (``row_ok``: this thread's row
+        is before M): the row tensors' values in fp32 (zeros past M and N) and its row values (1.0 past M); and the
+        read of a later block issued. With the
         register prefetch ``terms`` runs before the next block's loads overwrite the registers, in the order the
         kernels' own loops had before the ring (their default cubins keep their registers)."""
         frags, stats = source
@@ -723,7 +724,6 @@ class GradKernel(RowKernel):
                         (visit + ahead) % self.ring, first, cols)
         cute.arch.cp_async_wait_group(ahead)  # this block's group is complete
         stage = visit % self.ring
-        row_ok, _ = self.predicates(thr, rows, block, first)
         tidx, _, _ = cute.arch.thread_idx()
         values = []
         for ring in frags:

@@ -64,7 +64,7 @@ class LayerNormBackward(GradKernel):
                 stage = visit % 2 * 2
                 row_ok, _ = self.predicates(thr, rows, block, first)
                 x, dy, rstd = self.next_row(thr, source, (mX, mDY), (mMean, mRstd), rows, block, visit, grid, first,
-                                            cols, lambda v, r: ((v[0] - r[0]) * r[1], v[1], r[1]))
+                                            cols, row_ok, lambda v, r: ((v[0] - r[0]) * r[1], v[1], r[1]))
                 row_w = w if const_expr(self.spare_registers) else self.load_vector(thr, gW, first, cols)
                 g = dy if const_expr(row_w is None) else dy * row_w
                 sum_g, sum_gx = self.row_reduce((g.reduce(cute.ReductionOp.ADD, 0.0, 0),

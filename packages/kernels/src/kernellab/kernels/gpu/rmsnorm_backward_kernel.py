@@ -61,7 +61,7 @@ class RMSNormBackward(GradKernel):
                 half = visit % 2
                 row_ok, _ = self.predicates(thr, rows, block, first)
                 x, dy, rstd = self.next_row(thr, source, (mX, mDY), (mRstd,), rows, block, visit, grid, first, cols,
-                                            lambda v, r: (v[0] * r[0], v[1], r[0]))
+                                            row_ok, lambda v, r: (v[0] * r[0], v[1], r[0]))
                 row_w = w if const_expr(self.spare_registers) else self.load_vector(thr, gW, first, cols)
                 g = dy if const_expr(row_w is None) else dy * row_w
                 dot = self.row_reduce((g * x).reduce(cute.ReductionOp.ADD, 0.0, 0), ADD, 0.0, half, buffer, mbar,
