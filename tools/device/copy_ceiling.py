@@ -64,13 +64,12 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # the harness's dtype names, torch's
-
-
 def against(records: list[dict], run: dict, mode: str) -> str:
     """A harness run report's contenders at the shapes ``records`` timed: GB/s by the problem's minimum bytes (the
     report's own ``gbps``) over the fastest copy of the same shape and dtype among ``records``, beside the report's
     own ``ceiling_fraction`` (its copy)."""
+    from kernellab.harness.case import torch_dtype  # the harness's dtype names ("bf16"), the records' torch ones
+
     best: dict[tuple, float] = {}
     for r in records:
         key = (r["shape"], r["dtype"])
@@ -79,7 +78,7 @@ def against(records: list[dict], run: dict, mode: str) -> str:
              "|---|---|---|---|---|"]
     for c in run["cases"]:
         p, m = c["problem"], c["modes"].get(mode, {})
-        key = ("x".join(map(str, p["shape"])), DTYPES.get(p["dtype"], p["dtype"]))
+        key = ("x".join(map(str, p["shape"])), str(torch_dtype(p["dtype"])).removeprefix("torch."))
         if p["op"] == run.get("ceiling_op", "copy") or key not in best or "gbps" not in m:
             continue
         own = m.get("ceiling_fraction")

@@ -77,9 +77,9 @@ def show(paths: str, forms: str = "") -> None:
         with open(path) as f:
             records.append(json.load(f))
     chosen = [f for f in forms.split(",") if f] or list(dict.fromkeys(f for r in records for f in r["forms"]))
-    columns = [(form, r, f"{form} us" + (f" @{r['provenance']['git']['commit'][:7]}" if len(records) > 1 else ""))
-               for form in chosen for r in records if form in r["forms"]]
     by_key = [{(e["model"], entry_rows(e)): e for e in r["entries"]} for r in records]
+    columns = [(form, found, f"{form} us" + (f" @{r['provenance']['git']['commit'][:7]}" if len(records) > 1 else ""))
+               for form in chosen for r, found in zip(records, by_key, strict=True) if form in r["forms"]]
     keys = list(dict.fromkeys(key for found in by_key for key in found))
     floors = {}  # none in older records
     for found in by_key:
@@ -92,8 +92,8 @@ def show(paths: str, forms: str = "") -> None:
     print("|---|---|" + "---|" * (len(columns) + shown))
     for model, rows in keys:
         cells = []
-        for form, r, _ in columns:
-            e = by_key[records.index(r)].get((model, rows))
+        for form, found, _ in columns:
+            e = found.get((model, rows))
             got = entry_forms(e).get(form, {}) if e else {}
             cells.append(f"{got['p50_us']:.1f}" if "p50_us" in got else "-")
         if shown:
