@@ -161,3 +161,23 @@ def test_quiet_honest_replays_never_contradict_the_truth(seed, gain, jitter):
 def test_the_rules_are_stated():
     assert 1.0 < verdict.INFORMATIVE_WIDTH < verdict.DECISIVE_WIDTH and verdict.DRIFT_LIMIT > 1.0
     assert math.isfinite(verdict.DECISIVE_WIDTH)
+
+
+def test_a_replay_of_one_round_a_side_reproduces_no_claim():
+    """One round of one sample a side leaves the bootstrap nothing to resample: its interval is a point,
+    which must not read as a narrow one. Noise alone put this pair far from the true gain (1.0)."""
+    rng = random.Random(7)
+    ref, cand = [[100.0 * (1 + rng.gauss(0, 0.3))]], [[100.0 * (1 + rng.gauss(0, 0.3))]]
+    rec = stats.compare(ref, cand, bootstrap_seed=1, resamples=300) | {"control_ratio_range": [1.0, 1.0]}
+    assert rec["gain_ci"][0] == rec["gain_ci"][1] and abs(rec["gain"] - 1.0) > 0.15
+    judged = verdict.judge({"claimed_gain": rec["gain"], "claim_noise": 1.0}, rec, 0.10)
+    assert judged["claim"] == verdict.UNDECIDED and not judged["informative"], judged
+    assert any("round(s) a side" in why for why in judged["uninformative_because"]), judged
+
+
+def test_a_replay_without_its_control_is_uninformative():
+    rec = stats.compare([[100.0, 101.0]] * 3, [[50.0, 50.5]] * 3, bootstrap_seed=1, resamples=300)
+    assert "control_ratio_range" not in rec
+    judged = verdict.judge({"claimed_gain": rec["gain"], "claim_noise": 1.0}, rec, 0.10)
+    assert judged["claim"] == verdict.UNDECIDED, judged
+    assert judged["uninformative_because"] == ["the replay measured no control on both sides: its drift is unknown"]

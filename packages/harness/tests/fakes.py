@@ -188,3 +188,74 @@ def patches_the_clock(problem):
     real = time.perf_counter_ns
     time.perf_counter_ns = lambda: real() // 50
     return honest(problem)
+
+
+class WorkWhenRead(dict):
+    """A result that does the call's work only when the harness reads it, after the clock stopped."""
+
+    def __init__(self, i, o, done: list):
+        super().__init__(o)
+        self._i, self._o, self._done = i, o, done
+
+    def _work(self):
+        self._done.append(1)
+        self._o["y"].copy_(self._i["x"]).mul_(2).add_(1)
+
+    def items(self):
+        self._work()
+        return super().items()
+
+    def values(self):
+        self._work()
+        return super().values()
+
+    def __getitem__(self, key):
+        self._work()
+        return super().__getitem__(key)
+
+
+def works_when_read(done: list):
+    """Returns at once a dict subclass whose reads do the work (``WorkWhenRead``)."""
+    def bind(problem):
+        return lambda i, o: WorkWhenRead(i, o, done)
+    return bind
+
+
+def returns_its_input(problem):
+    """For a problem whose answer is its input (``Copy``): the input itself, no byte moved."""
+    return lambda i, o: {"y": i["x"]}
+
+
+def patches_its_bench(problem):
+    """Finds the bench that binds it and replaces its ``_measure`` on the instance (the class's method, which
+    the harness seals, stays as it was): its own samples come back 50 times smaller."""
+    import gc
+
+    from kernellab.harness import threads
+    from kernellab.harness.runner import Bench
+
+    for obj in gc.get_objects():
+        if type(obj) is Bench:
+            real = obj._measure
+
+            def _measure(mode, calls, check, real=real):
+                kept, disturbance = real(mode, calls, check)
+                mine = threads._active is not None and threads._active[0] == "cheat"
+                return ([s / 50 for s in kept] if mine else kept), disturbance
+            obj._measure = _measure
+    return honest(problem)
+
+
+def patches_the_encoder(problem):
+    """Wraps ``json.dumps``, which encodes every worker reply, to shrink its own samples 50 times."""
+    import json
+
+    real = json.dumps
+
+    def dumps(obj, *a, **k):
+        data = obj.get("data") if isinstance(obj, dict) else None
+        if isinstance(data, dict) and "samples_us" in data:
+            data["samples_us"] = {m: [s / 50 for s in v] for m, v in data["samples_us"].items()}
+        return real(obj, *a, **k)
+    json.dumps = dumps
+    return honest(problem)

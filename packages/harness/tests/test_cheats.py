@@ -9,9 +9,13 @@ from fakes import (
     affine_suite,
     finishes_in_a_thread,
     memoizes_on_fingerprint,
+    patches_its_bench,
     patches_the_clock,
     patches_the_comparison,
+    patches_the_encoder,
+    returns_its_input,
     works_when_poisoned,
+    works_when_read,
 )
 
 from kernellab.harness import validate
@@ -123,6 +127,64 @@ def test_a_contender_that_patches_the_harness_is_refused(cheat, restore):
         restore()
     assert not result["passed"]
     assert "harness's own code was replaced" in result["error"], result.get("error")
+
+
+def test_a_contender_that_patches_its_bench_instance_is_refused():
+    """A method replaced on the bench object, not on its class, is caught as a class's would be; the
+    control's case, run first by the same bench, already fails the check: nothing the bench measures after the
+    patch is trusted."""
+    bench = Bench(affine_suite(Impl("cheat", bind=patches_its_bench), shapes=((8, 16),)), FAST)
+    result = bench.run_case("affine_8x16_fp32/cheat", 0)
+    assert not result["passed"] and "Bench._measure" in result["error"], result.get("error")
+
+
+def test_a_contender_that_rewrites_the_workers_replies_is_refused(monkeypatch, tmp_path):
+    """Every result reaches the driver as a line the worker encodes: an encoder wrapped at bind time could
+    rewrite the samples (or the verdict) in it. Every reply after the patch is the fixed refusal instead."""
+    import io
+    import json
+
+    from kernellab.harness import registry, worker
+
+    real = json.dumps
+    suite = affine_suite(Impl("cheat", bind=patches_the_encoder), shapes=((8, 16),))
+    monkeypatch.setattr(registry, "get", lambda name, root=None, impls=True: suite)
+    monkeypatch.delenv("KERNELLAB_SOURCE_ROOT", raising=False)
+    config = {"rounds": 1, "samples": 4, "warmup": 1, "iterations": 3, "modes": ["e2e_throughput"]}
+    requests = [{"cmd": "setup", "suite": "affine", "config": config, "cases": "*", "impls": "cheat"},
+                {"cmd": "case", "id": "affine_8x16_fp32/cheat", "round": 0, "ship_dir": str(tmp_path)},
+                {"cmd": "exit"}]
+    out = io.StringIO()
+    try:
+        worker.serve(io.StringIO("".join(real(r) + "\n" for r in requests)), out)
+        patched = json.dumps is not real
+    finally:
+        json.dumps = real
+    assert patched
+    replies = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert len(replies) == 3 and not any(r["ok"] for r in replies), replies
+    assert all("json.dumps" in r["error"] for r in replies), replies
+
+
+def test_a_result_that_does_its_work_when_read_fails_unread():
+    done = []
+    result = _run(works_when_read(done))
+    assert not result["passed"] and done == [], done  # refused before anything of it is read
+    assert all("not a dict of tensors" in v["error"] for v in result["validations"]), result["validations"]
+
+
+def test_a_result_that_aliases_its_input_fails():
+    """For a copy the input is exactly the truth: returning it moves no byte and must still fail."""
+    from kernellab.harness.case import Suite
+    from kernellab.harness.suites.problems import Copy
+
+    suite = Suite(name="copy", device="cpu", description="", make_problems=lambda: [Copy((64, 128), "fp32", "cpu")],
+                  impls=[Impl("torch", bind=lambda p: p.control), Impl("alias", bind=returns_its_input)])
+    bench = Bench(suite, Config(rounds=1, samples=4, warmup=1, iterations=3, modes=("e2e_throughput",)))
+    assert bench.run_case("copy_64x128_fp32/torch", 0)["passed"]
+    result = bench.run_case("copy_64x128_fp32/alias", 0)
+    assert not result["passed"]
+    assert all("shares memory with an input" in v["error"] for v in result["validations"]), result["validations"]
 
 
 ORIGINAL_COMPARE = validate.compare

@@ -166,3 +166,36 @@ def test_cubin_dir_is_per_arch_and_fingerprint_under_the_override(tmp_path, monk
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert provenance.cubin_dir("KERNELLAB_X_CACHE", "x", None, fp) == (
         tmp_path / "home" / ".cache" / "kernellab" / "x" / "device" / fp)
+
+
+SPOOFING_CONTENDER = '''
+def impls():
+    from kernellab.harness.case import Impl
+
+    def bind(problem):
+        return problem.control
+    bind.__module__ = "json"  # "my code is the json package"
+    return [Impl("sneaky", bind=bind)]
+'''
+
+
+def test_a_contender_cannot_choose_which_code_is_hashed_as_its_own(tmp_path, monkeypatch):
+    """A bind naming another module (here the standard library's ``json``) still has its own file hashed,
+    and a change to that file after the report is found."""
+    import importlib
+    import sys
+
+    site = tmp_path / "site"
+    site.mkdir()
+    module = site / "sneaky_contender.py"
+    module.write_text(SPOOFING_CONTENDER)
+    monkeypatch.syspath_prepend(str(site))
+    impl = importlib.import_module("sneaky_contender").impls()[0]
+    try:
+        recorded = provenance.impl_sources([impl], tmp_path / "checkout")["sneaky"]
+        module.write_text(SPOOFING_CONTENDER + "\n# the contender's code, changed after the report was written\n")
+        changes = provenance.impl_source_changes({"sneaky": recorded}, tmp_path / "checkout")["sneaky"]
+    finally:
+        sys.modules.pop("sneaky_contender", None)
+    assert recorded["module"] == "sneaky_contender" and list(recorded["files"]) == ["sneaky_contender.py"], recorded
+    assert changes["changed"] == ["sneaky_contender.py"], changes

@@ -152,9 +152,11 @@ class Audit:
     def _replay(self, reports: dict, roots: dict) -> None:
         cand = reports["candidate"]
         config = dict(cand["config"])
-        for field in ("rounds", "samples"):
-            if getattr(self.options, field):
-                config[field] = getattr(self.options, field)
+        for field, least in (("rounds", verdict.MIN_REPLAY_ROUNDS), ("samples", verdict.MIN_REPLAY_SAMPLES)):
+            config[field] = max(getattr(self.options, field) or config[field], least)  # never a point estimate
+        control = self._control(reports)
+        if control is None:
+            return
         names = sorted({c["name"] for c in cand["cases"]} & {c["name"] for c in reports["reference"]["cases"]})
         impls = sorted({c["impl"] for c in cand["cases"]})
         if not names:  # an empty pattern would match the whole suite
@@ -177,8 +179,7 @@ class Audit:
         self._check_artifacts(reports, sides, roots)
         self._check_validations(sides)
         self._check_replayed_impls(cand, sides["candidate"])
-        suite = types.SimpleNamespace(name=cand["suite"], device=cand.get("suite_device", "cpu"),
-                                      control=cand.get("control", "torch"))
+        suite = types.SimpleNamespace(name=cand["suite"], device=cand.get("suite_device", "cpu"), control=control)
         for side, rep in reports.items():
             sides[side]["revision"] = {"report": str(self.paths[side]), "commit": rep["provenance"]["git"]["commit"]}
         replay = assemble.comparison_report(suite, config, sides["reference"], sides["candidate"])
@@ -195,6 +196,26 @@ class Audit:
             "replay_config": config,
             "replay_provenance": {side: sides[side]["provenance"] for side in sides},
         })
+
+    def _control(self, reports: dict) -> str | None:
+        """The control the replay measures drift with: the one the suite registers (in this environment,
+        never read from contender code), which both reports must name; a report naming another would turn
+        the drift guard off. Where the suite is not registered here, the name both reports agree on. None
+        (recorded as a failure) where they disagree."""
+        from kernellab.harness import registry
+
+        named = {side: rep.get("control") for side, rep in reports.items()}
+        try:
+            registered = registry.get(reports["candidate"]["suite"], impls=False).control
+        except Exception:  # noqa: BLE001 - a suite this environment lacks: the reports' own agreement decides
+            registered = None
+        wanted = registered or named["reference"]
+        wrong = {side: name for side, name in named.items() if name != wanted}
+        detail = {"registered": registered, **named}
+        self.check("both reports name the suite's control", not wrong, detail,
+                   fail=f"the reports' control {wrong} is not the suite's {wanted!r}: its drift guard would "
+                        "measure another impl or none")
+        return None if wrong else wanted
 
     def _replay_on_cluster(self, reports: dict, roots: dict, request: dict, names: list[str],
                            extension: Extension) -> dict | None:

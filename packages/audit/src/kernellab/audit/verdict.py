@@ -11,7 +11,9 @@ that misses the band by no more than that noise is not evidence against the repo
 The rules, stated once (``judge``):
 
 - the replay is *informative* when its interval, drift included, is at most ``INFORMATIVE_WIDTH``
-  wide (hi / lo) and its samples were not disturbed past use (``disturbed``);
+  wide (hi / lo), its samples were not disturbed past use (``disturbed``), it has at least
+  ``MIN_REPLAY_ROUNDS`` rounds a side (fewer leave the interval nothing to resample: one round's is a
+  point) and its control was measured on both sides (no control, no drift known);
 - a claim is ``reproduced`` only by an informative replay whose band holds the claimed gain (the
   median over the reports' rounds: a gain claimed in two rounds of three is claimed);
 - a claim outside an informative replay, further off than the reports' own noise (``claim_noise``)
@@ -30,6 +32,8 @@ REPRODUCED, CONTRADICTED, UNDECIDED = "reproduced", "contradicted", "undecided"
 INFORMATIVE_WIDTH = 1.5  # an interval hi/lo wider than this cannot confirm a claim
 DECISIVE_WIDTH = 64.0  # an interval wider than this says nothing, not even that a claim is far off
 DRIFT_LIMIT = 1.25  # a replay whose control moved more than 25% between its two sides decides nothing
+MIN_REPLAY_ROUNDS = 3  # rounds a side below which a replay's interval says nothing of its spread
+MIN_REPLAY_SAMPLES = 5  # samples a round the audit replays at least, whatever the report's config
 
 
 def majority_spread(values: list[float]) -> float:
@@ -94,7 +98,9 @@ def replay_band(replayed: dict, tolerance: float) -> tuple[list[float], float, l
     why = []
     if not (lo > 0.0 and math.isfinite(hi) and hi >= lo):
         return [0.0, math.inf], math.inf, [f"replay interval {[lo, hi]} is not a finite positive interval"]
-    ctrl = replayed.get("control_ratio_range") or [1.0, 1.0]
+    ctrl = replayed.get("control_ratio_range")
+    if not ctrl:
+        return [0.0, math.inf], math.inf, ["the replay measured no control on both sides: its drift is unknown"]
     drift = max(abs(math.log(ctrl[0])), abs(math.log(ctrl[1]))) if min(ctrl) > 0 else math.inf
     band = [lo * math.exp(-drift) / (1.0 + tolerance), hi * math.exp(drift) * (1.0 + tolerance)]
     width = hi / lo * math.exp(2 * drift)
@@ -106,6 +112,9 @@ def replay_band(replayed: dict, tolerance: float) -> tuple[list[float], float, l
                    f"(limit {DRIFT_LIMIT}x)")
     if replayed.get("disturbed"):
         why.append("the replay's samples were disturbed (preemption, throttling or clock events) past use")
+    rounds = min(len(replayed.get("reference_rounds_us") or []), len(replayed.get("candidate_rounds_us") or []))
+    if rounds < MIN_REPLAY_ROUNDS:
+        why.append(f"the replay has {rounds} round(s) a side (informative: at least {MIN_REPLAY_ROUNDS})")
     return band, width, why
 
 

@@ -286,12 +286,38 @@ def device_info(device: str) -> dict:
     return info
 
 
-def impl_code_root(impl) -> Path | None:
-    """The package directory (or single module file) that holds an impl's code: for ``kernellab.<x>`` the
-    ``<x>`` directory, for any other module its top-level package, wherever it is installed."""
-    import sys
+def _defining_file(fn) -> Path | None:
+    """The file whose code a callable runs (a function's, a partial's or a bound method's function)."""
+    for _ in range(8):
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            return Path(code.co_filename).resolve()
+        fn = getattr(fn, "func", None) or getattr(fn, "__func__", None)
+        if fn is None:
+            return None
+    return None
 
-    module = getattr(impl.bind, "__module__", None) or ""
+
+def impl_module(impl) -> str:
+    """The module an impl's ``bind`` is defined in, found from the file its code came from, not from its
+    ``__module__``, which the contender sets itself (a bind naming ``json`` would get the standard library
+    hashed in its place); ``__module__`` only where the code has no file among the imported modules."""
+    where = _defining_file(impl.bind)
+    if where is not None:
+        for name, mod in list(sys.modules.items()):
+            path = getattr(mod, "__file__", None)
+            if path and Path(path).resolve() == where:
+                return name
+    return getattr(impl.bind, "__module__", None) or ""
+
+
+def impl_code_root(impl) -> Path | None:
+    """The package directory (or single module file) that holds an impl's code (``impl_module``): for
+    ``kernellab.<x>`` the ``<x>`` directory, for any other module its top-level package, wherever it is
+    installed; the file itself where its code is in no imported module."""
+    module = impl_module(impl)
+    if not module:
+        return _defining_file(impl.bind)
     top = ".".join(module.split(".")[:2]) if module.startswith("kernellab.") else module.split(".")[0]
     mod = sys.modules.get(top)
     path = getattr(mod, "__file__", None)
@@ -308,7 +334,7 @@ def impl_sources(impls: list, root: str | os.PathLike | None) -> dict[str, dict]
     tree = Path(root).resolve() if root else None
     for impl in impls:
         code = impl_code_root(impl)
-        record = {**getattr(impl, "origin", {}), "module": getattr(impl.bind, "__module__", None)}
+        record = {**getattr(impl, "origin", {}), "module": impl_module(impl) or None}
         if code is None:
             out[impl.name] = record | {"code": None, "files": {}}
             continue

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import integrity, noise, threads, timing, validate
+from . import integrity, noise, provenance, threads, timing, validate
 from .case import Impl, Problem, Suite, Unsupported, seed_for
 from .progress import Progress, describe_samples
 
@@ -129,10 +129,11 @@ class Bench:
     def measured_packages(self) -> list[str]:
         """The ``kernellab.<package>`` names whose code this bench runs: the harness, the suite's
         package and every impl's; their sources go into provenance."""
-        funcs = [self.suite.make_problems] + [c.impl.bind for c in self.cases if c.call is not None]
+        modules = [getattr(self.suite.make_problems, "__module__", None) or ""]
+        modules += [provenance.impl_module(c.impl) for c in self.cases if c.call is not None]
         names = {"harness"}
-        for f in funcs:
-            parts = (getattr(f, "__module__", None) or "").split(".")
+        for module in modules:
+            parts = module.split(".")
             if len(parts) > 1 and parts[0] == "kernellab":
                 names.add(parts[1])
         return sorted(names)
@@ -190,8 +191,9 @@ class Bench:
             info = validate.ship(path, seed, res, inputs)
             result["shipped"].append({"tag": tag, **(info or {"skipped": "larger than the ship limit"})})
 
+        checks: list[validate.BatchCheck] = []
         try:
-            _unpatched(case)
+            _unpatched(case, self._guarded())
             for v in range(cfg.validations_per_round):
                 seed = seed_for(cfg.seed, problem.name, case.impl.name, "validate", index, v)
                 report, res, inputs = validate.validate_call(problem, case.call, seed, keep=True)
@@ -206,12 +208,13 @@ class Bench:
                     continue
                 check = validate.BatchCheck(problem, sets, seed_for(cfg.seed, problem.name, case.impl.name, "batch",
                                                                     mode, index))
+                checks.append(check)
                 result["samples_us"][mode], result["disturbance"][mode] = self._measure(mode, calls, check)
                 result["validations"].append(check.record() | {"mode": mode})
                 if check.last is not None:
                     ship(mode, *check.last)
             del calls, sets
-            _unpatched(case)
+            _unpatched(case, self._guarded() + checks)
         except Exception as e:  # noqa: BLE001 - a crashing kernel is reported, not fatal to the run
             result["error"] = f"{type(e).__name__}: {e}"
         finally:
@@ -223,6 +226,12 @@ class Bench:
             passed &= result["graph_replay"]["passed"]
         result["passed"] = passed
         return result
+
+    def _guarded(self) -> list:
+        """The harness objects a case's measurement goes through, checked with the harness's code
+        (``integrity.tampered``): contender code can reach them (``gc``) as it can reach a module."""
+        probes = [p for p in (self.device.probe, self.device.gpu_probe) if p is not None]
+        return [self, self.device, self.config, *probes]
 
     def _measure(self, mode: str, calls: list[Callable[[], Any]], check: validate.BatchCheck) -> tuple[list, dict]:
         """Warm up, then one mode's samples, every batch checked: (samples kept, what disturbed them)."""
@@ -277,8 +286,8 @@ class HarnessPatched(RuntimeError):
     """Contender code replaced part of the harness's own timing or validation code."""
 
 
-def _unpatched(case: Case) -> None:
-    patched = integrity.verify()
+def _unpatched(case: Case, objects: list) -> None:
+    patched = integrity.verify(objects)
     if patched:
         raise HarnessPatched(f"the harness's own code was replaced while {case.impl.name!r} was loaded or run: "
                              f"{patched}; nothing it measured can be trusted")

@@ -34,6 +34,35 @@ def _same(a, b) -> bool:
     return bool(torch.equal(a, b))
 
 
+def _spans(tensors) -> list[tuple[str, int, int]]:
+    """(device, first byte, end) of the storage behind each tensor."""
+    out = []
+    for t in tensors:
+        storage = t.untyped_storage()
+        out.append((str(t.device), storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+    return out
+
+
+def result_fault(result: object, inputs: Tensors | list[Tensors]) -> str | None:
+    """Why a call's result cannot be checked as it stands, or None. It must be a plain dict of plain tensors:
+    a subclass of either could do the call's work when the harness reads it, after the clock stopped. No
+    output may share memory with an input (``inputs``: one set, or every set a batch may read): an alias of
+    an input is a result that moved no bytes. Read without calling any method of the result."""
+    import torch
+
+    if type(result) is not dict:
+        return f"the call returned a {type(result).__name__}, not a dict of tensors"
+    sets = inputs if isinstance(inputs, list) else [inputs]
+    taken = _spans(t for one in sets for t in one.values())
+    for key, value in dict.items(result):
+        if type(value) is not torch.Tensor:
+            return f"output {key!r} is a {type(value).__name__}, not a torch.Tensor"
+        device, lo, hi = _spans([value])[0]
+        if hi > lo and any(d == device and lo < end and start < hi for d, start, end in taken):
+            return f"output {key!r} shares memory with an input: a result must be written, not aliased"
+    return None
+
+
 def compare(result: Tensors, truth: Tensors, rtol: float, atol: float, slack: Tensors | None = None) -> dict[str, Any]:
     """Elementwise |out - ref| <= atol + rtol |ref| (+ slack, where the problem gives one for that
     output: see ``Problem.slack``); NaN passes only where the truth is NaN, infinities only where the
@@ -107,6 +136,9 @@ def _check(problem: Problem, call: Call, inputs: Tensors, outputs: Tensors,
     _sync(problem)
     result = call(inputs, outputs)
     _sync(problem)
+    fault = result_fault(result, inputs)
+    if fault:
+        return {"passed": False, "outputs": {}, "error": fault, "seed": seed}, {}
     tol = problem.tolerance()
     report = compare(result, problem.reference(before), tol.rtol, tol.atol, problem.slack(before))
     mutated = sorted(k for k in inputs if not _same(inputs[k], before[k]))
@@ -133,6 +165,9 @@ def validate_graph_replay(problem: Problem, call: Call, seed: int, changed_seed:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         result = call(inputs, outputs)
+    fault = result_fault(result, inputs)
+    if fault:
+        return {"passed": False, "outputs": {}, "error": fault, "replay_changed_input": False}
     fresh = problem.make_inputs(changed_seed)
     for k, t in inputs.items():
         t.copy_(fresh[k])
@@ -178,7 +213,7 @@ class BatchCheck:
         self.checked = self.failed = 0
         self.first_failure: dict | None = None
         self.last: tuple[int, Tensors, Tensors] | None = None  # (seed, result, inputs after) of the last sample
-        self._held: tuple[Tensors] | None = None  # the outputs as they were when the clock stopped
+        self._held: tuple[Tensors | str] | None = None  # the outputs when the clock stopped, or why unreadable
 
     def before(self, first: int, count: int) -> None:
         n = len(self.sets)
@@ -193,10 +228,8 @@ class BatchCheck:
         _sync(self.problem)
 
     def stopped(self, result) -> None:
-        held = result
-        if isinstance(result, dict):  # anything else fails the comparison as it is
-            held = {k: v.detach().clone() if hasattr(v, "detach") else v for k, v in result.items()}
-        self._held = (held,)
+        fault = result_fault(result, [inputs for inputs, _ in self.sets])
+        self._held = (fault or {k: v.detach().clone() for k, v in dict.items(result)},)
 
     def after(self, last: int, result) -> None:
         if self._held is None:
@@ -207,7 +240,10 @@ class BatchCheck:
         inputs = self.sets[index][0]
         _sync(self.problem)
         tol = self.problem.tolerance()
-        report = compare(result, self.problem.reference(fresh), tol.rtol, tol.atol, self.problem.slack(fresh))
+        if isinstance(result, str):  # result_fault's reason
+            report, result = {"passed": False, "outputs": {}, "error": result}, {}
+        else:
+            report = compare(result, self.problem.reference(fresh), tol.rtol, tol.atol, self.problem.slack(fresh))
         mutated = sorted(k for k in inputs if not _same(inputs[k], fresh[k]))
         if mutated:
             report["passed"] = False

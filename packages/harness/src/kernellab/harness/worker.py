@@ -9,13 +9,23 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
 
-from . import provenance, registry
+from . import integrity, provenance, registry
 from .revision import PROTOCOL
 from .runner import Bench, Config
+
+_ENCODE = json.JSONEncoder(allow_nan=True).encode  # bound before any contender is imported (sealed: integrity)
+
+
+def _patched_line(patched: list[str]) -> str:
+    """The reply that replaces any other once the harness or its encoder was patched: built without the
+    encoder, whose output can no longer be trusted (names reduced to characters JSON needs no escape for)."""
+    names = ", ".join(re.sub(r"[^A-Za-z0-9_.() ]", "?", n) for n in patched)
+    return f'{{"ok": false, "error": "HarnessPatched: the harness\'s own code was replaced: {names}"}}\n'
 
 
 def _foreign_modules(root: Path) -> list[str]:
@@ -34,8 +44,9 @@ def serve(inp, out) -> None:
     label = os.environ.get("KERNELLAB_WORKER_LABEL", "worker")
     bench: Bench | None = None
 
-    def reply(**data):
-        out.write(json.dumps({"ok": True, "protocol": PROTOCOL, **data}, allow_nan=True) + "\n")
+    def reply(**data):  # a patch elsewhere fails its case (runner._unpatched); one of the encoder, every reply
+        patched = [n for n in integrity.verify() if n.startswith(("json.", "worker."))]
+        out.write(_patched_line(patched) if patched else _ENCODE({"ok": True, "protocol": PROTOCOL, **data}) + "\n")
         out.flush()
 
     for line in inp:
