@@ -6,6 +6,7 @@ torch-cublas, in alternating rounds. It is how planning's rules for these engine
 
     python3 tools/device/megakernel_sweep.py [--shapes 4096x256x1024,16384x512x2048] [--plans 'wgmma*']
                                              [--rounds 2] [--samples 10] [--name megakernel_sweep]
+    python3 tools/device/megakernel_sweep.py --show A.json[,B.json] [--plans 'split*']   (anywhere: a table)
 
 Every plan is validated (fresh inputs, poisoned output, float reference) before it is timed; a plan that
 fails is reported and not timed. Timing: graph throughput of one call per replay (harness timing).
@@ -38,7 +39,14 @@ PLANS = {  # label -> (engine, planning.forced choices); {}: the planner's own p
     "sync-64": ("persistent-tc", {"mma": "mma.sync", "tile_rows": 64}),
     "sync-s1": ("persistent-tc", {"mma": "mma.sync", "stages": 1}),
     "sync-s2": ("persistent-tc", {"mma": "mma.sync", "stages": 2}),
+    "split1": ("persistent-tc", {"split": 1}),
     "split2": ("persistent-tc", {"split": 2}),
+    "split4": ("persistent-tc", {"split": 4}),
+    "split8": ("persistent-tc", {"split": 8}),
+    "split4-32": ("persistent-tc", {"split": 4, "mma": "mma.sync", "tile_rows": 32}),
+    "split8-32": ("persistent-tc", {"split": 8, "mma": "mma.sync", "tile_rows": 32}),
+    "split4-wgmma": ("persistent-tc", {"split": 4, "mma": "wgmma"}),
+    "split8-wgmma": ("persistent-tc", {"split": 8, "mma": "wgmma"}),
     "split2-64": ("persistent-tc", {"split": 2, "mma": "mma.sync", "tile_rows": 64}),
     "split2-wgmma": ("persistent-tc", {"split": 2, "mma": "wgmma"}),
     "wgmma-64-cp": ("persistent-tc", {"mma": "wgmma", "loads": "cp.async"}),  # the planner's loads are TMA
@@ -127,8 +135,31 @@ def l2_copy_bandwidth(device, megabytes=(4, 8, 16)):
     return out
 
 
+def show(paths: str, plans: str = "*") -> None:
+    """Written records as one markdown table: a row per shape, a column per plan (in the order first met), each
+    cell its p50 in us and, for persistent-tc, its tile as rows/split ('-': not built or not valid there)."""
+    patterns = [p for p in plans.split(",") if p] or ["*"]
+    rows, labels = [], []
+    for path in paths.split(","):
+        with open(path) as f:
+            for entry in json.load(f)["shapes"]:
+                rows.append(entry)
+                labels += [k for k in entry["p50_us"] if k not in labels
+                           and any(fnmatch.fnmatch(k, p) for p in patterns)]
+    print("| shape | " + " | ".join(labels) + " |")
+    print("|---" * (len(labels) + 1) + "|")
+    for entry in rows:
+        cells = []
+        for label in labels:
+            p50, plan = entry["p50_us"].get(label), entry["plans"].get(label, {})
+            tile = f" ({plan['tile_rows']}/{plan['tile_split']})" if plan.get("engine") == "persistent-tc" else ""
+            cells.append("-" if p50 is None else f"{p50:.1f}{tile}")
+        print(f"| {'x'.join(map(str, entry['shape']))} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--show", metavar="RECORD[,RECORD...]", help="print written records as one markdown table")
     ap.add_argument("--shapes", help="comma-separated RxCxH (default: the report's larger development shapes)")
     ap.add_argument("--plans", default="*", help=f"comma-separated shell patterns over {list(PLANS)}")
     ap.add_argument("--rounds", type=int, default=2)
@@ -136,6 +167,9 @@ def main() -> None:
     ap.add_argument("--name", default="megakernel_sweep", help="the JSON's name under $OUT")
     ap.add_argument("--l2", action="store_true", help="also record torch's copy bandwidth within the L2")
     args = ap.parse_args()
+    if args.show:
+        show(args.show, args.plans)
+        return
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     device = timing.Device("cuda")
     device.warm_up(2.0)

@@ -21,15 +21,16 @@ def test_representative_variants_compile_for_sm90a():
 def test_the_full_list_covers_every_engine_and_is_unique():
     names = [v.name for v in aot.variants()]
     # persistent-tc, both forms (every row tile, channel tile, chunk buffers, load width, split, multicast, chunk
-    # schedule and padded register-form size, for 2 residual dtypes) = 388; conventional-tc's two stages (the output
+    # schedule and padded register-form size, for 2 residual dtypes) = 582; conventional-tc's two stages (the output
     # stage for 2 residual dtypes) = 3; the prologue = 3; the report's empty launch-floor kernel = 1; and the
     # CUDA-core kernels compiled for the report's shapes; and the persistent-stack kernels of the report's models
-    assert len(set(names)) == len(names) == 388 + 3 + 3 + 1 + len(aot.cuda_core_variants()) + len(aot.stack_variants())
+    assert len(set(names)) == len(names) == 582 + 3 + 3 + 1 + len(aot.cuda_core_variants()) + len(aot.stack_variants())
     for prefix in ("persistent_", "persistent-global_", "conventional-hidden", "conventional-output",
                    "conventional-tc-hidden", "conventional-tc-output", "persistent-tc_m32_c64_s1",
                    "persistent-tc_m64_c256_s2", "persistent-tc_m32_c64_s4", "persistent-tc_m32_c64_s1_v1",
                    "persistent-tc_m64_c128_s2_wg", "persistent-tc_m128_c256_s1_wg", "persistent-tc_m64_c256_s2_x2",
-                   "persistent-tc_m64_c256_s1_wg_x2", "persistent-tc_m64_c512_s1_wg_tma_ov",
+                   "persistent-tc_m32_c512_s1_x8", "persistent-tc_m64_c256_s1_wg_x2",
+                   "persistent-tc_m64_c512_s1_wg_tma_ov",
                    "persistent-tc_m64_c256_s2_wg_x2_tma_ov", "persistent-tc_regs_c16_h128_res",
                    "persistent-tc_regs_c64_h32_v1", "prologue-rmsnorm", "prologue-cast", "launch-floor",
                    "persistent-stack_mma_m16_c2048_s4_gated", "persistent-stack_grid_m64_c256",

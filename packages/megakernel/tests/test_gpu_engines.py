@@ -61,20 +61,28 @@ def test_persistent_tc_serves_any_shape_up_to_512_channels(rows, channels, hidde
 @settings(deadline=None, max_examples=40)
 @given(rows=st.integers(1, 3000), channels=st.integers(1, 64).map(lambda v: 8 * v),
        hidden=st.integers(1, 150).map(lambda v: 8 * v), tile_rows=st.sampled_from(planning.TC_ROW_TILES),
-       mma=st.sampled_from(planning.TC_MMAS), clusters=st.one_of(st.none(), st.integers(1, 3)),
-       activation=st.sampled_from(model.ACTIVATIONS), seed=st.integers(0, 2**31))
-def test_persistent_tc_hidden_split_plans(rows, channels, hidden, tile_rows, mma, clusters, activation, seed):
-    """persistent-tc with the hidden split over a 2-CTA cluster, forced at random shapes and both row tiles,
-    with several tiles per cluster where ``clusters`` is small."""
+       mma=st.sampled_from(planning.TC_MMAS), split=st.sampled_from(planning.TC_SPLITS[1:]),
+       clusters=st.one_of(st.none(), st.integers(1, 3)), activation=st.sampled_from(model.ACTIVATIONS),
+       seed=st.integers(0, 2**31))
+def test_persistent_tc_hidden_split_plans(rows, channels, hidden, tile_rows, mma, split, clusters, activation, seed):
+    """persistent-tc with the hidden split over a cluster of 2, 4 or 8 CTAs, forced at random shapes and both
+    row tiles, with several tiles per cluster where ``clusters`` is small, and CTAs of a cluster with no
+    hidden chunk where the hidden is short."""
     device = planning.current_device()
     if mma == "wgmma":
         tile_rows = planning.WGMMA_ROW_TILES[0]
     try:
         plan = planning.forced("persistent-tc", rows, channels, hidden, device, tile_rows=tile_rows, mma=mma,
-                               split=2, grid=None if clusters is None else 2 * clusters)
-    except ValueError as e:  # the 64 x 512 tile has no room for the peer's half output tile
-        assert "does not fit" in str(e) and tile_rows == 64 and channels > 256, e
+                               split=split, grid=None if clusters is None else split * clusters)
+    except ValueError as e:  # no room for the peers' partial output tiles (64 x 512 tiles at any split), or
+        # a fragment too short to deal out to the split (few channels)
+        fits = planning.persistent_tc_smem_bytes(tile_rows, planning.channel_tile(channels), 1, split) <= \
+            planning.usable_smem(device)
+        assert ("does not fit" in str(e) and not fits) or (
+            "does not deal" in str(e) and not planning.tc_split_fits(tile_rows, planning.channel_tile(channels),
+                                                                     split)), e
         return
+    assert plan.tile.split == split
     _check_plan(plan, activation, seed)
 
 
@@ -114,10 +122,10 @@ def test_persistent_tc_tma_load_plans(rows, channels, hidden, split, overlap, cl
     try:
         plan = planning.forced("persistent-tc", rows, channels, hidden, device, mma="wgmma", loads="tma",
                                split=split, overlap=overlap, grid=None if clusters is None else split * clusters)
-    except ValueError as e:  # the split 64 x 512 tile has no room for the peer's half output tile; the
-        # overlapped schedule needs a chunk for each CTA of a split
-        assert ("does not fit" in str(e) and split == 2 and channels > 256) or (
-            "a hidden chunk for every CTA" in str(e) and split == 2 and hidden <= planning.TC_HIDDEN_CHUNK), e
+    except ValueError as e:  # a split 64-row tile with no room for the peers' partial output tiles, or a
+        # fragment too short to deal out; the overlapped schedule needs a chunk for each CTA of a split
+        assert split > 1 and any(why in str(e) for why in ("does not fit", "does not deal")) or (
+            "a hidden chunk for every CTA" in str(e) and hidden <= planning.TC_HIDDEN_CHUNK * (split - 1)), e
         return
     assert plan.tile.overlap == overlap
     _check_plan(plan, activation, seed)

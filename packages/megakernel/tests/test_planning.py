@@ -157,7 +157,7 @@ def test_shared_memory_sizes_hold_the_layouts_the_kernels_address(n, k, blocks):
     (4096, 256, 1024, 64, 2, 2, 128, 1),  # 64 tiles split in two: 64-row tiles on 128 SMs, half the hidden each
     (8192, 256, 1024, 64, 1, 2, 128, 1),  # 128 tiles of 64 rows already fill the SMs
     (1024, 128, 1024, 32, 2, 4, 64, 1),  # 32 tiles: split in two, 8 chunks each, room for the most stages
-    (33, 32, 1024, 32, 2, 4, 4, 2),
+    (33, 32, 1024, 32, 4, 4, 8, 2),  # 2 tiles: a wide split (16 chunks over 4 CTAs each), 8 CTAs
     (513, 96, 192, 32, 1, 3, 17, 2),  # three chunks (a split needs two per CTA): three stages, every load of
     (1, 7, 61, 32, 1, 1, 1, 2),  # one chunk                                     a tile issued at its start
 ])
@@ -181,8 +181,13 @@ def test_persistent_tc_tiles_and_grid(rows, channels, hidden, tile, split, stage
     ((1024, 128, 256), (32, 2)), ((2048, 512, 1024), (32, 2)), ((4096, 256, 1024), (64, 2)),
     ((4096, 128, 512), (64, 2)), ((1024, 64, 1024), (32, 2)), ((2048, 256, 2048), (32, 2)),
     ((16384, 256, 1024), (64, 1)), ((8192, 256, 1024), (64, 1)), ((16384, 512, 2048), (64, 1)),
-    ((8448, 512, 512), (64, 1)), ((385, 72, 200), (32, 2)), ((65, 128, 512), (32, 2)), ((640, 256, 768), (32, 2)),
+    ((8448, 512, 512), (64, 1)), ((385, 72, 200), (32, 2)),
     ((257, 64, 128), (32, 1)),  # two chunks: unsplit measured faster (4.1 against 4.4 us)
+    # the H100's sweep of splits over 4 and 8 CTAs (reports/h100/tc-split/): a wide split of 32-row tiles
+    # where its clusters fill at most TC_WIDE_SPLIT_SHARE of the SMs; 2 where more tiles share the L2
+    ((65, 128, 512), (32, 4)), ((640, 256, 768), (32, 4)), ((33, 32, 1024), (32, 4)), ((1, 512, 2048), (32, 8)),
+    ((16, 256, 1024), (32, 8)), ((256, 512, 2048), (32, 8)), ((1024, 512, 2048), (32, 2)),
+    ((1024, 256, 1024), (32, 2)), ((4096, 512, 2048), (32, 1)),
 ])
 def test_tc_layout_takes_the_measured_fastest(shape, layout):
     rows, channels, hidden = shape
@@ -424,9 +429,14 @@ def test_overlapped_plans_fit_and_keep_their_choices(rows, channels, hidden, spl
     try:
         plan = planning.forced("persistent-tc", rows, channels, hidden, H200, mma="wgmma", loads="tma", split=split,
                                overlap=overlap)
-    except ValueError as e:  # the split 64 x 512 tile has no room for the peer's half output tile
-        assert "does not fit" in str(e) and split == 2 and channels > 256 or (
-            "a hidden chunk for every CTA" in str(e) and split == 2 and hidden <= planning.TC_HIDDEN_CHUNK), e
+    except ValueError as e:  # a split 64-row tile without room for the peers' partial output tiles, a
+        # fragment too short to deal out, or fewer hidden chunks than the split's CTAs for the overlap
+        cols = planning.channel_tile(channels)
+        assert split > 1 and (
+            "does not fit" in str(e) and planning.persistent_tc_smem_bytes(64, cols, 1, split, "tma", overlap)
+            > planning.usable_smem(H200)
+            or "does not deal" in str(e) and not planning.tc_split_fits(64, cols, split)
+            or "a hidden chunk for every CTA" in str(e) and planning.ceil_div(hidden, 64) < split), e
         return
     tile = plan.tile
     assert (tile.overlap, tile.split, tile.loads, tile.mma) == (overlap, split, "tma", "wgmma")
@@ -436,20 +446,31 @@ def test_overlapped_plans_fit_and_keep_their_choices(rows, channels, hidden, spl
     assert plan.owners.grid >= 1 and plan.owners.grid % tile.split == 0
 
 
-@pytest.mark.parametrize("count", [4, 8, 16, 32, 64, 128])
-def test_split_exchange_pairs_each_element_with_one_slot(count):
+@pytest.mark.parametrize("count,split", [(count, split) for count in (4, 8, 16, 32, 64, 128) for split in (2, 4, 8)
+                                         if count % (2 * split) == 0])  # whole pair runs: tc_split_fits
+def test_split_exchange_pairs_each_element_with_one_slot(count, split):
     """A hidden split's exchange (persistent_tc): each CTA finishes whole pairs of neighbouring columns (so its
-    y stores stay 8-byte vectors), the two CTAs finish disjoint halves of a fragment, and the elements a CTA
-    finishes, like those it sends, fill its peer-sized buffer's slots 0 .. count / 2 - 1 once each."""
+    y stores stay 8-byte vectors), the CTAs finish disjoint shares of a fragment, and what the split - 1 peers
+    send a CTA fills its receive buffer's (split - 1) * count / split slots once each, every slot holding an
+    element the CTA finishes, the one it reads back for that element."""
     pytest.importorskip("cutlass", reason="engines.tensorcore needs nvidia-cutlass-dsl")
-    from kernellab.megakernel.engines.tensorcore import split_owner, split_slot
+    from kernellab.megakernel.engines.tensorcore import split_owner, split_recv_slot, split_slot
 
+    per = count // split
     assert all(split_owner(i, 1) == 0 for i in range(count))
-    for rank in (0, 1):
-        finished = [i for i in range(count) if split_owner(i, 2) == rank]
-        sent = [i for i in range(count) if split_owner(i, 2) != rank]
-        assert all(split_owner(2 * p, 2) == split_owner(2 * p + 1, 2) for p in range(count // 2))
-        assert sorted(map(split_slot, finished)) == sorted(map(split_slot, sent)) == list(range(count // 2))
+    assert all(split_owner(2 * p, split) == split_owner(2 * p + 1, split) for p in range(count // 2))
+    for owner in range(split):
+        finished = [i for i in range(count) if split_owner(i, split) == owner]
+        assert sorted(split_slot(i, split) for i in finished) == list(range(per))
+        received = {}
+        for sender in set(range(split)) - {owner}:
+            for i in finished:  # the sender's partial of every element the owner finishes
+                slot = split_recv_slot(i, count, split, sender)
+                assert slot not in received and 0 <= slot < (split - 1) * per
+                received[slot] = i
+        assert len(received) == (split - 1) * per
+        for i in finished:  # the owner reads run p's slot of the element for each peer p
+            assert [received[p * per + split_slot(i, split)] for p in range(split - 1)] == [i] * (split - 1)
 
 
 @pytest.mark.parametrize("padded", [16, 32, 48, 64, 80, 128])

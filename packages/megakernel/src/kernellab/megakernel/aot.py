@@ -43,6 +43,7 @@ def variants(representative: bool = False) -> list:
         WGMMA_ROW_TILES,
         persistent_tc_smem_bytes,
         register_form_fits,
+        tc_split_fits,
     )
 
     if representative:
@@ -61,6 +62,7 @@ def variants(representative: bool = False) -> list:
             persistent_tc.Variant(WGMMA_ROW_TILES[0], TC_CHANNEL_TILES[1], stages=2, mma="wgmma"),
             persistent_tc.Variant(WGMMA_ROW_TILES[1], TC_CHANNEL_TILES[0], mma="wgmma"),
             persistent_tc.Variant(TC_ROW_TILES[1], TC_CHANNEL_TILES[2], stages=2, split=2),
+            persistent_tc.Variant(TC_ROW_TILES[0], TC_CHANNEL_TILES[3], split=8),
             persistent_tc.Variant(WGMMA_ROW_TILES[0], TC_CHANNEL_TILES[2], stages=2, mma="wgmma", multicast=2,
                                   loads="tma"),
             persistent_tc.Variant(WGMMA_ROW_TILES[0], TC_CHANNEL_TILES[1], stages=2, mma="wgmma", split=2,
@@ -86,10 +88,12 @@ def variants(representative: bool = False) -> list:
                 for rows in WGMMA_ROW_TILES for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1)
                 if not (rows == WGMMA_ROW_TILES[1] and cols > 256)
                 and persistent_tc_smem_bytes(rows, cols, stages) <= H200.smem_per_block]
-        out += [persistent_tc.Variant(rows, cols, residual, stages, mma=mma, split=2)
+        out += [persistent_tc.Variant(rows, cols, residual, stages, mma=mma, split=split)
                 for mma, row_tiles in (("mma.sync", TC_ROW_TILES), ("wgmma", WGMMA_ROW_TILES[:1]))
                 for rows in row_tiles for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1)
-                if persistent_tc_smem_bytes(rows, cols, stages, split=2) <= H200.smem_per_block]
+                for split in TC_SPLITS[1:]
+                if tc_split_fits(rows, cols, split)
+                and persistent_tc_smem_bytes(rows, cols, stages, split=split) <= H200.smem_per_block]
         out += [persistent_tc.Variant(WGMMA_ROW_TILES[0], cols, residual, stages, mma="wgmma", multicast=m, loads="tma")
                 for m in TC_MULTICASTS[1:] for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1)
                 if persistent_tc_smem_bytes(WGMMA_ROW_TILES[0], cols, stages, loads="tma") <= H200.smem_per_block]
@@ -97,7 +101,8 @@ def variants(representative: bool = False) -> list:
                                       loads="tma", overlap=overlap)
                 for cols in TC_CHANNEL_TILES for stages in range(1, TC_MAX_STAGES + 1) for split in TC_SPLITS
                 for overlap in (False, True)
-                if persistent_tc_smem_bytes(WGMMA_ROW_TILES[0], cols, stages, split, "tma", overlap)
+                if tc_split_fits(WGMMA_ROW_TILES[0], cols, split)
+                and persistent_tc_smem_bytes(WGMMA_ROW_TILES[0], cols, stages, split, "tma", overlap)
                 <= H200.smem_per_block]
         out += [persistent_tc_registers.Variant(cols, hid, residual, vector)
                 for cols in range(REGISTER_FORM_PAD, REGISTER_FORM_MAX[0] + 1, REGISTER_FORM_PAD)

@@ -20,12 +20,13 @@ Padding: channels are padded to the channel tile and the last hidden chunk and r
 partial. Loads zero-fill everything outside the tensors, so padded hidden units have W1 rows and
 W2 columns of zeros: whatever the activation makes of their bias, they add exactly 0 to y.
 
-Hidden split (``split=2``, where ``planning.tc_layout`` takes it): a cluster of two CTAs owns each row tile, CTA r
-runs hidden chunks r, r + 2, ..., so each streams half the weights. Both CTAs' threads hold the same output
-coordinates; at a tile's end each sends the elements the peer finishes (pairs of neighbouring columns alternate
-between the CTAs: ``tensorcore.split_owner``) into the peer's shared memory with asynchronous DSMEM stores
-counted by a transaction barrier, after a cluster barrier that frees the receive buffer (arrived at at the
-tile's start, waited for here), and finishes its own half.
+Hidden split (``split`` S of 2, 4 or 8, where ``planning.tc_layout`` takes it): a cluster of S CTAs owns each row
+tile, CTA r runs hidden chunks r, r + S, ..., so each streams 1/S of the weights. The CTAs' threads hold the same
+output coordinates; at a tile's end each sends the elements every peer finishes (pairs of neighbouring columns go
+round the CTAs: ``tensorcore.split_owner``) into that peer's shared memory, a run of the receive buffer per sender
+(``tensorcore.split_recv_slot``), with asynchronous DSMEM stores counted by a transaction barrier, after a cluster
+barrier that frees the receive buffers (arrived at at the tile's start, waited for here), and finishes its own
+1/S of the tile.
 
 TMA loads (``loads="tma"``, the planner's choice for 64-row wgmma tiles: planning.tc_loads): one thread
 of warp 0 issues each weight chunk by TMA into its buffer, and two mbarrier pipelines (W1, W2) track the
@@ -212,8 +213,8 @@ class PersistentTensorCore:
         y_coords = thr_y.partition_C(cute.make_identity_tensor((tile_rows, cols)))
         h_dst = thr_h.partition_C(s_h[None, None, 0])
         recv, mbar = None, None
-        if cutlass.const_expr(split > 1):  # the peer's partial of the outputs this CTA finishes, and its barrier
-            recv = smem.allocate_tensor(Float32, cute.make_layout((cute.size(acc_y) // 2, TC_THREADS),
+        if cutlass.const_expr(split > 1):  # the peers' partials of the outputs this CTA finishes, and its barrier
+            recv = smem.allocate_tensor(Float32, cute.make_layout(((split - 1) * cute.size(acc_y) // split, TC_THREADS),
                                                                   stride=(TC_THREADS, 1)), 16)
             mbar = smem.allocate_array(cutlass.Int64, num_elems=1, byte_alignment=8)
             if tid == 0:
@@ -396,9 +397,11 @@ class PersistentTensorCore:
                     if row0 + r < rows and c < channels:
                         y[row0 + r, c] = acc_y[i] + epi_b2[i] + epi_res[i]
             elif cutlass.const_expr(split > 1):  # element i is finished by the CTA of rank split_owner(i)
+                per = cute.size(acc_y) // split  # slots of one peer's run in recv
                 for i in cutlass.range_constexpr(cute.size(acc_y)):
                     if tensorcore.split_owner(i, split) == rank:
-                        acc_y[i] = acc_y[i] + recv[tensorcore.split_slot(i), tid]
+                        for p in cutlass.range_constexpr(split - 1):
+                            acc_y[i] = acc_y[i] + recv[p * per + tensorcore.split_slot(i, split), tid]
                 tensorcore.store_output(acc_y, y_coords, row0, 0, rows, channels, b2, residual, y, self.output_width,
                                         split, rank)
             else:
@@ -448,18 +451,22 @@ class PersistentTensorCore:
 
     @cute.jit
     def exchange(self, acc_y: cute.Tensor, recv: cute.Tensor, mbar, rank: Int32, phase: Int32, tid: Int32):
-        """Sum a cluster's two partial output tiles: the same thread of both CTAs holds the same output
-        coordinates, so each sends the elements the peer finishes (``tensorcore.split_owner``) into the peer's
-        ``recv[split_slot(i), tid]`` by asynchronous DSMEM stores, counted by the peer's transaction barrier."""
-        half = cute.size(acc_y) // 2
-        cute.arch.cluster_wait()  # both CTAs are done with the last tile's recv (and the barrier exists): the
+        """Sum a cluster's partial output tiles: the same thread of every CTA holds the same output coordinates,
+        so each sends the elements a peer finishes (``tensorcore.split_owner``) into that peer's
+        ``recv[split_recv_slot(i, ...), tid]`` by asynchronous DSMEM stores, counted by the peer's transaction
+        barrier, which expects the split - 1 senders' runs."""
+        count, split = cute.size(acc_y), self.split
+        cute.arch.cluster_wait()  # every CTA is done with the last tile's recv (and the barrier exists): the
         # arrive went out at the tile's start, so the barrier's round trip is over by now
         if tid == 0:
-            cute.arch.mbarrier_arrive_and_expect_tx(mbar, half * TC_THREADS * 4)
-        for i in cutlass.range_constexpr(cute.size(acc_y)):
-            if tensorcore.split_owner(i, self.split) != rank:
-                ptr = recv.iterator + cute.crd2idx((tensorcore.split_slot(i), tid), recv.layout)
-                cute.arch.store_async_dsmem(ptr, acc_y[i].bitcast(Int32), mbar, 1 - rank)
+            cute.arch.mbarrier_arrive_and_expect_tx(mbar, (split - 1) * (count // split) * TC_THREADS * 4)
+        for owner in cutlass.range_constexpr(split):  # a peer at a time: one run's address live, not split - 1
+            if owner != rank:
+                for i in cutlass.range_constexpr(count):
+                    if cutlass.const_expr(tensorcore.split_owner(i, split) == owner):
+                        ptr = recv.iterator + cute.crd2idx((tensorcore.split_recv_slot(i, count, split, rank), tid),
+                                                           recv.layout)
+                        cute.arch.store_async_dsmem(ptr, acc_y[i].bitcast(Int32), mbar, owner)
         cute.arch.mbarrier_wait(mbar, phase)
 
     def tile_tensor(self, smem: SmemAllocator, layout: cute.ComposedLayout) -> cute.Tensor:

@@ -189,8 +189,8 @@ def store_output(acc: cute.Tensor, coords: cute.Tensor, row0: Int32, col0: Int32
     """y[row0 + r, col0 + c] = acc[i] + b2[col0 + c] + residual[row0 + r, col0 + c] for this thread's elements i
     ((r, c) = coords[i]) inside (rows, cols), ``OUTPUT_BATCH`` at a time: a batch's loads first, then its stores.
     ``width`` 2 (16-byte rows: cols a multiple of 8) takes elements 2p and 2p + 1, neighbouring columns in every
-    MMA fragment, together: one residual load and one 8-byte y store. With ``split`` 2 only the pairs p with
-    p % 2 == ``rank`` (a hidden split's CTA finishes every other pair: ``split_owner``)."""
+    MMA fragment, together: one residual load and one 8-byte y store. With ``split`` S > 1 only the pairs p with
+    p % S == ``rank`` (a hidden split's CTA finishes every S-th pair: ``split_owner``)."""
     count = cute.size(acc)
     batch = min(OUTPUT_BATCH, count)
     bias = cute.make_rmem_tensor((batch,), Float32)
@@ -214,13 +214,20 @@ def store_output(acc: cute.Tensor, coords: cute.Tensor, row0: Int32, col0: Int32
 
 def split_owner(i: int, split: int) -> int:
     """The CTA of a hidden split that finishes output element i of a fragment: pairs of neighbouring columns
-    (elements 2p, 2p + 1) alternate between the two, so that each CTA's stores stay 8-byte vectors."""
+    (elements 2p, 2p + 1) go round the ``split`` CTAs, so that each CTA's stores stay 8-byte vectors."""
     return i // 2 % split
 
 
-def split_slot(i: int) -> int:
-    """Where output element i of a fragment lies among the elements one CTA of a split finishes (or sends)."""
-    return i // 4 * 2 + i % 2
+def split_slot(i: int, split: int) -> int:
+    """Where output element i of a fragment lies among the elements its finishing CTA (``split_owner``) holds."""
+    return i // (2 * split) * 2 + i % 2
+
+
+def split_recv_slot(i: int, count: int, split: int, sender):
+    """Where hidden-split CTA ``sender`` puts output element i (of ``count`` a fragment) in the receive buffer of
+    the CTA that finishes it: one run of count / split slots per peer, the peers in the order (sender - owner - 1)
+    mod split, so that each of the split - 1 senders has its own run."""
+    return (sender - split_owner(i, split) - 1 + split) % split * (count // split) + split_slot(i, split)
 
 
 @cute.jit

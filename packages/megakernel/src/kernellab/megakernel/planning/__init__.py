@@ -244,6 +244,9 @@ from .tensorcore import (
     tc_registers as tc_registers,
 )
 from .tensorcore import (
+    tc_split_fits as tc_split_fits,
+)
+from .tensorcore import (
     tc_stages as tc_stages,
 )
 from .tensorcore import (
@@ -462,13 +465,17 @@ def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpe
 
 def split_plan(plan: Plan, split: int, device: DeviceSpec) -> Plan:
     """persistent-tc's plan with the hidden split across ``split`` CTAs of a cluster: chunk buffers, shared
-    memory and grid planned again. It needs 16-byte rows (cp.async tiles) and the peer's half output tile
-    in shared memory."""
+    memory and grid planned again. It needs 16-byte rows (cp.async tiles), a thread's output fragment dealt out
+    evenly (``tc_split_fits``) and the peers' partial output tiles in shared memory."""
     tile = plan.tile
     if split not in TC_SPLITS:
         raise ValueError(f"split must be one of {TC_SPLITS}, got {split}")
     if tile.vector != VECTOR_ELEMENTS:
         raise ValueError(f"a hidden split needs channels and hidden multiples of {VECTOR_ELEMENTS}")
+    if not tc_split_fits(tile.rows, tile.channels_tile, split):
+        raise ValueError(f"split={split} does not deal a {tile.rows} x {tile.channels_tile} tile's output "
+                         f"fragment of {tile.rows * tile.channels_tile // TC_THREADS} elements a thread into "
+                         f"whole column pairs for each CTA")
     return _replanned(plan, with_schedule(dataclasses.replace(tile, split=split), plan.hidden, device), device)
 
 

@@ -16,11 +16,18 @@ TC_CHANNEL_TILES = (64, 128, 256, 512)
 cubin of CuTe DSL 4.8.1 has 255 registers and a 56-byte stack frame: a few spills)."""
 TC_ROW_TILES = (32, 64)
 TC_MMAS = ("mma.sync", "wgmma")
-TC_SPLITS = (1, 2)
-"""persistent-tc's hidden split: with 2, a cluster of two CTAs owns each row tile, CTA r runs hidden chunks
-r, r + 2, ... and the two partial output tiles are summed through distributed shared memory, so each CTA
-streams half the weights of a tile. It puts SMs to work that whole tiles would leave idle, or lets a 64-row
-tile (half the weight traffic per row) run on as many SMs as 32-row tiles would; ``tc_layout`` decides."""
+TC_SPLITS = (1, 2, 4, 8)
+"""persistent-tc's hidden split: with S, a cluster of S CTAs owns each row tile, CTA r runs hidden chunks
+r, r + S, ... and the S partial output tiles are summed through distributed shared memory, so each CTA
+streams 1/S of the weights of a tile. It puts SMs to work that whole tiles would leave idle, or lets a 64-row
+tile (half the weight traffic per row) run on as many SMs as 32-row tiles would; ``tc_layout`` decides (8 is
+the largest portable cluster)."""
+TC_WIDE_SPLIT_SHARE = 5 / 8
+"""The share of the SMs a split of 4 or 8 may fill (its tiles times its CTAs). On the H100's sweep of 32-row
+tiles (``reports/h100/tc-split/``) the wide splits were fastest at 1-13 tiles (the CTAs stream a tile's weights
+side by side) and a split of 4 at 20 tiles (80 CTAs); from 32 tiles a split of 4 (128 CTAs) tied with 2 or
+lost (the CTAs then share the L2's bandwidth, which ``tc_cost`` does not see), and 8 lost wherever its CTAs
+outnumbered the SMs."""
 TC_MULTICASTS = (1, 2, 4)
 """persistent-tc's weight multicast (wgmma form only): with m, a cluster of m CTAs owning different row
 tiles loads each weight chunk once by TMA, each CTA 1/m of it sent to all, so L2 serves every chunk once
@@ -82,17 +89,33 @@ def tc_cost(rows_per_tile: int, num_tiles: int, hidden: int, split: int, device:
     return ctas_per_sm * tc_chunks_per_cta(hidden, split) * (rows_per_tile + TC_WEIGHT_ROWS)
 
 
+def tc_split_fits(tile_rows: int, channels_tile: int, split: int) -> bool:
+    """Whether a thread's output fragment (tile rows x channel tile over ``TC_THREADS``) deals out whole pairs
+    of neighbouring columns evenly to ``split`` CTAs (``tensorcore.split_owner``)."""
+    return tile_rows * channels_tile // TC_THREADS % (2 * split) == 0
+
+
+def wide_split_fits(rows_per_tile: int, num_tiles: int, split: int, device: DeviceSpec) -> bool:
+    """Whether planning may split a tile over 4 or 8 CTAs: 32-row tiles (the form it was measured on) whose
+    clusters fill at most ``TC_WIDE_SPLIT_SHARE`` of the SMs."""
+    return rows_per_tile == TC_ROW_TILES[0] and num_tiles * split <= TC_WIDE_SPLIT_SHARE * device.sm_count
+
+
 def tc_layout(rows: int, channels_tile: int, hidden: int, may_split: bool, device: DeviceSpec) -> tuple[int, int]:
     """persistent-tc's (rows per tile, hidden split): the cheapest by ``tc_cost``; on ties the larger tile
-    (less weight traffic), then no split (no exchange). A split needs ``may_split`` (16-byte rows, and no
-    choice forced), at least two hidden chunks per CTA and the peer's half output tile in shared memory."""
+    (less weight traffic), then the smaller split (less exchange). A split needs ``may_split`` (16-byte rows,
+    and no choice forced), at least two hidden chunks per CTA, fragments it deals out evenly
+    (``tc_split_fits``) and the peers' partial output tiles in shared memory; one of 4 or 8 CTAs also
+    ``wide_split_fits``."""
     chunks = ceil_div(hidden, TC_HIDDEN_CHUNK)
     candidates = []
     for rows_per_tile in TC_ROW_TILES:
         num_tiles = ceil_div(rows, rows_per_tile)
         for split in TC_SPLITS:
-            if split > 1 and not (may_split and chunks >= 2 * split and
-                                  persistent_tc_smem_bytes(rows_per_tile, channels_tile, 1, split)
+            if split > 1 and not (may_split and chunks >= 2 * split
+                                  and (split <= 2 or wide_split_fits(rows_per_tile, num_tiles, split, device))
+                                  and tc_split_fits(rows_per_tile, channels_tile, split)
+                                  and persistent_tc_smem_bytes(rows_per_tile, channels_tile, 1, split)
                                   <= usable_smem(device)):
                 continue
             cost = tc_cost(rows_per_tile, num_tiles, hidden, split, device)
@@ -181,12 +204,13 @@ TMA_BARRIER_BYTES = 32  # per stage: a full and an empty 8-byte mbarrier for W1 
 def persistent_tc_smem_bytes(tile_rows: int, channels_tile: int, stages: int = 1, split: int = 1,
                              loads: str = "cp.async", overlap: bool = False) -> int:
     """x tile + ``stages`` W1 chunks + ``stages`` W2 chunks + the hidden chunk (two with ``overlap``), all
-    fp16; with a hidden split also the fp32 half of the output tile the peer CTA sends, and its transaction
-    barrier; with TMA loads the full and empty barriers of both weight pipelines."""
+    fp16; with a hidden split of S CTAs also the fp32 partials its S - 1 peers send of the 1/S of the output tile
+    a CTA finishes, and its transaction barrier; with TMA loads the full and empty barriers of both weight
+    pipelines."""
     chunk, hidden_buffers = TC_HIDDEN_CHUNK, 2 if overlap else 1
     size = 2 * (tile_rows * channels_tile + 2 * stages * chunk * channels_tile + hidden_buffers * tile_rows * chunk)
     if split > 1:
-        size += 4 * tile_rows * channels_tile // 2 + SPLIT_BARRIER_BYTES
+        size += 4 * tile_rows * channels_tile * (split - 1) // split + SPLIT_BARRIER_BYTES
     if loads == "tma":
         size += TMA_BARRIER_BYTES * stages
     return size
