@@ -5,8 +5,6 @@ slowing the other side, which the honest control turns into ``inconclusive``."""
 
 import random
 
-import pytest
-
 from kernellab.audit import audit as audit_mod
 from kernellab.harness import assemble, consistency
 from kernellab.harness import report as report_io
