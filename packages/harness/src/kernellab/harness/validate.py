@@ -34,30 +34,28 @@ def _same(a, b) -> bool:
     return bool(torch.equal(a, b))
 
 
-def _spans(tensors) -> list[tuple[str, int, int]]:
-    """(device, first byte, end) of the storage behind each tensor."""
+def input_spans(sets: list[Tensors]) -> list[tuple[str, int, int]]:
+    """(device, first byte, end) of the storage behind every tensor of the input sets (``result_fault``)."""
     out = []
-    for t in tensors:
+    for t in (t for one in sets for t in one.values()):
         storage = t.untyped_storage()
         out.append((str(t.device), storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
     return out
 
 
-def result_fault(result: object, inputs: Tensors | list[Tensors]) -> str | None:
+def result_fault(result: object, taken: list[tuple[str, int, int]]) -> str | None:
     """Why a call's result cannot be checked as it stands, or None. It must be a plain dict of plain tensors:
     a subclass of either could do the call's work when the harness reads it, after the clock stopped. No
-    output may share memory with an input (``inputs``: one set, or every set a batch may read): an alias of
-    an input is a result that moved no bytes. Read without calling any method of the result."""
+    output may share memory with an input (``taken``: ``input_spans`` of every set the call may have read): an
+    alias of an input is a result that moved no bytes. Read without calling any method of the result."""
     import torch
 
     if type(result) is not dict:
         return f"the call returned a {type(result).__name__}, not a dict of tensors"
-    sets = inputs if isinstance(inputs, list) else [inputs]
-    taken = _spans(t for one in sets for t in one.values())
     for key, value in dict.items(result):
         if type(value) is not torch.Tensor:
             return f"output {key!r} is a {type(value).__name__}, not a torch.Tensor"
-        device, lo, hi = _spans([value])[0]
+        device, lo, hi = input_spans([{key: value}])[0]
         if hi > lo and any(d == device and lo < end and start < hi for d, start, end in taken):
             return f"output {key!r} shares memory with an input: a result must be written, not aliased"
     return None
@@ -136,7 +134,7 @@ def _check(problem: Problem, call: Call, inputs: Tensors, outputs: Tensors,
     _sync(problem)
     result = call(inputs, outputs)
     _sync(problem)
-    fault = result_fault(result, inputs)
+    fault = result_fault(result, input_spans([inputs]))
     if fault:
         return {"passed": False, "outputs": {}, "error": fault, "seed": seed}, {}
     tol = problem.tolerance()
@@ -165,7 +163,7 @@ def validate_graph_replay(problem: Problem, call: Call, seed: int, changed_seed:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         result = call(inputs, outputs)
-    fault = result_fault(result, inputs)
+    fault = result_fault(result, input_spans([inputs]))
     if fault:
         return {"passed": False, "outputs": {}, "error": fault, "replay_changed_input": False}
     fresh = problem.make_inputs(changed_seed)
@@ -207,6 +205,7 @@ class BatchCheck:
         from .case import seed_for
 
         self.problem, self.sets, self.seed = problem, sets, seed
+        self._taken = input_spans([inputs for inputs, _ in sets])  # the sets' storage does not move
         self._seed_for = seed_for
         self._written: dict[int, tuple[int, Tensors]] = {}  # set index -> (seed, the contents written)
         self._count = 0
@@ -228,7 +227,7 @@ class BatchCheck:
         _sync(self.problem)
 
     def stopped(self, result) -> None:
-        fault = result_fault(result, [inputs for inputs, _ in self.sets])
+        fault = result_fault(result, self._taken)
         self._held = (fault or {k: v.detach().clone() for k, v in dict.items(result)},)
 
     def after(self, last: int, result) -> None:
