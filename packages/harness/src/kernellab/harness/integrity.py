@@ -22,6 +22,7 @@ import threading
 import time
 import types
 
+REPLACED = "the harness's own code was replaced"  # how every refusal for a patch begins (runner, worker)
 MODULES = ("case", "integrity", "noise", "runner", "stats", "threads", "timing", "validate", "worker")
 
 

@@ -305,8 +305,8 @@ def impl_module(impl) -> str:
     where = _defining_file(impl.bind)
     if where is not None:
         for name, mod in list(sys.modules.items()):
-            path = getattr(mod, "__file__", None)
-            if path and Path(path).resolve() == where:
+            path = getattr(mod, "__file__", None)  # resolved only where the name matches: a resolve is a syscall
+            if path and os.path.basename(path) == where.name and Path(path).resolve() == where:
                 return name
     return getattr(impl.bind, "__module__", None) or ""
 
@@ -315,9 +315,13 @@ def impl_code_root(impl) -> Path | None:
     """The package directory (or single module file) that holds an impl's code (``impl_module``): for
     ``kernellab.<x>`` the ``<x>`` directory, for any other module its top-level package, wherever it is
     installed; the file itself where its code is in no imported module."""
-    module = impl_module(impl)
+    return _code_root(impl_module(impl), impl.bind)
+
+
+def _code_root(module: str, bind) -> Path | None:
+    """``impl_code_root`` of an impl whose ``impl_module`` is ``module``."""
     if not module:
-        return _defining_file(impl.bind)
+        return _defining_file(bind)
     top = ".".join(module.split(".")[:2]) if module.startswith("kernellab.") else module.split(".")[0]
     mod = sys.modules.get(top)
     path = getattr(mod, "__file__", None)
@@ -333,8 +337,9 @@ def impl_sources(impls: list, root: str | os.PathLike | None) -> dict[str, dict]
     out: dict[str, dict] = {}
     tree = Path(root).resolve() if root else None
     for impl in impls:
-        code = impl_code_root(impl)
-        record = {**getattr(impl, "origin", {}), "module": impl_module(impl) or None}
+        module = impl_module(impl)
+        code = _code_root(module, impl.bind)
+        record = {**getattr(impl, "origin", {}), "module": module or None}
         if code is None:
             out[impl.name] = record | {"code": None, "files": {}}
             continue

@@ -130,7 +130,7 @@ class Bench:
         """The ``kernellab.<package>`` names whose code this bench runs: the harness, the suite's
         package and every impl's; their sources go into provenance."""
         modules = [getattr(self.suite.make_problems, "__module__", None) or ""]
-        modules += [provenance.impl_module(c.impl) for c in self.cases if c.call is not None]
+        modules += [provenance.impl_module(impl) for impl in self.runnable_impls()]
         names = {"harness"}
         for module in modules:
             parts = module.split(".")
@@ -289,7 +289,7 @@ class HarnessPatched(RuntimeError):
 def _unpatched(case: Case, objects: list) -> None:
     patched = integrity.verify(objects)
     if patched:
-        raise HarnessPatched(f"the harness's own code was replaced while {case.impl.name!r} was loaded or run: "
+        raise HarnessPatched(f"{integrity.REPLACED} while {case.impl.name!r} was loaded or run: "
                              f"{patched}; nothing it measured can be trusted")
 
 

@@ -25,7 +25,7 @@ def _patched_line(patched: list[str]) -> str:
     """The reply that replaces any other once the harness or its encoder was patched: built without the
     encoder, whose output can no longer be trusted (names reduced to characters JSON needs no escape for)."""
     names = ", ".join(re.sub(r"[^A-Za-z0-9_.() ]", "?", n) for n in patched)
-    return f'{{"ok": false, "error": "HarnessPatched: the harness\'s own code was replaced: {names}"}}\n'
+    return f'{{"ok": false, "error": "HarnessPatched: {integrity.REPLACED}: {names}"}}\n'
 
 
 def _foreign_modules(root: Path) -> list[str]:
