@@ -709,9 +709,9 @@ class GradKernel(RowKernel):
     def next_row(self, thr, source, tensors, row_tensors, rows, block, visit, grid, first, cols, row_ok, terms):
         """``terms(values, row_values)`` of this CTA's ``visit``-th row block ``block`` (``row_ok``: this thread's row
         is before M): the row tensors' values in fp32 (zeros past M and N) and its row values (1.0 past M); and the
-        read of a later block issued. With the
-        register prefetch ``terms`` runs before the next block's loads overwrite the registers, in the order the
-        kernels' own loops had before the ring (their default cubins keep their registers)."""
+        read of a later block issued. With the register prefetch ``terms`` runs before the next block's loads
+        overwrite the registers, in the order the kernels' own loops had before the ring (their default cubins keep
+        their registers)."""
         frags, stats = source
         if const_expr(self.ring == 0):
             found = terms([f.load().to(Float32) for f in frags], [stats[i] for i, _ in enumerate(row_tensors)])
