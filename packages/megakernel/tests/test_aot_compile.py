@@ -129,7 +129,7 @@ def test_every_report_model_plan_runs_an_ahead_of_time_stack_variant():
                 continue
             assert persistent_stack.variant(plan).name in AOT_NAMES
             forms.add(plan.form)
-    assert forms == {"grid", "gemv", "mma"}
+    assert forms == {"gemv", "mma"}  # past the mma form's rows the per-block chain serves every report model
 
 
 def test_prologue_spreads_few_rows_over_more_warps_each():

@@ -13,7 +13,6 @@ from kernellab.megakernel.compiler import frontend
 from kernellab.megakernel.compiler.passes import PassError
 from kernellab.megakernel.engines.graph import GraphCall
 from kernellab.megakernel.planning.stack import (
-    FUSED_ROWS,
     GEMV_PLANNED_ROWS,
     GEMV_ROW_TILES,
     MMA_PLANNED_ROWS,
@@ -204,17 +203,16 @@ def test_a_gated_plan_takes_the_mma_form_to_its_rows_then_the_chain():
         assert (plan and (plan.form, plan.tile_rows)) == runs
 
 
-@pytest.mark.parametrize("compiled_rows, form", [(1, "gemv"), (GEMV_PLANNED_ROWS + 1, "mma"),
-                                                 (MMA_RESIDENT_ROWS + 1, "grid")])
+@pytest.mark.parametrize("compiled_rows, form", [(1, "gemv"), (GEMV_PLANNED_ROWS + 1, "mma")])
 def test_a_plan_called_past_its_forms_rows_runs_the_planned_form(compiled_rows, form):
-    """Compiled for one row (the gemv form), past the gemv form's planned rows (the mma form) or past the mma
-    form's (the grid form), called with the gemv form's planned rows, the mma form's, one more, and past the fused
-    forms' rows: each call correct, on the form planning chooses for its rows, the last on the per-block chain."""
+    """Compiled for one row (the gemv form) or past the gemv form's planned rows (the mma form), called with the
+    gemv form's planned rows, the mma form's and past them: each call correct, on the form planning chooses for its
+    rows, past the mma form's on the per-block chain."""
     spec = {"channels": 64, "blocks": [{"hidden": 256, "activation": "silu", "norm": "rmsnorm"}] * 2}
     compiled = compile_model(spec, rows=compiled_rows, seed=2, engine="persistent-stack")
     assert compiled.program.stack.form == form
-    for rows, runs in [(GEMV_PLANNED_ROWS, "gemv"), (MMA_RESIDENT_ROWS, "mma"), (MMA_RESIDENT_ROWS + 1, "grid"),
-                       (FUSED_ROWS + 1, None)]:
+    for rows, runs in [(GEMV_PLANNED_ROWS, "gemv"), (MMA_RESIDENT_ROWS, "mma"), (MMA_RESIDENT_ROWS + 1, None),
+                       (300, None)]:
         plan = call_checked(compiled, rows)
         assert (plan and plan.form) == runs
 
@@ -225,7 +223,7 @@ def test_report_models_are_fused_and_pass(case, rows):
     if isinstance(plan_stack(frontend.read_spec(case.spec)[0], rows, planning.current_device()), StackPlan):
         compiled = _validate(case.spec, rows, 0)
         assert "persistent-stack" in str(compiled.plan())
-    else:  # the per-block chain serves it (a gated stack past the mma form's rows)
+    else:  # the per-block chain serves it (past the mma form's rows)
         compiled = compile_model(case.spec, rows=rows, seed=0, engine="persistent-stack")
         assert compiled.fused is None and "per-block chain was faster" in str(compiled.plan())
 

@@ -14,7 +14,6 @@ from kernellab.megakernel.compiler import frontend, passes, runner
 from kernellab.megakernel.compiler.ir import Block
 from kernellab.megakernel.engines import stack_packing
 from kernellab.megakernel.planning.stack import (
-    FUSED_ROWS,
     GEMV_PLANNED_ROWS,
     GEMV_RING_STAGES,
     GEMV_ROW_TILES,
@@ -52,7 +51,7 @@ def planned_form(rows: int, gated: bool, weights_fit_l2: bool = True) -> str | N
         return "gemv"
     if rows <= (MMA_RESIDENT_ROWS if weights_fit_l2 else MMA_PLANNED_ROWS):
         return "mma"
-    return None if gated or rows > FUSED_ROWS else "grid"
+    return None
 
 
 def weights_fit_l2(blocks) -> bool:
@@ -60,7 +59,7 @@ def weights_fit_l2(blocks) -> bool:
 
 
 @pytest.mark.parametrize("case", models.REPORT_MODELS, ids=lambda c: c.name)
-def test_report_models_plan_gemv_then_mma_at_decode_rows_then_grid_or_the_chain(case):
+def test_report_models_plan_gemv_then_mma_at_decode_rows_then_the_chain(case):
     blocks = _blocks(case.spec)
     for rows in sorted({*models.REPORT_ROWS, 24, 32, 33}):
         plan = plan_stack(blocks, rows, H200)
@@ -82,7 +81,7 @@ def test_grid_form_spreads_each_row_tile_over_the_chunks_it_has():
     plan = plan_stack(_blocks(_uniform(2048, 8192, 4, gated=True, norm="rmsnorm")), 3, H200, form="grid")
     assert (plan.form, plan.tile_rows, plan.num_tiles) == ("grid", 16, 1)
     assert plan.ctas_per_tile == 128 == plan.chunks[0]  # one chunk of 64 hidden units a CTA a block
-    small = plan_stack(_blocks(_uniform(256, 1024, 4)), 64, H200)
+    small = plan_stack(_blocks(_uniform(256, 1024, 4)), 64, H200, form="grid")
     assert small.tile_rows == 64 and small.num_tiles == 1  # the fewest row tiles: each streams every weight
     assert small.ctas_per_tile == 16 and small.grid == 16  # 16 chunks a block
     wide = plan_stack(_blocks(_uniform(2048, 8192, 4, gated=True)), 64, H200, form="grid")
@@ -125,7 +124,7 @@ def test_rows_form_picks_the_cheapest_tile_and_the_largest_on_ties():
 
 def test_decode_rows_with_too_few_chunks_for_the_grid_form_leave_the_chain_and_say_why():
     plan = plan_stack(_blocks(_uniform(64, 64, 3)), MMA_RESIDENT_ROWS + 1, H200)
-    assert isinstance(plan, planning.Refusal) and plan.reason.startswith("grid form: 1 row tiles leave fewer than 2")
+    assert isinstance(plan, planning.Refusal) and "past the 32 a fused form takes unforced" in plan.reason
     forced_tile = plan_stack(_blocks(_uniform(64, 64, 3)), MMA_RESIDENT_ROWS + 1, H200, tile_rows=64)
     assert forced_tile.form == "rows" and forced_tile.why.startswith("grid form: 1 row tiles leave fewer than 2")
 
@@ -230,7 +229,8 @@ def test_gemv_form_is_planned_at_decode_rows_and_refuses_a_tile_it_has_not():
         assert planned.tile_rows == min(t for t in GEMV_ROW_TILES if t >= rows), "the smallest tile that holds them"
     assert plan_stack(blocks, GEMV_PLANNED_ROWS + 1, H200).form == "mma"
     assert plan_stack(blocks, MMA_RESIDENT_ROWS, H200).form == "mma"  # its weights (16 MB) fit the L2
-    assert plan_stack(blocks, MMA_RESIDENT_ROWS + 1, H200).form == "grid"
+    past = plan_stack(blocks, MMA_RESIDENT_ROWS + 1, H200)
+    assert isinstance(past, planning.Refusal) and "per-block chain was faster there" in past.reason
     assert plan_stack(blocks, 1, H200, tile_rows=16).form == "grid", "a forced tile keeps the forms it names"
     forced = plan_stack(blocks, 4, H200, form="gemv", tile_rows=2)
     assert (forced.tile_rows, forced.forced) == (2, True)
@@ -257,11 +257,8 @@ def test_a_call_past_its_forms_rows_runs_what_planning_would_choose():
     wider_mma = call_plan(at_16, MMA_PLANNED_ROWS + 1, H200)  # weights in the L2: the mma form, a tile holding them
     assert wider_mma == plan_stack(blocks, MMA_PLANNED_ROWS + 1, H200) and (wider_mma.form, wider_mma.tile_rows) == (
         "mma", MMA_RESIDENT_ROWS)
-    past = call_plan(at_16, MMA_RESIDENT_ROWS + 1, H200)
-    assert past == plan_stack(blocks, MMA_RESIDENT_ROWS + 1, H200) and past.form == "grid"
-    assert call_plan(planned, MMA_RESIDENT_ROWS + 1, H200) == past
-    assert call_plan(planned, FUSED_ROWS, H200).form == "grid"
-    assert call_plan(planned, FUSED_ROWS + 1, H200) is None  # past the grid form's rows: the per-block chain
+    assert call_plan(at_16, MMA_RESIDENT_ROWS + 1, H200) is None  # past the mma form's rows: the per-block chain
+    assert call_plan(planned, MMA_RESIDENT_ROWS + 1, H200) is None
     gated = plan_stack(_blocks(_uniform(512, 2048, 2, gated=True)), MMA_PLANNED_ROWS, H200)
     assert call_plan(gated, MMA_PLANNED_ROWS, H200) is gated
     wider_gated = call_plan(gated, MMA_RESIDENT_ROWS, H200)  # weights in the L2: the mma form, a tile holding the rows
@@ -417,7 +414,7 @@ def test_packing_pads_with_zeros_and_records_the_meta():
 
 def test_a_forced_form_is_marked_forced_and_a_planned_one_not():
     blocks = _blocks(_uniform(256, 1024, 2))
-    assert not any(plan_stack(blocks, rows, H200).forced for rows in (1, 16, 64))
+    assert not any(plan_stack(blocks, rows, H200).forced for rows in (1, 16, 32))
     assert plan_stack(blocks, 16, H200, tile_rows=16).forced  # a forced tile is kept by calls as a forced form
     assert all(plan_stack(blocks, rows, H200, form=form).forced for rows, form in ((1, "gemv"), (16, "grid"),
                                                                                    (1024, "rows")))

@@ -116,12 +116,13 @@ def variants(representative: bool = False) -> list:
 
 def stack_variants() -> list:
     """The persistent-stack kernels of the report's models section: each model's plan at each row count, and the
-    gemv, mma and rows forms forced at the row counts each takes (the rows form at every one: it is forced only)."""
+    gemv, mma, grid and rows forms forced at the row counts each takes (the rows form at every one: it is forced
+    only; the grid form to ``DECODE_ROWS``, where the forms are timed side by side)."""
     from .compiler import frontend
     from .engines import persistent_stack
     from .models import REPORT_MODELS, REPORT_ROWS
     from .planning import H200
-    from .planning.stack import GEMV_ROWS, MMA_ROWS, StackPlan, plan_stack
+    from .planning.stack import DECODE_ROWS, GEMV_ROWS, MMA_ROWS, StackPlan, plan_stack
 
     out = []
     for case in REPORT_MODELS:
@@ -130,7 +131,7 @@ def stack_variants() -> list:
             plan = plan_stack(blocks, rows, H200)
             if isinstance(plan, StackPlan):
                 out.append(persistent_stack.variant(plan))
-            for form, most in (("gemv", GEMV_ROWS), ("mma", MMA_ROWS), ("rows", None)):  # forced where each runs
+            for form, most in (("gemv", GEMV_ROWS), ("mma", MMA_ROWS), ("grid", DECODE_ROWS), ("rows", None)):
                 if most is None or rows <= most:
                     forced = plan_stack(blocks, rows, H200, form=form)
                     if isinstance(forced, StackPlan):

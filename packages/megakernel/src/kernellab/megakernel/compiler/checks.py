@@ -140,12 +140,15 @@ PASS_CASES = (
     PassCase("owners rejects a plan no SM could hold", "owners",
              lambda: run_to("owners", _program(_gelu(512, 2048), rows=16384, device=CRAMPED_DEVICE)),
              error="no CTA could be resident"),
-    PassCase("stack: every form fused in one launch, the grid form at decode rows", "stack",
+    PassCase("stack: blocks of every norm and activation fused in one launch, the mma form at decode rows", "stack",
              lambda: run_to("stack", _program(_gelu(256, 1024, norm=RMSNORM),
-                                              Block(256, 1000, "gelu_erf", norm=Norm("layernorm", bias=True)), rows=48,
+                                              Block(256, 1000, "gelu_erf", norm=Norm("layernorm", bias=True)), rows=16,
                                               fuse=True)),
-             expect=lambda p: p.stack is not None and p.stack.form == "grid" and p.stack.chunks == (16, 16)
+             expect=lambda p: p.stack is not None and p.stack.form == "mma" and p.stack.chunks == (16, 16)
              and p.stack_refusal is None),
+    PassCase("stack: a plain stack past the mma form's rows keeps the per-block chain, with the reason", "stack",
+             lambda: run_to("stack", _program(_gelu(256, 1024, norm=RMSNORM), _gelu(256, 1024), rows=48, fuse=True)),
+             expect=lambda p: p.stack is None and "past the 32 a fused form takes" in p.stack_refusal),
     PassCase("stack: a gated stack past the mma form's rows keeps the per-block chain, with the reason", "stack",
              lambda: run_to("stack", _program(_gelu(256, 1024, gated=True), _gelu(256, 1024, gated=True), rows=48,
                                               fuse=True)),

@@ -10,11 +10,12 @@ Four forms:
 - ``rows``: CTA b owns row tiles b, b + grid, ...; it carries a tile through every block with the fp32 stream
   of the tile in shared memory (tile_rows x channels_tile), so the stream never leaves the SM between blocks.
   Needs no grid-wide synchronization (rows are independent). Every CTA streams every weight through its one SM,
-  which makes it slower than the per-block chain at every row count measured on the H200 (``FUSED_ROWS``): it is
+  which makes it slower than the per-block chain at every row count measured on the H200 (256 to 4096): it is
   forced only (tests, sweeps, a forced form's calls past its rows), and refused where the weights do not fit the L2.
-  Unforced, past ``FUSED_ROWS`` rows (``fused_rows_most`` for a gated stack) the per-block chain serves.
-- ``grid``: planned past the mma form's rows up to ``FUSED_ROWS`` for a plain stack, where one CTA per row tile
-  streaming every weight would leave most SMs idle: the fewest row tiles that fit (16, 32 or 64 rows), each block's
+  Unforced, past the mma form's rows (``mma_rows_most``) the per-block chain serves every stack.
+- ``grid``: planned only at the mma form's rows where its tile does not fit (to ``MMA_PLANNED_ROWS`` for a gated
+  stack); one CTA per row tile streaming every weight would leave most SMs idle: the fewest row tiles that fit
+  (16, 32 or 64 rows), each block's
   hidden chunks spread over ``grid // row tiles`` CTAs per row tile,
   each adding its partial W2 product into the next stream buffer in global memory with fp32 atomic adds,
   and a grid-wide barrier between blocks (every CTA resident: grid <= SMs). The weights are still
@@ -49,7 +50,7 @@ STACK_STAGES = (2, 3, 4, 6, 8)
 """Weight tiles in the ring: one is computed on while the others load (cp.async, one commit group each)."""
 DECODE_ROWS = 64
 """Decode row counts: with a forced tile and no forced form, rows up to this take the grid form and past it the
-rows form; ``FUSED_ROWS`` is four times it."""
+rows form."""
 THREADS_PER_16_ROWS = 128
 GEMV_ROW_TILES = (1, 2, 4, 8, 16)
 """Rows the gemv form computes at once (compile-time: a lane's accumulators, one per row and output)."""
@@ -75,14 +76,12 @@ MMA_RESIDENT_ROWS = 32
 fit the L2 (``packed_weight_bytes``). On an H100 (``reports/h100/phase-b-split/``, with 0.26.0's phase B) at 24 and
 32 rows it beat the grid form on both plain report models and the per-block chain on the 2-block SwiGLU model (35 MB
 of weights), and lost to the grid form at 64 rows on the 4-block model and to the chain from 40 rows on the SwiGLU
-one; on the 1B-sized stack (400 MB) it lost to the chain from 24 rows. Past the mma form's rows a gated stack runs
-the per-block chain (``fused_rows_most``): the grid form lost to it on both gated report models at 32 and 64 rows
-(``reports/h100/large-rows/``, and at 64 on the H200)."""
-FUSED_ROWS = 4 * DECODE_ROWS
-"""Row counts up to this take a fused form unforced (the grid form's cap); past them the per-block chain serves the
-stack: on the H200 the rows form, the only fused form there, was 3-23x slower than the chain on every report model
-at 256, 1024 and 4096 rows (every row tile streams every weight through one SM), and the grid form forced there lost
-to the chain from 1024 rows on every model."""
+one; on the 1B-sized stack (400 MB) it lost to the chain from 24 rows. Past the mma form's rows every stack runs
+the per-block chain (``mma_rows_most``): on the H200, with 0.27.0's hidden split over up to 8 CTAs in the chain, the
+chain beat the grid form by 1.4-1.8x at 48 and 64 rows on both plain report models and the mma form there by
+1.2-2.5x (``reports/h200/models/``, the forms at decode rows); the grid form had lost to it on both gated report
+models at 32 and 64 rows before (``reports/h100/large-rows/``), and the rows form, forced, was 3-23x slower than
+the chain at 256-4096 rows on every report model."""
 MMA_SPLIT_MOST = 8
 """Warps of a CTA that may share one phase A unit tile of the mma form, each taking every split-th 64-column chunk
 (all 8: their sums meet in the CTA's shared memory)."""
@@ -254,15 +253,14 @@ def _choose(blocks, rows: int, device: DeviceSpec, form: str | None, tile_rows: 
 
 
 def _planned(rows, channels, cols, chunks, gated, device) -> StackPlan | Refusal:
-    """The unforced choice: the gemv or mma form at their planned rows (``mma_rows_most``); then, up to
-    ``FUSED_ROWS`` rows of a plain stack (and where the mma form does not fit, up to ``MMA_PLANNED_ROWS`` of a gated
-    one), the grid form; else the refusal that leaves the per-block chain to serve (the rows form is never planned:
-    it is forced for tests and sweeps only)."""
+    """The unforced choice: the gemv or mma form at their planned rows (``mma_rows_most``); at those rows where
+    neither fits, the grid form (for a gated stack up to ``MMA_PLANNED_ROWS``); else the refusal that leaves the
+    per-block chain to serve (the rows form is never planned: it is forced for tests and sweeps only)."""
     weight_bytes = packed_weight_bytes(cols, chunks, gated)
     got = _matrix_vector_plan(rows, channels, cols, chunks, gated, device, weight_bytes)
     if got is not None:
         return got
-    most = fused_rows_most(gated, weight_bytes, device)
+    most = mma_rows_most(weight_bytes, device)
     if rows > most:
         return Refusal(STACK_ENGINE, f"{rows} rows{' of a gated stack' if gated else ''}, past the {most} a fused "
                                      "form takes unforced: the per-block chain was faster there")
@@ -278,15 +276,9 @@ def packed_weight_bytes(channels_tile: int, chunks, gated: bool) -> int:
 
 
 def mma_rows_most(weight_bytes: int, device: DeviceSpec) -> int:
-    """The most rows the mma form takes unforced: ``MMA_RESIDENT_ROWS`` where the packed weights fit the L2, else
-    ``MMA_PLANNED_ROWS``."""
+    """The most rows the mma form takes unforced, and so the most planning fuses a stack at (past them the per-block
+    chain serves): ``MMA_RESIDENT_ROWS`` where the packed weights fit the L2, else ``MMA_PLANNED_ROWS``."""
     return MMA_RESIDENT_ROWS if weight_bytes <= device.l2_bytes else MMA_PLANNED_ROWS
-
-
-def fused_rows_most(gated: bool, weight_bytes: int, device: DeviceSpec) -> int:
-    """The most rows planning fuses a stack at: ``FUSED_ROWS`` for a plain one, the mma form's (``mma_rows_most``)
-    for a gated one."""
-    return mma_rows_most(weight_bytes, device) if gated else FUSED_ROWS
 
 
 STREAM_BALANCE_ROWS = 48
@@ -346,7 +338,7 @@ def _grid_plan(rows, channels, cols, chunks, gated, device, tile_rows) -> StackP
                                      f"{device.sm_count} SMs")
     return StackPlan("grid", rows, channels, cols, tile, stages, gated, tiles * per_tile, chunks,
                      stack_smem_bytes("grid", tile, cols, stages),
-                     f"grid form (planned to {FUSED_ROWS} rows of a plain stack): {per_tile} CTAs share each row "
+                     f"grid form (planned where the mma form does not fit at its rows): {per_tile} CTAs share each row "
                      "tile's hidden chunks, so every SM streams weights; partial sums by fp32 atomics, a grid "
                      "barrier between blocks")
 
@@ -432,7 +424,7 @@ def planned_rows_most(plan: StackPlan, device: DeviceSpec) -> int | None:
     the per-block chain); None for a forced plan, whose calls stay fused."""
     if plan.forced:
         return None
-    return fused_rows_most(plan.gated, packed_weight_bytes(plan.channels_tile, plan.chunks, plan.gated), device)
+    return mma_rows_most(packed_weight_bytes(plan.channels_tile, plan.chunks, plan.gated), device)
 
 
 def rows_form_of(plan: StackPlan, rows: int, device: DeviceSpec) -> StackPlan | None:
