@@ -1,6 +1,25 @@
 """A tiny CPU problem and contenders, honest and planted, for testing the harness itself."""
 
+import contextlib
+
 from kernellab.harness.case import Impl, Problem, Suite, Tolerance
+
+
+@contextlib.contextmanager
+def harness_constant(module, name: str, value):
+    """Set one of the harness's constants for a test, sealed as set (``integrity`` refuses a constant changed
+    under it), and restore both after."""
+    from kernellab.harness import integrity
+
+    key = f"{module.__name__.rsplit('.', 1)[-1]}.{name}"
+    old, sealed = getattr(module, name), integrity._SEALED[key]
+    setattr(module, name, value)
+    integrity._SEALED[key] = (value, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
+        integrity._SEALED[key] = sealed
 
 
 class Affine(Problem):
@@ -259,3 +278,78 @@ def patches_the_encoder(problem):
         return real(obj, *a, **k)
     json.dumps = dumps
     return honest(problem)
+
+
+def patches_a_tensor_method(problem):
+    """Does no work in its call; at its first call (after the case's first integrity check) it replaces
+    ``torch.Tensor.detach``, through which the harness reads results, with one that does the work then."""
+    import torch
+
+    real = torch.Tensor.detach
+    pending = {}
+
+    def detach(self):
+        x = pending.pop(id(self), None)
+        if x is not None:  # the harness is reading this result: compute it now, after the clock stopped
+            torch.add(real(x) * 2, 1, out=self)
+        return real(self)
+
+    def call(i, o):
+        torch.Tensor.detach = detach
+        pending[id(o["y"])] = i["x"]
+        return o
+    call.restore = lambda: setattr(torch.Tensor, "detach", real)
+    return call
+
+
+def raises_the_ship_limit(problem):
+    """Sets the size past which results are checked in the worker only to zero, so that nothing it returns is
+    checked outside its process; computes honestly."""
+    from kernellab.harness import validate
+
+    validate.SHIP_LIMIT_BYTES = 0
+    return problem.control
+
+
+def replaces_its_problems_truth(problem):
+    """Replaces the truth on the problem it is handed with its own (unwritten, NaN) outputs, then does no work."""
+    import torch
+
+    problem.reference = lambda inputs: {"y": torch.full(inputs["x"].shape, float("nan"), dtype=torch.float64)}
+    return lambda i, o: o
+
+
+def stops_the_thread_join(problem):
+    """Clears the harness's record of the case being measured, so that its synchronizations join no thread of
+    the contender's; computes honestly."""
+    from kernellab.harness import threads
+
+    def call(i, o):
+        threads._active = None
+        problem.control(i, o)
+        return o
+    return call
+
+
+def predicts_batch_inputs(hits: list):
+    """Computes, outside the clock, the inputs that seeds derived from the run's configuration would give each
+    timed batch (as a harness seeding its batches from the config would write them), and counts in ``hits``
+    every timed call whose input is one of them: each such call could be served from a memo."""
+    from kernellab.harness.case import seed_for
+    from kernellab.harness.runner import Config
+
+    def bind(problem):
+        config = Config()
+        predicted = set()
+        for mode in ("e2e_throughput", "e2e_latency"):
+            batch = seed_for(config.seed, problem.name, "cheat", "batch", mode, 0)
+            for k in range(64):
+                predicted.add(float(problem.make_inputs(seed_for(batch, k))["x"].sum()))
+
+        def call(i, o):
+            if float(i["x"].sum()) in predicted:
+                hits.append(1)
+            problem.control(i, o)
+            return o
+        return call
+    return bind

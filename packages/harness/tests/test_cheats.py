@@ -8,12 +8,18 @@ import pytest
 from fakes import (
     affine_suite,
     finishes_in_a_thread,
+    harness_constant,
     memoizes_on_fingerprint,
+    patches_a_tensor_method,
     patches_its_bench,
     patches_the_clock,
     patches_the_comparison,
     patches_the_encoder,
+    predicts_batch_inputs,
+    raises_the_ship_limit,
+    replaces_its_problems_truth,
     returns_its_input,
+    stops_the_thread_join,
     works_when_poisoned,
     works_when_read,
 )
@@ -82,13 +88,11 @@ def test_a_thread_left_running_is_an_error():
         return lambda i, o: o
 
     from kernellab.harness import threads
-    old = threads.JOIN_TIMEOUT_S
-    threads.JOIN_TIMEOUT_S = 0.05
     try:
-        bench = Bench(affine_suite(Impl("cheat", bind=bind), shapes=((8, 16),)), FAST)
-        result = bench.run_case("affine_8x16_fp32/cheat", 0)
+        with harness_constant(threads, "JOIN_TIMEOUT_S", 0.05):
+            bench = Bench(affine_suite(Impl("cheat", bind=bind), shapes=((8, 16),)), FAST)
+            result = bench.run_case("affine_8x16_fp32/cheat", 0)
     finally:
-        threads.JOIN_TIMEOUT_S = old
         stop.set()
     assert not result["passed"] and "planted-pool" in result["error"], result.get("error")
 
@@ -104,14 +108,12 @@ def test_a_thread_started_by_the_availability_check_is_the_impls():
         return None
 
     from kernellab.harness import threads
-    old = threads.JOIN_TIMEOUT_S
-    threads.JOIN_TIMEOUT_S = 0.05
     try:
-        impl = Impl("cheat", bind=lambda problem: lambda i, o: o, available=available)
-        bench = Bench(affine_suite(impl, shapes=((8, 16),)), FAST)
-        result = bench.run_case("affine_8x16_fp32/cheat", 0)
+        with harness_constant(threads, "JOIN_TIMEOUT_S", 0.05):
+            impl = Impl("cheat", bind=lambda problem: lambda i, o: o, available=available)
+            bench = Bench(affine_suite(impl, shapes=((8, 16),)), FAST)
+            result = bench.run_case("affine_8x16_fp32/cheat", 0)
     finally:
-        threads.JOIN_TIMEOUT_S = old
         stop.set()
     assert not result["passed"] and "planted-at-check" in result["error"], result.get("error")
 
@@ -189,3 +191,56 @@ def test_a_result_that_aliases_its_input_fails():
 
 ORIGINAL_COMPARE = validate.compare
 ORIGINAL_CLOCK = time.perf_counter_ns
+
+
+def test_a_contender_that_patches_a_tensor_method_mid_case_is_refused():
+    """The harness reads every result through tensor methods: one replaced from inside a call (after the case's
+    first integrity check) would compute the answer while the harness reads it. Every read checks them first."""
+    import torch
+
+    real = torch.Tensor.detach
+    holder = {}
+
+    def bind(problem):
+        holder["call"] = patches_a_tensor_method(problem)
+        return holder["call"]
+    try:
+        result = _run(bind)
+        patched = torch.Tensor.detach is not real
+    finally:
+        holder["call"].restore()
+    assert patched and not result["passed"]
+    assert "harness's own code was replaced" in result["error"] and "torch.Tensor.detach" in result["error"], \
+        result.get("error")
+
+
+def test_a_contender_that_changes_a_harness_constant_is_refused():
+    from kernellab.harness import validate
+
+    limit = validate.SHIP_LIMIT_BYTES
+    try:
+        result = _run(raises_the_ship_limit)
+    finally:
+        validate.SHIP_LIMIT_BYTES = limit
+    assert not result["passed"] and "validate.SHIP_LIMIT_BYTES" in result["error"], result.get("error")
+
+
+def test_a_contender_that_replaces_its_problems_truth_is_refused():
+    """The problem is handed to the contender at bind: a truth set on it would agree with any output."""
+    result = _run(replaces_its_problems_truth)
+    assert not result["passed"] and "Affine.reference (on the instance)" in result["error"], result.get("error")
+
+
+def test_a_contender_that_stops_the_thread_join_is_refused():
+    result = _run(stops_the_thread_join)
+    assert not result["passed"] and "threads._active" in result["error"], result.get("error")
+
+
+def test_timed_batch_inputs_cannot_be_computed_from_the_configuration():
+    """A batch's inputs are written from a seed drawn just before it: no memo made from the run's configuration
+    (its seed, the case, the mode, the round) holds any of them."""
+    hits = []
+    result = _run(predicts_batch_inputs(hits))
+    assert result["passed"], result
+    timed = sum(v["checked"] for v in result["validations"] if v.get("timed_batches"))
+    assert timed > 0 and hits == [], f"{len(hits)} timed calls read inputs known before their batch"

@@ -1,21 +1,26 @@
 """The harness's own timing and validation code, checked unpatched around every case.
 
 Contender code runs in the same process as the timing loop, so it could replace a function of the
-harness (the comparison, a timing mode, a clock) or a method the harness relies on. ``seal`` records
-every function and method of the harness modules that time and validate, and the clocks and tensor
-methods they call, when this module is first imported (before any contender is imported); ``verify``
+harness (the comparison, a timing mode, a clock), one of its constants (a limit, a timeout) or a method the
+harness relies on. ``seal`` records every function, method and constant of the harness modules that time and
+validate, the clocks and torch functions they call, and every attribute of ``torch.Tensor`` and its bases
+(the harness reads each result through them: a patched ``detach`` or ``__sub__`` could do the call's work
+while the harness reads), when this module is first imported (before any contender is imported); ``verify``
 names whatever has been replaced since, by object or by code, and on the objects the run uses (the
 bench, its device and probes, the batch checks) any method hidden by an attribute of the object itself, a
-class that is not the harness's, or a module swapped for another. The comparison against the truth is
-also repeated outside this process (``validate.check_shipped``), which no patch here can reach.
+class that is not the harness's, or a module swapped for another. ``tensor_changes`` is the tensor part alone,
+cheap enough to run before every read of a result. The comparison against the truth is also repeated outside
+this process (``validate.check_shipped``), which no patch here can reach.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 import json
 import json.encoder
+import os
 import resource
 import sys
 import threading
@@ -35,6 +40,9 @@ def _external() -> dict[str, object]:
         "time.monotonic": time.monotonic, "resource.getrusage": resource.getrusage,
         "threading.enumerate": threading.enumerate, "threading.Thread.join": threading.Thread.join,
         "torch.equal": torch.equal, "torch.isnan": torch.isnan, "torch.where": torch.where,
+        "torch.isinf": torch.isinf, "torch.nan_to_num": torch.nan_to_num, "torch.zeros_like": torch.zeros_like,
+        "torch.sign": torch.sign, "torch.save": torch.save, "torch.load": torch.load, "torch.iinfo": torch.iinfo,
+        "os.urandom": os.urandom,  # the batches' seeds (``validate.fresh_seed``)
         "torch.Tensor.copy_": torch.Tensor.copy_, "torch.Tensor.fill_": torch.Tensor.fill_,
         "torch.Tensor.to": torch.Tensor.to, "torch.Tensor.clone": torch.Tensor.clone,
         "torch.randn": torch.randn, "torch.cuda.synchronize": torch.cuda.synchronize,
@@ -56,7 +64,9 @@ def _harness() -> dict[str, object]:
     for short in MODULES:
         module = importlib.import_module(f"kernellab.harness.{short}")
         for name, obj in vars(module).items():
-            if isinstance(obj, types.FunctionType) and obj.__module__ == module.__name__:
+            if name.isupper() and name[0] != "_" and not isinstance(obj, (types.ModuleType, type)):  # a constant
+                found[f"{short}.{name}"] = obj
+            elif isinstance(obj, types.FunctionType) and obj.__module__ == module.__name__:
                 found[f"{short}.{name}"] = obj
             elif isinstance(obj, types.MethodType):  # a method bound at import (the worker's encoder)
                 found[f"{short}.{name}"] = obj
@@ -67,35 +77,80 @@ def _harness() -> dict[str, object]:
     return found
 
 
+def _value(obj: object) -> object:
+    """What a sealed object must still equal: a constant's contents (a dict of tolerances can be edited in
+    place), a function's code."""
+    if isinstance(obj, (dict, list, set, tuple, frozenset, int, float, str, bytes, bool, type(None))):
+        return copy.deepcopy(obj)
+    fn = obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
+    return getattr(fn, "__code__", None)
+
+
 def _snapshot() -> dict[str, tuple[object, object]]:
-    out = {}
-    for name, obj in {**_external(), **_harness()}.items():
-        fn = obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
-        out[name] = (obj, getattr(fn, "__code__", None))
-    return out
+    return {name: (obj, _value(obj)) for name, obj in {**_external(), **_harness()}.items()}
+
+
+INTEROP = "dlpack"
+"""Attributes of ``torch.Tensor`` named with this are left out of the seal: tensor libraries imported with a
+contender (TVM FFI, CuTe DSL) install their zero-copy exchange hooks there, and the harness reads none."""
+
+
+def _tensor_dicts() -> dict[type, dict[str, object]]:
+    import torch
+
+    return {base: {k: v for k, v in vars(base).items() if INTEROP not in k} for base in torch.Tensor.__mro__}
 
 
 _SEALED: dict[str, tuple[object, object]] = {}
+_TENSOR: dict[type, dict[str, object]] = {}
 
 
 def seal() -> None:
     """Record the harness as it is now (first call only: a later call cannot bless a patch)."""
     if not _SEALED:
         _SEALED.update(_snapshot())
+        _TENSOR.update(_tensor_dicts())
+
+
+def tensor_changes() -> list[str]:
+    """Attributes of ``torch.Tensor`` or its bases replaced, removed, or shadowed (set on a class ahead of the
+    base that defines them) since ``seal`` (none where nothing was sealed: a process that runs no contender)."""
+    import torch
+
+    if not _TENSOR:
+        return []
+    mro = torch.Tensor.__mro__
+    if tuple(_TENSOR) != mro:
+        return ["torch.Tensor's bases"]
+    bad = []
+    for at, base in enumerate(mro):
+        sealed, now = _TENSOR[base], vars(base)
+        bad.extend(f"torch.Tensor.{name}" for name, obj in sealed.items() if now.get(name, _TENSOR) is not obj)
+        bad.extend(f"torch.Tensor.{name} (shadows {later.__qualname__}'s)" for name in now.keys() - sealed.keys()
+                   for later in mro[at + 1:] if INTEROP not in name and name in _TENSOR[later])
+    return bad
 
 
 def verify(objects=()) -> list[str]:
-    """Names of the sealed functions, methods and clocks replaced since ``seal`` (by object or code), and
-    what was changed on ``objects``, the harness's instances a run goes through (``tampered``)."""
+    """Names of the sealed functions, methods, constants, clocks and tensor attributes replaced since ``seal``
+    (by object, code or contents), and what was changed on ``objects``, the harness's instances a run goes
+    through (``tampered``)."""
     now = _snapshot()
-    bad = []
-    for name, (obj, code) in _SEALED.items():
+    bad = tensor_changes()
+    for name, (obj, value) in _SEALED.items():
         got = now.get(name)
-        if got is None or got[0] is not obj or got[1] is not code:
+        if got is None or got[0] is not obj or not _same_value(got[1], value):
             bad.append(name)
     for obj in objects:
         bad.extend(tampered(obj))
     return sorted(bad)
+
+
+def _same_value(a: object, b: object) -> bool:
+    try:
+        return a is b or bool(a == b)
+    except Exception:  # noqa: BLE001 - a value that cannot even be compared has changed
+        return False
 
 
 _METHODS = (types.FunctionType, staticmethod, classmethod, property)
@@ -117,3 +172,27 @@ def tampered(obj: object) -> list[str]:
         elif isinstance(value, types.ModuleType) and sys.modules.get(value.__name__) is not value:
             bad.append(f"{short}.{cls.__name__}.{attr} (a module replaced)")
     return bad
+
+
+def state_of(obj: object) -> tuple[type, dict[str, object], dict[str, object]]:
+    """What a contender could change on an object it is handed (a problem, at bind): its class, its own
+    attributes, and every attribute its classes define (a method replaced on the class, a tolerance on the
+    instance). Taken before the object reaches contender code; ``changed_since`` compares by identity."""
+    cls = type(obj)
+    defined = {f"{base.__qualname__}.{k}": v for base in cls.__mro__[:-1] for k, v in vars(base).items()}
+    return cls, dict(getattr(obj, "__dict__", {})), defined
+
+
+def changed_since(obj: object, state: tuple[type, dict[str, object], dict[str, object]]) -> list[str]:
+    """Names of what differs on ``obj`` from ``state`` (``state_of``)."""
+    cls, own, defined = state
+    now_cls, now_own, now_defined = state_of(obj)
+    name = cls.__qualname__
+    if now_cls is not cls:
+        return [f"{name} (its class replaced)"]
+    bad = [f"{name}.{k} (on the instance)" for k in own.keys() | now_own.keys()
+           if own.get(k, _TENSOR) is not now_own.get(k, _TENSOR)]
+    bad += [f"{k} (on its class)" for k in defined.keys() | now_defined.keys()
+            if defined.get(k, _TENSOR) is not now_defined.get(k, _TENSOR)]
+    return bad
+

@@ -94,6 +94,7 @@ class Bench:
         for problem in problems:
             for impl in wanted:
                 self.cases.append(Case(problem, impl))
+        self._problems = {id(p): (p, integrity.state_of(p)) for p in problems}  # before any contender has them
         self._bind_all()
 
     # ---- setup -----------------------------------------------------------------------------
@@ -193,7 +194,7 @@ class Bench:
 
         checks: list[validate.BatchCheck] = []
         try:
-            _unpatched(case, self._guarded())
+            self._unpatched(case)
             for v in range(cfg.validations_per_round):
                 seed = seed_for(cfg.seed, problem.name, case.impl.name, "validate", index, v)
                 report, res, inputs = validate.validate_call(problem, case.call, seed, keep=True)
@@ -206,15 +207,14 @@ class Bench:
             for mode in self.modes:
                 if mode == "graph_throughput" and not case.impl.graphable:
                     continue
-                check = validate.BatchCheck(problem, sets, seed_for(cfg.seed, problem.name, case.impl.name, "batch",
-                                                                    mode, index))
+                check = validate.BatchCheck(problem, sets)
                 checks.append(check)
                 result["samples_us"][mode], result["disturbance"][mode] = self._measure(mode, calls, check)
                 result["validations"].append(check.record() | {"mode": mode})
                 if check.last is not None:
                     ship(mode, *check.last)
             del calls, sets
-            _unpatched(case, self._guarded() + checks)
+            self._unpatched(case, checks)
         except Exception as e:  # noqa: BLE001 - a crashing kernel is reported, not fatal to the run
             result["error"] = f"{type(e).__name__}: {e}"
         finally:
@@ -232,6 +232,19 @@ class Bench:
         (``integrity.tampered``): contender code can reach them (``gc``) as it can reach a module."""
         probes = [p for p in (self.device.probe, self.device.gpu_probe) if p is not None]
         return [self, self.device, self.config, *probes]
+
+    def _unpatched(self, case: Case, checks: list | None = None) -> None:
+        """Refuse the case if contender code changed the harness (``integrity.verify``), the objects its
+        measurement goes through, the problems it was handed (their truth, tolerance, inputs) or which case
+        the harness waits for the threads of (``threads.measured``)."""
+        patched = integrity.verify(self._guarded() + (checks or []))
+        for problem, state in self._problems.values():
+            patched += integrity.changed_since(problem, state)
+        if threads.measured() != case.impl.name:
+            patched.append(f"threads._active (names {threads.measured()!r}, not {case.impl.name!r})")
+        if patched:
+            raise HarnessPatched(f"{integrity.REPLACED} while {case.impl.name!r} was loaded or run: "
+                                 f"{sorted(patched)}; nothing it measured can be trusted")
 
     def _measure(self, mode: str, calls: list[Callable[[], Any]], check: validate.BatchCheck) -> tuple[list, dict]:
         """Warm up, then one mode's samples, every batch checked: (samples kept, what disturbed them)."""
@@ -284,13 +297,6 @@ class Bench:
 
 class HarnessPatched(RuntimeError):
     """Contender code replaced part of the harness's own timing or validation code."""
-
-
-def _unpatched(case: Case, objects: list) -> None:
-    patched = integrity.verify(objects)
-    if patched:
-        raise HarnessPatched(f"{integrity.REPLACED} while {case.impl.name!r} was loaded or run: "
-                             f"{patched}; nothing it measured can be trusted")
 
 
 integrity.seal()  # before any contender is imported: the registry imports them after this module

@@ -49,6 +49,11 @@ def measuring(impl: str) -> Iterator[None]:
         _active = previous
 
 
+def measured() -> str | None:
+    """The impl whose case is being measured (``measuring``), or None."""
+    return None if _active is None else _active[0]
+
+
 def settle(timeout: float | None = None) -> None:
     """Join the threads the measured impl owns or started during its case; raise ``ThreadLeft`` naming
     any still running after ``timeout`` seconds (``JOIN_TIMEOUT_S`` as it is at the call)."""

@@ -3,9 +3,25 @@ and changed-input CUDA-graph replay. A kernel that is fast and wrong is worse th
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from . import integrity
 from .case import Call, Problem, Tensors
+
+
+def fresh_seed() -> int:
+    """A seed no code in this process can know before it is drawn (the operating system's random source): the
+    inputs of a timed batch, written from it just before the batch, cannot be computed ahead outside the clock."""
+    return int.from_bytes(os.urandom(8), "little") >> 2
+
+
+def reads_intact() -> None:
+    """Raise if a method of ``torch.Tensor`` was replaced since the seal: the harness reads every result
+    through them, and a patched one could do the call's work while being read (``integrity.tensor_changes``)."""
+    changed = integrity.tensor_changes()
+    if changed:
+        raise RuntimeError(f"{integrity.REPLACED}: {changed}; no result read through it can be trusted")
 
 
 def poison(outputs: Tensors) -> None:
@@ -67,6 +83,7 @@ def compare(result: Tensors, truth: Tensors, rtol: float, atol: float, slack: Te
     truth has the same infinity."""
     import torch
 
+    reads_intact()
     report: dict[str, Any] = {"passed": True, "outputs": {}}
     missing = sorted(set(truth) - set(result))
     if missing:
@@ -194,21 +211,17 @@ def _sync(problem: Problem) -> None:
 
 
 class BatchCheck:
-    """The ``timing.Batch`` of one case and mode: before every sample, fresh random contents (a new seed
-    each time) are written into the input sets its calls will read and the outputs are poisoned; after
+    """The ``timing.Batch`` of one case and mode: before every sample, fresh random contents (a seed drawn
+    then, ``fresh_seed``) are written into the input sets its calls will read and the outputs are poisoned; after
     it, the last call's result is checked against the float64 truth of that call's inputs, and the
     inputs against what was written. A result kept from an earlier call, or work done only when the
     outputs look poisoned, fails here; so does work left for after the clock stopped, however soon it
     ends: the outputs are copied the moment the clock stops (``stopped``) and that copy is checked."""
 
-    def __init__(self, problem: Problem, sets: list, seed: int):
-        from .case import seed_for
-
-        self.problem, self.sets, self.seed = problem, sets, seed
+    def __init__(self, problem: Problem, sets: list):
+        self.problem, self.sets = problem, sets
         self._taken = input_spans([inputs for inputs, _ in sets])  # the sets' storage does not move
-        self._seed_for = seed_for
         self._written: dict[int, tuple[int, Tensors]] = {}  # set index -> (seed, the contents written)
-        self._count = 0
         self.checked = self.failed = 0
         self.first_failure: dict | None = None
         self.last: tuple[int, Tensors, Tensors] | None = None  # (seed, result, inputs after) of the last sample
@@ -217,8 +230,7 @@ class BatchCheck:
     def before(self, first: int, count: int) -> None:
         n = len(self.sets)
         for index in sorted({(first + i) % n for i in range(min(count, n))}):
-            seed = self._seed_for(self.seed, self._count)
-            self._count += 1
+            seed = fresh_seed()
             fresh = self.problem.make_inputs(seed)
             for k, t in self.sets[index][0].items():
                 t.copy_(fresh[k])
@@ -227,6 +239,7 @@ class BatchCheck:
         _sync(self.problem)
 
     def stopped(self, result) -> None:
+        reads_intact()
         fault = result_fault(result, self._taken)
         self._held = (fault or {k: v.detach().clone() for k, v in dict.items(result)},)
 
@@ -280,6 +293,7 @@ def ship(path, seed: int, result: Tensors, inputs: Tensors) -> dict[str, Any] | 
     None where they exceed SHIP_LIMIT_BYTES."""
     import torch
 
+    reads_intact()
     tensors = {**{f"result.{k}": v for k, v in result.items()}, **{f"input.{k}": v for k, v in inputs.items()}}
     if sum(t.numel() * t.element_size() for t in tensors.values()) > SHIP_LIMIT_BYTES:
         return None
