@@ -353,3 +353,44 @@ def predicts_batch_inputs(hits: list):
             return o
         return call
     return bind
+
+
+def patches_isnan_for_one_read(problem):
+    """Does no work in its call; inside each call it replaces ``torch.isnan`` with one that, at the comparison's
+    second call (the truth's), copies the truth into the output being compared and then puts the original back:
+    no check around the case would see it."""
+    import torch
+
+    real = torch.isnan
+    seen = []
+
+    def isnan(t):
+        seen.append(t)
+        if len(seen) == 2:  # (the output's float64 copy, the truth): make them agree, then leave no trace
+            torch.isnan = real
+            seen[0].copy_(t)
+            seen.clear()
+        return real(t)
+
+    def call(i, o):
+        seen.clear()
+        torch.isnan = isnan
+        return o
+    call.restore = lambda: setattr(torch, "isnan", real)
+    return call
+
+
+class _Zero(int):
+    """An int that is always zero: every count of wrong elements made through it is none."""
+
+    def __new__(cls, *args, **kwargs):
+        return int.__new__(cls, 0)
+
+
+def shadows_a_builtin_in_the_harness(problem):
+    """Adds a global ``int`` to the harness's validation module, which its comparison then counts wrong elements
+    with instead of the builtin (none, whatever the output), then does no work."""
+    from kernellab.harness import validate
+
+    validate.int = _Zero
+    return lambda i, o: o

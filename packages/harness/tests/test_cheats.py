@@ -11,6 +11,7 @@ from fakes import (
     harness_constant,
     memoizes_on_fingerprint,
     patches_a_tensor_method,
+    patches_isnan_for_one_read,
     patches_its_bench,
     patches_the_clock,
     patches_the_comparison,
@@ -19,6 +20,7 @@ from fakes import (
     raises_the_ship_limit,
     replaces_its_problems_truth,
     returns_its_input,
+    shadows_a_builtin_in_the_harness,
     stops_the_thread_join,
     works_when_poisoned,
     works_when_read,
@@ -244,3 +246,31 @@ def test_timed_batch_inputs_cannot_be_computed_from_the_configuration():
     assert result["passed"], result
     timed = sum(v["checked"] for v in result["validations"] if v.get("timed_batches"))
     assert timed > 0 and hits == [], f"{len(hits)} timed calls read inputs known before their batch"
+
+
+def test_a_patch_that_undoes_itself_after_one_read_is_caught_at_that_read():
+    import torch
+
+    real = torch.isnan
+    holder = {}
+
+    def bind(problem):
+        holder["call"] = patches_isnan_for_one_read(problem)
+        return holder["call"]
+    try:
+        result = _run(bind)
+    finally:
+        holder["call"].restore()
+    assert not result["passed"] and "torch.isnan" in result["error"], result.get("error")
+    assert torch.isnan is real
+
+
+def test_a_global_that_shadows_a_builtin_in_the_harness_is_refused():
+    from kernellab.harness import validate
+
+    try:
+        result = _run(shadows_a_builtin_in_the_harness)
+    finally:
+        vars(validate).pop("int", None)
+    assert not result["passed"] and "validate.int (a global shadowing the builtin)" in result["error"], \
+        result.get("error")

@@ -8,13 +8,14 @@ validate, the clocks and torch functions they call, and every attribute of ``tor
 while the harness reads), when this module is first imported (before any contender is imported); ``verify``
 names whatever has been replaced since, by object or by code, and on the objects the run uses (the
 bench, its device and probes, the batch checks) any method hidden by an attribute of the object itself, a
-class that is not the harness's, or a module swapped for another. ``tensor_changes`` is the tensor part alone,
-cheap enough to run before every read of a result. The comparison against the truth is also repeated outside
+class that is not the harness's, or a module swapped for another. ``read_path_changes`` is the part a read of
+a result goes through, cheap enough to run before every read. The comparison against the truth is also repeated outside
 this process (``validate.check_shipped``), which no patch here can reach.
 """
 
 from __future__ import annotations
 
+import builtins
 import copy
 import importlib
 import inspect
@@ -103,6 +104,11 @@ def _tensor_dicts() -> dict[type, dict[str, object]]:
 
 _SEALED: dict[str, tuple[object, object]] = {}
 _TENSOR: dict[type, dict[str, object]] = {}
+_BUILTINS: dict[str, object] = {}
+CONSOLE_BUILTINS = frozenset({"_", "print", "input", "help", "breakpoint", "exit", "quit", "copyright", "credits",
+                              "license"})
+"""Builtins left out of the seal: the console's, which tools replace in-process (Ray redirects ``print``), and
+which no read of a result goes through."""
 
 
 def seal() -> None:
@@ -110,19 +116,30 @@ def seal() -> None:
     if not _SEALED:
         _SEALED.update(_snapshot())
         _TENSOR.update(_tensor_dicts())
+        _BUILTINS.update((k, v) for k, v in vars(builtins).items() if k not in CONSOLE_BUILTINS)
 
 
-def tensor_changes() -> list[str]:
-    """Attributes of ``torch.Tensor`` or its bases replaced, removed, or shadowed (set on a class ahead of the
-    base that defines them) since ``seal`` (none where nothing was sealed: a process that runs no contender)."""
+def read_path_changes() -> list[str]:
+    """What the harness's reads of a result go through, changed since ``seal``: an attribute of
+    ``torch.Tensor`` or its bases replaced, removed or shadowed (set on a class ahead of the base that defines
+    it), a sealed torch function replaced, a builtin replaced, or shadowed by a global of a harness module (none
+    defines one: ``int`` set on ``validate`` would count its wrong elements). A patch made inside a call and
+    undone by the patch itself after one read would pass every check around the case; this runs before every
+    read. None where nothing was sealed: a process that runs no contender."""
     import torch
 
     if not _TENSOR:
         return []
+    bad = [name for name, (obj, _) in _SEALED.items()
+           if name.startswith("torch.") and not name.startswith("torch.cuda") and _resolve(torch, name) is not obj]
+    bad += [f"builtins.{k}" for k, v in _BUILTINS.items() if vars(builtins).get(k, _TENSOR) is not v]
+    for short in MODULES:
+        module = sys.modules.get(f"kernellab.harness.{short}")
+        shadows = vars(module).keys() & _BUILTINS.keys() if module else ()
+        bad += [f"{short}.{k} (a global shadowing the builtin)" for k in sorted(shadows) if not k.startswith("__")]
     mro = torch.Tensor.__mro__
     if tuple(_TENSOR) != mro:
-        return ["torch.Tensor's bases"]
-    bad = []
+        return [*bad, "torch.Tensor's bases"]
     for at, base in enumerate(mro):
         sealed, now = _TENSOR[base], vars(base)
         bad.extend(f"torch.Tensor.{name}" for name, obj in sealed.items() if now.get(name, _TENSOR) is not obj)
@@ -131,12 +148,19 @@ def tensor_changes() -> list[str]:
     return bad
 
 
+def _resolve(root: object, dotted: str) -> object:
+    obj = root
+    for part in dotted.split(".")[1:]:
+        obj = getattr(obj, part, None)
+    return obj
+
+
 def verify(objects=()) -> list[str]:
     """Names of the sealed functions, methods, constants, clocks and tensor attributes replaced since ``seal``
     (by object, code or contents), and what was changed on ``objects``, the harness's instances a run goes
     through (``tampered``)."""
     now = _snapshot()
-    bad = tensor_changes()
+    bad = read_path_changes()
     for name, (obj, value) in _SEALED.items():
         got = now.get(name)
         if got is None or got[0] is not obj or not _same_value(got[1], value):

@@ -17,9 +17,9 @@ def fresh_seed() -> int:
 
 
 def reads_intact() -> None:
-    """Raise if a method of ``torch.Tensor`` was replaced since the seal: the harness reads every result
-    through them, and a patched one could do the call's work while being read (``integrity.tensor_changes``)."""
-    changed = integrity.tensor_changes()
+    """Raise if what the harness reads a result through (tensor methods, torch functions, builtins) was replaced
+    since the seal: a patched one could do the call's work while being read (``integrity.read_path_changes``)."""
+    changed = integrity.read_path_changes()
     if changed:
         raise RuntimeError(f"{integrity.REPLACED}: {changed}; no result read through it can be trusted")
 
