@@ -102,6 +102,7 @@ def _tensor_dicts() -> dict[type, dict[str, object]]:
     return {base: {k: v for k, v in vars(base).items() if INTEROP not in k} for base in torch.Tensor.__mro__}
 
 
+_ABSENT = object()  # what a lookup of a name that is not there gives, unlike any value
 _SEALED: dict[str, tuple[object, object]] = {}
 _TENSOR: dict[type, dict[str, object]] = {}
 _BUILTINS: dict[str, object] = {}
@@ -132,7 +133,7 @@ def read_path_changes() -> list[str]:
         return []
     bad = [name for name, (obj, _) in _SEALED.items()
            if name.startswith("torch.") and not name.startswith("torch.cuda") and _resolve(torch, name) is not obj]
-    bad += [f"builtins.{k}" for k, v in _BUILTINS.items() if vars(builtins).get(k, _TENSOR) is not v]
+    bad += [f"builtins.{k}" for k, v in _BUILTINS.items() if vars(builtins).get(k, _ABSENT) is not v]
     for short in MODULES:
         module = sys.modules.get(f"kernellab.harness.{short}")
         shadows = vars(module).keys() & _BUILTINS.keys() if module else ()
@@ -142,7 +143,7 @@ def read_path_changes() -> list[str]:
         return [*bad, "torch.Tensor's bases"]
     for at, base in enumerate(mro):
         sealed, now = _TENSOR[base], vars(base)
-        bad.extend(f"torch.Tensor.{name}" for name, obj in sealed.items() if now.get(name, _TENSOR) is not obj)
+        bad.extend(f"torch.Tensor.{name}" for name, obj in sealed.items() if now.get(name, _ABSENT) is not obj)
         bad.extend(f"torch.Tensor.{name} (shadows {later.__qualname__}'s)" for name in now.keys() - sealed.keys()
                    for later in mro[at + 1:] if INTEROP not in name and name in _TENSOR[later])
     return bad
@@ -215,8 +216,8 @@ def changed_since(obj: object, state: tuple[type, dict[str, object], dict[str, o
     if now_cls is not cls:
         return [f"{name} (its class replaced)"]
     bad = [f"{name}.{k} (on the instance)" for k in own.keys() | now_own.keys()
-           if own.get(k, _TENSOR) is not now_own.get(k, _TENSOR)]
+           if own.get(k, _ABSENT) is not now_own.get(k, _ABSENT)]
     bad += [f"{k} (on its class)" for k in defined.keys() | now_defined.keys()
-            if defined.get(k, _TENSOR) is not now_defined.get(k, _TENSOR)]
+            if defined.get(k, _ABSENT) is not now_defined.get(k, _ABSENT)]
     return bad
 
