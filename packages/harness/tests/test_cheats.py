@@ -38,6 +38,20 @@ def _run(impl_factory, config=FAST):
     return bench.run_case("affine_8x16_fp32/cheat", 0)
 
 
+def _run_and_restore(cheat):
+    """``_run`` of a cheat whose call patches torch and carries ``restore``: the patch is undone whatever happens."""
+    made = []
+
+    def bind(problem):
+        made.append(cheat(problem))
+        return made[-1]
+    try:
+        return _run(bind)
+    finally:
+        for call in made:
+            call.restore()
+
+
 def test_timed_batches_catch_work_done_only_on_poisoned_outputs():
     result = _run(works_when_poisoned)
     assert not result["passed"]
@@ -198,20 +212,8 @@ ORIGINAL_CLOCK = time.perf_counter_ns
 def test_a_contender_that_patches_a_tensor_method_mid_case_is_refused():
     """The harness reads every result through tensor methods: one replaced from inside a call (after the case's
     first integrity check) would compute the answer while the harness reads it. Every read checks them first."""
-    import torch
-
-    real = torch.Tensor.detach
-    holder = {}
-
-    def bind(problem):
-        holder["call"] = patches_a_tensor_method(problem)
-        return holder["call"]
-    try:
-        result = _run(bind)
-        patched = torch.Tensor.detach is not real
-    finally:
-        holder["call"].restore()
-    assert patched and not result["passed"]
+    result = _run_and_restore(patches_a_tensor_method)
+    assert not result["passed"]
     assert "harness's own code was replaced" in result["error"] and "torch.Tensor.detach" in result["error"], \
         result.get("error")
 
@@ -249,20 +251,8 @@ def test_timed_batch_inputs_cannot_be_computed_from_the_configuration():
 
 
 def test_a_patch_that_undoes_itself_after_one_read_is_caught_at_that_read():
-    import torch
-
-    real = torch.isnan
-    holder = {}
-
-    def bind(problem):
-        holder["call"] = patches_isnan_for_one_read(problem)
-        return holder["call"]
-    try:
-        result = _run(bind)
-    finally:
-        holder["call"].restore()
+    result = _run_and_restore(patches_isnan_for_one_read)
     assert not result["passed"] and "torch.isnan" in result["error"], result.get("error")
-    assert torch.isnan is real
 
 
 def test_a_global_that_shadows_a_builtin_in_the_harness_is_refused():
