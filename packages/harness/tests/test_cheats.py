@@ -6,6 +6,7 @@ import time
 
 import pytest
 from fakes import (
+    Affine,
     affine_suite,
     finishes_in_a_thread,
     harness_constant,
@@ -264,3 +265,24 @@ def test_a_global_that_shadows_a_builtin_in_the_harness_is_refused():
         vars(validate).pop("int", None)
     assert not result["passed"] and "validate.int (a global shadowing the builtin)" in result["error"], \
         result.get("error")
+
+
+def test_a_problems_cached_property_made_after_bind_is_its_own_not_a_patch():
+    """A problem may make part of itself on first use (``functools.cached_property``: the megakernel's models make
+    their weights so); that first use after bind is the class's own recorded code, not a contender's change."""
+    import functools
+
+    from kernellab.harness.case import Suite
+
+    class Lazy(Affine):
+        @functools.cached_property
+        def scale(self):
+            return 2.0
+
+        def reference(self, inputs):
+            return {"y": inputs["x"].double() * self.scale + 1}
+
+    suite = Suite(name="lazy", device="cpu", description="", make_problems=lambda: [Lazy((8, 16), "fp32", "cpu")],
+                  impls=[Impl("torch", bind=lambda p: p.control)])
+    result = Bench(suite, FAST).run_case("affine_8x16_fp32/torch", 0)
+    assert result["passed"], result.get("error")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import copy
+import functools
 import importlib
 import inspect
 import json
@@ -216,8 +217,14 @@ def changed_since(obj: object, state: tuple[type, dict[str, object], dict[str, o
     if now_cls is not cls:
         return [f"{name} (its class replaced)"]
     bad = [f"{name}.{k} (on the instance)" for k in own.keys() | now_own.keys()
-           if own.get(k, _ABSENT) is not now_own.get(k, _ABSENT)]
+           if own.get(k, _ABSENT) is not now_own.get(k, _ABSENT) and not (k not in own and _cached(cls, k))]
     bad += [f"{k} (on its class)" for k in defined.keys() | now_defined.keys()
             if defined.get(k, _ABSENT) is not now_defined.get(k, _ABSENT)]
     return bad
+
+
+def _cached(cls: type, name: str) -> bool:
+    """Whether ``name`` is a ``functools.cached_property`` of ``cls``: its first use stores its value on the
+    instance by the class's own (recorded) code, as the megakernel's models make their weights on first use."""
+    return isinstance(inspect.getattr_static(cls, name, None), functools.cached_property)
 
