@@ -79,17 +79,20 @@ def _harness() -> dict[str, object]:
     return found
 
 
+_CONSTANTS = (dict, list, set, tuple, frozenset, int, float, str, bytes, bool, type(None))
+
+
 def _value(obj: object) -> object:
     """What a sealed object must still equal: a constant's contents (a dict of tolerances can be edited in
     place), a function's code."""
-    if isinstance(obj, (dict, list, set, tuple, frozenset, int, float, str, bytes, bool, type(None))):
-        return copy.deepcopy(obj)
+    if isinstance(obj, _CONSTANTS):
+        return obj
     fn = obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
     return getattr(fn, "__code__", None)
 
 
-def _snapshot() -> dict[str, tuple[object, object]]:
-    return {name: (obj, _value(obj)) for name, obj in {**_external(), **_harness()}.items()}
+def _objects() -> dict[str, object]:
+    return {**_external(), **_harness()}
 
 
 INTEROP = "dlpack"
@@ -105,6 +108,7 @@ def _tensor_dicts() -> dict[type, dict[str, object]]:
 
 _ABSENT = object()  # what a lookup of a name that is not there gives, unlike any value
 _SEALED: dict[str, tuple[object, object]] = {}
+_TORCH_READS: dict[str, object] = {}  # the sealed torch functions a comparison calls
 _TENSOR: dict[type, dict[str, object]] = {}
 _BUILTINS: dict[str, object] = {}
 CONSOLE_BUILTINS = frozenset({"_", "print", "input", "help", "breakpoint", "exit", "quit", "copyright", "credits",
@@ -116,9 +120,16 @@ which no read of a result goes through."""
 def seal() -> None:
     """Record the harness as it is now (first call only: a later call cannot bless a patch)."""
     if not _SEALED:
-        _SEALED.update(_snapshot())
+        _SEALED.update((name, (obj, copy.deepcopy(_value(obj)))) for name, obj in _objects().items())
+        _TORCH_READS.update((name, obj) for name, (obj, _) in _SEALED.items()
+                            if name.startswith("torch.") and not name.startswith("torch.cuda"))
         _TENSOR.update(_tensor_dicts())
         _BUILTINS.update((k, v) for k, v in vars(builtins).items() if k not in CONSOLE_BUILTINS)
+
+
+def _replaced(sealed: dict[str, object], now, names=None) -> list[str]:
+    """The names (of ``names``, default every sealed one) whose object in ``now`` is not the sealed one."""
+    return [k for k in (sealed if names is None else names) if now.get(k, _ABSENT) is not sealed.get(k, _ABSENT)]
 
 
 def read_path_changes() -> list[str]:
@@ -132,9 +143,8 @@ def read_path_changes() -> list[str]:
 
     if not _TENSOR:
         return []
-    bad = [name for name, (obj, _) in _SEALED.items()
-           if name.startswith("torch.") and not name.startswith("torch.cuda") and _resolve(torch, name) is not obj]
-    bad += [f"builtins.{k}" for k, v in _BUILTINS.items() if vars(builtins).get(k, _ABSENT) is not v]
+    bad = [name for name, obj in _TORCH_READS.items() if _resolve(torch, name) is not obj]
+    bad += [f"builtins.{k}" for k in _replaced(_BUILTINS, vars(builtins))]
     for short in MODULES:
         module = sys.modules.get(f"kernellab.harness.{short}")
         shadows = vars(module).keys() & _BUILTINS.keys() if module else ()
@@ -144,7 +154,7 @@ def read_path_changes() -> list[str]:
         return [*bad, "torch.Tensor's bases"]
     for at, base in enumerate(mro):
         sealed, now = _TENSOR[base], vars(base)
-        bad.extend(f"torch.Tensor.{name}" for name, obj in sealed.items() if now.get(name, _ABSENT) is not obj)
+        bad.extend(f"torch.Tensor.{name}" for name in _replaced(sealed, now))
         bad.extend(f"torch.Tensor.{name} (shadows {later.__qualname__}'s)" for name in now.keys() - sealed.keys()
                    for later in mro[at + 1:] if INTEROP not in name and name in _TENSOR[later])
     return bad
@@ -161,11 +171,11 @@ def verify(objects=()) -> list[str]:
     """Names of the sealed functions, methods, constants, clocks and tensor attributes replaced since ``seal``
     (by object, code or contents), and what was changed on ``objects``, the harness's instances a run goes
     through (``tampered``)."""
-    now = _snapshot()
+    now = _objects()
     bad = read_path_changes()
     for name, (obj, value) in _SEALED.items():
-        got = now.get(name)
-        if got is None or got[0] is not obj or not _same_value(got[1], value):
+        got = now.get(name, _ABSENT)
+        if got is not obj or not _same_value(_value(got), value):
             bad.append(name)
     for obj in objects:
         bad.extend(tampered(obj))
@@ -216,10 +226,9 @@ def changed_since(obj: object, state: tuple[type, dict[str, object], dict[str, o
     name = cls.__qualname__
     if now_cls is not cls:
         return [f"{name} (its class replaced)"]
-    bad = [f"{name}.{k} (on the instance)" for k in own.keys() | now_own.keys()
-           if own.get(k, _ABSENT) is not now_own.get(k, _ABSENT) and not (k not in own and _cached(cls, k))]
-    bad += [f"{k} (on its class)" for k in defined.keys() | now_defined.keys()
-            if defined.get(k, _ABSENT) is not now_defined.get(k, _ABSENT)]
+    bad = [f"{name}.{k} (on the instance)" for k in _replaced(own, now_own, own.keys() | now_own.keys())
+           if k in own or not _cached(cls, k)]
+    bad += [f"{k} (on its class)" for k in _replaced(defined, now_defined, defined.keys() | now_defined.keys())]
     return bad
 
 

@@ -94,7 +94,7 @@ class Bench:
         for problem in problems:
             for impl in wanted:
                 self.cases.append(Case(problem, impl))
-        self._problems = {id(p): (p, integrity.state_of(p)) for p in problems}  # before any contender has them
+        self._problems = [(p, integrity.state_of(p)) for p in problems]  # before any contender has them
         self._bind_all()
 
     # ---- setup -----------------------------------------------------------------------------
@@ -238,7 +238,7 @@ class Bench:
         measurement goes through, the problems it was handed (their truth, tolerance, inputs) or which case
         the harness waits for the threads of (``threads.measured``)."""
         patched = integrity.verify(self._guarded() + (checks or []))
-        for problem, state in self._problems.values():
+        for problem, state in self._problems:
             patched += integrity.changed_since(problem, state)
         if threads.measured() != case.impl.name:
             patched.append(f"threads._active (names {threads.measured()!r}, not {case.impl.name!r})")
