@@ -6,14 +6,16 @@ timed (CUDA-graph throughput) three ways, each compiled in a process of its own:
     rows     rows alone (dweight / dbias left unwritten): what the per-row work costs
 
     python3 tools/device/backward_phases.py [--shapes 37x1537:float32,256x3072:bfloat16] [--ops rmsnorm,layernorm]
+                                            [--name NAME | --out PATH]
     python3 tools/device/backward_phases.py --show RECORD.json[,...]   (anywhere: written records as tables)
 
 The differences are the barrier's and the sum's costs. Only "full" gives correct vector gradients; the
 others are timing probes. With ``--ctas 33,66``, each phase is also timed on grids of at most that many CTAs
 (fewer, fatter CTAs: each runs more rows, and fewer partial rows are summed). ``--ops`` picks the kernels:
 rmsnorm, layernorm, and layernorm-nobias (LayerNorm without dbias: one pair of partials to sum, not two). Writes
-$OUT/backward_phases.json and prints one line per case and grid. A case whose row is held by a cluster is refused
-before any timing: its partials are summed by a launch of their own, so it has no grid barrier phase.
+$OUT/NAME.json (``--name``, default backward_phases) or ``--out PATH`` and prints one line per case and grid. A
+case whose row is held by a cluster is refused before any timing: its partials are summed by a launch of their own,
+so it has no grid barrier phase.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import json
 import statistics
 import subprocess
 import sys
+
+from records import add_arguments, path_of  # this folder
 
 SHAPES = "37x1537:float32,256x3072:bfloat16,1024x4096:bfloat16,768x6144:bfloat16,65536x1024:bfloat16"
 PHASES = ("full", "barrier", "rows")
@@ -180,6 +184,7 @@ def main() -> int:
                     help="comma-separated kernels of " + ",".join(OPS))
     ap.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # the per-phase subprocess
     ap.add_argument("--grids", default="{}", type=json.loads, help=argparse.SUPPRESS)  # the full phase's grids
+    add_arguments(ap, "backward_phases")
     args = ap.parse_args()
     caps = [int(c) for c in args.ctas.split(",") if c]
     if args.show:
@@ -192,6 +197,7 @@ def main() -> int:
     if clustered:
         ap.error("--shapes: a cluster holds the row of " + ", ".join(clustered) + "; its partials are summed by a "
                  "launch of their own, so there is no grid barrier phase to time (time it with backward_sweep.py)")
+    path = path_of(args)  # the per-phase subprocesses print their results; this process writes the record
     from kernellab.harness import provenance
 
     found = {}
@@ -203,8 +209,6 @@ def main() -> int:
         found[phase] = json.loads(run.stdout.strip().splitlines()[-1])
     record = {"tool": "tools/device/backward_phases.py", "phases": PHASES, "mode": "graph_throughput",
               "provenance": provenance.of_check("cuda", __file__, ["kernels"]), "cases": found}
-    from records import record_path  # this folder: a record never overwrites an earlier one
-    path = record_path("backward_phases.json")
     with open(path, "w") as f:
         json.dump(record, f, indent=1)
     for case, full in found["full"].items():

@@ -3,10 +3,11 @@ against torch and timed in graph throughput (inputs rotated past the L2, as the 
 (the ceiling by the backward's minimum bytes: x or y, dy, dx, the weight once) and torch's own backward.
 
     python3 tools/device/backward_sweep.py [--cases 'rmsnorm*bf16,*x4096*'] [--plans 'B0,B1'] [--rounds 2]
+                                           [--name NAME | --out PATH]
     python3 tools/device/backward_sweep.py --show SWEEP.json...   (anywhere: the written sweeps as tables)
 
-Writes $OUT/backward_sweep.json (after every case: the plans, the run's provenance and one entry per case) and
-prints one line per case: each plan as a fraction of the copy ceiling.
+Writes $OUT/NAME.json (``--name``, default backward_sweep) or ``--out PATH`` (after every case: the plans, the run's
+provenance and one entry per case) and prints one line per case: each plan as a fraction of the copy ceiling.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import fnmatch
 import functools
 import json
 import statistics
+
+from records import add_arguments, path_of  # this folder
 
 SHAPES = [(16384, 8192), (8192, 16384), (65536, 1024), (768, 6144), (1024, 4096), (256, 3072), (37, 1537)]
 PLAN_LABELS = ("B0", "B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10", "B11", "B12", "B13")
@@ -189,10 +192,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--samples", type=int, default=5)
     ap.add_argument("--shapes", default=None)
+    add_arguments(ap, "backward_sweep")
     args = ap.parse_args()
     if args.show:
         show(args.show)
         return
+    path = path_of(args)
     import torch
 
     from kernellab.harness import provenance, timing
@@ -201,8 +206,6 @@ def main() -> None:
     device = timing.Device("cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = SHAPES if not args.shapes else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
-    from records import record_path  # this folder: a record never overwrites an earlier one
-    out = record_path("backward_sweep.json")
     record = {"tool": "tools/device/backward_sweep.py", "mode": "graph_throughput",
               "plans": {k: str(v) for k, v in args.tunings.items()},
               "provenance": provenance.of_check("cuda", __file__, ["kernels"]), "cases": []}
@@ -215,7 +218,7 @@ def main() -> None:
                     continue
                 r = time_case(op, dname, m, n, args, device, sms)
                 results.append(r)
-                with open(out, "w") as f:
+                with open(path, "w") as f:
                     json.dump(record, f, indent=1)
                 line = " ".join(f"{k}={v:.2f}" for k, v in sorted(r["of_copy"].items()))
                 print(f"{case}: {line}", flush=True)

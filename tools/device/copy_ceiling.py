@@ -5,13 +5,14 @@ replayed in a CUDA graph, over buffers rotated past the L2, in alternating round
 graph a stable ceiling, or one that a kernel reading and writing the same bytes passes?
 
     python3 tools/device/copy_ceiling.py [--shapes 16384x8192,8192x16384,65536x1024] [--dtypes float32,bfloat16]
-                                         [--rounds 3] [--calls 20]
+                                         [--rounds 3] [--calls 20] [--name NAME | --out PATH]
     python3 tools/device/copy_ceiling.py --show reports/h200/norm-backward/copy-ceiling.json
     python3 tools/device/copy_ceiling.py --show COPY.json --against RUN.json [--mode graph_throughput]
         (each contender of a harness run report against the fastest copy of its shape and dtype in COPY.json)
 
-Writes $OUT/copy-ceiling.json (the harness's provenance, then a record per shape, dtype, copy and clock: the
-median over rounds of GB/s by bytes read plus written) and prints a table of it last.
+Writes $OUT/NAME.json (``--name``, default copy-ceiling) or ``--out PATH`` (the harness's provenance, then a record
+per shape, dtype, copy and clock: the median over rounds of GB/s by bytes read plus written) and prints a table of
+it last.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+
+from records import add_arguments, path_of  # this folder
 
 COPIES = {"memcpy": lambda torch, x, y: y.copy_(x),
           "mul-kernel": lambda torch, x, y: torch.mul(x, 1, out=y),
@@ -96,6 +99,7 @@ def main() -> None:
     ap.add_argument("--show", metavar="JSON", help="print a written record's table, then exit")
     ap.add_argument("--against", metavar="RUN", help="with --show: a harness run report read against the record")
     ap.add_argument("--mode", default="graph_throughput", help="with --against: the report's mode")
+    add_arguments(ap, "copy-ceiling")
     args = ap.parse_args()
     if args.show:
         records = json.load(open(args.show))["records"]
@@ -104,6 +108,7 @@ def main() -> None:
         else:
             print(table(records))
         return
+    path = path_of(args)
     import torch
 
     from kernellab.harness import provenance
@@ -134,8 +139,6 @@ def main() -> None:
                                        "gbps": 2 * nbytes / (p50 * 1e3)})
             del pairs, x0
             torch.cuda.empty_cache()
-    from records import record_path  # this folder: a record never overwrites an earlier one
-    path = record_path("copy-ceiling.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
     print(table(out["records"]))

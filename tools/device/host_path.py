@@ -2,12 +2,14 @@
 ``e2e_throughput`` call go when the kernel itself is shorter than its launch.
 
     python3 tools/device/host_path.py [--shape 256x3072] [--dtype bf16] [--train rmsnorm|layernorm|softmax]
+                                      [--name NAME | --out PATH]
 
 Each layer is timed over back-to-back calls with one synchronize (us per call), then the public call
 is profiled. With ``--train OP``, the layers of one training step (forward and backward through autograd) of
 OP instead: torch's step, the two-copy autograd floor, ours, then each piece of our backward alone (the
 allocations, the grid rule, the barrier word, the kernel's call), and our step profiled. Writes
-$OUT/host_path.json (host_path_train_OP.json) and prints the table.
+$OUT/NAME.json (``--name``, default host_path, host_path_train_OP with ``--train``) or ``--out PATH`` and prints the
+table.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ import argparse
 import cProfile
 import io
 import json
-import os
 import pstats
 import time
 
 import torch
+from records import add_arguments, path_of  # this folder
 
 from kernellab.kernels import gpu
 from kernellab.kernels.gpu import compiler, ops
@@ -92,7 +94,7 @@ def train_layers(op: str, m: int, n: int, dt) -> tuple[dict, object]:
     return layers, ours
 
 
-def report(layers: dict, profiled, name: str, meta: dict) -> None:
+def report(layers: dict, profiled, path: str, meta: dict) -> None:
     result = {}
     for label, f in layers.items():
         try:
@@ -107,7 +109,7 @@ def report(layers: dict, profiled, name: str, meta: dict) -> None:
     prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(15)
-    with open(os.path.join(os.environ.get("OUT", "."), name), "w") as f:
+    with open(path, "w") as f:
         json.dump({**meta, "us_per_call": result, "profile": text.getvalue()}, f, indent=1)
     print(text.getvalue()[-3000:])
     for label, us in result.items():
@@ -119,13 +121,17 @@ def main() -> None:
     ap.add_argument("--shape", default="256x3072")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--train", choices=("softmax", "rmsnorm", "layernorm"))
+    add_arguments(ap, "host_path (host_path_train_OP with --train)")
+    ap.set_defaults(name=None)  # the default depends on --train
     args = ap.parse_args()
+    if args.name is None:
+        args.name = f"host_path_train_{args.train}" if args.train else "host_path"
+    path = path_of(args)
     m, n = (int(v) for v in args.shape.split("x"))
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     if args.train:
         layers, ours = train_layers(args.train, m, n, dt)
-        report(layers, ours, f"host_path_train_{args.train}.json",
-               {"shape": [m, n], "dtype": args.dtype, "train": args.train})
+        report(layers, ours, path, {"shape": [m, n], "dtype": args.dtype, "train": args.train})
         return
     x = torch.randn(m, n, device="cuda", dtype=dt)
     y = torch.empty_like(x)
@@ -152,7 +158,7 @@ def main() -> None:
         "gpu.softmax(x)": lambda: gpu.softmax(x),
         "gpu.rmsnorm(x, w, out=y)": lambda: gpu.rmsnorm(x, w, 1e-6, out=y),
     }
-    report(layers, lambda: gpu.softmax(x, out=y), "host_path.json", {"shape": [m, n], "dtype": args.dtype})
+    report(layers, lambda: gpu.softmax(x, out=y), path, {"shape": [m, n], "dtype": args.dtype})
 
 
 if __name__ == "__main__":

@@ -7,11 +7,11 @@ a CUDA graph, in alternating rounds. The step between two neighbouring rows is w
 last probe is about the least a kernel that reads all its inputs and has one barrier can take.
 
     python3 tools/device/megakernel_floor.py [--shape 1x7x13] [--engines persistent,persistent-tc,torch-cublas]
-                                             [--rounds 3] [--samples 30] [--name megakernel_floor]
+                                             [--rounds 3] [--samples 30] [--name NAME | --out PATH]
     python3 tools/device/megakernel_floor.py --show reports/h200/floor/megakernel-floor-1x7x13-40ca6cc.json ...
 
-Writes $OUT/NAME.json (with the harness's provenance) and prints a table of stream p50, direct and in a graph;
-``--show`` prints that table of written JSON files.
+Writes $OUT/NAME.json (``--name``, default megakernel_floor) or ``--out PATH`` (with the harness's provenance)
+and prints a table of stream p50, direct and in a graph; ``--show`` prints that table of written JSON files.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float16, Float32
+from records import add_arguments, path_of  # this folder
 
 from kernellab.harness import provenance
 from kernellab.megakernel import bench, engines, report
@@ -144,13 +144,14 @@ def main() -> None:
     ap.add_argument("--engines", default="persistent,persistent-tc,torch-cublas")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--samples", type=int, default=30)
-    ap.add_argument("--name", default="megakernel_floor", help="the JSON's name under $OUT")
+    add_arguments(ap, "megakernel_floor")
     args = ap.parse_args()
     if args.show:
         for path in args.show:
             with open(path) as f:
                 print(table(json.load(f)))
         return
+    path = path_of(args)
     shape = tuple(int(v) for v in args.shape.split("x"))
     run = report.Run(report.parser().parse_args(["--samples", str(args.samples), "--shapes", args.shape]))
     run.device.warm_up(2.0)
@@ -179,7 +180,7 @@ def main() -> None:
     record = {"provenance": provenance.of_check("cuda", __file__, ["megakernel"]), "shape": shape,
               "rounds": args.rounds, "samples_per_round": args.samples,
               "probes": [dataclasses.asdict(p) for p in PROBES], "p50_us": rows}
-    with open(os.path.join(os.environ.get("OUT", "."), f"{args.name}.json"), "w") as f:
+    with open(path, "w") as f:
         json.dump(record, f, indent=1)
     print(table(record))
 

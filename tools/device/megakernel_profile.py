@@ -2,7 +2,8 @@
 time of one call goes (SM and memory throughput, tensor-pipe use, occupancy, warp stalls), so that the
 next kernel change aims at the bound that holds and not at a guess.
 
-    python3 tools/device/megakernel_profile.py --shape 1x7x13 [--plans 'planned,torch-cublas'] [--name NAME]
+    python3 tools/device/megakernel_profile.py --shape 1x7x13 [--plans 'planned,torch-cublas']
+                                               [--name NAME | --out PATH]
     python3 tools/device/megakernel_profile.py --shape 257x64x128 --plans persistent --source [--name NAME]
     python3 tools/device/megakernel_profile.py --model mlp8-c512-h2048-rms-silu --rows 1 [--plans 'stack*,chain']
     python3 tools/device/megakernel_profile.py --show PROFILE.json... [--markdown]   (anywhere: a short table of
@@ -16,9 +17,9 @@ compile), then profiles one call between ``cudaProfilerStart`` and ``cudaProfile
 kernels are measured. Clocks are left to the GPU (``--clock-control none``, as the timing harness runs).
 Besides the sections, every warp-stall metric (``STALLS``, a regular expression over ncu's metric names:
 the average warps stalled per issued instruction, by reason), so that the table can name the reasons a
-kernel waits on most (instruction fetch, a barrier, a memory load). Writes $OUT/NAME.json (default
-megakernel_profile) with the harness's provenance and every metric ncu printed, and prints a short table
-last.
+kernel waits on most (instruction fetch, a barrier, a memory load). Writes $OUT/NAME.json (``--name``,
+default megakernel_profile) or ``--out PATH``, with the harness's provenance and every metric ncu printed, and
+prints a short table last.
 
 ``--source`` profiles the SASS instead (ncu's SourceCounters, exported as its source page): per kernel launch, the
 warp instructions executed, in all and per warp (the plan's grid times its warps), by opcode, and the lines that
@@ -38,6 +39,8 @@ import re
 import subprocess
 import sys
 import tempfile
+
+from records import add_arguments, path_of  # this folder
 
 SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis", "Occupancy", "LaunchStats",
             "WarpStateStats", "SchedulerStats")
@@ -333,7 +336,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1, help="the model's rows per call (with --model)")
     ap.add_argument("--plans", default="planned,torch-cublas",
                     help="comma-separated shell patterns over megakernel_sweep.PLANS' labels and torch-cublas")
-    ap.add_argument("--name", default="megakernel_profile", help="the JSON's name under $OUT")
+    add_arguments(ap, "megakernel_profile")
     ap.add_argument("--source", action="store_true",
                     help="profile the SASS (instructions executed by line and opcode) instead of the sections")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -370,6 +373,7 @@ def main() -> None:
     labels = [label for label in names if any(fnmatch.fnmatch(label, p) for p in args.plans.split(","))]
     if not labels:
         sys.exit(f"--plans {args.plans!r} matches none of {names}")
+    path = path_of(args)
 
     from kernellab.harness import provenance
 
@@ -386,7 +390,7 @@ def main() -> None:
             print(f"{label:14s} {launch['kernel'][:40]:40s} {source_line(launch)}", flush=True)
         if "error" in result:
             print(f"{label}: ncu exit {result['returncode']}: {result['error'][-300:]}", flush=True)
-        with open(os.path.join(os.environ.get("OUT", "."), f"{args.name}.json"), "w") as f:
+        with open(path, "w") as f:
             json.dump(record, f, indent=1)
     print(f"{'plan':14s} {'kernel':40s} " + " ".join(f"{c:>9s}" for c in SHOWN) + "  top stalls")
     for label, kernel, numbers, stalls in rows:

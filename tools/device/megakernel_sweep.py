@@ -5,13 +5,13 @@ registers, beside
 torch-cublas, in alternating rounds. It is how planning's rules for these engines are chosen.
 
     python3 tools/device/megakernel_sweep.py [--shapes 4096x256x1024,16384x512x2048] [--plans 'wgmma*']
-                                             [--rounds 2] [--samples 10] [--name megakernel_sweep]
+                                             [--rounds 2] [--samples 10] [--name NAME | --out PATH]
     python3 tools/device/megakernel_sweep.py --show A.json[,B.json] [--plans 'split*']   (anywhere: a table)
 
 Every plan is validated (fresh inputs, poisoned output, float reference) before it is timed; a plan that
 fails is reported and not timed. Timing: graph throughput of one call per replay (harness timing).
-Writes $OUT/NAME.json (``--name``, default megakernel_sweep; with the harness's provenance) after every
-shape and prints one line per shape, the fastest first.
+Writes $OUT/NAME.json (``--name``, default megakernel_sweep) or ``--out PATH`` (with the harness's provenance)
+after every shape and prints one line per shape, the fastest first.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import argparse
 import fnmatch
 import functools
 import json
-import os
 import statistics
+
+from records import add_arguments, path_of  # this folder
 
 from kernellab.harness import provenance, timing, validate
 from kernellab.megakernel import bench, engines, planning
@@ -164,12 +165,13 @@ def main() -> None:
     ap.add_argument("--plans", default="*", help=f"comma-separated shell patterns over {list(PLANS)}")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--samples", type=int, default=10)
-    ap.add_argument("--name", default="megakernel_sweep", help="the JSON's name under $OUT")
+    add_arguments(ap, "megakernel_sweep")
     ap.add_argument("--l2", action="store_true", help="also record torch's copy bandwidth within the L2")
     args = ap.parse_args()
     if args.show:
         show(args.show, args.plans)
         return
+    path = path_of(args)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     device = timing.Device("cuda")
     device.warm_up(2.0)
@@ -198,7 +200,7 @@ def main() -> None:
         print(f"{'x'.join(map(str, shape)):16s} " + "  ".join(f"{k} {p50[k]:.1f}" for k in ranked), flush=True)
         print(" " * 17 + "us per chunk: " + "  ".join(f"{k} {v:.2f}" for k, v in
                                                      record["shapes"][-1]["chunk_period_us"].items()), flush=True)
-        with open(os.path.join(os.environ.get("OUT", "."), f"{args.name}.json"), "w") as f:
+        with open(path, "w") as f:
             json.dump(record, f, indent=1)
 
 

@@ -1,6 +1,7 @@
 """Phase trace of persistent-tc on the GPU host: where a tile's clocks go, step by step.
 
     python3 tools/device/megakernel_trace.py 16384x512x2048 4096x256x1024 16384x512x2048:grid=16 ...
+                                             [--name NAME | --out PATH]
 
 Builds a traced copy of ``engines/persistent_tc.py`` beside it (``_traced_persistent_tc.py``, removed at the end):
 the kernel takes one more tensor, and thread 0 of every CTA writes ``clock()`` into it after each step of its first
@@ -8,10 +9,10 @@ tile (``OVERLAPPED`` and ``SERIAL``, one per chunk schedule: after a wait, a bar
 the tile's start and end. Each ``SHAPE[:choice=value...]`` runs the planned kernel of the shared-memory form
 (``planning.forced`` choices, ``registers=False``: the register form is another module) on the benchmark's inputs
 and default activation, three times to warm up and ten times timed, then takes the last run's stamps. Printed and
-written to ``$OUT/megakernel-trace.json`` with the harness's provenance: per step the median clocks over CTAs and
-chunks, per tile the median clocks from its start to its first GEMM, through its chunks, and through the output
-epilogue. A stamp costs a few instructions; the clocks are the SM's, so a step's share of a chunk is what to read,
-not its microseconds.
+written to ``$OUT/NAME.json`` (``--name``, default megakernel-trace) or ``--out PATH`` with the harness's
+provenance: per step the median clocks over CTAs and chunks, per tile the median clocks from its start to its first
+GEMM, through its chunks, and through the output epilogue. A stamp costs a few instructions; the clocks are the
+SM's, so a step's share of a chunk is what to read, not its microseconds.
 
 Anchors are lines of the kernel's source: a change there that moves one makes this tool stop with the anchor's
 text, to be updated with the kernel.
@@ -21,9 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 
+from records import add_arguments, path_of  # this folder
 from source_patch import line_after, replace_once, traced_module  # this folder
 
 TOOL = "megakernel_trace"
@@ -98,7 +99,9 @@ def phases(stamps, grid: int, chunks: int, steps: list) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("cases", nargs="+", help="RxCxH[:choice=value...] (planning.forced choices, e.g. grid=16)")
+    add_arguments(ap, "megakernel-trace")
     args = ap.parse_args()
+    path = path_of(args)
     import torch
 
     from kernellab.harness import provenance
@@ -147,7 +150,7 @@ def main() -> None:
             print("  per chunk: " + "  ".join(f"{k} {v:.0f}" for k, v in per_chunk.items())
                   + f"  (sum {sum(per_chunk.values()):.0f} clocks)")
             print("  per tile: " + "  ".join(f"{k} {v:.0f}" for k, v in tile.items()))
-        with open(os.path.join(os.environ.get("OUT", "."), "megakernel-trace.json"), "w") as f:
+        with open(path, "w") as f:
             json.dump(record, f, indent=1)
 
 

@@ -7,8 +7,9 @@ in alternating rounds. It is how the heuristic defaults in gpu/base.py are chose
                                        [--shapes 512x6144,768x6144,1536x6144]   (M against a plan's waves)
                                        [--by-rows]   (only cases where M picks a bounded plan: it against the default)
 
-Writes $OUT/norm_sweep.json (after every case) and prints one line per case: the default plan, the best plan, both as a
-fraction of the copy ceiling. Every plan's output is checked against torch before it is timed.
+Writes $OUT/NAME.json (``--name``, default norm_sweep) or ``--out PATH`` (after every case) and prints one line per
+case: the default plan, the best plan, both as a fraction of the copy ceiling. Every plan's output is checked
+against torch before it is timed.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ import fnmatch
 import functools
 import itertools
 import json
-import os
 import statistics
 import types
 
 import torch
 import torch.nn.functional as F
+from records import add_arguments, path_of  # this folder
 
 from kernellab.harness import timing
 from kernellab.kernels.gpu import compiler
@@ -175,7 +176,9 @@ def main() -> None:
                     help="only cases where the ops run a bounded plan for M (compiler.Plans), timed as 'by-rows'")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--samples", type=int, default=10)
+    add_arguments(ap, "norm_sweep")
     args = ap.parse_args()
+    path = path_of(args)
     device = timing.Device("cuda")
     device.warm_up(2.0)
     results = []
@@ -192,7 +195,7 @@ def main() -> None:
         print(f"{row['case']:28s} copy {p50['copy']:8.2f}us torch {p50['copy'] / p50['torch']:.3f} quack {qs} "
               f"default {row['default_of_copy']:.3f} best {row['best_of_copy']:.3f} ({row['best']})", flush=True)
         torch.cuda.empty_cache()
-        with open(os.path.join(os.environ.get("OUT", "."), "norm_sweep.json"), "w") as f:
+        with open(path, "w") as f:
             json.dump(results, f, indent=1)
 
 

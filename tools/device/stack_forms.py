@@ -8,10 +8,12 @@ model's weight bytes over the copy bandwidth measured in the same run).
 
     python3 tools/device/stack_forms.py [--models 'mlp*,swiglu2*'] [--rows 1,16] [--samples 7] [--forms grid,rows]
         [--ctas 66,33]     (also the gemv and mma forms on grids of at most that many CTAs: form@N, a probe)
+        [--name NAME | --out PATH]
     python3 tools/device/stack_forms.py --show A.json[,B.json] [--forms gemv,grid]    (anywhere: records as a table)
 
-Writes $OUT/stack_forms.json (provenance, then one entry per model and row count, after each) and prints a line
-per entry. A form that cannot be built or fails validation is recorded with why, and not timed.
+Writes $OUT/NAME.json (``--name``, default stack_forms) or ``--out PATH`` (provenance, then one entry per model
+and row count, after each) and prints a line per entry. A form that cannot be built or fails validation is
+recorded with why, and not timed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import re
 import statistics
 
 from backward_phases import cta_counts  # this folder: --ctas as the backward's phases take it
+from records import add_arguments, path_of  # this folder
 
 FORMS = {"grid": {"engine": "persistent-stack", "stack_form": "grid"},
          "gemv": {"engine": "persistent-stack", "stack_form": "gemv"},
@@ -165,6 +168,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=7)
     ap.add_argument("--ctas", default="", type=cta_counts, help="comma-separated CTA counts: also time the "
                     + ",".join(GRID_FORMS) + " forms on grids of at most that many CTAs (columns form@N)")
+    add_arguments(ap, "stack_forms")
     args = ap.parse_args()
     if args.show:
         show(args.show, args.forms)
@@ -173,13 +177,12 @@ def main() -> None:
     if any(f not in FORMS for f in forms):
         ap.error(f"--forms: names of {','.join(FORMS)} expected, got {args.forms!r}")
     forms = form_names(forms, [int(c) for c in args.ctas.split(",") if c])
+    path = path_of(args)
     from kernellab.harness import provenance, timing
     from kernellab.megakernel import models
 
     device = timing.Device("cuda")
     bandwidth = models.copy_bandwidth_gbs()  # the floor: the weights streamed once at the copy's rate
-    from records import record_path  # this folder: a record never overwrites an earlier one
-    path = record_path("stack_forms.json")
     record = {"tool": "tools/device/stack_forms.py", "mode": "graph_throughput",
               "forms": {f: form_options(f) for f in forms},
               "provenance": provenance.of_check("cuda", __file__, ["megakernel"]), "entries": []}

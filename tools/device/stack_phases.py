@@ -11,11 +11,12 @@ The differences are phase B's and phase A's costs; ``skeleton`` is what the form
 get (its latency chain: 2 grid barriers a block), beside the weight floor (the weights' bytes over the copy
 bandwidth of the same run). Only ``full`` computes the model; the others are timing probes.
 
-    python3 tools/device/stack_phases.py [--models 'mlp4*'] [--rows 1,16] [--forms gemv,mma]
+    python3 tools/device/stack_phases.py [--models 'mlp4*'] [--rows 1,16] [--forms gemv,mma] [--name NAME | --out PATH]
     python3 tools/device/stack_phases.py --show RECORD.json    (anywhere: a written record as a table)
 
-Writes $OUT/stack_phases.json (provenance, then one entry per model, row count and form) and prints a line per
-entry. A form that cannot be built (or whose full kernel fails validation) is recorded with why.
+Writes $OUT/NAME.json (``--name``, default stack_phases) or ``--out PATH`` (provenance, then one entry per model,
+row count and form) and prints a line per entry. A form that cannot be built (or whose full kernel fails
+validation) is recorded with why.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import os
 import subprocess
 import sys
 import tempfile
+
+from records import add_arguments, path_of  # this folder
 
 PHASES = ("full", "phase_a", "skeleton")
 FORMS = ("gemv", "mma")
@@ -107,6 +110,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=7)
     ap.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # the per-phase subprocess ...
     ap.add_argument("--phase-out", help=argparse.SUPPRESS)  # ... and the file it writes its entries to
+    add_arguments(ap, "stack_phases")
     args = ap.parse_args()
     if args.show:
         show(args.show)
@@ -124,6 +128,7 @@ def main() -> None:
         with open(args.phase_out, "w") as f:
             json.dump(probe(args.phase, args.models, rows, forms, args.samples), f)
         return
+    path = path_of(args)  # the subprocesses write their entries to --phase-out, this process the record
     from kernellab.harness import provenance
     from kernellab.megakernel import models
 
@@ -149,8 +154,6 @@ def main() -> None:
     record = {"tool": "tools/device/stack_phases.py", "mode": "graph_throughput", "phases": PHASES,
               "provenance": provenance.of_check("cuda", __file__, ["megakernel"]),
               "entries": merged(by_phase, floors)}
-    from records import record_path  # this folder: a record never overwrites an earlier one
-    path = record_path("stack_phases.json")
     with open(path, "w") as f:
         json.dump(record, f, indent=1)
 

@@ -3,6 +3,7 @@ CTA spends on its operand, phase A, the wait at the first grid barrier, phase B 
 the final norm (or the copy into y) after the last block.
 
     python3 tools/device/stack_trace.py [--models 'swiglu4*'] [--rows 1,16] [--forms gemv,mma]
+                                        [--name NAME | --out PATH]
     python3 tools/device/stack_trace.py --show RECORD.json    (anywhere: a written record as tables)
 
 Builds a traced copy of ``engines/persistent_stack_gemv.py`` beside it (``_traced_persistent_stack_gemv.py``,
@@ -12,9 +13,10 @@ stops this tool with the anchor's text), and uses its kernel in both forms (the 
 The stamps go to a buffer whose address is compiled into the kernel. Each model runs as ``stack_forms.time_form``
 runs it (validated against the float64 reference, then timed in a CUDA graph), and the buffer holds the last
 replay's stamps. The clocks are converted to microseconds by each CTA's own clock rate over the call
-(``%globaltimer`` may tick coarsely, so it only sets the rate and the common start). Writes $OUT/stack_trace.json
-with the harness's provenance, and prints per block the median and the slowest CTA of each step. A block of several
-row tiles (past the planned rows) stamps its operand and phase A once a tile: the last tile's stand.
+(``%globaltimer`` may tick coarsely, so it only sets the rate and the common start). Writes $OUT/NAME.json
+(``--name``, default stack_trace) or ``--out PATH`` with the harness's provenance, and prints per block the median
+and the slowest CTA of each step. A block of several row tiles (past the planned rows) stamps its operand and phase A
+once a tile: the last tile's stand.
 
 What to read: where ``phase A`` (or ``B``) of the slowest CTA is far above the median, the barrier's wait is the
 skew of the work, not the barrier; where every step is short and the block still long, the time is between them.
@@ -25,9 +27,9 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
-import os
 import statistics
 
+from records import add_arguments, path_of  # this folder
 from source_patch import line_after, line_before, replace_once, traced_module  # this folder
 
 TOOL = "stack_trace"
@@ -122,6 +124,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,16")
     ap.add_argument("--forms", default="gemv,mma")
     ap.add_argument("--samples", type=int, default=5)
+    add_arguments(ap, "stack_trace")
     args = ap.parse_args()
     if args.show:
         show(args.show)
@@ -129,6 +132,7 @@ def main() -> None:
     forms = args.forms.split(",")
     if not forms or any(f not in ("gemv", "mma") for f in forms):
         ap.error(f"--forms: gemv and/or mma, got {args.forms!r}")
+    path = path_of(args)
     import torch
     from stack_forms import FORMS, time_form
 
@@ -167,7 +171,7 @@ def main() -> None:
                              + "; ".join(f"{n} {statistics.mean(s['median_us'] for s in v):.2f}/"
                                          f"{statistics.mean(s['max_us'] for s in v):.2f}"
                                          for n, v in entry["steps"].items())), flush=True)
-        with open(os.path.join(os.environ.get("OUT", "."), "stack_trace.json"), "w") as f:
+        with open(path, "w") as f:
             json.dump(record, f, indent=1)
 
 
