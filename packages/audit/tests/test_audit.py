@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kernellab.audit import audit as audit_mod
 from kernellab.harness import report
 
 HERE = Path(__file__).resolve().parent
@@ -110,6 +111,8 @@ def test_honest_revisions_pass(repo, tmp_path):
     if audit["status"] == "inconclusive":
         assert all("undecided" in r for r in audit["reasons"]), audit["reasons"]
     assert audit["replay_pairs"] == 1 and audit["executed_output_validations"] > 0  # one case, one mode
+    # small results: every one shipped and checked again by the driver, none judged in the worker alone
+    assert audit["output_validations_by_driver"] > 0 and audit["validated_in_worker_only"] == []
     assert audit["recorded_unchanged_artifacts"] == 2 and audit["current_artifacts_checked"] is True
     assert set(audit["source_reports_sha256"]) == {"reference", "candidate"}
     lo, hi = audit["torch_probe_control_ratio_range"]
@@ -398,3 +401,21 @@ def test_check_a_comparison_and_its_before_after(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[ok  ] internally consistent" in out and "against its comparison: [FAIL] " in out
     assert "records[0].after_ms: recorded" in out
+
+
+def test_cases_validated_in_the_worker_only_are_named(tmp_path):
+    """A case none of whose results the driver checked again (each over the ship limit) is named in the audit,
+    beside the count of the driver's checks; a failed check of either kind fails the audit's check."""
+    def validation(external: bool, passed: bool = True) -> dict:
+        return {"passed": passed, "external": True} if external else {"passed": passed, "outputs": {}}
+
+    sides = {"reference": {"rounds": [{"big/ours": {"validations": [validation(False), validation(False)]},
+                                       "small/ours": {"validations": [validation(False), validation(True)]}}]},
+             "candidate": {"rounds": [{"big/ours": {"validations": [validation(False)]},
+                                       "small/ours": {"validations": [validation(True, passed=False)]}}]}}
+    a = audit_mod.Audit(tmp_path / "r.json", tmp_path / "c.json", tmp_path, audit_mod.Options())
+    a._check_validations(sides)
+    assert a.out["executed_output_validations"] == 6 and a.out["output_validations_by_driver"] == 2
+    assert a.out["validated_in_worker_only"] == ["candidate big/ours", "reference big/ours"]
+    (check,) = a.checks
+    assert check["passed"] is False and a.failures and "candidate small/ours round 1" in a.failures[0]

@@ -308,7 +308,10 @@ class Audit:
         self.out["current_artifacts_checked"] = checked
 
     def _check_validations(self, sides: dict) -> None:
-        executed, failed = 0, []
+        """Every replayed validation must pass. Those the driver made again from shipped results (``external``)
+        are counted apart, and a case none of whose results the driver could check (each over the harness's
+        ship limit) is named: its outputs were judged only inside the process that ran the contender."""
+        executed, by_driver, failed, worker_only = 0, 0, [], set()
         for side, data in sides.items():
             for r, cases in enumerate(data["rounds"]):
                 for cid, result in cases.items():
@@ -316,13 +319,21 @@ class Audit:
                     if "graph_replay" in result:
                         checks.append(result["graph_replay"])
                     executed += len(checks)
+                    external = sum(1 for v in checks if v.get("external"))
+                    by_driver += external
+                    if checks and not external:
+                        worker_only.add(f"{side} {cid}")
                     for v in checks:
                         if not v.get("passed"):
                             failed.append(f"{side} {cid} round {r + 1}: {_why(v)}")
                     if result.get("error"):
                         failed.append(f"{side} {cid} round {r + 1}: {result['error']}")
         self.out["executed_output_validations"] = executed
-        self.check("output validations", not failed, {"executed": executed, "failed": failed},
+        self.out["output_validations_by_driver"] = by_driver
+        self.out["validated_in_worker_only"] = sorted(worker_only)
+        self.check("output validations", not failed,
+                   {"executed": executed, "by_driver": by_driver, "worker_only": sorted(worker_only),
+                    "failed": failed},
                    fail=f"{len(failed)} validation(s) failed, first: {failed[0]}" if failed else None)
 
     def _judge_claims(self, reports: dict, replay: dict) -> None:

@@ -195,10 +195,13 @@ def summary(result: dict) -> str:
     for c in result["checks"]:
         mark = MARKS[c["passed"]]
         lines.append(f"  [{mark}] {c['name']}")
-    for field in ("replay_pairs", "executed_output_validations", "recorded_unchanged_artifacts",
-                  "current_artifacts_checked", "torch_probe_control_ratio_range"):
+    for field in ("replay_pairs", "executed_output_validations", "output_validations_by_driver",
+                  "recorded_unchanged_artifacts", "current_artifacts_checked", "torch_probe_control_ratio_range"):
         if field in result:
             lines.append(f"  {field}: {result[field]}")
+    if result.get("validated_in_worker_only"):
+        lines.append(f"  validated in the worker only (results over the ship limit): "
+                     f"{', '.join(result['validated_in_worker_only'])}")
     if result["reasons"]:
         lines.append("reasons:")
         lines += [f"  - {r}" for r in result["reasons"]]
