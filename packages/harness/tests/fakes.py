@@ -101,6 +101,25 @@ def works_when_poisoned(problem):
     return call
 
 
+def skips_the_calls_it_counts_unchecked(iterations: int):
+    """Knows the run's batch length (``iterations``) and counts its calls from the poisoned outputs a batch starts
+    with (a validation's look the same, so the first call works too), then does the work of the last call it
+    expects only, writing zeros in between: with batches of a fixed length, the last call, the one checked, was
+    always right."""
+    def bind(problem):
+        count = [0]
+
+        def call(i, o):
+            count[0] = 0 if bool(o["y"].isnan().any()) else count[0] + 1
+            if count[0] in (0, iterations - 1):
+                o["y"].copy_(i["x"]).mul_(2).add_(1)
+            else:
+                o["y"].zero_()
+            return o
+        return call
+    return bind
+
+
 def memoizes_on_fingerprint(stale: list):
     """Keeps results keyed on the input's address and three sampled elements; ``stale`` collects the
     calls it served from a memo made before the input was last written (torch's version counter)."""
@@ -377,6 +396,26 @@ def patches_isnan_for_one_read(problem):
         torch.isnan = isnan
         return o
     call.restore = lambda: setattr(torch, "isnan", real)
+    return call
+
+
+def patches_the_clock_once(problem):
+    """Honest work, but inside each call it replaces ``time.perf_counter_ns`` with a clock that, at its first use,
+    puts the original back and returns a time 10 ms early: the next stamp the harness takes (its batch's end)
+    would be early, and no check around the case would see a patch."""
+    import time
+
+    real = time.perf_counter_ns
+    inner = honest(problem)
+
+    def once() -> int:
+        time.perf_counter_ns = real
+        return real() - 10_000_000
+
+    def call(i, o):
+        time.perf_counter_ns = once
+        return inner(i, o)
+    call.restore = lambda: setattr(time, "perf_counter_ns", real)
     return call
 
 

@@ -15,6 +15,7 @@ from fakes import (
     patches_isnan_for_one_read,
     patches_its_bench,
     patches_the_clock,
+    patches_the_clock_once,
     patches_the_comparison,
     patches_the_encoder,
     predicts_batch_inputs,
@@ -22,6 +23,7 @@ from fakes import (
     replaces_its_problems_truth,
     returns_its_input,
     shadows_a_builtin_in_the_harness,
+    skips_the_calls_it_counts_unchecked,
     stops_the_thread_join,
     works_when_poisoned,
     works_when_read,
@@ -254,6 +256,35 @@ def test_timed_batch_inputs_cannot_be_computed_from_the_configuration():
 def test_a_patch_that_undoes_itself_after_one_read_is_caught_at_that_read():
     result = _run_and_restore(patches_isnan_for_one_read)
     assert not result["passed"] and "torch.isnan" in result["error"], result.get("error")
+
+
+def test_a_clock_patched_for_its_first_use_only_is_never_used():
+    """The timing loop takes its clock, synchronize and event methods once, checked against the seal, when a
+    timing starts: a patch that would undo itself at the batch's end stamp is never called, so it stays in
+    place and the case is refused (before, every sample of this contender came out 10 ms short)."""
+    result = _run_and_restore(patches_the_clock_once)
+    assert not result["passed"] and "time.perf_counter_ns" in result["error"], result.get("error")
+    assert all(v > 0 for samples in result["samples_us"].values() for v in samples)
+
+
+def test_a_contender_that_counts_its_calls_cannot_skip_the_unchecked_ones():
+    """A checked batch ends where a draw made after each call returns says, so a contender that knows the run's
+    batch length and counts its calls still meets batches that end on a call it skipped. Each batch of this one
+    ends on a skipped call about half the time; over 60 batches all escaping is about 1 in 10^19."""
+    config = Config(rounds=1, samples=60, warmup=1, iterations=3, modes=("e2e_throughput",))
+    result = _run(skips_the_calls_it_counts_unchecked(config.iterations), config)
+    assert not result["passed"], result
+    (timed,) = [v for v in result["validations"] if v.get("timed_batches")]
+    assert timed["failed_batches"] > 0 and "timed batches gave wrong results" in timed["error"], timed
+
+
+def test_a_sample_of_no_time_is_refused():
+    from kernellab.harness import timing
+
+    for us in (0.0, -3.5, float("nan")):
+        with pytest.raises(RuntimeError, match="cannot take no time"):
+            timing._positive(us, "e2e_throughput")
+    assert timing._positive(0.25, "e2e_throughput") == 0.25
 
 
 def test_a_global_that_shadows_a_builtin_in_the_harness_is_refused():

@@ -109,3 +109,42 @@ def test_warmup_is_batches_of_calls_not_passes_over_every_rotated_set(monkeypatc
     made.clear()
     Bench(affine_suite(Impl("ours", bind=honest), shapes=((4, 4),)), Config(warmup=0, iterations=4))._warm(calls)
     assert made == []
+
+
+class _Recorded:
+    """A ``timing.Batch`` that records each batch's first call, its last (as ``after`` is told) and the calls made."""
+
+    def __init__(self, made: list):
+        self.made, self.batches = made, []
+
+    def before(self, first, count):
+        self.batches.append({"first": first, "room": count, "from": len(self.made)})
+
+    def stopped(self, result):
+        pass
+
+    def after(self, last, result):
+        self.batches[-1]["last"], self.batches[-1]["calls"] = last, self.made[self.batches[-1]["from"]:]
+
+
+def test_checked_batches_end_on_a_draw_and_unchecked_ones_do_not():
+    """A checked batch's calls are consecutive from its first, its last is the one checked, and its length is drawn
+    (1 in ``iterations`` after each call, ``LONGEST_BATCH`` times ``iterations`` at most, inputs written for that
+    many); a timing with no check (a tool's) runs batches of exactly ``iterations``."""
+    made: list[int] = []
+    calls = [(lambda k=k: made.append(k)) for k in range(7)]
+    device, iterations = timing.Device("cpu"), 4
+    batch = _Recorded(made)
+    samples = timing.measure("e2e_throughput", calls, device, samples=400, iterations=iterations, batch=batch)
+    assert len(samples) == 400 and all(v > 0 for v in samples)
+    lengths = []
+    for b in batch.batches:
+        n = len(b["calls"])
+        lengths.append(n)
+        assert b["calls"] == [(b["first"] + i) % 7 for i in range(n)] and b["last"] == b["first"] + n - 1
+        assert b["room"] == timing.LONGEST_BATCH * iterations
+    assert min(lengths) == 1 and max(lengths) == timing.LONGEST_BATCH * iterations
+    assert 3.0 < sum(lengths) / len(lengths) < 4.2  # (1 - (3/4)^8) * 4 = 3.6 expected
+    made.clear()
+    plain = timing.measure("e2e_throughput", calls, device, samples=50, iterations=iterations)
+    assert len(plain) == 50 and len(made) == 50 * iterations

@@ -58,6 +58,7 @@ def _external() -> dict[str, object]:
     }
     for name in ("record", "synchronize", "elapsed_time", "query"):
         found[f"torch.cuda.Event.{name}"] = getattr(torch.cuda.Event, name)
+    found["torch.cuda.CUDAGraph.replay"] = torch.cuda.CUDAGraph.replay
     return found
 
 
@@ -165,6 +166,15 @@ def _resolve(root: object, dotted: str) -> object:
     for part in dotted.split(".")[1:]:
         obj = getattr(obj, part, None)
     return obj
+
+
+class Patched(RuntimeError):
+    """A part of the harness was found replaced where it was about to be used."""
+
+
+def unlike_sealed(found: dict[str, object]) -> list[str]:
+    """The names in ``found`` (sealed name -> the object about to be used) whose object is not the sealed one."""
+    return [name for name, obj in found.items() if _SEALED and obj is not _SEALED.get(name, (_ABSENT,))[0]]
 
 
 def verify(objects=()) -> list[str]:

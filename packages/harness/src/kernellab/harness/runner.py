@@ -275,8 +275,8 @@ class Bench:
             batches += 1
 
     def _rotated_calls(self, case: Case, index: int) -> tuple[list[Callable[[], Any]], list]:
-        """Calls over enough input sets that they exceed twice the cache, and at least one per call of a
-        batch (so that no call of a batch reads what an earlier one did), all writing one output set.
+        """Calls over enough input sets that they exceed twice the cache, and at least one per call of the
+        longest batch (so that no call of a batch reads what an earlier one did), all writing one output set.
 
         Outputs do not rotate: a torch op allocates its result, and the caching allocator hands it the
         block the previous call freed, so its stores land in cache; impls given rotated buffers would
@@ -286,7 +286,7 @@ class Bench:
         outputs = problem.make_outputs(first_in)
         set_bytes = sum(t.numel() * t.element_size() for t in first_in.values())
         n = timing.rotation_count(set_bytes, self.device.cache_bytes, limit_bytes=cfg.rotation_limit_bytes,
-                                  least=cfg.iterations) if cfg.rotate else 1
+                                  least=timing.LONGEST_BATCH * cfg.iterations) if cfg.rotate else 1
         sets = [(first_in, outputs)]
         for k in range(1, n):
             sets.append((problem.make_inputs(seed_for(cfg.seed, problem.name, "time", index, k)), outputs))

@@ -15,12 +15,17 @@ Calls cycle through rotated input sets so that repeated calls do not read from c
 output set, as a torch op writes the block its allocator recycles. Around every sample, outside the
 clock, a ``Batch`` writes fresh contents into the inputs the sample's calls use and poisons the outputs,
 then checks the last call's outputs; host counters around it record what disturbed it (``noise``).
-Every mode returns microseconds per call, one value per sample.
+Where a ``Batch`` checks, K is drawn: the batch (the graph's capture) ends where a draw from the operating
+system after each call says, 1 in ``iterations`` (on average ``iterations`` calls, the graph's target length),
+so that no call can tell the checked last one from the others and skip their work. The clock, the synchronize
+and the event and graph methods a sample goes through are taken once, checked against the seal, when a timing
+starts. Every mode returns microseconds per call, one value per sample.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,6 +38,8 @@ CPU_MODES = ("e2e_throughput", "e2e_latency")
 ALL_MODES = GPU_MODES
 THROUGHPUT_MODES = ("gpu_throughput", "graph_throughput", "e2e_throughput")
 GRAPH_REPLAY_US = 2000.0  # least work per timed graph replay
+LONGEST_BATCH = 2  # a checked batch ends at this many times ``iterations`` calls if no draw ended it before
+ENDS_OF = 2**32  # the range of a batch's end draws (four bytes from the operating system)
 HOLD_MIN_US = 50.0  # shortest hold before a gpu_throughput sample
 HOLD_TRIES = 6  # holds, each twice as long, before a sample is declared unmeasurable
 MAX_GRAPH_CALLS = 8192
@@ -170,6 +177,14 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
     batch = batch or _NoBatch()
     probe = device.probe
     torch = device.torch
+    clock, sync, record, event_sync, elapsed, started, replay, draw = _timed_path(device)
+    # A checked batch ends where a draw from the operating system, made after each call returns, says (1 in
+    # ``iterations``; at ``longest`` calls at most), so that no call can know it is the last, the one whose outputs
+    # are checked, and skip its work when it is not. An unchecked batch (a tool's timing) is ``iterations`` long.
+    drawn = not isinstance(batch, _NoBatch)
+    longest = LONGEST_BATCH * iterations if drawn else iterations
+    below = ENDS_OF // iterations if drawn else -1  # a draw under this ends the batch (1 in ``iterations``)
+    from_bytes = int.from_bytes
 
     def mark(before: tuple) -> None:
         if marks is not None:
@@ -180,19 +195,23 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
         k, hold = 0, HOLD_MIN_US
         for _ in range(samples):
             for _ in range(HOLD_TRIES):
-                batch.before(k, iterations)
-                device.sync()
+                batch.before(k, longest)
+                sync()
                 before = probe.read()
                 device.hold(hold)
-                start.record()
-                t0 = time.perf_counter_ns()
-                for i in range(iterations):
-                    result = calls[(k + i) % n]()
-                end.record()
-                queued = (time.perf_counter_ns() - t0) / 1e3
-                held = not start.query()  # the GPU had not passed the hold when the last call was queued
-                end.synchronize()
-                device.sync()
+                record(start)
+                t0 = clock()
+                count = 0
+                while True:
+                    result = calls[(k + count) % n]()
+                    count += 1
+                    if count >= longest or (drawn and from_bytes(draw(4), "little") < below):
+                        break
+                record(end)
+                queued = (clock() - t0) / 1e3
+                held = not started(start)  # the GPU had not passed the hold when the last call was queued
+                event_sync(end)
+                sync()
                 hold = max(HOLD_MIN_US, 2 * queued, hold if held else 2 * hold)
                 if held:
                     break
@@ -201,70 +220,130 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
                                    f"{hold / 2:.0f} us (a launch queue fills up?); use fewer iterations")
             batch.stopped(result)
             mark(before)
-            out.append(start.elapsed_time(end) * 1e3 / iterations)
-            batch.after(k + iterations - 1, result)
-            k += iterations
+            out.append(_positive(elapsed(start, end) * 1e3 / count, mode))
+            batch.after(k + count - 1, result)
+            k += count
     elif mode == "gpu_latency":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for s in range(samples):
             batch.before(s, 1)
             device.flush()
-            device.sync()
+            sync()
             before = probe.read()
-            start.record()
+            record(start)
             result = calls[s % n]()
-            end.record()
-            end.synchronize()
-            device.sync()
+            record(end)
+            event_sync(end)
+            sync()
             batch.stopped(result)
             mark(before)
-            out.append(start.elapsed_time(end) * 1e3)
+            out.append(_positive(elapsed(start, end) * 1e3, mode))
             batch.after(s, result)
     elif mode == "e2e_throughput":
         k = 0
         for _ in range(samples):
-            batch.before(k, iterations)
-            device.sync()
+            batch.before(k, longest)
+            sync()
             before = probe.read()
-            t0 = time.perf_counter_ns()
-            for i in range(iterations):
-                result = calls[(k + i) % n]()
-            device.sync()
-            out.append((time.perf_counter_ns() - t0) / 1e3 / iterations)
+            t0 = clock()
+            count = 0
+            while True:
+                result = calls[(k + count) % n]()
+                count += 1
+                if count >= longest or (drawn and from_bytes(draw(4), "little") < below):
+                    break
+            sync()
+            out.append(_positive((clock() - t0) / 1e3 / count, mode))
             batch.stopped(result)
             mark(before)
-            batch.after(k + iterations - 1, result)
-            k += iterations
+            batch.after(k + count - 1, result)
+            k += count
     elif mode == "e2e_latency":
         for s in range(samples):
             batch.before(s, 1)
             device.flush()
-            device.sync()
+            sync()
             before = probe.read()
-            t0 = time.perf_counter_ns()
+            t0 = clock()
             result = calls[s % n]()
-            device.sync()
-            out.append((time.perf_counter_ns() - t0) / 1e3)
+            sync()
+            out.append(_positive((clock() - t0) / 1e3, mode))
             batch.stopped(result)
             mark(before)
             batch.after(s, result)
     elif mode == "graph_throughput":
         graph, length, result = graph_of(calls, device, iterations)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        target = length
+        while drawn:  # the timed graph's length drawn at its capture (mean ``target``), as a checked batch's is
+            del graph, result
+            graph, length, result = capture(calls, device, LONGEST_BATCH * target, ends=(draw, ENDS_OF // target))
+            if 2 * length >= target:
+                break
+            # too short to time (fewer calls than half the target, so fewer sets than the cache asks): checked as
+            # a timed replay is, then captured again; every capture's last call is checked, wherever a draw ended it
+            batch.before(0, length)
+            sync()
+            replay(graph)
+            sync()
+            batch.stopped(result)
+            batch.after(length - 1, result)
         for _ in range(samples):
             batch.before(0, length)
-            device.sync()
+            sync()
             before = probe.read()
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
+            record(start)
+            replay(graph)
+            record(end)
+            event_sync(end)
             batch.stopped(result)
             mark(before)
-            out.append(start.elapsed_time(end) * 1e3 / length)
+            out.append(_positive(elapsed(start, end) * 1e3 / length, mode))
             batch.after(length - 1, result)
         del graph
     return out
+
+
+TIMED_PATH = ("time.perf_counter_ns", "threads.settle", "torch.cuda.synchronize", "torch.cuda.Event.record",
+              "torch.cuda.Event.synchronize", "torch.cuda.Event.elapsed_time", "torch.cuda.Event.query",
+              "torch.cuda.CUDAGraph.replay", "os.urandom")
+"""What a sample's clock goes through between its first call and its value, as ``_timed_path`` binds it."""
+
+
+def _timed_path(device: Device) -> tuple:
+    """The clock, the synchronize and the CUDA event and graph methods of a mode's timed path, each taken once
+    when ``measure`` starts and checked to be the one sealed before any contender was imported. Inside the loop
+    nothing is looked up again, so a patch a call makes and undoes at its first use (a clock that returns an
+    earlier time once, a synchronize that does not wait once) is never reached: it stays in place, and the
+    check around the case refuses it."""
+    import torch
+
+    from . import integrity
+
+    found = dict(zip(TIMED_PATH, (time.perf_counter_ns, threads.settle, torch.cuda.synchronize,
+                                  torch.cuda.Event.record, torch.cuda.Event.synchronize,
+                                  torch.cuda.Event.elapsed_time, torch.cuda.Event.query,
+                                  torch.cuda.CUDAGraph.replay, os.urandom), strict=True))
+    replaced = integrity.unlike_sealed(found)
+    if replaced:
+        raise integrity.Patched(f"{integrity.REPLACED} before a timing began: {replaced}")
+    clock, settle, cuda_sync = found["time.perf_counter_ns"], found["threads.settle"], found["torch.cuda.synchronize"]
+    cuda = device.kind == "cuda"
+
+    def sync() -> None:
+        settle()
+        if cuda:
+            cuda_sync()
+
+    return (clock, sync, *(found[f"torch.cuda.Event.{m}"] for m in ("record", "synchronize", "elapsed_time", "query")),
+            found["torch.cuda.CUDAGraph.replay"], found["os.urandom"])
+
+
+def _positive(us: float, mode: str) -> float:
+    """A sample's value, which no call can make zero or negative: one that is was not measured by this clock."""
+    if not us > 0:
+        raise RuntimeError(f"{mode}: a sample of {us!r} us; a call cannot take no time (was the clock replaced?)")
+    return us
 
 
 def graph_of(calls: Sequence[Callable[[], object]], device: Device, iterations: int):
@@ -275,7 +354,7 @@ def graph_of(calls: Sequence[Callable[[], object]], device: Device, iterations: 
     torch = device.torch
     length = max(iterations, len(calls))
     while True:
-        graph, result = capture(calls, device, length)
+        graph, length, result = capture(calls, device, length)
         graph.replay()  # the first replay uploads the graph
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -289,9 +368,11 @@ def graph_of(calls: Sequence[Callable[[], object]], device: Device, iterations: 
         length = min(MAX_GRAPH_CALLS, max(2 * length, math.ceil(length * 1.2 * GRAPH_REPLAY_US / max(took, 1.0))))
 
 
-def capture(calls: Sequence[Callable[[], object]], device: Device, iterations: int):
-    """A CUDA graph of ``iterations`` calls cycling through the rotated sets (warmed on a side stream), and
-    what the last captured call returned (its tensors are the graph's: each replay rewrites them)."""
+def capture(calls: Sequence[Callable[[], object]], device: Device, iterations: int, ends: tuple | None = None):
+    """(graph, calls in it, what the last captured call returned): a CUDA graph of ``iterations`` calls cycling
+    through the rotated sets (warmed on a side stream; the result's tensors are the graph's, each replay rewrites
+    them). With ``ends`` (the OS's random source, the draw under which the capture ends), the capture ends where
+    a draw after each captured call says, and at ``iterations`` calls at most."""
     torch = device.torch
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -301,8 +382,13 @@ def capture(calls: Sequence[Callable[[], object]], device: Device, iterations: i
     torch.cuda.current_stream().wait_stream(side)
     device.sync()
     graph = torch.cuda.CUDAGraph()
+    draw, below = ends or (None, -1)
+    from_bytes, n, count = int.from_bytes, len(calls), 0
     with torch.cuda.graph(graph):
-        for i in range(iterations):
-            result = calls[i % len(calls)]()
+        while True:
+            result = calls[count % n]()
+            count += 1
+            if count >= iterations or (draw is not None and from_bytes(draw(4), "little") < below):
+                break
     device.sync()
-    return graph, result
+    return graph, count, result
