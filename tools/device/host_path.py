@@ -109,8 +109,12 @@ def report(layers: dict, profiled, path: str, meta: dict) -> None:
     prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(15)
+    from kernellab.harness import provenance
+
+    record = {"provenance": provenance.of_check("cuda", __file__, ["kernels"]), **meta, "us_per_call": result,
+              "profile": text.getvalue()}
     with open(path, "w") as f:
-        json.dump({**meta, "us_per_call": result, "profile": text.getvalue()}, f, indent=1)
+        json.dump(record, f, indent=1)
     print(text.getvalue()[-3000:])
     for label, us in result.items():
         print(f"{label:40s} {us:7.2f} us" if isinstance(us, float) else f"{label:40s} {us}")

@@ -184,23 +184,10 @@ later cases eagerly and time torch under the name ``compile``."""
 def _compile_call(problem):
     import torch
 
-    _gpu_problem(problem, "compile")
-    config = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(config, name):
-            setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
-    if hasattr(config, "fail_on_recompile_limit_hit"):  # never fall back to eager silently
-        config.fail_on_recompile_limit_hit = True
-    # Inductor's first compile leaves Python threads running (its compile worker pool, tqdm's monitor), and the
-    # harness fails a case whose contender leaves threads behind: compile in the calling thread, with no
-    # monitor, so that the first compiled case is measured like every later one.
-    torch._inductor.config.compile_threads = 1
-    try:
-        import tqdm
+    from kernellab.harness import compile_config
 
-        tqdm.tqdm.monitor_interval = 0
-    except ImportError:
-        pass
+    _gpu_problem(problem, "compile")
+    compile_config.for_contenders(RECOMPILE_LIMIT)
     return torch.compile(problem.control, dynamic=False)
 
 
