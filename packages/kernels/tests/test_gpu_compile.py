@@ -288,10 +288,11 @@ SWEEP_TOOL = Path(__file__).resolve().parents[3] / "tools" / "device" / "backwar
 
 
 @pytest.mark.skipif(not SWEEP_TOOL.exists(), reason="the repository's tools/ (not in an sdist)")
-def test_every_backward_sweep_plan_is_a_tuning_under_its_label():
+def test_every_backward_sweep_plan_is_a_tuning_under_its_label(monkeypatch):
     """The device sweep's plan table: B0 the kernels' own plan, every other label a distinct Tuning."""
     import importlib.util
 
+    monkeypatch.syspath_prepend(str(SWEEP_TOOL.parent))  # as when it runs: the device tools import each other
     spec = importlib.util.spec_from_file_location("backward_sweep", SWEEP_TOOL)
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
