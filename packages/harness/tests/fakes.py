@@ -419,6 +419,28 @@ def patches_the_clock_once(problem):
     return call
 
 
+def patches_the_comparison_once(problem):
+    """Works only where its outputs are poisoned (a validation, a batch's first call); in every other call it does
+    nothing and replaces ``validate.compare`` with one that, at its first use, puts the original back and compares
+    the truth with itself: the check after the batch would pass, and no check around the case would see a patch."""
+    from kernellab.harness import validate
+
+    real = validate.compare
+    inner = honest(problem)
+
+    def once(result, truth, rtol, atol, slack=None):
+        validate.compare = real
+        return real(truth, truth, rtol, atol, slack)
+
+    def call(i, o):
+        if bool(o["y"].isnan().any()):
+            return inner(i, o)
+        validate.compare = once
+        return o
+    call.restore = lambda: setattr(validate, "compare", real)
+    return call
+
+
 class _Zero(int):
     """An int that is always zero: every count of wrong elements made through it is none."""
 

@@ -17,6 +17,7 @@ from fakes import (
     patches_the_clock,
     patches_the_clock_once,
     patches_the_comparison,
+    patches_the_comparison_once,
     patches_the_encoder,
     predicts_batch_inputs,
     raises_the_ship_limit,
@@ -276,6 +277,14 @@ def test_a_contender_that_counts_its_calls_cannot_skip_the_unchecked_ones():
     assert not result["passed"], result
     (timed,) = [v for v in result["validations"] if v.get("timed_batches")]
     assert timed["failed_batches"] > 0 and "timed batches gave wrong results" in timed["error"], timed
+
+
+def test_a_check_patched_for_its_first_use_only_is_seen_before_it_is_used():
+    """Right after contender code returns (a validation, the warmup, each timed batch, a graph's capture), before
+    the harness looks anything up, the whole seal is verified through a check bound before the contender ran: a
+    patch meant to undo itself at its first use is still in place there (before, this contender passed)."""
+    result = _run_and_restore(patches_the_comparison_once)
+    assert not result["passed"] and "validate.compare" in result["error"], result.get("error")
 
 
 def test_a_sample_of_no_time_is_refused():

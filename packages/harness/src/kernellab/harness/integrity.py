@@ -9,8 +9,10 @@ while the harness reads), when this module is first imported (before any contend
 names whatever has been replaced since, by object or by code, and on the objects the run uses (the
 bench, its device and probes, the batch checks) any method hidden by an attribute of the object itself, a
 class that is not the harness's, or a module swapped for another. ``read_path_changes`` is the part a read of
-a result goes through, cheap enough to run before every read. The comparison against the truth is also repeated outside
-this process (``validate.check_shipped``), which no patch here can reach.
+a result goes through, cheap enough to run before every read; ``guard`` binds ``verify`` before contender code
+runs, to be called right after it returns, while a patch meant to undo itself at its first use is still there.
+The comparison against the truth is also repeated outside this process (``validate.check_shipped``), which no
+patch here can reach.
 """
 
 from __future__ import annotations
@@ -175,6 +177,22 @@ class Patched(RuntimeError):
 def unlike_sealed(found: dict[str, object]) -> list[str]:
     """The names in ``found`` (sealed name -> the object about to be used) whose object is not the sealed one."""
     return [name for name, obj in found.items() if _SEALED and obj is not _SEALED.get(name, (_ABSENT,))[0]]
+
+
+def guard():
+    """``verify`` bound now, to be called through the returned function right after contender code returns and
+    before the harness looks anything else up: a patch the contender made to be undone at its first use (the
+    comparison, a check's method) is then still in place, and named. Bind it before the contender runs; it raises
+    ``Patched`` itself if ``verify`` was already replaced."""
+    check = verify
+    if unlike_sealed({"integrity.verify": check}):
+        raise Patched(f"{REPLACED} before a contender ran: ['integrity.verify']")
+
+    def after_contender(where: str) -> None:
+        replaced = check()
+        if replaced:
+            raise Patched(f"{REPLACED} during {where}: {replaced}")
+    return after_contender
 
 
 def verify(objects=()) -> list[str]:

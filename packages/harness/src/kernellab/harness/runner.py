@@ -248,13 +248,15 @@ class Bench:
 
     def _measure(self, mode: str, calls: list[Callable[[], Any]], check: validate.BatchCheck) -> tuple[list, dict]:
         """Warm up, then one mode's samples, every batch checked: (samples kept, what disturbed them)."""
+        after_contender, measure = integrity.guard(), timing.measure
         self._warm(calls)
+        after_contender("the warmup calls")
         marks: list[dict] = []
         gpu = self.device.gpu_probe
         gpu_before = gpu.read() if gpu else None
         mhz = noise.cpu_mhz()
-        raw = timing.measure(mode, calls, self.device, samples=self.config.samples, iterations=self.config.iterations,
-                             batch=check, marks=marks)
+        raw = measure(mode, calls, self.device, samples=self.config.samples, iterations=self.config.iterations,
+                      batch=check, marks=marks)
         kept, disturbance = noise.split(raw, marks)
         disturbance["cpu_mhz"] = noise.clock_range(mhz + noise.cpu_mhz())
         if gpu:

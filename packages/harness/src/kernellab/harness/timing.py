@@ -183,8 +183,11 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
     # are checked, and skip its work when it is not. An unchecked batch (a tool's timing) is ``iterations`` long.
     drawn = not isinstance(batch, _NoBatch)
     longest = LONGEST_BATCH * iterations if drawn else iterations
-    below = ENDS_OF // iterations if drawn else -1  # a draw under this ends the batch (1 in ``iterations``)
-    from_bytes = int.from_bytes
+    below = ENDS_OF // iterations if drawn else 0  # a draw under this ends the batch (1 in ``iterations``)
+    ends = draw if drawn else None
+    run = _calls_until_drawn  # taken before any call: what a patch made during one cannot reach
+    after_contender = _checked_after_contender(drawn)
+    after_contender("the calls before this timing")
 
     def mark(before: tuple) -> None:
         if marks is not None:
@@ -201,17 +204,13 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
                 device.hold(hold)
                 record(start)
                 t0 = clock()
-                count = 0
-                while True:
-                    result = calls[(k + count) % n]()
-                    count += 1
-                    if count >= longest or (drawn and from_bytes(draw(4), "little") < below):
-                        break
+                count, result = run(calls, k, longest, ends, below)
                 record(end)
                 queued = (clock() - t0) / 1e3
                 held = not started(start)  # the GPU had not passed the hold when the last call was queued
                 event_sync(end)
                 sync()
+                after_contender("a timed batch")
                 hold = max(HOLD_MIN_US, 2 * queued, hold if held else 2 * hold)
                 if held:
                     break
@@ -235,6 +234,7 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
             record(end)
             event_sync(end)
             sync()
+            after_contender("a timed call")
             batch.stopped(result)
             mark(before)
             out.append(_positive(elapsed(start, end) * 1e3, mode))
@@ -246,14 +246,10 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
             sync()
             before = probe.read()
             t0 = clock()
-            count = 0
-            while True:
-                result = calls[(k + count) % n]()
-                count += 1
-                if count >= longest or (drawn and from_bytes(draw(4), "little") < below):
-                    break
+            count, result = run(calls, k, longest, ends, below)
             sync()
             out.append(_positive((clock() - t0) / 1e3 / count, mode))
+            after_contender("a timed batch")
             batch.stopped(result)
             mark(before)
             batch.after(k + count - 1, result)
@@ -268,16 +264,18 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
             result = calls[s % n]()
             sync()
             out.append(_positive((clock() - t0) / 1e3, mode))
+            after_contender("a timed call")
             batch.stopped(result)
             mark(before)
             batch.after(s, result)
     elif mode == "graph_throughput":
-        graph, length, result = graph_of(calls, device, iterations)
+        graph, length, result = graph_of(calls, device, iterations, after_contender)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        target = length
+        target, take = length, capture
         while drawn:  # the timed graph's length drawn at its capture (mean ``target``), as a checked batch's is
             del graph, result
-            graph, length, result = capture(calls, device, LONGEST_BATCH * target, ends=(draw, ENDS_OF // target))
+            graph, length, result = take(calls, device, LONGEST_BATCH * target, after_contender,
+                                         ends=(draw, ENDS_OF // target))
             if 2 * length >= target:
                 break
             # too short to time (fewer calls than half the target, so fewer sets than the cache asks): checked as
@@ -339,6 +337,27 @@ def _timed_path(device: Device) -> tuple:
             found["torch.cuda.CUDAGraph.replay"], found["os.urandom"])
 
 
+def _calls_until_drawn(calls: Sequence[Callable[[], object]], first: int, longest: int, draw, below: int):
+    """(calls made, the last one's result): calls from ``first`` over the rotated ones until, after a call returns,
+    four bytes drawn from ``draw`` (the OS's random source) read under ``below``, or ``longest`` calls are made.
+    Without ``draw``, exactly ``longest`` calls. Nothing is looked up between the calls but the calls."""
+    n, count, from_bytes = len(calls), 0, int.from_bytes
+    while True:
+        result = calls[(first + count) % n]()
+        count += 1
+        if count >= longest or (draw is not None and from_bytes(draw(4), "little") < below):
+            return count, result
+
+
+def _checked_after_contender(checked: bool):
+    """``integrity.guard``'s check for a timing with a ``Batch`` (contender code), a no-op for a tool's timing."""
+    if not checked:
+        return lambda where: None
+    from . import integrity
+
+    return integrity.guard()
+
+
 def _positive(us: float, mode: str) -> float:
     """A sample's value, which no call can make zero or negative: one that is was not measured by this clock."""
     if not us > 0:
@@ -346,15 +365,16 @@ def _positive(us: float, mode: str) -> float:
     return us
 
 
-def graph_of(calls: Sequence[Callable[[], object]], device: Device, iterations: int):
+def graph_of(calls: Sequence[Callable[[], object]], device: Device, iterations: int,
+             after_contender: Callable[[str], None] = lambda where: None):
     """(graph, calls in it, the last captured call's result) for graph_throughput: at least ``iterations``
     calls and every rotated set (so none stays in cache), lengthened until one replay does GRAPH_REPLAY_US
     of work, so that what each replay costs beyond its calls (its launch, the restart after the
     synchronize) is spread thin."""
-    torch = device.torch
+    torch, take = device.torch, capture  # taken once: contender code runs between captures
     length = max(iterations, len(calls))
     while True:
-        graph, length, result = capture(calls, device, length)
+        graph, length, result = take(calls, device, length, after_contender)
         graph.replay()  # the first replay uploads the graph
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -368,7 +388,8 @@ def graph_of(calls: Sequence[Callable[[], object]], device: Device, iterations: 
         length = min(MAX_GRAPH_CALLS, max(2 * length, math.ceil(length * 1.2 * GRAPH_REPLAY_US / max(took, 1.0))))
 
 
-def capture(calls: Sequence[Callable[[], object]], device: Device, iterations: int, ends: tuple | None = None):
+def capture(calls: Sequence[Callable[[], object]], device: Device, iterations: int,
+            after_contender: Callable[[str], None] = lambda where: None, ends: tuple | None = None):
     """(graph, calls in it, what the last captured call returned): a CUDA graph of ``iterations`` calls cycling
     through the rotated sets (warmed on a side stream; the result's tensors are the graph's, each replay rewrites
     them). With ``ends`` (the OS's random source, the draw under which the capture ends), the capture ends where
@@ -379,16 +400,13 @@ def capture(calls: Sequence[Callable[[], object]], device: Device, iterations: i
     with torch.cuda.stream(side):
         for c in calls:
             c()
+    after_contender("the calls before a graph's capture")
     torch.cuda.current_stream().wait_stream(side)
     device.sync()
     graph = torch.cuda.CUDAGraph()
-    draw, below = ends or (None, -1)
-    from_bytes, n, count = int.from_bytes, len(calls), 0
+    draw, below = ends or (None, 0)
     with torch.cuda.graph(graph):
-        while True:
-            result = calls[count % n]()
-            count += 1
-            if count >= iterations or (draw is not None and from_bytes(draw(4), "little") < below):
-                break
+        count, result = _calls_until_drawn(calls, 0, iterations, draw, below)
+    after_contender("a graph's capture")
     device.sync()
     return graph, count, result

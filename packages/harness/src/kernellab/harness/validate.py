@@ -149,8 +149,11 @@ def _check(problem: Problem, call: Call, inputs: Tensors, outputs: Tensors,
     before = snapshot(inputs)
     poison(outputs)
     _sync(problem)
+    after_contender = integrity.guard()
     result = call(inputs, outputs)
+    after_contender("a validation call")
     _sync(problem)
+    after_contender("a validation call's threads")
     fault = result_fault(result, input_spans([inputs]))
     if fault:
         return {"passed": False, "outputs": {}, "error": fault, "seed": seed}, {}
@@ -171,15 +174,18 @@ def validate_graph_replay(problem: Problem, call: Call, seed: int, changed_seed:
 
     inputs = problem.make_inputs(seed)
     outputs = problem.make_outputs(inputs)
+    after_contender = integrity.guard()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         call(inputs, outputs)
+    after_contender("the call before a graph's capture")
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         result = call(inputs, outputs)
+    after_contender("a graph's capture")
     fault = result_fault(result, input_spans([inputs]))
     if fault:
         return {"passed": False, "outputs": {}, "error": fault, "replay_changed_input": False}
