@@ -284,6 +284,7 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
             sync()
             replay(graph)
             sync()
+            after_contender("a graph's replay")  # a graph can hold host functions of the contender's
             batch.stopped(result)
             batch.after(length - 1, result)
         for _ in range(samples):
@@ -294,6 +295,7 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
             replay(graph)
             record(end)
             event_sync(end)
+            after_contender("a graph's replay")
             batch.stopped(result)
             mark(before)
             out.append(_positive(elapsed(start, end) * 1e3 / length, mode))
