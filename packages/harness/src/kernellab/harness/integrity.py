@@ -8,9 +8,9 @@ validate, the clocks and torch functions they call, and every attribute of ``tor
 while the harness reads), when this module is first imported (before any contender is imported); ``verify``
 names whatever has been replaced since, by object or by code, and on the objects the run uses (the
 bench, its device and probes, the batch checks) any method hidden by an attribute of the object itself, a
-class that is not the harness's, or a module swapped for another. ``read_path_changes`` is the part a read of
-a result goes through, cheap enough to run before every read; ``guard`` binds ``verify`` before contender code
-runs, to be called right after it returns, while a patch meant to undo itself at its first use is still there.
+class that is not the harness's, or a module swapped for another (``read_path_changes`` is the part a read of a
+result goes through). ``guard`` binds ``verify`` before contender code runs, to be called right after it returns,
+before the harness reads anything, while a patch meant to undo itself at its first use is still there.
 The comparison against the truth is also repeated outside this process (``validate.check_shipped``), which no
 patch here can reach.
 """
@@ -139,9 +139,9 @@ def read_path_changes() -> list[str]:
     """What the harness's reads of a result go through, changed since ``seal``: an attribute of
     ``torch.Tensor`` or its bases replaced, removed or shadowed (set on a class ahead of the base that defines
     it), a sealed torch function replaced, a builtin replaced, or shadowed by a global of a harness module (none
-    defines one: ``int`` set on ``validate`` would count its wrong elements). A patch made inside a call and
-    undone by the patch itself after one read would pass every check around the case; this runs before every
-    read. None where nothing was sealed: a process that runs no contender."""
+    defines one: ``int`` set on ``validate`` would count its wrong elements). Part of ``verify``, which ``guard``
+    runs after every return of contender code, before any read. None where nothing was sealed: a process that
+    runs no contender."""
     import torch
 
     if not _TENSOR:

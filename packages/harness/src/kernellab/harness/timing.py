@@ -18,8 +18,9 @@ then checks the last call's outputs; host counters around it record what disturb
 Where a ``Batch`` checks, K is drawn: the batch (the graph's capture) ends where a draw from the operating
 system after each call says, 1 in ``iterations`` (on average ``iterations`` calls, the graph's target length),
 so that no call can tell the checked last one from the others and skip their work. The clock, the synchronize
-and the event and graph methods a sample goes through are taken once, checked against the seal, when a timing
-starts. Every mode returns microseconds per call, one value per sample.
+and the event and graph methods a sample goes through are taken once when a timing starts, and the whole seal is
+verified then and right after every return of contender code (``integrity.guard``). Every mode returns
+microseconds per call, one value per sample.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from . import noise, threads
+from . import integrity, noise, threads
 
 GPU_MODES = ("gpu_throughput", "gpu_latency", "e2e_throughput", "e2e_latency", "graph_throughput")
 CPU_MODES = ("e2e_throughput", "e2e_latency")
@@ -304,30 +305,15 @@ def measure(mode: str, calls: Sequence[Callable[[], object]], device: Device, *,
     return out
 
 
-TIMED_PATH = ("time.perf_counter_ns", "threads.settle", "torch.cuda.synchronize", "torch.cuda.Event.record",
-              "torch.cuda.Event.synchronize", "torch.cuda.Event.elapsed_time", "torch.cuda.Event.query",
-              "torch.cuda.CUDAGraph.replay", "os.urandom")
-"""What a sample's clock goes through between its first call and its value, as ``_timed_path`` binds it."""
-
-
 def _timed_path(device: Device) -> tuple:
-    """The clock, the synchronize and the CUDA event and graph methods of a mode's timed path, each taken once
-    when ``measure`` starts and checked to be the one sealed before any contender was imported. Inside the loop
-    nothing is looked up again, so a patch a call makes and undoes at its first use (a clock that returns an
-    earlier time once, a synchronize that does not wait once) is never reached: it stays in place, and the
-    check around the case refuses it."""
+    """The clock, the synchronize, the CUDA event and graph methods and the OS's random source of a mode's timed
+    path, each taken once when ``measure`` starts, just before the seal is verified (a checked timing). Inside the
+    loop nothing is looked up again, so a patch a call makes and undoes at its first use (a clock that returns an
+    earlier time once, a synchronize that does not wait once) is never reached: it stays in place, and the check
+    after the batch refuses it."""
     import torch
 
-    from . import integrity
-
-    found = dict(zip(TIMED_PATH, (time.perf_counter_ns, threads.settle, torch.cuda.synchronize,
-                                  torch.cuda.Event.record, torch.cuda.Event.synchronize,
-                                  torch.cuda.Event.elapsed_time, torch.cuda.Event.query,
-                                  torch.cuda.CUDAGraph.replay, os.urandom), strict=True))
-    replaced = integrity.unlike_sealed(found)
-    if replaced:
-        raise integrity.Patched(f"{integrity.REPLACED} before a timing began: {replaced}")
-    clock, settle, cuda_sync = found["time.perf_counter_ns"], found["threads.settle"], found["torch.cuda.synchronize"]
+    clock, settle, cuda_sync, event = time.perf_counter_ns, threads.settle, torch.cuda.synchronize, torch.cuda.Event
     cuda = device.kind == "cuda"
 
     def sync() -> None:
@@ -335,8 +321,8 @@ def _timed_path(device: Device) -> tuple:
         if cuda:
             cuda_sync()
 
-    return (clock, sync, *(found[f"torch.cuda.Event.{m}"] for m in ("record", "synchronize", "elapsed_time", "query")),
-            found["torch.cuda.CUDAGraph.replay"], found["os.urandom"])
+    return (clock, sync, event.record, event.synchronize, event.elapsed_time, event.query,
+            torch.cuda.CUDAGraph.replay, os.urandom)
 
 
 def _calls_until_drawn(calls: Sequence[Callable[[], object]], first: int, longest: int, draw, below: int):
@@ -353,11 +339,7 @@ def _calls_until_drawn(calls: Sequence[Callable[[], object]], first: int, longes
 
 def _checked_after_contender(checked: bool):
     """``integrity.guard``'s check for a timing with a ``Batch`` (contender code), a no-op for a tool's timing."""
-    if not checked:
-        return lambda where: None
-    from . import integrity
-
-    return integrity.guard()
+    return integrity.guard() if checked else lambda where: None
 
 
 def _positive(us: float, mode: str) -> float:
