@@ -3,6 +3,7 @@
 
     python3 tools/device/host_path.py [--shape 256x3072] [--dtype bf16] [--train rmsnorm|layernorm|softmax]
                                       [--name NAME | --out PATH]
+    python3 tools/device/host_path.py --show RECORD.json[,...]   (anywhere: written records as one table)
 
 Each layer is timed over back-to-back calls with one synchronize (us per call), then the public call
 is profiled. With ``--train OP``, the layers of one training step (forward and backward through autograd) of
@@ -120,14 +121,35 @@ def report(layers: dict, profiled, path: str, meta: dict) -> None:
         print(f"{label:40s} {us:7.2f} us" if isinstance(us, float) else f"{label:40s} {us}")
 
 
+def show(paths: str) -> None:
+    """Written records as one markdown table: us per call of each layer, a column per record."""
+    records = []
+    for path in paths.split(","):
+        with open(path) as f:
+            records.append(json.load(f))
+    labels = [" ".join(str(v) for v in (r.get("train", "call"), "x".join(map(str, r["shape"])), r["dtype"]))
+              for r in records]
+    layers = list(dict.fromkeys(layer for r in records for layer in r["us_per_call"]))
+    print("| layer | " + " | ".join(f"{label} us" for label in labels) + " |")
+    print("|---" * (len(labels) + 1) + "|")
+    for layer in layers:
+        cells = [r["us_per_call"].get(layer) for r in records]
+        print(f"| {layer} | " + " | ".join("-" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v)
+                                           for v in cells) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--show", metavar="RECORD[,RECORD...]", help="print written records as one markdown table")
     ap.add_argument("--shape", default="256x3072")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--train", choices=("softmax", "rmsnorm", "layernorm"))
     add_arguments(ap, "host_path (host_path_train_OP with --train)")
     ap.set_defaults(name=None)  # the default depends on --train
     args = ap.parse_args()
+    if args.show:
+        show(args.show)
+        return
     if args.name is None:
         args.name = f"host_path_train_{args.train}" if args.train else "host_path"
     path = path_of(args)
