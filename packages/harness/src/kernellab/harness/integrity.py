@@ -174,18 +174,13 @@ class Patched(RuntimeError):
     """A part of the harness was found replaced where it was about to be used."""
 
 
-def unlike_sealed(found: dict[str, object]) -> list[str]:
-    """The names in ``found`` (sealed name -> the object about to be used) whose object is not the sealed one."""
-    return [name for name, obj in found.items() if _SEALED and obj is not _SEALED.get(name, (_ABSENT,))[0]]
-
-
 def guard():
     """``verify`` bound now, to be called through the returned function right after contender code returns and
     before the harness looks anything else up: a patch the contender made to be undone at its first use (the
     comparison, a check's method) is then still in place, and named. Bind it before the contender runs; it raises
     ``Patched`` itself if ``verify`` was already replaced."""
     check = verify
-    if unlike_sealed({"integrity.verify": check}):
+    if _SEALED and check is not _SEALED["integrity.verify"][0]:
         raise Patched(f"{REPLACED} before a contender ran: ['integrity.verify']")
 
     def after_contender(where: str) -> None:
