@@ -44,6 +44,7 @@ PLANS = {  # label -> (engine, planning.forced choices); {}: the planner's own p
     "split2": ("persistent-tc", {"split": 2}),
     "split4": ("persistent-tc", {"split": 4}),
     "split8": ("persistent-tc", {"split": 8}),
+    "split2-32": ("persistent-tc", {"split": 2, "mma": "mma.sync", "tile_rows": 32}),
     "split4-32": ("persistent-tc", {"split": 4, "mma": "mma.sync", "tile_rows": 32}),
     "split8-32": ("persistent-tc", {"split": 8, "mma": "mma.sync", "tile_rows": 32}),
     "split4-wgmma": ("persistent-tc", {"split": 4, "mma": "wgmma"}),

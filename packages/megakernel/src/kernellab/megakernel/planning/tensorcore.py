@@ -27,7 +27,9 @@ TC_WIDE_SPLIT_SHARE = 5 / 8
 tiles (``reports/h100/tc-split/``) the wide splits were fastest at 1-13 tiles (the CTAs stream a tile's weights
 side by side) and a split of 4 at 20 tiles (80 CTAs); from 32 tiles a split of 4 (128 CTAs) tied with 2 or
 lost (the CTAs then share the L2's bandwidth, which ``tc_cost`` does not see), and 8 lost wherever its CTAs
-outnumbered the SMs."""
+outnumbered the SMs. The 64-row wgmma tiles follow the same share: at 1024 rows a split of 4 (64 CTAs) beat the
+32-row tiles split over 2 at channel tiles 128 and 256, and at 2048 rows (a split of 4 would be 128 CTAs) the
+32-row tiles stayed fastest (``reports/h100/tc-split/megakernel-sweep-split-wgmma-*.json``)."""
 TC_MULTICASTS = (1, 2, 4)
 """persistent-tc's weight multicast (wgmma form only): with m, a cluster of m CTAs owning different row
 tiles loads each weight chunk once by TMA, each CTA 1/m of it sent to all, so L2 serves every chunk once
@@ -95,10 +97,10 @@ def tc_split_fits(tile_rows: int, channels_tile: int, split: int) -> bool:
     return tile_rows * channels_tile // TC_THREADS % (2 * split) == 0
 
 
-def wide_split_fits(rows_per_tile: int, num_tiles: int, split: int, device: DeviceSpec) -> bool:
-    """Whether planning may split a tile over 4 or 8 CTAs: 32-row tiles (the form it was measured on) whose
-    clusters fill at most ``TC_WIDE_SPLIT_SHARE`` of the SMs."""
-    return rows_per_tile == TC_ROW_TILES[0] and num_tiles * split <= TC_WIDE_SPLIT_SHARE * device.sm_count
+def wide_split_fits(num_tiles: int, split: int, device: DeviceSpec) -> bool:
+    """Whether planning may split a tile over 4 or 8 CTAs: where its clusters fill at most
+    ``TC_WIDE_SPLIT_SHARE`` of the SMs."""
+    return num_tiles * split <= TC_WIDE_SPLIT_SHARE * device.sm_count
 
 
 def tc_layout(rows: int, channels_tile: int, hidden: int, may_split: bool, device: DeviceSpec) -> tuple[int, int]:
@@ -113,7 +115,7 @@ def tc_layout(rows: int, channels_tile: int, hidden: int, may_split: bool, devic
         num_tiles = ceil_div(rows, rows_per_tile)
         for split in TC_SPLITS:
             if split > 1 and not (may_split and chunks >= 2 * split
-                                  and (split <= 2 or wide_split_fits(rows_per_tile, num_tiles, split, device))
+                                  and (split <= 2 or wide_split_fits(num_tiles, split, device))
                                   and tc_split_fits(rows_per_tile, channels_tile, split)
                                   and persistent_tc_smem_bytes(rows_per_tile, channels_tile, 1, split)
                                   <= usable_smem(device)):
