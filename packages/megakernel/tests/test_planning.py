@@ -156,8 +156,9 @@ def test_shared_memory_sizes_hold_the_layouts_the_kernels_address(n, k, blocks):
     (16384, 512, 1024, 64, 1, 1, 132, 1),  # 256 tiles of 64 rows, 200 KB each: one CTA per SM, 2 tiles for most
     (4096, 256, 1024, 64, 2, 2, 128, 1),  # 64 tiles split in two: 64-row tiles on 128 SMs, half the hidden each
     (8192, 256, 1024, 64, 1, 2, 128, 1),  # 128 tiles of 64 rows already fill the SMs
-    (1024, 128, 1024, 32, 2, 4, 64, 1),  # 32 tiles: split in two, 8 chunks each, room for the most stages
-    (33, 32, 1024, 32, 4, 4, 8, 2),  # 2 tiles: a wide split (16 chunks over 4 CTAs each), 8 CTAs
+    (1024, 128, 1024, 64, 4, 4, 64, 1),  # 16 tiles of 64 rows split in four: 4 chunks each, as many stages
+    (768, 128, 512, 32, 4, 2, 96, 2),  # 24 tiles of 32 rows split in four (8 chunks over 4 CTAs each), 96 CTAs
+    (33, 32, 1024, 64, 8, 2, 8, 2),  # one 64-row tile split over 8 CTAs, 2 chunks each, where 32-row tiles need 2
     (513, 96, 192, 32, 1, 3, 17, 2),  # three chunks (a split needs two per CTA): three stages, every load of
     (1, 7, 61, 32, 1, 1, 1, 2),  # one chunk                                     a tile issued at its start
 ])
@@ -179,15 +180,20 @@ def test_persistent_tc_tiles_and_grid(rows, channels, hidden, tile, split, stage
     # the H200 sweeps' fastest layouts (reports/h200/sweeps/megakernel-sweep*.json): a split where whole tiles
     # leave SMs idle or where it lets 64-row tiles fill them; none where every SM is busy already
     ((1024, 128, 256), (32, 2)), ((2048, 512, 1024), (32, 2)), ((4096, 256, 1024), (64, 2)),
-    ((4096, 128, 512), (64, 2)), ((1024, 64, 1024), (32, 2)), ((2048, 256, 2048), (32, 2)),
+    ((4096, 128, 512), (64, 2)), ((2048, 256, 2048), (32, 2)),
     ((16384, 256, 1024), (64, 1)), ((8192, 256, 1024), (64, 1)), ((16384, 512, 2048), (64, 1)),
     ((8448, 512, 512), (64, 1)), ((385, 72, 200), (32, 2)),
     ((257, 64, 128), (32, 1)),  # two chunks: unsplit measured faster (4.1 against 4.4 us)
-    # the H100's sweep of splits over 4 and 8 CTAs (reports/h100/tc-split/): a wide split of 32-row tiles
-    # where its clusters fill at most TC_WIDE_SPLIT_SHARE of the SMs; 2 where more tiles share the L2
-    ((65, 128, 512), (32, 4)), ((640, 256, 768), (32, 4)), ((33, 32, 1024), (32, 4)), ((1, 512, 2048), (32, 8)),
+    # the H100's sweeps of splits over 4 and 8 CTAs (reports/h100/tc-split/): a wide split where its clusters fill
+    # at most TC_WIDE_SPLIT_SHARE of the SMs, of 64-row wgmma tiles where it costs less (half the weight traffic
+    # of two 32-row tiles); 2 where more tiles share the L2
+    ((65, 128, 512), (32, 4)), ((640, 256, 768), (32, 4)), ((1, 512, 2048), (32, 8)),
     ((16, 256, 1024), (32, 8)), ((256, 512, 2048), (32, 8)), ((1024, 512, 2048), (32, 2)),
-    ((1024, 256, 1024), (32, 2)), ((4096, 512, 2048), (32, 1)),
+    ((4096, 512, 2048), (32, 1)), ((768, 128, 512), (32, 4)), ((2048, 256, 1024), (32, 2)),
+    ((1024, 64, 1024), (64, 4)), ((1024, 128, 512), (64, 4)), ((1024, 256, 1024), (64, 4)),
+    ((1024, 256, 2048), (64, 4)), ((1024, 128, 1024), (64, 4)), ((1536, 256, 1024), (64, 4)),
+    ((512, 256, 1024), (64, 8)), ((768, 256, 1024), (64, 8)),
+    ((33, 32, 1024), (64, 8)), ((1, 64, 1024), (64, 8)),  # tied with the 32-row tile's split of 4 (6.3, 6.2 us)
 ])
 def test_tc_layout_takes_the_measured_fastest(shape, layout):
     rows, channels, hidden = shape

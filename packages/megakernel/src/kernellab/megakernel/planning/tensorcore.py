@@ -22,14 +22,13 @@ r, r + S, ... and the S partial output tiles are summed through distributed shar
 streams 1/S of the weights of a tile. It puts SMs to work that whole tiles would leave idle, or lets a 64-row
 tile (half the weight traffic per row) run on as many SMs as 32-row tiles would; ``tc_layout`` decides (8 is
 the largest portable cluster)."""
-TC_WIDE_SPLIT_SHARE = 5 / 8
-"""The share of the SMs a split of 4 or 8 may fill (its tiles times its CTAs). On the H100's sweep of 32-row
-tiles (``reports/h100/tc-split/``) the wide splits were fastest at 1-13 tiles (the CTAs stream a tile's weights
-side by side) and a split of 4 at 20 tiles (80 CTAs); from 32 tiles a split of 4 (128 CTAs) tied with 2 or
-lost (the CTAs then share the L2's bandwidth, which ``tc_cost`` does not see), and 8 lost wherever its CTAs
-outnumbered the SMs. The 64-row wgmma tiles follow the same share: at 1024 rows a split of 4 (64 CTAs) beat the
-32-row tiles split over 2 at channel tiles 128 and 256, and at 2048 rows (a split of 4 would be 128 CTAs) the
-32-row tiles stayed fastest (``reports/h100/tc-split/megakernel-sweep-split-wgmma-*.json``)."""
+TC_WIDE_SPLIT_SHARE = 3 / 4
+"""The share of the SMs a split of 4 or 8 may fill (its tiles times its CTAs). On the H100's sweeps
+(``reports/h100/tc-split/``) the wide splits were fastest at 1-13 tiles of 32 rows (the CTAs stream a tile's
+weights side by side), a split of 4 at 20 and 24 tiles of 32 rows (80 and 96 CTAs) and at 16 and 24 tiles of 64
+rows (64 and 96 CTAs, where a 64-row tile halves the weight traffic of two 32-row ones); at 128 CTAs a split of 4
+lost to a split of 2 at channel tiles of 256 (the CTAs then share the L2's bandwidth, which ``tc_cost`` does not
+see), and 8 lost wherever its CTAs outnumbered the SMs."""
 TC_MULTICASTS = (1, 2, 4)
 """persistent-tc's weight multicast (wgmma form only): with m, a cluster of m CTAs owning different row
 tiles loads each weight chunk once by TMA, each CTA 1/m of it sent to all, so L2 serves every chunk once
