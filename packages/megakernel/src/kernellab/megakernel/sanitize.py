@@ -113,6 +113,10 @@ def cases():
          (130, 64, 200), {"split": 2, "grid": 2, "mma": "wgmma", "loads": "cp.async"}),
         ("persistent-tc wgmma, TMA weight loads, hidden split, odd chunk count, 4 tiles per cluster",
          "persistent-tc", (200, 64, 200), {"mma": "wgmma", "loads": "tma", "split": 2, "grid": 2}),
+        ("persistent-tc wgmma, TMA weight loads, hidden split over a 4-CTA cluster, partial chunk, 2 tiles per "
+         "cluster", "persistent-tc", (130, 136, 520), {"mma": "wgmma", "loads": "tma", "split": 4, "grid": 8}),
+        ("persistent-tc wgmma, TMA weight loads, hidden split over an 8-CTA cluster, 3 CTAs without a chunk",
+         "persistent-tc", (70, 128, 320), {"mma": "wgmma", "loads": "tma", "split": 8}),
         ("persistent-tc wgmma, weight multicast over a 2-CTA cluster, 2 tiles per CTA, one empty tile",
          "persistent-tc", (130, 64, 200), {"mma": "wgmma", "multicast": 2, "grid": 2}),
         ("persistent-tc wgmma, weight multicast, partial channel tile, an idle CTA's empty tile", "persistent-tc",
