@@ -376,7 +376,7 @@ def test_grid_barrier_word_is_per_stream_and_left_at_rest():
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             gpu.rmsnorm_backward(x, w, dy, rstd)  # takes the stream's slot
-            slot = ops._SYNC_SLOT[(x.device.index, s.cuda_stream)]
+            slot = ops._SYNC_WORD[(x.device.index, s.cuda_stream)].storage_offset() // ops._SYNC_SECTOR
             before = table[slot, 0].item()
             found += [(slot, before, [gpu.rmsnorm_backward(x, w, dy, rstd)[1] for _ in range(3)])]
     torch.cuda.synchronize()
@@ -393,7 +393,7 @@ def test_cuda_graph_captured_first_zeroes_its_own_barrier_word(monkeypatch):
     """A graph captured before any eager backward on the device: its barrier word is zeroed in the graph,
     so replays hold; the gradients match an eager call."""
     monkeypatch.setattr(ops, "_SYNC", {})
-    monkeypatch.setattr(ops, "_SYNC_SLOT", {})
+    monkeypatch.setattr(ops, "_SYNC_WORD", {})
     x = torch.randn(3000, 2048, device="cuda", dtype=torch.bfloat16)
     w, b = torch.randn(2048, device="cuda", dtype=torch.bfloat16), torch.randn(2048, device="cuda")
     dy = torch.randn_like(x)

@@ -343,6 +343,7 @@ def torch_kernels(monkeypatch):
     monkeypatch.setattr(ops, "_FUNCTIONS", {})
     monkeypatch.setattr(ops, "_FAST", {})
     monkeypatch.setattr(ops, "_GRADS", {})
+    monkeypatch.setattr(ops, "_GRAD_LAUNCHES", {})
     monkeypatch.setattr(ops, "wave", lambda variant, sms: (2, 3))  # 2 rows per CTA, 3 CTAs per wave
     monkeypatch.setattr(ops, "_grid_sync", lambda device: torch.zeros(1, dtype=torch.int32, device=device))
     return seen
@@ -350,9 +351,9 @@ def torch_kernels(monkeypatch):
 
 def test_only_the_widest_class_joins_the_fast_path(torch_kernels):
     ops._launch("softmax", torch.empty(3 * 4096 + 1)[1:].view(3, 4096), torch.empty(3, 4096))  # vec 1
-    assert ("softmax", torch.float32, 4096, None, None) not in ops._FAST
+    assert ("softmax", torch.float32, 4096, None, None, False) not in ops._FAST
     ops._launch("rmsnorm", torch.empty(3, 4096), torch.empty(3, 4096), weight=torch.empty(4096), eps=1e-6)
-    assert ops._FAST[("rmsnorm", torch.float32, 4096, torch.float32, None)] is ops._FUNCTIONS[
+    assert ops._FAST[("rmsnorm", torch.float32, 4096, torch.float32, None, False)] is ops._FUNCTIONS[
         ("rmsnorm", torch.float32, 4096, 16, torch.float32, None, False, False)]
     x, r = torch.empty(3, 4096), torch.empty(3, 4096)
     ops._launch("rmsnorm", x, torch.empty_like(x), residual=r, h=torch.empty_like(x), eps=1e-6)
@@ -368,7 +369,7 @@ def test_fast_path_calls_the_cached_function_and_falls_back_on_its_refusal(monke
     """The fast path calls the cached function directly. The compiled function checks dtypes, N, rows,
     device and alignment itself and raises TypeError / ValueError before launching; the call then takes the
     general path, whose checks name the argument."""
-    key = ("softmax", torch.float32, 8, None, None)
+    key = ("softmax", torch.float32, 8, None, None, False)
     seen = []
     monkeypatch.setattr(ops, "_FAST", {key: _plans(lambda x, y: seen.append((x, y)))})
     x = torch.randn(4, 8)
@@ -397,7 +398,7 @@ def test_fast_path_is_not_taken_where_the_function_cannot_check(monkeypatch):
     def never(*args):
         raise AssertionError("fast path taken")
 
-    keys = [("softmax", torch.float32, 8, None, None), ("rmsnorm", torch.float32, 8, torch.float32, None)]
+    keys = [("softmax", torch.float32, 8, None, None, False), ("rmsnorm", torch.float32, 8, torch.float32, None, False)]
     monkeypatch.setattr(ops, "_FAST", dict.fromkeys(keys, _plans(never)))
     x = torch.randn(4, 8)
     refused = "x must be a CUDA tensor"
@@ -483,3 +484,93 @@ def test_backward_of_no_rows_gives_zero_vector_gradients(torch_kernels):
                                   rstd=torch.empty(0), dbias=torch.float32)
     assert dx.shape == (0, 16) and torch.equal(dw, torch.zeros(16)) and torch.equal(db, torch.zeros(16))
     assert not torch_kernels.calls, "nothing to launch"
+
+
+@pytest.mark.parametrize("op", ["softmax", "rmsnorm", "layernorm"])
+def test_autograd_forward_calls_the_widest_class_function_directly(torch_kernels, monkeypatch, op):
+    """Under autograd the forward's first call takes the general path, which caches the widest class's function
+    (with the row statistics for the norms); later calls of that class call it directly, parameters included,
+    and one it refuses (a narrower class) goes back to the general path. Every result is the float64 truth's."""
+    from kernellab.harness.suites import reference
+
+    n = 64
+    w = torch.nn.Parameter(torch.randn(n) + 1)
+    b = torch.nn.Parameter(torch.randn(n))
+    function = {"softmax": lambda x: ops._SoftmaxFunction.apply(x),
+                "rmsnorm": lambda x: ops._RMSNormFunction.apply(x, w, 1e-6),
+                "layernorm": lambda x: ops._LayerNormFunction.apply(x, w, b, 1e-5)}[op]
+    truth = {"softmax": lambda x: reference.softmax(x),
+             "rmsnorm": lambda x: reference.rmsnorm(x, w.detach(), 1e-6)[0],
+             "layernorm": lambda x: reference.layernorm(x, w.detach(), b.detach(), 1e-5)}[op]
+    general = []
+    launch = ops._launch
+    monkeypatch.setattr(ops, "_launch", lambda *a, **k: (general.append(a[0]), launch(*a, **k)))
+
+    def forward(x):
+        y = function(x)
+        torch.testing.assert_close(y.double(), truth(x.detach()).double(), rtol=1e-5, atol=1e-5)
+        return y
+
+    forward(torch.randn(5, n, requires_grad=True))
+    assert general == [op], "the first call compiles through the general path"
+    stats = op != "softmax"
+    key = (op, torch.float32, n, None if op == "softmax" else torch.float32,
+           torch.float32 if op == "layernorm" else None, stats)
+    assert key in ops._FAST
+    y = forward(torch.randn(7, n, requires_grad=True))
+    assert general == [op], "the second call of the widest class skips the general path"
+    assert torch_kernels.calls[-1].stats == stats and y.requires_grad
+
+    def refusing(*args):  # the compiled function's own check of a narrower class's call
+        raise ValueError("Mismatched alignment on argument #0")
+
+    monkeypatch.setitem(ops._FAST, key, _plans(refusing))
+    forward(torch.randn(3, n + 1, requires_grad=True)[:, 1:])  # a 4-byte base offset: a narrower class
+    assert general == [op, op], "the cached function refused it: the general path launched"
+    assert torch_kernels.calls[-1].vec == 1
+
+
+def test_backward_launch_plan_is_kept_per_call_shape(torch_kernels, monkeypatch):
+    """The variant and the grid of a backward call are worked out once per shape and alignment class: a second
+    call of the same shape runs the kept plan (same results), another row count works out its own, and the
+    kept plans are cleared once there are _GRAD_LAUNCHES_MOST of them."""
+    w = torch.randn(40) + 1
+
+    def backward(m):
+        x, dy = torch.randn(m, 40), torch.randn(m, 40)
+        return x, dy, ops._grad_launch("rmsnorm_backward", x, dy, weight=w, rstd=torch.rsqrt(x.pow(2).mean(-1)))
+
+    monkeypatch.setattr(ops, "_GRAD_LAUNCHES_MOST", 2)
+    x, dy, first = backward(9)
+    assert len(ops._GRAD_LAUNCHES) == 1
+    rule = ops.vector_gradient_launch
+
+    def grid_rule_once(*args):
+        raise AssertionError("the grid worked out again")
+
+    monkeypatch.setattr(ops, "vector_gradient_launch", grid_rule_once)
+    again = ops._grad_launch("rmsnorm_backward", x, dy, weight=w, rstd=torch.rsqrt(x.pow(2).mean(-1)))
+    for a, b in zip(first[:2], again[:2], strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(AssertionError, match="worked out again"):  # 10 rows: a plan of its own
+        backward(10)
+    monkeypatch.setattr(ops, "vector_gradient_launch", rule)
+    backward(10)
+    assert len(ops._GRAD_LAUNCHES) == 2
+    backward(11)  # past the limit: cleared, then this call's plan kept
+    assert len(ops._GRAD_LAUNCHES) == 1
+
+
+def test_grid_barrier_word_view_is_made_once_per_stream(monkeypatch):
+    """The word of a (device, stream) pair is the same view on every call: indexing the table again costs host
+    time; a second stream gets a word of its own slot."""
+    table = torch.zeros(ops._SYNC_SLOTS, ops._SYNC_SECTOR, dtype=torch.int32)
+    monkeypatch.setattr(ops, "_SYNC", {0: table})
+    monkeypatch.setattr(ops, "_SYNC_WORD", {})
+    streams = iter([11, 11, 22])
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: next(streams), raising=False)
+    device = SimpleNamespace(index=0)
+    first, second, other = (ops._grid_sync(device) for _ in range(3))
+    assert first is second, "the same view, not a new one a call"
+    assert first.storage_offset() == 0 and other.storage_offset() == ops._SYNC_SECTOR
+    assert first.shape == (1,) and first.data_ptr() == table.data_ptr()

@@ -58,7 +58,7 @@ def _check_out(name: str, out, x) -> None:
 # every row stride in bytes and every base pointer; an (N,) vector whose base is less aligned narrows it
 # in proportion to its element size. It picks the vector width: vec = alignment / element size.
 _FUNCTIONS: dict[tuple, Plans] = {}  # (op, dtypes, N, alignment, residual) -> its compiled plans
-_FAST: dict[tuple, Plans] = {}  # (op, x dtype, N, weight dtype, bias dtype) -> plans of N's widest class
+_FAST: dict[tuple, Plans] = {}  # (op, x dtype, N, weight dtype, bias dtype, stats) -> plans of N's widest class
 _SMS: dict[int, int] = {}  # device index -> SM count
 
 
@@ -92,8 +92,8 @@ def _function(op: str, x, n: int, bits: int, weight, bias, residual: bool, stats
                           stats=stats)
         plans = _FUNCTIONS[key] = Plans(variant, _sms(x))
         widest = n * x.element_size() | 16
-        if not residual and not stats and bits & -bits == widest & -widest:
-            _FAST[(op, x.dtype, n, wdt, bdt)] = plans
+        if not residual and bits & -bits == widest & -widest:
+            _FAST[(op, x.dtype, n, wdt, bdt, stats)] = plans
     return plans.for_rows(x.shape[0])
 
 
@@ -269,7 +269,7 @@ def _grad_function(op: str, x, bits: int, weight, dh: bool, dbias, spread_sum: b
 _SYNC_SLOTS = 1024
 _SYNC_SECTOR = 8  # int32 words
 _SYNC: dict[int, torch.Tensor] = {}
-_SYNC_SLOT: dict[tuple[int, int], int] = {}
+_SYNC_WORD: dict[tuple[int, int], torch.Tensor] = {}  # (device index, stream handle) -> its word (a view of _SYNC's)
 
 
 def _grid_sync(device) -> torch.Tensor:
@@ -282,10 +282,10 @@ def _grid_sync(device) -> torch.Tensor:
             return torch.zeros(1, dtype=torch.int32, device=device)
         table = _SYNC[index] = torch.zeros(_SYNC_SLOTS, _SYNC_SECTOR, dtype=torch.int32, device=device)
     key = (index, torch._C._cuda_getCurrentRawStream(index))  # the stream's handle, without a Stream object
-    slot = _SYNC_SLOT.get(key)
-    if slot is None:
-        slot = _SYNC_SLOT[key] = len(_SYNC_SLOT) % _SYNC_SLOTS
-    return table[slot, :1]
+    word = _SYNC_WORD.get(key)
+    if word is None:  # the view made once: indexing the table costs more host time than the rest of the call
+        word = _SYNC_WORD[key] = table[len(_SYNC_WORD) % _SYNC_SLOTS, :1]
+    return word
 
 
 def _as_rows(t, n: int):
@@ -295,6 +295,33 @@ def _as_rows(t, n: int):
     if n == 1:
         return rows.as_strided(rows.shape, (rows.stride(0), 1))
     return rows if rows.stride(1) == 1 else rows.contiguous()
+
+
+_GRAD_LAUNCHES: dict[tuple, tuple] = {}  # (op, dtypes, M, N, alignment, flags, device) -> (function, rows, grid)
+_GRAD_LAUNCHES_MOST = 4096  # distinct calls kept (a server's changing M would grow it without end): then cleared
+
+
+def _grad_plan(op: str, x2, bits: int, weight, dh: bool, dbias) -> tuple:
+    """(function, rows per CTA, grid) of a backward launch over x2's rows, kept per call shape: the variant's
+    lookup and the grid rule (``vector_gradient_launch``) are Python a training step would pay on every call."""
+    m, n = x2.shape
+    key = (op, x2.dtype, m, n, bits & -bits, None if weight is None else weight.dtype, dh, dbias, x2.get_device())
+    found = _GRAD_LAUNCHES.get(key)
+    if found is not None:
+        return found
+    fn, rows_per_cta, per_wave = _grad_function(op, x2, bits, weight, dh, dbias)
+    if weight is not None or dbias is not None:
+        spread, rows_per_cta, _, grid = vector_gradient_launch(
+            m, _sms(x2), x2.element_size(), rows_per_cta, per_wave,
+            lambda: _grad_function(op, x2, bits, weight, dh, dbias, spread_sum=True)[1:])
+        if spread:
+            fn = _grad_function(op, x2, bits, weight, dh, dbias, spread_sum=True)[0]
+    else:
+        grid = -(-m // rows_per_cta)
+    if len(_GRAD_LAUNCHES) >= _GRAD_LAUNCHES_MOST:
+        _GRAD_LAUNCHES.clear()
+    found = _GRAD_LAUNCHES[key] = (fn, rows_per_cta, grid)
+    return found
 
 
 def _grad_launch(op: str, x, dy, weight=None, dh=None, rstd=None, mean=None, dbias=None):
@@ -314,19 +341,11 @@ def _grad_launch(op: str, x, dy, weight=None, dh=None, rstd=None, mean=None, dbi
         bits |= _matrix_bits(dh2, e)
     if weight is not None:
         bits |= _vector_bits(weight, e)
-    fn, rows_per_cta, per_wave = _grad_function(op, x2, bits, weight, dh is not None, dbias)
+    fn, rows_per_cta, grid = _grad_plan(op, x2, bits, weight, dh is not None, dbias)
     if op == "softmax_backward":
         fn(x2, dy2, dx2)
         return dx, None, None
     vectors = weight is not None or dbias is not None
-    if vectors:
-        spread, rows_per_cta, _, grid = vector_gradient_launch(
-            m, _sms(x), e, rows_per_cta, per_wave,
-            lambda: _grad_function(op, x2, bits, weight, dh is not None, dbias, spread_sum=True)[1:])
-        if spread:
-            fn = _grad_function(op, x2, bits, weight, dh is not None, dbias, spread_sum=True)[0]
-    else:
-        grid = -(-m // rows_per_cta)
     pw = dw = pb = db = sync = None
     if weight is not None:
         pw, dw = x.new_empty((grid * rows_per_cta, n), dtype=torch.float32), torch.empty_like(weight)
@@ -508,7 +527,7 @@ class _SoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         y = _empty(x)
-        _launch("softmax", x, y)
+        _forward_launch("softmax", x, y)
         ctx.save_for_backward(y)
         return y
 
@@ -521,7 +540,7 @@ class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps):
         y, rstd = _empty(x), _row_stats(x)
-        _launch("rmsnorm", x, y, weight=weight, eps=eps, rstd=rstd)
+        _forward_launch("rmsnorm", x, y, weight, eps=eps, rstd=rstd)
         ctx.save_for_backward(x, weight, rstd)
         return y
 
@@ -551,7 +570,7 @@ class _LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
         y, mean, rstd = _empty(x), _row_stats(x), _row_stats(x)
-        _launch("layernorm", x, y, weight=weight, bias=bias, eps=eps, rstd=rstd, mean=mean)
+        _forward_launch("layernorm", x, y, weight, bias, eps, rstd, mean)
         ctx.save_for_backward(x, weight, bias, mean, rstd)
         return y
 
@@ -590,8 +609,36 @@ def _fast(op: str, x, out, weight=None, bias=None):
     if torch.compiler.is_compiling():
         return None
     plans = _FAST.get((op, x.dtype, shape[1], None if weight is None else weight.dtype,
-                       None if bias is None else bias.dtype))
+                       None if bias is None else bias.dtype, False))
     return None if plans is None else plans.for_rows(shape[0])
+
+
+_PARAMETER_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _forward_launch(op: str, x, y, weight=None, bias=None, eps=None, rstd=None, mean=None) -> None:
+    """An autograd Function's forward launch (with each row's statistics where given): the widest class's
+    function called directly where it is cached and x is non-empty 2-D rows, as the no-grad call's fast path
+    does; the general path where the function refuses the call (TypeError, ValueError: it checks the rest
+    itself) or none is cached yet. Here the tensors may require grad (grad mode is off inside a Function's
+    forward) and the vectors may be parameters."""
+    if type(x) in _PARAMETER_TYPES and x.dim() == 2 and x.shape[0] and x.shape[1]:
+        if all(v is None or type(v) in _PARAMETER_TYPES for v in (weight, bias)):
+            plans = _FAST.get((op, x.dtype, x.shape[1], None if weight is None else weight.dtype,
+                               None if bias is None else bias.dtype, rstd is not None))
+            if plans is not None:
+                fn = plans.for_rows(x.shape[0])
+                try:
+                    if op == "softmax":
+                        fn(x, y)
+                    elif op == "rmsnorm":
+                        fn(x, weight, None, y, None, rstd, eps)
+                    else:
+                        fn(x, weight, bias, y, mean, rstd, eps)
+                    return
+                except (TypeError, ValueError):  # not the widest class's call: the general path decides
+                    pass
+    _launch(op, x, y, weight=weight, bias=bias, eps=eps, rstd=rstd, mean=mean)
 
 
 def _plain_x(x) -> bool:
