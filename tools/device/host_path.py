@@ -78,6 +78,8 @@ def train_layers(op: str, m: int, n: int, dt) -> tuple[dict, object]:
         "autograd floor step (two copies)": step(lambda: floor.apply(x)),
         f"ours {op} step": ours,
         f"ours {op} forward, no grad": lambda: ours_forward(op, xd, wd, bd),
+        f"torch {op} forward under autograd (no backward)": torch_fwd,
+        f"ours {op} forward under autograd (no backward)": lambda: ours_forward(op, x, w, b),
         "torch.empty_like(x) (dx)": lambda: torch.empty_like(xd),
         "x.new_empty partials (fp32)": lambda: xd.new_empty((264, n), dtype=torch.float32),
         "ops._sms(x)": lambda: ops._sms(xd),
@@ -128,7 +130,7 @@ def show(paths: str) -> None:
         with open(path) as f:
             records.append(json.load(f))
     labels = [" ".join(str(v) for v in (r.get("train", "call"), "x".join(map(str, r["shape"])), r["dtype"]))
-              for r in records]
+              + (f" at {r['provenance']['git']['commit'][:7]}" if "provenance" in r else "") for r in records]
     layers = list(dict.fromkeys(layer for r in records for layer in r["us_per_call"]))
     print("| layer | " + " | ".join(f"{label} us" for label in labels) + " |")
     print("|---" * (len(labels) + 1) + "|")
