@@ -120,7 +120,12 @@ def _call(op: str, x, y, weight, bias, residual, h, eps, bits: int, rstd=None, m
         bits |= _vector_bits(weight, e)
     if bias is not None:
         bits |= _vector_bits(bias, e)
-    fn = _function(op, x, x.shape[1], bits, weight, bias, residual is not None, rstd is not None)
+    _invoke(_function(op, x, x.shape[1], bits, weight, bias, residual is not None, rstd is not None), op, x, y,
+            weight, bias, residual, h, eps, rstd, mean)
+
+
+def _invoke(fn, op: str, x, y, weight, bias, residual, h, eps, rstd, mean) -> None:
+    """fn (a compiled forward of op) called with its arguments in its order."""
     if op == "softmax":
         fn(x, y)
     elif op == "rmsnorm":
@@ -627,14 +632,8 @@ def _forward_launch(op: str, x, y, weight=None, bias=None, eps=None, rstd=None, 
             plans = _FAST.get((op, x.dtype, x.shape[1], None if weight is None else weight.dtype,
                                None if bias is None else bias.dtype, rstd is not None))
             if plans is not None:
-                fn = plans.for_rows(x.shape[0])
                 try:
-                    if op == "softmax":
-                        fn(x, y)
-                    elif op == "rmsnorm":
-                        fn(x, weight, None, y, None, rstd, eps)
-                    else:
-                        fn(x, weight, bias, y, mean, rstd, eps)
+                    _invoke(plans.for_rows(x.shape[0]), op, x, y, weight, bias, None, None, eps, rstd, mean)
                     return
                 except (TypeError, ValueError):  # not the widest class's call: the general path decides
                     pass
