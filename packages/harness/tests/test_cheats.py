@@ -326,3 +326,106 @@ def test_a_problems_cached_property_made_after_bind_is_its_own_not_a_patch():
                   impls=[Impl("torch", bind=lambda p: p.control)])
     result = Bench(suite, FAST).run_case("affine_8x16_fp32/torch", 0)
     assert result["passed"], result.get("error")
+
+
+def _sleeper():
+    """A child process that would run for a minute: a contender's work going on after its call."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def test_a_child_process_left_running_by_a_call_is_killed_and_fails_the_case():
+    """A process the call starts and leaves (it could go on loading the machine under the next contender's case)
+    is waited for at the case's end, then killed, and the case fails naming it and its impl."""
+    from kernellab.harness import threads
+
+    started = []
+
+    def bind(problem):
+        def call(i, o):
+            if not started:
+                started.append(_sleeper())
+            problem.control(i, o)
+            return o
+        return call
+
+    try:
+        with harness_constant(threads, "JOIN_TIMEOUT_S", 0.05):
+            result = _run(bind)
+        assert started and started[0].wait(timeout=10) == -9, "the process was killed"
+    finally:
+        for p in started:
+            p.kill()
+    assert not result["passed"] and "ProcessLeft" in result["error"], result.get("error")
+    assert f"{started[0].pid} (started by impl 'cheat')" in result["error"], result["error"]
+
+
+def test_a_child_process_started_at_bind_is_the_impls_and_stopped_before_a_case():
+    """A process started by the bind, outside any case, is the impl's: the next case to start (whoever's) waits
+    for it, kills it and fails naming the impl that started it."""
+    from kernellab.harness import threads
+
+    started = []
+
+    def bind(problem):
+        started.append(_sleeper())
+        return lambda i, o: (problem.control(i, o), o)[1]
+
+    try:
+        with harness_constant(threads, "JOIN_TIMEOUT_S", 0.05):
+            result = _run(bind)
+        assert started[0].wait(timeout=10) == -9, "the process was killed"
+    finally:
+        for p in started:
+            p.kill()
+    assert not result["passed"] and f"{started[0].pid} (started by impl 'cheat')" in result["error"], result
+    assert not threads.children() & {p.pid for p in started}
+
+
+def test_a_child_process_a_call_waits_for_is_its_work_and_passes():
+    """No false alarm: a call that starts a process and waits for it to end is an honest (slow) contender."""
+    import subprocess
+    import sys
+
+    def bind(problem):
+        def call(i, o):
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+            problem.control(i, o)
+            return o
+        return call
+
+    result = _run(bind, Config(rounds=1, samples=2, warmup=0, iterations=1))
+    assert result["passed"], result.get("error")
+
+
+def test_an_orphan_of_a_double_fork_stays_the_workers_child():
+    """The worker adopts its descendants' orphans (``threads.adopt_orphans``), so a process a contender leaves by
+    forking twice is still a child there, and followed (Linux)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, sys, time\n"
+        "from kernellab.harness import threads\n"
+        "threads.adopt_orphans()\n"
+        "r, w = os.pipe()\n"
+        "if os.fork() == 0:\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        time.sleep(30)\n"
+        "        os._exit(0)\n"
+        "    os.write(w, str(pid).encode())\n"
+        "    os._exit(0)\n"
+        "grandchild = int(os.read(r, 32))\n"
+        "for _ in range(500):\n"
+        "    if grandchild in threads.children():\n"
+        "        break\n"
+        "    time.sleep(0.01)\n"
+        "print(grandchild in threads.children())\n"
+        "os.kill(grandchild, 9)\n")
+    if not sys.platform.startswith("linux"):
+        pytest.skip("child processes are followed through Linux's /proc")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "True", out.stderr

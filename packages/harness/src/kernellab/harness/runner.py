@@ -195,6 +195,7 @@ class Bench:
         checks: list[validate.BatchCheck] = []
         try:
             self._unpatched(case)
+            threads.settle_processes()  # none left by an earlier case or by any contender's import or bind
             for v in range(cfg.validations_per_round):
                 seed = seed_for(cfg.seed, problem.name, case.impl.name, "validate", index, v)
                 report, res, inputs = validate.validate_call(problem, case.call, seed, keep=True)
@@ -215,6 +216,7 @@ class Bench:
                     ship(mode, *check.last)
             del calls, sets
             self._unpatched(case, checks)
+            threads.settle_processes()
         except Exception as e:  # noqa: BLE001 - a crashing kernel is reported, not fatal to the run
             result["error"] = f"{type(e).__name__}: {e}"
         finally:

@@ -14,7 +14,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from . import integrity, provenance, registry
+from . import integrity, provenance, registry, threads
 from .revision import PROTOCOL
 from .runner import Bench, Config
 
@@ -86,6 +86,7 @@ def serve(inp, out) -> None:
 
 
 def main() -> None:
+    threads.adopt_orphans()
     protocol_fd = os.dup(1)
     os.dup2(2, 1)  # anything printed, even by C code, goes to stderr
     sys.stdout = sys.stderr
