@@ -436,3 +436,27 @@ def test_an_orphan_of_a_double_fork_stays_the_workers_child():
         "os.kill(grandchild, 9)\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "True", out.stderr
+
+
+@needs_proc_children
+def test_a_case_that_fails_early_leaves_no_process_of_its_contender():
+    """A case that ends on an error before its last check still stops what its contender started."""
+    from kernellab.harness import threads
+
+    started = []
+
+    def bind(problem):
+        def call(i, o):
+            if not started:
+                started.append(_sleeper())
+            raise RuntimeError("planted crash")
+        return call
+
+    try:
+        result = _run(bind)
+        assert started[0].wait(timeout=10) == -9, "the process was killed"
+    finally:
+        for p in started:
+            p.kill()
+    assert not result["passed"] and "planted crash" in result["error"], result.get("error")
+    assert not threads._processes, "nothing left on the record for the next case"

@@ -9,6 +9,7 @@ batch followed by a validation in the buffers it just used (fresh values written
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import gc
@@ -220,6 +221,9 @@ class Bench:
         except Exception as e:  # noqa: BLE001 - a crashing kernel is reported, not fatal to the run
             result["error"] = f"{type(e).__name__}: {e}"
         finally:
+            if "error" in result:  # a case that ended early leaves no process of its contender to the next case
+                with contextlib.suppress(threads.ProcessLeft):
+                    threads.settle_processes(0)
             gc.collect()
             if self.device.kind == "cuda":
                 self.device.torch.cuda.empty_cache()
