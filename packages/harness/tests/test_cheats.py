@@ -460,3 +460,28 @@ def test_a_case_that_fails_early_leaves_no_process_of_its_contender():
             p.kill()
     assert not result["passed"] and "planted crash" in result["error"], result.get("error")
     assert not threads._processes, "nothing left on the record for the next case"
+
+
+@needs_proc_children
+def test_a_recorded_pid_that_is_no_longer_a_child_is_neither_waited_for_nor_killed():
+    """A pid on the record whose process ended, and which the system gave to a process that is not this one's
+    child, is left alone: only this process's children are waited for and killed."""
+    import signal
+    import subprocess
+    import sys
+
+    from kernellab.harness import threads
+
+    script = ("import os, subprocess, sys, time\n"
+              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+              "print(p.pid, flush=True)\n"
+              "os._exit(0)\n")  # the grandchild is orphaned: no longer a child of anyone here
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    stranger = int(out.stdout.split()[0])
+    try:
+        threads._processes[stranger] = "cheat"
+        threads.settle_processes(0.05)
+        assert threads.running(stranger), "a process that is not this one's child is not killed"
+    finally:
+        threads._processes.pop(stranger, None)
+        os.kill(stranger, signal.SIGKILL)

@@ -135,9 +135,10 @@ def settle_processes(timeout: float | None = None) -> None:
         for pid in children() - _active[2]:
             started.setdefault(pid, _active[0])
     deadline = time.monotonic() + (JOIN_TIMEOUT_S if timeout is None else timeout)
-    while any(running(pid) for pid in started) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    left = {pid: impl for pid, impl in started.items() if running(pid)}
+    while started.keys() & children() and time.monotonic() < deadline:  # still this process's children: a pid
+        time.sleep(0.01)  # reused by another process after ours ended is never waited for, nor killed
+    kids = children()
+    left = {pid: impl for pid, impl in started.items() if pid in kids}
     for pid in started:
         _processes.pop(pid, None)
     for pid in left:
