@@ -473,7 +473,8 @@ def test_a_recorded_pid_that_is_no_longer_a_child_is_neither_waited_for_nor_kill
     from kernellab.harness import threads
 
     script = ("import os, subprocess, sys, time\n"
-              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True,\n"
+              "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
               "print(p.pid, flush=True)\n"
               "os._exit(0)\n")  # the grandchild is orphaned: no longer a child of anyone here
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
