@@ -77,7 +77,11 @@ def run_planted(suite_name: str, display=None, checkpoint=None):
 
 
 def test_wall_time_falls_with_workers(local_cluster):
-    """Two fixed-duration problems: one worker runs them one after the other, two side by side."""
+    """Two fixed-duration problems: one worker runs them one after the other, two side by side, so two workers
+    save about one problem's sleep. Read as time saved, not as a ratio of wall times: a loaded machine adds
+    seconds of worker start-up to both runs, which a ratio would count against the cluster."""
+    from rayplant_suites import SLEEP_S
+
     walls = {}
     for n in (1, 2):
         local_cluster(n)
@@ -86,7 +90,7 @@ def test_wall_time_falls_with_workers(local_cluster):
         walls[n] = time.monotonic() - t0
         assert all(c["status"] == "ok" for c in report["cases"]), report["cases"]
         assert len({c["device"]["node_id"] for c in report["cases"]}) == n
-    assert walls[2] <= 0.6 * walls[1], walls
+    assert walls[1] - walls[2] >= 0.5 * SLEEP_S, walls
 
 
 def test_a_problem_whose_worker_dies_is_retried_then_failed_while_the_rest_completes(local_cluster):
