@@ -455,3 +455,23 @@ def test_phases_refuse_a_row_held_by_a_cluster():
     assert found == ["1000x12289:float32 (layernorm: 2 CTAs a row)"]
     assert asked == [("layernorm", 1537, "float32"), ("layernorm", 12289, "float32")]
     assert phases.clustered_cases("256x3072:bfloat16", ["rmsnorm"], ctas_of) == []
+
+
+def test_cluster_occupancy_counts_a_plans_clusters_and_waves(monkeypatch):
+    """``cluster_occupancy.py``'s record of a plan (compile and driver query stood in for): the clusters it launches
+    are its grid over its split, and the waves they take are those over the most the GPU holds at once."""
+    from kernellab.megakernel import planning
+
+    occupancy = load_tool("cluster_occupancy")
+    asked = []
+    monkeypatch.setattr(occupancy, "compiled_cubin", lambda plan: b"cubin")
+    monkeypatch.setattr(occupancy, "max_active_clusters",
+                        lambda cubin, grid, threads, cluster, smem: (asked.append((grid, cluster, smem)), 14)[1])
+    wide = occupancy.row((1024, 128, 1024), "split8-wgmma", planning.H200)
+    assert (wide["tile_rows"], wide["split"], wide["grid"], wide["clusters"]) == (64, 8, 128, 16)
+    assert wide["max_active_clusters"] == 14 and wide["waves"] == 2, "16 clusters where 14 fit: a second wave"
+    planned = occupancy.row((1024, 128, 1024), "planned", planning.H200)
+    assert planned["clusters"] == planned["grid"] // planned["split"] and planned["waves"] == 2
+    assert asked[0] == (128, 8, wide["smem_bytes"])
+    with pytest.raises(ValueError, match="not a persistent-tc plan"):
+        occupancy.row((1024, 128, 1024), "persistent", planning.H200)

@@ -23,7 +23,6 @@ from records import add_arguments, path_of  # this folder
 
 from kernellab.harness import provenance
 from kernellab.megakernel import planning
-from kernellab.megakernel.engines import common, persistent_tc
 
 SHAPES = [(1024, 128, 1024), (896, 128, 1024), (1024, 64, 1024), (1024, 256, 1024), (768, 256, 1024),
           (1536, 256, 1024), (2048, 256, 1024), (16, 512, 2048), (256, 256, 1024)]
@@ -69,14 +68,21 @@ def max_active_clusters(cubin: bytes | str, grid: int, threads: int, cluster: in
         driver.cuModuleUnload(module)
 
 
+def compiled_cubin(plan) -> bytes | str:
+    """The cubin of a persistent-tc plan's kernel, compiled in this process (the DSL keeps its bytes, or its file,
+    on the compiled function)."""
+    from kernellab.megakernel.engines import common, persistent_tc
+
+    return common.compiled(persistent_tc.variant(plan)).__cubin__
+
+
 def row(shape, label: str, device) -> dict:
     """One plan's record: its tile, grid, clusters launched and the most the GPU holds at once."""
     engine, choices = ("persistent-tc", {}) if label == "planned" else PLANS[label]
     if engine != "persistent-tc":
         raise ValueError(f"{label}: not a persistent-tc plan")
     plan = planning.forced(engine, *shape, device, **choices)
-    variant = persistent_tc.variant(plan)
-    cubin = common.compiled(variant).__cubin__  # the DSL keeps the cubin's bytes (or its file) on the function
+    cubin = compiled_cubin(plan)
     cluster = plan.tile.split * plan.tile.multicast
     grid = plan.owners.grid
     most = max_active_clusters(cubin, grid, plan.tile.threads, cluster, plan.smem.bytes)
