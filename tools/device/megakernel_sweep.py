@@ -56,6 +56,8 @@ PLANS = {  # label -> (engine, planning.forced choices); {}: the planner's own p
     "overlap": ("persistent-tc", {"mma": "wgmma", "overlap": True}),
     "serial": ("persistent-tc", {"mma": "wgmma", "overlap": False}),  # the chunk schedule before the overlap
     "split2-overlap": ("persistent-tc", {"mma": "wgmma", "split": 2, "overlap": True}),
+    "pdl": ("persistent-tc", {"pdl": True}),  # the planned tile, consecutive calls overlapping (graph: one after
+    # another in a capture): does launching each call during the one before pay, most where its grid is small?
     "registers": ("persistent-tc", {"registers": True}),  # one-warp CTAs, weights and hidden in registers
     "shared": ("persistent-tc", {"registers": False}),  # the shared-memory form's plan
     "mc2": ("persistent-tc", {"mma": "wgmma", "multicast": 2}),

@@ -251,3 +251,49 @@ def test_launch_floor_kernel_launches_and_writes_nothing():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.isnan(y).all() and torch.equal(y.view(torch.int32), poison)
+
+
+@settings(deadline=None, max_examples=20)
+@given(rows=st.integers(1, 3000), channels=st.integers(1, 64).map(lambda v: 8 * v),
+       hidden=st.integers(1, 150).map(lambda v: 8 * v), activation=st.sampled_from(model.ACTIVATIONS),
+       seed=st.integers(0, 2**31))
+def test_programmatic_dependent_launches_read_what_the_launch_before_wrote(rows, channels, hidden, activation, seed):
+    """persistent-tc launched with programmatic dependent launch (forced): the next launch of the stream starts
+    early and waits ahead of its first tile, so four chained calls, each adding onto the fp32 stream the call
+    before wrote (its ``residual``), give bitwise what the same plan launched plainly gives, in the stream and in
+    a CUDA graph. A launch that read before the one ahead of it had finished would read its poisoned output."""
+    import torch
+
+    device = planning.current_device()
+    early = planning.forced("persistent-tc", rows, channels, hidden, device, pdl=True)
+    _check_plan(early, activation, seed)
+    plain = planning.forced("persistent-tc", rows, channels, hidden, device, pdl=False)
+    inputs = model.make_problem_tensors(model.Shape(rows, channels, hidden), seed=seed, device="cuda")
+    u = inputs["x"]
+    weights = (inputs["w1"], inputs["b1"], inputs["w2"], inputs["b2"])
+
+    def chain(plan, streams):
+        run = engines.launcher(plan.engine, plan, activation, residual="float32")
+        for k in range(4):  # poisoned outputs: a read ahead of the write before it sees NaN
+            streams[k + 1].fill_(float("nan"))
+        for k in range(4):
+            run(u, streams[k], *weights, streams[k + 1])
+
+    start = u.float()
+    want = [start] + [torch.empty_like(start) for _ in range(4)]
+    chain(plain, want)
+    got = [start] + [torch.empty_like(start) for _ in range(4)]
+    chain(early, got)
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True)), "in the stream"
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        chain(early, got)
+    for _ in range(2):
+        for t in got[1:]:
+            t.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True)), "in a CUDA graph"

@@ -1,5 +1,7 @@
 """Shape planning: which engine serves which shape, shared-memory arithmetic, grids and ownership."""
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -319,7 +321,7 @@ def test_forced_hidden_split_plans():
         planning.forced("persistent-tc", 100, 63, 111, H200, split=2)
     with pytest.raises(ValueError, match="split must be one of"):
         planning.forced("persistent-tc", 100, 64, 128, H200, split=3)
-    with pytest.raises(ValueError, match="no mma, split, loads, multicast, overlap or registers choice"):
+    with pytest.raises(ValueError, match="no mma, split, loads, multicast, overlap, registers or pdl choice"):
         planning.forced("persistent", 100, 64, 128, H200, split=2)
     unsplit = planning.forced("persistent-tc", 4096, 256, 1024, H200, split=1)  # the planner splits this one
     assert (unsplit.tile.split, unsplit.owners.grid) == (1, 64)
@@ -360,9 +362,25 @@ def test_forced_weight_multicast_plans():
         planning.forced("persistent-tc", 4096, 256, 1024, H200, mma="wgmma", split=2, multicast=2)
     with pytest.raises(ValueError, match="multicast must be one of"):
         planning.forced("persistent-tc", 4096, 256, 1024, H200, mma="wgmma", multicast=8)
-    with pytest.raises(ValueError, match="no mma, split, loads, multicast, overlap or registers choice"):
+    with pytest.raises(ValueError, match="no mma, split, loads, multicast, overlap, registers or pdl choice"):
         planning.forced("persistent", 100, 64, 128, H200, multicast=2)
     assert planning.plan_engine("persistent-tc", 16384, 512, 2048, H200).tile.multicast == 1  # until measured
+
+
+def test_programmatic_dependent_launch_only_when_forced():
+    """``pdl`` changes how a plan is launched, nothing of its tile, grid or shared memory; planning never takes it
+    until measured (``megakernel_sweep.py``'s ``pdl`` label), and neither the register form nor another engine
+    has it."""
+    for shape in [(1024, 256, 1024), (16, 512, 2048), (257, 64, 128)]:
+        planned = planning.choose("persistent-tc", *shape, H200).plan
+        launched_early = planning.forced("persistent-tc", *shape, H200, pdl=True)
+        assert not planned.tile.pdl and launched_early.tile.pdl
+        assert dataclasses.replace(launched_early.tile, pdl=False) == planned.tile
+        assert (launched_early.smem, launched_early.owners) == (planned.smem, planned.owners)
+    with pytest.raises(ValueError, match="register form has no split, multicast, loads, overlap, stages or pdl"):
+        planning.forced("persistent-tc", 64, 32, 64, H200, registers=True, pdl=True)
+    with pytest.raises(ValueError, match="no mma, split, loads, multicast, overlap, registers or pdl choice"):
+        planning.forced("persistent", 100, 64, 128, H200, pdl=True)
 
 
 def test_tma_loads_planned_for_wgmma_and_forced_either_way():
@@ -402,7 +420,7 @@ def test_forced_wgmma_plans_and_their_limits():
         planning.forced("persistent-tc", 100, 63, 111, H200, mma="wgmma")
     with pytest.raises(ValueError, match="one of"):
         planning.forced("persistent-tc", 100, 64, 128, H200, mma="wgmma", tile_rows=32)
-    with pytest.raises(ValueError, match="no mma, split, loads, multicast, overlap or registers choice"):
+    with pytest.raises(ValueError, match="no mma, split, loads, multicast, overlap, registers or pdl choice"):
         planning.forced("persistent", 100, 64, 128, H200, mma="wgmma")
     with pytest.raises(ValueError, match="unknown mma"):
         planning.forced("persistent-tc", 100, 64, 128, H200, mma="tcgen05")
@@ -424,7 +442,7 @@ def test_overlapped_schedule_plans():
         planning.forced("persistent-tc", 16384, 512, 2048, H200, loads="cp.async", overlap=True)
     with pytest.raises(ValueError, match="a hidden chunk for every CTA"):
         planning.forced("persistent-tc", 100, 64, 64, H200, mma="wgmma", split=2, overlap=True)
-    with pytest.raises(ValueError, match="no mma, split, loads, multicast, overlap or registers choice"):
+    with pytest.raises(ValueError, match="no mma, split, loads, multicast, overlap, registers or pdl choice"):
         planning.forced("conventional", 100, 64, 128, H200, overlap=True)
 
 
@@ -523,7 +541,7 @@ def test_register_form_plans():
     assert isinstance(refused, planning.Refusal) and "16-row tiles and mma.sync" in refused.reason
     with pytest.raises(ValueError, match="the register form holds"):
         planning.forced("persistent-tc", 49, 48, 96, H200, registers=True)
-    with pytest.raises(ValueError, match="no split, multicast, loads, overlap or stages choice"):
+    with pytest.raises(ValueError, match="no split, multicast, loads, overlap, stages or pdl choice"):
         planning.forced("persistent-tc", 33, 32, 64, H200, registers=True, split=2)
-    with pytest.raises(ValueError, match="no mma, split, loads, multicast, overlap or registers choice"):
+    with pytest.raises(ValueError, match="no mma, split, loads, multicast, overlap, registers or pdl choice"):
         planning.forced("persistent", 33, 32, 64, H200, registers=True)

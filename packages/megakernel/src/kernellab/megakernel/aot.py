@@ -69,6 +69,9 @@ def variants(representative: bool = False) -> list:
                                   loads="tma"),
             persistent_tc.Variant(WGMMA_ROW_TILES[0], TC_CHANNEL_TILES[1], stages=2, mma="wgmma", loads="tma",
                                   overlap=True),
+            persistent_tc.Variant(WGMMA_ROW_TILES[0], TC_CHANNEL_TILES[1], stages=2, mma="wgmma", split=4,
+                                  loads="tma", pdl=True),  # programmatic dependent launch (forced only) on
+            persistent_tc.Variant(TC_ROW_TILES[0], TC_CHANNEL_TILES[0], pdl=True),  # either load path
             persistent_tc_registers.Variant(16, 16, vector=1),
             persistent_tc_registers.Variant(48, 32, "float32"),
             prologue.Variant(norm=True, stream="float16"),

@@ -83,6 +83,7 @@ class Variant:
     multicast: int = 1  # CTAs of a cluster on their own row tiles, each weight chunk loaded once for all (TMA)
     loads: str = "cp.async"  # how weight chunks load: "cp.async" (every thread) or "tma" (one thread, mbarriers)
     overlap: bool = False  # GEMM1 of chunk j + 1 beside GEMM2 of chunk j (wgmma with TMA loads)
+    pdl: bool = False  # programmatic dependent launch: the next kernel launches early, this one waits for the last
 
     @property
     def name(self) -> str:
@@ -91,6 +92,7 @@ class Variant:
         shared = "" if self.split == 1 else f"_x{self.split}"
         shared += "" if self.loads == "cp.async" else "_tma" if self.multicast == 1 else f"_mc{self.multicast}"
         schedule = "_ov" if self.overlap else ""
+        schedule += "_pdl" if self.pdl else ""
         return (f"persistent-tc_m{self.tile_rows}_c{self.channels_tile}_s{self.stages}{narrow}{wg}{shared}{schedule}"
                 f"_res-{self.residual}")
 
@@ -124,7 +126,7 @@ def variant(plan: Plan, residual: str = "float16"):
     if tile.registers:
         return persistent_tc_registers.Variant(tile.channels_tile, tile.hidden_chunk, residual, tile.vector)
     return Variant(tile.rows, tile.channels_tile, residual, tile.stages, tile.vector, tile.mma, tile.split,
-                   tile.multicast, tile.loads, tile.overlap)
+                   tile.multicast, tile.loads, tile.overlap, tile.pdl)
 
 
 def launcher(plan: Plan, activation: str, residual: str = "float16"):
@@ -149,6 +151,7 @@ class PersistentTensorCore:
         self.multicast = variant.multicast
         self.tma = variant.loads == "tma"
         self.overlap = variant.overlap
+        self.pdl = variant.pdl
         self.fused_stages = variant.fused_stages
         self.occupancy = variant.occupancy
         self.output_width = 2 if variant.vector == VECTOR_ELEMENTS else 1  # y pairs (tensorcore.store_output)
@@ -182,7 +185,7 @@ class PersistentTensorCore:
                     *mmas, *tmas).launch(
             grid=[grid, 1, 1], block=[TC_THREADS, 1, 1],
             cluster=[cluster, 1, 1] if cutlass.const_expr(cluster > 1) else None,
-            min_blocks_per_mp=self.occupancy, preferred_smem_carveout=100, stream=stream)
+            min_blocks_per_mp=self.occupancy, preferred_smem_carveout=100, use_pdl=self.pdl, stream=stream)
 
     @cute.kernel
     def kernel(self, u: cute.Tensor, residual: cute.Tensor, w1: cute.Tensor, b1: cute.Tensor, w2: cute.Tensor,
@@ -192,6 +195,8 @@ class PersistentTensorCore:
                g_w2):
         tile_rows, cols, chunk, split, multicast = (self.tile_rows, self.channels_tile, TC_HIDDEN_CHUNK, self.split,
                                                     self.multicast)
+        if cutlass.const_expr(self.pdl):  # the next kernel of the stream may launch now: its CTAs take the SMs
+            cute.arch.griddepcontrol_launch_dependents()  # this grid leaves idle and wait there (below)
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
@@ -253,6 +258,8 @@ class PersistentTensorCore:
             epi_b2 = cute.make_rmem_tensor(thr_y.partition_shape_C((tile_rows, cols)), Float32)
             epi_res = cute.make_rmem_tensor(thr_y.partition_shape_C((tile_rows, cols)), Float32)
         tiles_end = ceil_div(rows, tile_rows)
+        if cutlass.const_expr(self.pdl):  # the set-up above touches shared memory only; every global read and write
+            cute.arch.griddepcontrol_wait()  # comes after the kernel before this one has finished and flushed
         if cutlass.const_expr(multicast > 1):  # a cluster loads every chunk together: all its CTAs run as many
             tiles_end = tiles_end + cta % multicast  # tiles as its first, the others' last one past the rows
         for tile in range(group, tiles_end, groups):

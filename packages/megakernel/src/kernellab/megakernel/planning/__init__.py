@@ -401,26 +401,30 @@ def plan_engine(engine: str, rows: int, channels: int, hidden: int, device: Devi
 def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpec, *, tile_rows: int | None = None,
            grid: int | None = None, weights: str | None = None, stages: int | None = None,
            mma: str | None = None, split: int | None = None, multicast: int | None = None,
-           loads: str | None = None, overlap: bool | None = None, registers: bool | None = None) -> Plan:
+           loads: str | None = None, overlap: bool | None = None, registers: bool | None = None,
+           pdl: bool | None = None) -> Plan:
     """A plan with some choices forced, so that tests, the sanitizer and sweeps reach every code path at
     small shapes: several tiles per CTA (``grid``: with a hidden split, the number of clusters times the
     split), weights read from global memory (``weights``), persistent-tc's number of chunk buffers
     (``stages``), instruction (``mma``), hidden split (``split``), weight loads (``loads``), weight
-    multicast (``multicast``, which loads by TMA), chunk schedule (``overlap``) and register form (``registers``;
-    none of the other persistent-tc choices applies to it)."""
+    multicast (``multicast``, which loads by TMA), chunk schedule (``overlap``), register form (``registers``;
+    none of the other persistent-tc choices applies to it) and programmatic dependent launch (``pdl``: the
+    kernel's launch lets the next kernel of the stream launch at its start, and waits for the kernel before it
+    ahead of its first tile, so that a chain of launches overlaps each launch with the end of the one before)."""
     _check_sizes(rows=rows, channels=channels, hidden=hidden)
     for name, value in (("tile_rows", tile_rows), ("grid", grid), ("stages", stages), ("split", split),
                         ("multicast", multicast)):
         if value is not None:
             check_positive_int(name, value)
-    if any(v is not None for v in (mma, split, multicast, loads, overlap, registers)) and engine != "persistent-tc":
-        raise ValueError(f"{engine} has no mma, split, loads, multicast, overlap or registers choice")
+    tc_choices = (mma, split, multicast, loads, overlap, registers, pdl)
+    if any(v is not None for v in tc_choices) and engine != "persistent-tc":
+        raise ValueError(f"{engine} has no mma, split, loads, multicast, overlap, registers or pdl choice")
     shared_form_choice = any(v is not None for v in (split, multicast, loads, overlap, stages))
-    if registers and shared_form_choice:
-        raise ValueError("the register form has no split, multicast, loads, overlap or stages choice")
+    if registers and (shared_form_choice or pdl):
+        raise ValueError("the register form has no split, multicast, loads, overlap, stages or pdl choice")
     if (multicast or 1) > 1 and loads == "cp.async":
         raise ValueError("a weight multicast loads by TMA, not cp.async")
-    if engine == "persistent-tc" and registers is None and shared_form_choice:
+    if engine == "persistent-tc" and registers is None and (shared_form_choice or pdl):
         registers = False
     plan = plan_engine(engine, rows, channels, hidden, device, tile_rows, mma, registers)
     if isinstance(plan, Refusal):
@@ -433,6 +437,8 @@ def forced(engine: str, rows: int, channels: int, hidden: int, device: DeviceSpe
         plan = multicast_plan(plan, multicast, device)
     if overlap is not None and overlap != plan.tile.overlap:
         plan = overlap_plan(plan, overlap, device)
+    if pdl is not None and pdl != plan.tile.pdl:
+        plan = dataclasses.replace(plan, tile=dataclasses.replace(plan.tile, pdl=pdl))
     if stages is not None and stages != plan.tile.stages:
         size = tc_tile_smem_bytes(dataclasses.replace(plan.tile, stages=stages))
         if engine != "persistent-tc" or not 1 <= stages <= TC_MAX_STAGES or size > usable_smem(device):

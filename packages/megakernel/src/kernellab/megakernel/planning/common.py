@@ -83,6 +83,7 @@ class Tile:
     loads: str = "cp.async"  # persistent-tc's weight chunks: "cp.async" (every thread) or "tma" (one, mbarriers)
     overlap: bool = False  # persistent-tc: GEMM1 of chunk j + 1 runs beside GEMM2 of chunk j (two hidden buffers)
     registers: bool = False  # persistent-tc's register form: one-warp CTAs, weights and hidden in registers
+    pdl: bool = False  # persistent-tc: launched with programmatic dependent launch (``forced(..., pdl=True)`` only)
 
 
 @dataclasses.dataclass(frozen=True)
