@@ -78,7 +78,8 @@ def adopt_orphans() -> None:
 
 
 def own(impl: str, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` (an import or a bind of ``impl``) and make the threads it leaves alive ``impl``'s."""
+    """Run ``fn`` (an import or a bind of ``impl``) and make the threads and child processes it leaves alive
+    ``impl``'s."""
     before, kids = alive(), children()
     try:
         return fn()
@@ -92,7 +93,8 @@ def own(impl: str, fn: Callable[[], Any]) -> Any:
 
 @contextlib.contextmanager
 def measuring(impl: str) -> Iterator[None]:
-    """While a case of ``impl`` is measured, ``settle`` waits for the threads it starts."""
+    """While a case of ``impl`` is measured, ``settle`` waits for the threads it starts; the child processes it
+    leaves running are ``impl``'s for ``settle_processes``."""
     global _active
     current = (impl, alive(), children())
     previous, _active = _active, current
