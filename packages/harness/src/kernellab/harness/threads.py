@@ -132,14 +132,14 @@ def settle_processes(timeout: float | None = None) -> None:
     """Wait up to ``timeout`` seconds (``JOIN_TIMEOUT_S`` as it is at the call) for every child process that
     contender code started, the measured case's included, to end; kill those still running and raise
     ``ProcessLeft`` naming them and the impls that started them."""
-    started = dict(_processes)
+    started, kids = dict(_processes), children()
     if _active is not None:
-        for pid in children() - _active[2]:
+        for pid in kids - _active[2]:
             started.setdefault(pid, _active[0])
     deadline = time.monotonic() + (JOIN_TIMEOUT_S if timeout is None else timeout)
-    while started.keys() & children() and time.monotonic() < deadline:  # still this process's children: a pid
-        time.sleep(0.01)  # reused by another process after ours ended is never waited for, nor killed
-    kids = children()
+    while started.keys() & kids and time.monotonic() < deadline:  # still this process's children: a pid reused by
+        time.sleep(0.01)  # another process after ours ended is never waited for, nor killed
+        kids = children()
     left = {pid: impl for pid, impl in started.items() if pid in kids}
     for pid in started:
         _processes.pop(pid, None)

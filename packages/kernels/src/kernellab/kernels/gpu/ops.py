@@ -613,9 +613,15 @@ def _fast(op: str, x, out, weight=None, bias=None):
             return None
     if torch.compiler.is_compiling():
         return None
-    plans = _FAST.get((op, x.dtype, shape[1], None if weight is None else weight.dtype,
-                       None if bias is None else bias.dtype, False))
-    return None if plans is None else plans.for_rows(shape[0])
+    return _widest(op, x, weight, bias, False)
+
+
+def _widest(op: str, x, weight, bias, stats: bool):
+    """The cached function of N's widest alignment class for 2-D x's rows (with row statistics or not), or None
+    until a call of that class has compiled it."""
+    plans = _FAST.get((op, x.dtype, x.shape[1], None if weight is None else weight.dtype,
+                       None if bias is None else bias.dtype, stats))
+    return None if plans is None else plans.for_rows(x.shape[0])
 
 
 _PARAMETER_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -629,11 +635,10 @@ def _forward_launch(op: str, x, y, weight=None, bias=None, eps=None, rstd=None, 
     forward) and the vectors may be parameters."""
     if type(x) in _PARAMETER_TYPES and x.dim() == 2 and x.shape[0] and x.shape[1]:
         if all(v is None or type(v) in _PARAMETER_TYPES for v in (weight, bias)):
-            plans = _FAST.get((op, x.dtype, x.shape[1], None if weight is None else weight.dtype,
-                               None if bias is None else bias.dtype, rstd is not None))
-            if plans is not None:
+            fn = _widest(op, x, weight, bias, rstd is not None)
+            if fn is not None:
                 try:
-                    _invoke(plans.for_rows(x.shape[0]), op, x, y, weight, bias, None, None, eps, rstd, mean)
+                    _invoke(fn, op, x, y, weight, bias, None, None, eps, rstd, mean)
                     return
                 except (TypeError, ValueError):  # not the widest class's call: the general path decides
                     pass
