@@ -58,7 +58,11 @@ def _run_and_restore(cheat):
 
 
 def test_timed_batches_catch_work_done_only_on_poisoned_outputs():
-    result = _run(works_when_poisoned)
+    """A batch's length is drawn (1 in 3 ends after its first call, the one that sees poisoned outputs): over 60
+    batches all of them ending there is about 1 in 10^28, where the 4 of ``FAST`` let the cheat through about once
+    in 80 runs."""
+    config = Config(rounds=1, samples=60, warmup=1, iterations=3, modes=("e2e_throughput",))
+    result = _run(works_when_poisoned, config)
     assert not result["passed"]
     timed = {v["mode"]: v for v in result["validations"] if v.get("timed_batches")}
     # a batch of several calls sees poisoned outputs at its first call only, and fresh inputs at every one
