@@ -1,6 +1,7 @@
 """The GPU-host tools that rewrite or read kernel source stay in step with it (checked on the CPU)."""
 
 import ast
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -465,11 +466,14 @@ def test_cluster_occupancy_counts_a_plans_clusters_and_waves(monkeypatch):
     occupancy = load_tool("cluster_occupancy")
     asked = []
     monkeypatch.setattr(occupancy, "compiled_cubin", lambda plan: b"cubin")
-    monkeypatch.setattr(occupancy, "max_active_clusters",
+    monkeypatch.setattr(occupancy.planning, "max_active_clusters",
                         lambda cubin, grid, threads, cluster, smem: (asked.append((grid, cluster, smem)), 14)[1])
     wide = occupancy.row((1024, 128, 1024), "split8-wgmma", planning.H200)
     assert (wide["tile_rows"], wide["split"], wide["grid"], wide["clusters"]) == (64, 8, 128, 16)
     assert wide["max_active_clusters"] == 14 and wide["waves"] == 2, "16 clusters where 14 fit: a second wave"
+    assert wide["planning_held"] is None, "the CPU's stand-in device has no count of its own"
+    counted = dataclasses.replace(planning.H200, clusters_at_once=((4, 30), (8, 15)))
+    assert occupancy.row((1024, 128, 1024), "split8-wgmma", counted)["planning_held"] == 15
     planned = occupancy.row((1024, 128, 1024), "planned", planning.H200)
     assert planned["clusters"] == planned["grid"] // planned["split"] and planned["waves"] == 2
     assert asked[0] == (128, 8, wide["smem_bytes"])

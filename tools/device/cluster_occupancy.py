@@ -8,7 +8,9 @@ of the SMs they fill (clusters are placed within a GPC, and not every GPC has ro
 
 Each plan (``megakernel_sweep.PLANS``' labels, the planner's own as ``planned``) is compiled, its cubin loaded
 through the driver, and ``cuOccupancyMaxActiveClusters`` asked with the plan's grid, threads, cluster and shared
-memory (planning's count, ``Plan.smem.bytes``). Nothing is launched or timed. Writes $OUT/NAME.json (``--name``,
+memory (planning's count, ``Plan.smem.bytes``), beside the count planning itself takes for the cluster size
+(``DeviceSpec.clusters_at_once``, the driver's answer for an empty kernel): the two should agree. Nothing is
+launched or timed. Writes $OUT/NAME.json (``--name``,
 default cluster_occupancy) or ``--out PATH`` with the harness's provenance, and prints a table last.
 """
 
@@ -29,45 +31,6 @@ SHAPES = [(1024, 128, 1024), (896, 128, 1024), (1024, 64, 1024), (1024, 256, 102
 """The shapes of the H100's split sweeps where a wide split won or lost at 96 to 128 CTAs, and two decode ones."""
 
 
-def _checked(result):
-    """The value of a cuda-python driver call's (error, value...) tuple; RuntimeError naming the error."""
-    from cuda.bindings import driver
-
-    err, *rest = result
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"CUDA driver error {err}")
-    return rest[0] if len(rest) == 1 else rest
-
-
-def max_active_clusters(cubin: bytes | str, grid: int, threads: int, cluster: int, smem: int) -> int:
-    """``cuOccupancyMaxActiveClusters`` of the one kernel in ``cubin`` (its bytes, or its file) at this launch
-    configuration."""
-    from cuda.bindings import driver
-
-    load = driver.cuModuleLoadData(cubin) if isinstance(cubin, bytes) else driver.cuModuleLoad(cubin.encode())
-    module = _checked(load)
-    count = _checked(driver.cuModuleGetFunctionCount(module))
-    functions = _checked(driver.cuModuleEnumerateFunctions(count, module))
-    if len(functions) != 1:
-        raise RuntimeError(f"{cubin}: {len(functions)} kernels, expected one")
-    fn = functions[0]
-    attr = driver.CUfunction_attribute
-    _checked((driver.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)[0], None))
-    _checked((driver.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)[0], None))
-    config = driver.CUlaunchConfig()
-    config.gridDimX, config.gridDimY, config.gridDimZ = grid, 1, 1
-    config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
-    config.sharedMemBytes = smem
-    launch = driver.CUlaunchAttribute()
-    launch.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    launch.value.clusterDim.x, launch.value.clusterDim.y, launch.value.clusterDim.z = cluster, 1, 1
-    config.attrs, config.numAttrs = [launch], 1
-    try:
-        return _checked(driver.cuOccupancyMaxActiveClusters(fn, config))
-    finally:
-        driver.cuModuleUnload(module)
-
-
 def compiled_cubin(plan) -> bytes | str:
     """The cubin of a persistent-tc plan's kernel, compiled in this process (the DSL keeps its bytes, or its file,
     on the compiled function)."""
@@ -78,27 +41,32 @@ def compiled_cubin(plan) -> bytes | str:
 
 def row(shape, label: str, device) -> dict:
     """One plan's record: its tile, grid, clusters launched and the most the GPU holds at once."""
-    engine, choices = ("persistent-tc", {}) if label == "planned" else PLANS[label]
+    engine, choices = PLANS[label]
     if engine != "persistent-tc":
         raise ValueError(f"{label}: not a persistent-tc plan")
     plan = planning.forced(engine, *shape, device, **choices)
     cubin = compiled_cubin(plan)
     cluster = plan.tile.split * plan.tile.multicast
     grid = plan.owners.grid
-    most = max_active_clusters(cubin, grid, plan.tile.threads, cluster, plan.smem.bytes)
+    most = planning.max_active_clusters(cubin, grid, plan.tile.threads, cluster, plan.smem.bytes)
     return {"shape": list(shape), "plan": label, "tile_rows": plan.tile.rows, "split": plan.tile.split,
             "cluster": cluster, "grid": grid, "clusters": grid // cluster, "max_active_clusters": most,
-            "smem_bytes": plan.smem.bytes, "waves": -(-(grid // cluster) // most) if most else None}
+            "smem_bytes": plan.smem.bytes, "waves": -(-(grid // cluster) // most) if most else None,
+            "planning_held": device.clusters_held(cluster)}
 
 
 def show(path: str) -> None:
     with open(path) as f:
         rows = json.load(f)["plans"]
-    print("| shape | plan | tile | grid | clusters | most at once | waves |")
-    print("|---|---|---|---|---|---|---|")
+    print("| shape | plan | tile | grid | clusters | most at once | waves | planning's count |")
+    print("|---|---|---|---|---|---|---|---|")
+    seen = set()
     for r in rows:
+        if (key := (tuple(r["shape"]), r["plan"])) in seen:  # 0.29.0's tool listed the planner's plan twice
+            continue
+        seen.add(key)
         print(f"| {'x'.join(map(str, r['shape']))} | {r['plan']} | {r['tile_rows']}/{r['split']} | {r['grid']} | "
-              f"{r['clusters']} | {r['max_active_clusters']} | {r['waves']} |")
+              f"{r['clusters']} | {r['max_active_clusters']} | {r['waves']} | {r.get('planning_held', '-')} |")
 
 
 def main() -> None:
@@ -114,7 +82,7 @@ def main() -> None:
     path = path_of(args)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     patterns = [p for p in args.plans.split(",") if p]
-    labels = [label for label in ("planned", *PLANS) if any(fnmatch.fnmatch(label, p) for p in patterns)]
+    labels = [label for label in PLANS if any(fnmatch.fnmatch(label, p) for p in patterns)]
     import torch
 
     torch.zeros(1, device="cuda")  # the primary context, current for the driver calls
@@ -124,6 +92,8 @@ def main() -> None:
         for label in labels:
             try:
                 rows.append(row(shape, label, device))
+                print(f"{'x'.join(map(str, shape))} {label}: {rows[-1]['clusters']} clusters, "
+                      f"{rows[-1]['max_active_clusters']} at once", flush=True)  # compiles take seconds a plan
             except ValueError as e:
                 skipped[f"{'x'.join(map(str, shape))} {label}"] = str(e)
     record = {"provenance": provenance.of_check("cuda", __file__, ["megakernel"]), "plans": rows, "skipped": skipped}

@@ -297,3 +297,18 @@ def test_programmatic_dependent_launches_read_what_the_launch_before_wrote(rows,
         graph.replay()
         torch.cuda.synchronize()
         assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True)), "in a CUDA graph"
+
+
+def test_the_clusters_planning_counts_are_those_its_wide_split_kernels_get():
+    """``DeviceSpec.clusters_at_once`` (the driver's count for an empty kernel holding a block's shared memory) is
+    the count for persistent-tc's own kernels of a split over 4 and 8 CTAs, so that ``wide_split_fits`` limits what
+    planning launches by what runs at once."""
+    from kernellab.megakernel.engines import common, persistent_tc
+
+    device = planning.current_device()
+    assert [size for size, _ in device.clusters_at_once] == list(planning.CLUSTER_SIZES)
+    for split in (4, 8):
+        plan = planning.forced("persistent-tc", 1024, 128, 1024, device, split=split, mma="wgmma")
+        cubin = common.compiled(persistent_tc.variant(plan)).__cubin__
+        got = planning.max_active_clusters(cubin, plan.owners.grid, plan.tile.threads, split, plan.smem.bytes)
+        assert 1 <= got == device.clusters_held(split), (split, got, device.clusters_at_once)

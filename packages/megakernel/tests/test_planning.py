@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from kernellab.megakernel import planning
 from kernellab.megakernel.planning import H200
+from kernellab.megakernel.planning.tensorcore import wide_split_fits
 
 # requested engine -> engine that serves, at the example report's shapes (H200 numbers)
 SERVED = {
@@ -200,6 +201,42 @@ def test_persistent_tc_tiles_and_grid(rows, channels, hidden, tile, split, stage
 def test_tc_layout_takes_the_measured_fastest(shape, layout):
     rows, channels, hidden = shape
     assert planning.tc_layout(rows, planning.channel_tile(channels), hidden, True, H200) == layout
+
+
+H100_CLUSTERS = dataclasses.replace(H200, name="H100 as counted", clusters_at_once=((4, 30), (8, 15)))
+"""The planning default with the clusters the H100 ran at once
+(reports/h100/tc-split/cluster-occupancy-f531dd4.json)."""
+
+
+@pytest.mark.parametrize("shape,layout", [
+    # a split of 8 on 64-row tiles won at 896 rows (14 clusters, 8.3 against the old plan's 10.2 us) and lost at
+    # 1024 (16 clusters where 15 run at once); the share of the SMs (TC_WIDE_SPLIT_SHARE) had refused both
+    ((896, 128, 1024), (64, 8)), ((1024, 128, 1024), (64, 4)), ((768, 256, 1024), (64, 8)),
+    ((1024, 256, 1024), (64, 4)), ((1536, 256, 1024), (64, 4)), ((640, 256, 768), (32, 4)),
+])
+def test_wide_splits_fit_where_the_gpu_runs_every_cluster_at_once(shape, layout):
+    rows, channels, hidden = shape
+    assert planning.tc_layout(rows, planning.channel_tile(channels), hidden, True, H100_CLUSTERS) == layout
+
+
+def test_a_wide_split_past_the_clusters_at_once_is_refused_and_the_share_rules_only_where_unknown():
+    assert wide_split_fits(15, 8, H100_CLUSTERS) and not wide_split_fits(16, 8, H100_CLUSTERS)
+    assert wide_split_fits(30, 4, H100_CLUSTERS) and not wide_split_fits(31, 4, H100_CLUSTERS)
+    assert H200.clusters_held(8) is None  # no count: a share of the SMs
+    assert wide_split_fits(12, 8, H200) and not wide_split_fits(14, 8, H200)
+    with pytest.raises(ValueError, match="clusters_at_once"):
+        dataclasses.replace(H200, clusters_at_once=((0, 4),))
+
+
+def test_a_driver_that_does_not_count_clusters_leaves_the_share_rule_with_a_warning(monkeypatch):
+    from kernellab.megakernel.planning import common
+
+    def refuse(device_index):
+        raise RuntimeError("CUDA driver error CUDA_ERROR_INVALID_PTX")
+
+    monkeypatch.setattr(common, "probe_clusters", refuse)
+    with pytest.warns(RuntimeWarning, match="CUDA_ERROR_INVALID_PTX"):
+        assert common.resident_clusters.__wrapped__(0) == ()
 
 
 def test_tc_layout_splits_only_aligned_rows_with_two_chunks_a_cta_and_room():

@@ -61,6 +61,12 @@ from .common import (
     flops as flops,
 )
 from .common import (
+    CLUSTER_SIZES as CLUSTER_SIZES,
+)
+from .common import (
+    max_active_clusters as max_active_clusters,
+)
+from .common import (
     minimum_bytes as minimum_bytes,
 )
 from .common import (

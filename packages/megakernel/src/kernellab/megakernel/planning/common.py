@@ -4,6 +4,8 @@ the plan's parts (tile, shared memory, owners), occupancy and the problem's mini
 from __future__ import annotations
 
 import dataclasses
+import functools
+import warnings
 
 # ---- engines and their fallback chains ----------------------------------------------------------
 
@@ -28,11 +30,23 @@ class DeviceSpec:
     reserved_smem_per_block: int = 1024
     max_threads_per_sm: int = 2048
     l2_bytes: int = 50 * 2**20  # the fused stack's rows form refuses weights that do not fit (planning.stack)
+    clusters_at_once: tuple[tuple[int, int], ...] = ()
+    """(cluster size, the most clusters of that size the GPU runs at once at one CTA an SM): a cluster's CTAs share
+    a GPC, and GPCs of different SM counts leave SMs no whole cluster fits (an H100: 30 of 4, 15 of 8, on 132 SMs).
+    Empty where not known (no GPU, or the driver's answer failed): planning falls back on a share of the SMs."""
 
     def __post_init__(self):
         for field in ("sm_count", "smem_per_block", "smem_per_sm", "max_threads_per_sm", "l2_bytes"):
             if getattr(self, field) < 1:
                 raise ValueError(f"DeviceSpec.{field} must be >= 1, got {getattr(self, field)}")
+        for size, count in self.clusters_at_once:
+            if size < 1 or count < 0:
+                raise ValueError(f"DeviceSpec.clusters_at_once must hold (size >= 1, count >= 0) pairs, got "
+                                 f"{(size, count)}")
+
+    def clusters_held(self, size: int) -> int | None:
+        """The most clusters of ``size`` CTAs the GPU runs at once (``clusters_at_once``), or None where unknown."""
+        return dict(self.clusters_at_once).get(size)
 
 
 H200 = DeviceSpec(name="NVIDIA H200", sm_count=132, smem_per_block=232448, smem_per_sm=233472, l2_bytes=60 * 2**20)
@@ -54,7 +68,83 @@ def current_device() -> DeviceSpec:
         smem_per_sm=int(getattr(props, "shared_memory_per_multiprocessor", H200.smem_per_sm)),
         max_threads_per_sm=int(getattr(props, "max_threads_per_multi_processor", H200.max_threads_per_sm)),
         l2_bytes=int(getattr(props, "L2_cache_size", H200.l2_bytes)),
+        clusters_at_once=resident_clusters(torch.cuda.current_device()) if props.major >= 9 else (),
     )
+
+
+CLUSTER_SIZES = (2, 4, 8)
+"""The cluster sizes planning launches (persistent-tc's hidden splits; 8 is the largest portable one)."""
+_PROBE_PTX = b""".version 7.8
+.target sm_90
+.address_size 64
+.visible .entry cluster_probe() { ret; }
+\0"""
+
+
+def max_active_clusters(image: bytes | str, grid: int, threads: int, cluster: int, smem: int) -> int:
+    """The driver's ``cuOccupancyMaxActiveClusters`` for the one kernel of a module ``image`` (cubin or PTX bytes, or
+    a cubin's file) launched with this grid, threads, cluster size and dynamic shared memory (the kernel's limit
+    raised to it first). Needs a current CUDA context."""
+    from cuda.bindings import driver
+
+    load = driver.cuModuleLoadData(image) if isinstance(image, bytes) else driver.cuModuleLoad(image.encode())
+    module = driver_result(load)
+    try:
+        functions = driver_result(driver.cuModuleEnumerateFunctions(
+            driver_result(driver.cuModuleGetFunctionCount(module)), module))
+        if len(functions) != 1:
+            raise RuntimeError(f"a module of {len(functions)} kernels, expected one")
+        function = functions[0]
+        attr = driver.CUfunction_attribute
+        driver_result(driver.cuFuncSetAttribute(function, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
+        driver_result(driver.cuFuncSetAttribute(function, attr.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100))
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid, 1, 1
+        config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+        config.sharedMemBytes = smem
+        launch = driver.CUlaunchAttribute()
+        launch.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        launch.value.clusterDim.x, launch.value.clusterDim.y, launch.value.clusterDim.z = cluster, 1, 1
+        config.attrs, config.numAttrs = [launch], 1
+        return driver_result(driver.cuOccupancyMaxActiveClusters(function, config))
+    finally:
+        driver.cuModuleUnload(module)
+
+
+def driver_result(result):
+    """The value of a cuda-python driver call's (error, value...) tuple (None for none); RuntimeError naming the
+    error."""
+    from cuda.bindings import driver
+
+    err, *rest = result
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"CUDA driver error {err}")
+    return rest[0] if len(rest) == 1 else (rest or None)
+
+
+def probe_clusters(device_index: int) -> tuple[tuple[int, int], ...]:
+    """``DeviceSpec.clusters_at_once`` of a CUDA device (sm_90 or later) as the driver gives it for an empty kernel
+    (PTX, compiled by the driver) holding a block's whole opt-in shared memory: one CTA an SM, as persistent-tc's
+    plans are."""
+    import torch
+
+    torch.zeros(1, device=f"cuda:{device_index}")  # the primary context, current for the driver calls
+    props = torch.cuda.get_device_properties(device_index)
+    smem = int(getattr(props, "shared_memory_per_block_optin", H200.smem_per_block))
+    return tuple((size, max_active_clusters(_PROBE_PTX, props.multi_processor_count // size * size, 128, size, smem))
+                 for size in CLUSTER_SIZES)
+
+
+@functools.cache
+def resident_clusters(device_index: int) -> tuple[tuple[int, int], ...]:
+    """``probe_clusters`` once a process; () with a warning where the driver refuses (planning then limits the wide
+    splits by a share of the SMs)."""
+    try:
+        return probe_clusters(device_index)
+    except (RuntimeError, ImportError) as e:
+        warnings.warn(f"the driver did not say how many clusters device {device_index} runs at once ({e}); "
+                      "planning limits wide splits by a share of the SMs instead", RuntimeWarning, stacklevel=2)
+        return ()
 
 
 # ---- the three planning steps -------------------------------------------------------------------

@@ -23,12 +23,15 @@ streams 1/S of the weights of a tile. It puts SMs to work that whole tiles would
 tile (half the weight traffic per row) run on as many SMs as 32-row tiles would; ``tc_layout`` decides (8 is
 the largest portable cluster)."""
 TC_WIDE_SPLIT_SHARE = 3 / 4
-"""The share of the SMs a split of 4 or 8 may fill (its tiles times its CTAs). On the H100's sweeps
+"""Where the device's count of clusters at once is unknown (``DeviceSpec.clusters_at_once``: planning without a
+GPU), the share of the SMs a split of 4 or 8 may fill (its tiles times its CTAs). On the H100's sweeps
 (``reports/h100/tc-split/``) the wide splits were fastest at 1-13 tiles of 32 rows (the CTAs stream a tile's
 weights side by side), a split of 4 at 20 and 24 tiles of 32 rows (80 and 96 CTAs) and at 16 and 24 tiles of 64
 rows (64 and 96 CTAs, where a 64-row tile halves the weight traffic of two 32-row ones); at 128 CTAs a split of 4
-lost to a split of 2 at channel tiles of 256 (the CTAs then share the L2's bandwidth, which ``tc_cost`` does not
-see), and 8 lost wherever its CTAs outnumbered the SMs."""
+lost to a split of 2 at channel tiles of 256, and 8 lost wherever its CTAs outnumbered the SMs. The clusters the
+H100 runs at once (``cluster-occupancy-f531dd4.json`` there: 30 of 4, 15 of 8) explain those losses as a second
+wave of clusters, and the two wins past the share (896 rows: 14 clusters of 8, 28 of 4), so where the device's
+count is known it is the rule (``wide_split_fits``)."""
 TC_MULTICASTS = (1, 2, 4)
 """persistent-tc's weight multicast (wgmma form only): with m, a cluster of m CTAs owning different row
 tiles loads each weight chunk once by TMA, each CTA 1/m of it sent to all, so L2 serves every chunk once
@@ -97,8 +100,12 @@ def tc_split_fits(tile_rows: int, channels_tile: int, split: int) -> bool:
 
 
 def wide_split_fits(num_tiles: int, split: int, device: DeviceSpec) -> bool:
-    """Whether planning may split a tile over 4 or 8 CTAs: where its clusters fill at most
-    ``TC_WIDE_SPLIT_SHARE`` of the SMs."""
+    """Whether planning may split each of ``num_tiles`` tiles over 4 or 8 CTAs (a cluster a tile): where the GPU runs
+    every cluster at once (``DeviceSpec.clusters_held``; past it the last clusters wait for a second wave), or,
+    where that count is unknown, where the clusters fill at most ``TC_WIDE_SPLIT_SHARE`` of the SMs."""
+    held = device.clusters_held(split)
+    if held is not None:
+        return num_tiles <= held
     return num_tiles * split <= TC_WIDE_SPLIT_SHARE * device.sm_count
 
 
