@@ -247,6 +247,7 @@ def test_stack_forms_caps_the_grid_of_the_gemv_and_mma_forms_only_inside_the_pro
         "gemv", "chain", "mma", "gemv@66", "gemv@33", "mma@66", "mma@33"]
     assert forms.form_options("mma@33") == {**forms.FORMS["mma"], "max_ctas": 33}
     assert forms.form_options("chain") == forms.FORMS["chain"]
+    assert forms.form_options("chain-pdl") == {**forms.FORMS["chain"], "pdl": True}
 
     class Launcher:
         def grid(self, plan, rows):

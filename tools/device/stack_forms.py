@@ -1,8 +1,8 @@
 """The fused stack's forms side by side on the GPU host: per call in a CUDA graph (harness ``graph_throughput``),
 each report model at any row counts, the grid, gemv and mma forms forced and the per-block chain (``--forms``:
 also the rows form, a CTA a row tile through every block, the planned form past decode rows; ``mma16``, the mma form
-on 16-row tiles, a tile after another past 16 rows; ``grid16``, the grid form on 16-row tiles, each its own CTAs),
-every one validated
+on 16-row tiles, a tile after another past 16 rows; ``grid16``, the grid form on 16-row tiles, each its own CTAs;
+``chain-pdl``, the chain with programmatic dependent launch between its kernels), every one validated
 first against the float64 reference (the models suite's problem and protocol), beside the weight floor (the
 model's weight bytes over the copy bandwidth measured in the same run).
 
@@ -35,7 +35,8 @@ FORMS = {"grid": {"engine": "persistent-stack", "stack_form": "grid"},
          "mma16": {"engine": "persistent-stack", "stack_form": "mma", "stack_tile_rows": 16},
          "grid16": {"engine": "persistent-stack", "stack_form": "grid", "stack_tile_rows": 16},
          "rows": {"engine": "persistent-stack", "stack_form": "rows"},
-         "chain": {"engine": "persistent-tc"}}
+         "chain": {"engine": "persistent-tc"},
+         "chain-pdl": {"engine": "persistent-tc", "pdl": True}}  # its launches overlapping (compile_model(pdl=))
 RUN_FORMS = ("grid", "gemv", "mma", "chain")
 """The forms a run times unless ``--forms`` names others (the rows form is the slow one at decode rows)."""
 GRID_FORMS = ("gemv", "mma")

@@ -145,3 +145,22 @@ def test_prologue_spreads_few_rows_over_more_warps_each():
         split = prologue.row_split(rows, sms)
         assert prologue.WARPS % split == 0 and split & (split - 1) == 0
         assert split == 1 or rows * split <= prologue.WARPS * sms
+
+
+def test_programmatic_launch_variants_carry_both_instructions(monkeypatch):
+    """A ``pdl`` variant lets the next launch start (``griddepcontrol.launch_dependents``) and waits for the one
+    before (``griddepcontrol.wait``); a plain one has neither (read from the sm_90a PTX the compile keeps)."""
+    from kernellab.megakernel.engines import cache, persistent_tc, prologue
+    from kernellab.megakernel.planning import TC_CHANNEL_TILES, TC_ROW_TILES
+
+    monkeypatch.setenv("KERNELLAB_MEGAKERNEL_KEEP_PTX", "1")
+    for variant, launched_early in ((prologue.Variant(norm=True, pdl=True), True),
+                                    (prologue.Variant(norm=False, pdl=True), True),
+                                    (prologue.Variant(norm=True), False),
+                                    (persistent_tc.Variant(TC_ROW_TILES[0], TC_CHANNEL_TILES[0], pdl=True), True)):
+        variant.compile("sm_90a")
+        ptx = "".join(p.read_text() for p in (cache.artifact_dir("sm_90a") / variant.name).rglob("*.ptx"))
+        assert ptx, variant.name
+        found = {op for op in ("griddepcontrol.launch_dependents", "griddepcontrol.wait") if op in ptx}
+        assert found == ({"griddepcontrol.launch_dependents", "griddepcontrol.wait"} if launched_early else set()), \
+            variant.name

@@ -100,6 +100,31 @@ def test_ir_checks_the_chosen_engine_is_the_first_that_fits():
         ir.validate(tampered)
 
 
+def test_pdl_launches_the_chains_persistent_tc_blocks_and_nothing_else():
+    """``pdl`` puts programmatic dependent launch on persistent-tc's shared-memory tiles (and, through codegen, their
+    prologues); the register form, the other engines of the fallback chain and a program without it keep plain
+    launches, and the plans are otherwise the ones without it."""
+    blocks = [Block(256, 1024, "gelu"), Block(256, 1024, "silu", norm=Norm("rmsnorm"))]
+    plain = passes.plan(blocks, rows=1024, device=planning.H200)
+    early = passes.plan(blocks, rows=1024, device=planning.H200, pdl=True)
+    assert [b.plan.tile.pdl for b in plain.blocks] == [False, False]
+    assert [b.plan.tile.pdl for b in early.blocks] == [True, True]
+    registers = passes.plan([Block(32, 64, "relu")], rows=1024, device=planning.H200, pdl=True).blocks[0].plan.tile
+    assert registers.registers and not registers.pdl
+    for a, b in zip(plain.blocks, early.blocks, strict=True):
+        assert dataclasses.replace(b.plan.tile, pdl=False) == a.plan.tile and b.plan.owners == a.plan.owners
+    assert early.describe()["pdl"] and not plain.describe()["pdl"]
+    fallback = [c for c in passes.plan([Block(256, 1024, "gelu")], rows=64, device=planning.H200, pdl=True,
+                                       engine="persistent-tc").blocks[0].candidates if c.tile is not None]
+    assert [c.tile.pdl for c in fallback] == [c.engine == "persistent-tc" for c in fallback]
+    with pytest.raises(ir.IRError, match="programmatic launch is the program's"):
+        ir.validate(plain.with_blocks([dataclasses.replace(
+            plain.blocks[0], candidates=(dataclasses.replace(plain.blocks[0].candidates[0], tile=early.blocks[0]
+                                                             .plan.tile), *plain.blocks[0].candidates[1:]))]))
+    with pytest.raises(ir.IRError, match="pdl must be a bool"):
+        ir.validate(Program(blocks=(Block(8, 8, "gelu"),), rows=4, pdl="yes"))
+
+
 def test_codegen_needs_a_planned_program():
     from kernellab.megakernel.compiler import codegen
 

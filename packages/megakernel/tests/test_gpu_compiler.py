@@ -149,6 +149,39 @@ def test_compiled_model_replays_in_a_cuda_graph_on_changed_input(spec):
     torch.testing.assert_close(out.double(), truth, rtol=STACK_TOLERANCE, atol=STACK_TOLERANCE)
 
 
+@pytest.mark.parametrize("rows", [24, 64, 1024])
+def test_a_chain_of_programmatic_launches_is_bitwise_the_plain_chain(rows):
+    """``compile_model(pdl=True)``: each persistent-tc block and each prologue starts while the kernel before it
+    ends and waits for it ahead of its first global read, so the output is bitwise the plain chain's, in the stream
+    and replayed from a CUDA graph on changed input (a wait in the wrong place reads a stream not yet written, or
+    overwrites an operand still being read)."""
+    spec = {"channels": 256, "final_norm": "rmsnorm", "blocks": [
+        {"hidden": 1024, "activation": "gelu"}, {"hidden": 512, "activation": "silu", "norm": "rmsnorm"},
+        {"hidden": 1024, "activation": "relu"}, {"hidden": 768, "activation": "gelu", "norm": "rmsnorm"}]}
+    plain = compile_model(spec, rows=rows, seed=4)
+    early = compile_model(spec, rows=rows, seed=4, pdl=True)
+    assert [b.plan.tile.pdl for b in early.program.blocks] == [True] * 4
+    assert not any(b.plan.tile.pdl for b in plain.program.blocks)
+    for seed in (5, 6):
+        x = model.make_input(rows, 256, seed=seed, device="cuda")
+        assert torch.equal(early(x), plain(x)), seed
+    x = model.make_input(rows, 256, seed=7, device="cuda")
+    out = torch.empty(rows, 256, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        early(x, out=out)  # compiles the kernels and makes the buffers before capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        early(x, out=out)
+    x.copy_(model.make_input(rows, 256, seed=8, device="cuda"))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, plain(x))
+
+
 def test_report_models_compile_and_plan():
     """The report's four models compile on this GPU and their plans print a row per block."""
     for case in models.REPORT_MODELS[:3]:

@@ -76,6 +76,8 @@ def variants(representative: bool = False) -> list:
             persistent_tc_registers.Variant(48, 32, "float32"),
             prologue.Variant(norm=True, stream="float16"),
             prologue.Variant(norm=False),
+            prologue.Variant(norm=True, pdl=True),  # the chain's programmatic dependent launch (compile_model(pdl=))
+            prologue.Variant(norm=False, pdl=True),
             persistent_stack.Variant("rows", 32, 128, 4, gated=False),
             persistent_stack.Variant("grid", 16, 192, 8, gated=True),
             floor.Variant(),

@@ -44,7 +44,7 @@ def generate(program: Program) -> list[BlockStep]:
         make_operand = None
         if b.prologue != "none":
             make_operand = prologue_kernels.launcher(norm=b.prologue == "rmsnorm", eps=b.norm.eps if b.norm else 0.0,
-                                                     stream=b.residual)
+                                                     stream=b.residual, pdl=b.plan.tile.pdl)
         run = engines.launcher(b.plan.engine, b.plan, b.activation, residual=b.residual)
         steps.append(BlockStep(i, b.plan.engine, make_operand, run))
     return steps

@@ -79,6 +79,7 @@ class Program:
     fuse: bool = False  # try the fused whole-stack engine (persistent-stack) before the per-block chain
     stack_form: str | None = None  # force the fused engine's form (``STACK_FORMS``; tests, sweeps)
     stack_tile_rows: int | None = None  # force the fused engine's row tile
+    pdl: bool = False  # the per-block chain's persistent-tc blocks and prologues with programmatic dependent launch
     # filled in by the stack pass: the fused plan, or why the stack runs as the per-block chain
     stack: StackPlan | None = None
     stack_refusal: str | None = None
@@ -91,7 +92,8 @@ class Program:
         """A JSON-friendly dump (the report's compiler block, debugging)."""
         out = {"rows": self.rows, "input_dtype": self.input_dtype, "engine": self.engine, "target": self.target,
                "final_norm": self.final_norm.describe() if self.final_norm else None, "fuse": self.fuse,
-               "stack": self.stack.describe() if self.stack else None, "stack_refusal": self.stack_refusal,
+               "pdl": self.pdl, "stack": self.stack.describe() if self.stack else None,
+               "stack_refusal": self.stack_refusal,
                "properties": sorted(self.properties, key=PROPERTIES.index), "blocks": []}
         for b in self.blocks:
             entry = {"channels": b.channels, "hidden": b.hidden, "activation": b.activation, "gated": b.gated,
@@ -151,6 +153,7 @@ def validate(program: Program) -> Program:
     _require(program.target in TARGETS, "program", f"target must be one of {TARGETS}, got {program.target!r}")
     _check_norm(program.final_norm, "program: final_norm")
     _require(isinstance(program.fuse, bool), "program", f"fuse must be a bool, got {program.fuse!r}")
+    _require(isinstance(program.pdl, bool), "program", f"pdl must be a bool, got {program.pdl!r}")
     _require(program.stack_form is None or program.stack_form in STACK_FORMS, "program",
              f"stack_form must be None or one of {STACK_FORMS}, got {program.stack_form!r}")
     _require(program.stack_tile_rows is None or program.stack_tile_rows in TILE_ROW_CHOICES, "program",
@@ -192,6 +195,10 @@ def validate(program: Program) -> Program:
             for c in b.candidates:
                 _require(c.tile is not None or c.refusal is not None, where,
                          f"candidate {c.engine} has neither a tile nor a refusal")
+                _require(c.tile is None or c.tile.pdl == (program.pdl and c.engine == "persistent-tc"
+                                                          and not c.tile.registers), where,
+                         f"candidate {c.engine}'s tile has pdl={c.tile.pdl if c.tile else None}: programmatic "
+                         f"launch is the program's (pdl={program.pdl}), on persistent-tc's shared-memory form only")
         if "smem" in props:
             for c in b.candidates:
                 _require(c.tile is None or c.smem is not None or c.refusal is not None, where,

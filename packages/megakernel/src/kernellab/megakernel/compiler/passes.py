@@ -126,7 +126,10 @@ class AssignPrologues(Pass):
 
 class PlanTiles(Pass):
     """A tile for every engine of the requested engine's fallback chain, or why it has none. A
-    forced ``tile_rows`` must suit the requested engine (it is an instruction, not a hint)."""
+    forced ``tile_rows`` must suit the requested engine (it is an instruction, not a hint). With the program's
+    ``pdl``, persistent-tc's tiles of the shared-memory form launch with programmatic dependent launch (the register
+    form and the other engines have none): each starts while the kernel before it ends and waits for it ahead of
+    its first global read, and the block's prologue does the same (``codegen``)."""
 
     name = "tiles"
     requires = frozenset({"prologues"})
@@ -145,6 +148,8 @@ class PlanTiles(Pass):
                 if isinstance(tile, planning.Refusal):
                     candidates.append(Candidate(engine, refusal=tile))
                 else:
+                    if program.pdl and engine == "persistent-tc" and not tile.registers:
+                        tile = dataclasses.replace(tile, pdl=True)
                     candidates.append(Candidate(engine, tile=tile))
             if program.tile_rows is not None and candidates[0].refusal is not None:
                 raise self.fail(f"block {i}", f"tile_rows={program.tile_rows} does not suit {program.engine}: "
@@ -261,5 +266,5 @@ def run_pipeline(program: Program, passes: tuple[Pass, ...] = PIPELINE) -> Progr
 
 def plan(blocks: list[Block], rows: int, **options) -> Program:
     """A fresh program through the whole pipeline (``options``: input_dtype, engine, tile_rows, device,
-    final_norm, target, fuse, stack_form, stack_tile_rows)."""
+    final_norm, target, fuse, stack_form, stack_tile_rows, pdl)."""
     return run_pipeline(Program(blocks=tuple(blocks), rows=rows, **options))

@@ -78,7 +78,8 @@ def _tile(plan) -> str:
         return "-"
     t = plan.tile
     extra = "".join(f" {name}={value}" for name, value, default in (
-        ("split", t.split, 1), ("multicast", t.multicast, 1), ("stages", t.stages, 1)) if value != default)
+        ("split", t.split, 1), ("multicast", t.multicast, 1), ("stages", t.stages, 1), ("pdl", t.pdl, False))
+        if value != default)
     return f"{t.rows}x{t.channels_tile} rows x channels, grid {plan.owners.grid}{extra}"
 
 
@@ -185,12 +186,14 @@ class CompiledModel:
 def compile_model(source, *, rows: int, engine: str = "persistent-tc", tile_rows: int | None = None,
                   input_dtype: str = "float16", device=None, seed: int = 0, target: str = "cuda",
                   chain: str = "persistent-tc", stack_form: str | None = None,
-                  stack_tile_rows: int | None = None) -> CompiledModel:
+                  stack_tile_rows: int | None = None, pdl: bool = False) -> CompiledModel:
     """Compile an ``nn.Module`` or a spec dict for ``rows`` rows per call (any row count runs; the
     plan is tuned for this one). ``engine`` is a block engine, whose fallback chain serves each block (the
     default: one launch per block), or ``persistent-stack``: the whole stack in one launch where it can, else
     the per-block chain of ``chain``, the reason recorded (opt-in: it beats the chain on some models only);
-    ``stack_form`` / ``stack_tile_rows`` force the fused plan; ``device`` is the ``planning.DeviceSpec`` to plan
+    ``stack_form`` / ``stack_tile_rows`` force the fused plan; ``pdl`` launches the per-block chain's persistent-tc
+    blocks and their prologues with programmatic dependent launch, each starting while the kernel before it ends
+    (opt-in until measured in the chain); ``device`` is the ``planning.DeviceSpec`` to plan
     for (default: the current GPU's); ``seed`` makes a spec's weights; ``target`` is "cuda" (needs a CUDA
     device) or "cpu" (the torch chain for every block)."""
     import torch
@@ -215,5 +218,5 @@ def compile_model(source, *, rows: int, engine: str = "persistent-tc", tile_rows
         device = planning.current_device() if target == "cuda" else planning.H200
     program = passes.plan(read.blocks, rows, engine=chain if fuse else engine, tile_rows=tile_rows,
                           input_dtype=input_dtype, device=device, final_norm=read.final_norm, target=target, fuse=fuse,
-                          stack_form=stack_form, stack_tile_rows=stack_tile_rows)
+                          stack_form=stack_form, stack_tile_rows=stack_tile_rows, pdl=pdl)
     return CompiledModel(program, read.parameters, read.final_parameters)

@@ -6,7 +6,10 @@ channels, ``UNROLL`` loads of a lane issued at once, a butterfly sum and (split 
 warps' sums in shared memory give the mean square, and each lane writes its channels rounded to fp16. At decode
 rows a warp a row left a handful of warps on the GPU, each walking a row one dependent load at a time (a block's
 prologue took about 10 us at one row of 512 channels on an H100, `reports/h100/stack-profile/`); many rows keep
-a warp a row.
+a warp a row. With ``pdl`` (the per-block chain's programmatic dependent launch, ``compile_model(pdl=True)``) the
+kernel is launched to start while the block kernel before it runs, lets the next one start at its own start, and
+waits for the kernel before it to finish before its first read of the stream (and its first write of the operand,
+which that kernel may still read).
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ UNROLL = 8  # loads a lane issues at once before it uses them (``common.gather_c
 class Variant:
     norm: bool
     stream: str = "float32"  # dtype of the residual stream read (float16 for a first block with a norm)
+    pdl: bool = False  # programmatic dependent launch: starts early, waits for the kernel before at its first read
 
     @property
     def name(self) -> str:
-        return f"prologue-{'rmsnorm' if self.norm else 'cast'}_{self.stream}"
+        return f"prologue-{'rmsnorm' if self.norm else 'cast'}_{self.stream}{'_pdl' if self.pdl else ''}"
 
     def compile(self, arch: str | None = None):
         s = Symbols()
@@ -42,8 +46,8 @@ class Variant:
         operand = s.matrix(Float16, s.rows, s.channels)
         if self.norm:
             args = (stream_in, s.vector(Float32, s.channels), operand, Float32(1e-6), Int32(1))
-            return compile_variant(self.name, RmsNormOperand(), args, arch)
-        return compile_variant(self.name, CastOperand(), (stream_in, operand, Int32(1)), arch)
+            return compile_variant(self.name, RmsNormOperand(self.pdl), args, arch)
+        return compile_variant(self.name, CastOperand(self.pdl), (stream_in, operand, Int32(1)), arch)
 
 
 @functools.cache
@@ -62,9 +66,9 @@ def row_split(rows: int, sms: int) -> int:
     return split
 
 
-def launcher(norm: bool, eps: float, stream: str = "float32"):
+def launcher(norm: bool, eps: float, stream: str = "float32", pdl: bool = False):
     """``run(s, g, u)`` writing the fp16 operand ``u``; ``g`` is ignored without a norm."""
-    fn = compiled(Variant(norm, stream))
+    fn = compiled(Variant(norm, stream, pdl))
 
     def split_of(s):
         return row_split(s.shape[0], _sm_count(s.device.index if s.device.index is not None else 0))
@@ -75,8 +79,14 @@ def launcher(norm: bool, eps: float, stream: str = "float32"):
 
 
 class RowsKernel:
+    def __init__(self, pdl: bool = False):
+        self.pdl = pdl
+
     @cute.jit
     def rows_op(self, s: cute.Tensor, weight: cute.Tensor | None, u: cute.Tensor, eps: Float32, split: Int32):
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()  # the next block kernel may launch (and wait) now
+            cute.arch.griddepcontrol_wait()  # the stream is the kernel before's output, the operand its input
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         lane, warp = tid % 32, tid // 32
@@ -120,7 +130,7 @@ class RmsNormOperand(RowsKernel):
     def __call__(self, s: cute.Tensor, weight: cute.Tensor, u: cute.Tensor, eps: Float32, split: Int32,
                  stream: cuda.CUstream):
         self.kernel(s, weight, u, eps, split).launch(grid=[ceil_div(s.shape[0], WARPS // split), 1, 1],
-                                                     block=[WARPS * 32, 1, 1], stream=stream)
+                                                     block=[WARPS * 32, 1, 1], use_pdl=self.pdl, stream=stream)
 
     @cute.kernel
     def kernel(self, s: cute.Tensor, weight: cute.Tensor, u: cute.Tensor, eps: Float32, split: Int32):
@@ -131,7 +141,7 @@ class CastOperand(RowsKernel):
     @cute.jit
     def __call__(self, s: cute.Tensor, u: cute.Tensor, split: Int32, stream: cuda.CUstream):
         self.kernel(s, u, split).launch(grid=[ceil_div(s.shape[0], WARPS // split), 1, 1], block=[WARPS * 32, 1, 1],
-                                        stream=stream)
+                                        use_pdl=self.pdl, stream=stream)
 
     @cute.kernel
     def kernel(self, s: cute.Tensor, u: cute.Tensor, split: Int32):

@@ -25,6 +25,9 @@ import dataclasses
 
 from ..model import check_positive_int
 from .common import (
+    CLUSTER_SIZES as CLUSTER_SIZES,
+)
+from .common import (
     FALLBACK_CHAINS as FALLBACK_CHAINS,
 )
 from .common import (
@@ -59,9 +62,6 @@ from .common import (
 )
 from .common import (
     flops as flops,
-)
-from .common import (
-    CLUSTER_SIZES as CLUSTER_SIZES,
 )
 from .common import (
     max_active_clusters as max_active_clusters,
