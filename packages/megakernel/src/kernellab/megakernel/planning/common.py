@@ -33,7 +33,9 @@ class DeviceSpec:
     clusters_at_once: tuple[tuple[int, int], ...] = ()
     """(cluster size, the most clusters of that size the GPU runs at once at one CTA an SM): a cluster's CTAs share
     a GPC, and GPCs of different SM counts leave SMs no whole cluster fits (an H100: 30 of 4, 15 of 8, on 132 SMs).
-    Empty where not known (no GPU, or the driver's answer failed): planning falls back on a share of the SMs."""
+    Empty where not known (no GPU, or the driver's answer failed): planning falls back on a share of the SMs. At
+    one CTA an SM even for plans that run two: counted at two, planning would split 1024 x 128 x 1024 over 8 CTAs a
+    tile, which the H100's sweeps measured slower (``reports/h100/tc-split/``)."""
 
     def __post_init__(self):
         for field in ("sm_count", "smem_per_block", "smem_per_sm", "max_threads_per_sm", "l2_bytes"):
