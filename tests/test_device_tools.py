@@ -169,6 +169,17 @@ def test_traced_module_imports_the_rewrite_beside_the_original_and_removes_it(tm
         patch.replace_once("t", "a\nb\n", "c", "d")
 
 
+def test_stack_trace_rates_are_each_phases_weight_bytes_over_its_slowest_cta():
+    """``stack_trace.phase_rates``: phase A streams W1 and W3 (gated) or W1, phase B W2, per block of the named
+    model, over the slowest CTA's time; a model the suite does not name has none."""
+    trace = load_tool("stack_trace")
+    steps = {"phase A": [{"median_us": 1.0, "max_us": 2.0}] * 4, "phase B": [{"median_us": 0.1, "max_us": 1.0}] * 4}
+    rates = trace.phase_rates("swiglu4-c2048-h8192-1b-ffn", steps)
+    weight = 2 * 2048 * 8192  # bytes of one fp16 matrix of the 1B-sized stack's block
+    assert rates == [(2 * weight / 2.0 / 1e3, weight / 1.0 / 1e3)] * 4
+    assert trace.phase_rates("not-a-model", steps) is None
+
+
 def test_stack_trace_stops_on_an_anchor_the_kernel_lost():
     trace = load_tool("stack_trace")
     source = (ROOT / "packages/megakernel/src/kernellab/megakernel/engines/persistent_stack_gemv.py").read_text()

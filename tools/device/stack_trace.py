@@ -97,8 +97,26 @@ def timeline(stamps: list, blocks: int) -> tuple[dict, dict]:
     return steps, {"median_us": statistics.median(final), "max_us": max(final)}
 
 
+def phase_rates(model: str, steps: dict) -> list[tuple[float, float]] | None:
+    """Per block, the rate (GB/s) at which phase A streams the block's W1 [and W3] and phase B its W2, each over
+    the slowest CTA's time of that phase: every CTA streams its share side by side, so this is a lower bound of the
+    grid's rate (the median CTA's time would overstate it where CTAs have no items); None for a model the models
+    suite does not name."""
+    from kernellab.megakernel import models
+    from kernellab.megakernel.compiler import frontend
+
+    case = next((c for c in models.REPORT_MODELS if c.name == model), None)
+    if case is None or "phase A" not in steps or "phase B" not in steps:
+        return None
+    blocks, _ = frontend.read_spec(case.spec)
+    return [((2 if b.gated else 1) * 2 * b.channels * b.hidden / a["max_us"] / 1e3,
+             2 * b.channels * b.hidden / p["max_us"] / 1e3)
+            for b, a, p in zip(blocks, steps["phase A"], steps["phase B"], strict=True)]
+
+
 def show(path: str) -> None:
-    """A written record: per entry, a table of its blocks' steps (median / slowest CTA, us)."""
+    """A written record: per entry, a table of its blocks' steps (median / slowest CTA, us), then the rates at
+    which its phases stream their weights (``phase_rates``)."""
     with open(path) as f:
         record = json.load(f)
     for e in record["entries"]:
@@ -112,6 +130,11 @@ def show(path: str) -> None:
         for i in range(len(e["steps"][names[0]])):
             cells = [f"{e['steps'][n][i]['median_us']:.2f} / {e['steps'][n][i]['max_us']:.2f}" for n in names]
             print(f"| {i} | " + " | ".join(cells) + " |")
+        rates = phase_rates(e["model"], e["steps"])
+        if rates:
+            print("\nweights streamed, at least (GB/s over the slowest CTA's phase): phase A "
+                  + ", ".join(f"{a:.0f}" for a, _ in rates) + "; phase B " + ", ".join(f"{b:.0f}" for _, b in rates)
+                  + " (block 0, 1, ...)")
         if "final_us" in e:  # records before it have none
             print(f"\nafter the last block, the final norm (or the copy into y): {e['final_us']['median_us']:.2f} / "
                   f"{e['final_us']['max_us']:.2f} us")
