@@ -206,9 +206,9 @@ def test_stack_trace_timeline_converts_each_ctas_clocks_at_its_own_rate():
     assert len(fast) == 2 * per_block
     got, final = trace.timeline([cta(1, fast), cta(2, slow)], blocks=2)
     assert list(got) == [name for name, *_ in trace.STEPS]
-    assert got["phase A"][0] == {"median_us": 3.0, "max_us": 4.0}
-    assert got["barrier 1"][0] == {"median_us": 0.3, "max_us": 0.5}
-    assert got["phase B"][1] == {"median_us": 1.0, "max_us": 1.0}
+    assert got["phase A"][0] == {"median_us": 3.0, "max_us": 4.0, "slowest_ctas": [1, 0]}
+    assert got["barrier 1"][0] == {"median_us": 0.3, "max_us": 0.5, "slowest_ctas": [0, 1]}
+    assert got["phase B"][1] == {"median_us": 1.0, "max_us": 1.0, "slowest_ctas": [0, 1]}  # a tie: the lower index
     assert final == {"median_us": 1.1, "max_us": 1.5}
 
 
@@ -491,3 +491,21 @@ def test_cluster_occupancy_counts_a_plans_clusters_and_waves(monkeypatch):
     assert asked[0] == (128, 8, wide["smem_bytes"])
     with pytest.raises(ValueError, match="not a persistent-tc plan"):
         occupancy.row((1024, 128, 1024), "persistent", planning.H200)
+
+
+def test_every_waiting_patch_still_applies_to_this_tree():
+    """``tools/device/patches/*.patch``: GPU changes written and compiled but not yet measured, each waiting for a
+    device session (``trees.sh patch``) with its plan in its header. A change to the files under one makes it stale:
+    rebase it with the change, or drop it with its plan, rather than find out on the device."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs the repository's git history")
+    patches = sorted((ROOT / "tools/device/patches").glob("*.patch"))
+    if not patches:
+        pytest.skip("no patch waits for the device")
+    for patch in patches:
+        got = subprocess.run(["git", "apply", "--check", str(patch)], cwd=ROOT, capture_output=True, text=True)
+        assert got.returncode == 0, f"{patch.name} no longer applies: {got.stderr}"
+        assert not patch.read_text().startswith("diff --git"), f"{patch.name}: its header should say what it is for"

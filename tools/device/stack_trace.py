@@ -19,7 +19,8 @@ and the slowest CTA of each step. A block of several row tiles (past the planned
 once a tile: the last tile's stand.
 
 What to read: where ``phase A`` (or ``B``) of the slowest CTA is far above the median, the barrier's wait is the
-skew of the work, not the barrier; where every step is short and the block still long, the time is between them.
+skew of the work, not the barrier, and the slowest CTAs' indices (``--show``) say whose work; where every step is
+short and the block still long, the time is between them.
 """
 
 from __future__ import annotations
@@ -75,10 +76,16 @@ def traced_source(source: str) -> str:
                         FINAL_STAMP.format(per_block=SLOTS_A_BLOCK) + "\n" + STAMP_METHOD + MMA_SECTION)
 
 
+SLOWEST_CTAS = 4
+"""CTAs named per step and block, the slowest first: which CTAs hold a barrier back (phase B's items are dealt to
+the warps in runs, CTA by CTA, so a CTA's index says which items it had)."""
+
+
 def timeline(stamps: list, blocks: int) -> tuple[dict, dict]:
-    """Per block and step, the median and the slowest CTA's microseconds (stamps: per CTA, per slot, (clock64,
-    globaltimer ns)), and the same of the final norm (or the copy into y) after the last block; each CTA's clocks
-    converted at its own rate between its first stamp and the end of its last block."""
+    """Per block and step, the median and the slowest CTA's microseconds and the ``SLOWEST_CTAS`` slowest CTAs
+    (stamps: per CTA, per slot, (clock64, globaltimer ns)), and the median and slowest of the final norm (or the copy
+    into y) after the last block; each CTA's clocks converted at its own rate between its first stamp and the end of
+    its last block."""
     per_step = {name: [[] for _ in range(blocks)] for name, *_ in STEPS}
     final = []
     for cta in stamps:
@@ -92,7 +99,8 @@ def timeline(stamps: list, blocks: int) -> tuple[dict, dict]:
             for k, (name, *_) in enumerate(STEPS):
                 per_step[name][i].append((cta[base + k + 1][0] - cta[base + k][0]) * us_per_clock)
         final.append((cta[blocks * SLOTS_A_BLOCK][0] - last[0]) * us_per_clock)
-    steps = {name: [{"median_us": statistics.median(v), "max_us": max(v)} for v in by_block]
+    steps = {name: [{"median_us": statistics.median(v), "max_us": max(v),
+                     "slowest_ctas": sorted(range(len(v)), key=lambda c: -v[c])[:SLOWEST_CTAS]} for v in by_block]
              for name, by_block in per_step.items()}
     return steps, {"median_us": statistics.median(final), "max_us": max(final)}
 
@@ -116,7 +124,7 @@ def phase_rates(model: str, steps: dict) -> list[tuple[float, float]] | None:
 
 def show(path: str) -> None:
     """A written record: per entry, a table of its blocks' steps (median / slowest CTA, us), then the rates at
-    which its phases stream their weights (``phase_rates``)."""
+    which its phases stream their weights (``phase_rates``) and each step's slowest CTAs."""
     with open(path) as f:
         record = json.load(f)
     for e in record["entries"]:
@@ -135,6 +143,10 @@ def show(path: str) -> None:
             print("\nweights streamed, at least (GB/s over the slowest CTA's phase): phase A "
                   + ", ".join(f"{a:.0f}" for a, _ in rates) + "; phase B " + ", ".join(f"{b:.0f}" for _, b in rates)
                   + " (block 0, 1, ...)")
+        if "slowest_ctas" in e["steps"][names[0]][0]:  # records before it have none
+            for n in names:
+                print(f"slowest CTAs of {n}: " + "; ".join(", ".join(map(str, b["slowest_ctas"]))
+                                                         for b in e["steps"][n]) + " (block 0; 1; ...)")
         if "final_us" in e:  # records before it have none
             print(f"\nafter the last block, the final norm (or the copy into y): {e['final_us']['median_us']:.2f} / "
                   f"{e['final_us']['max_us']:.2f} us")
