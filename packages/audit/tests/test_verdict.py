@@ -145,6 +145,7 @@ def test_reproduced_only_when_informative_and_inside(seed, gain, jitter, preempt
     near = band[0] / noise <= gain * factor <= band[1] * noise
     if judged["claim"] == verdict.REPRODUCED:
         assert not why and width <= verdict.INFORMATIVE_WIDTH and inside
+        assert verdict.direction(gain * factor, 0.10) in (0, verdict.shown(rec))  # a claimed change is shown
     if judged["claim"] == verdict.CONTRADICTED:
         assert not near
     if not why and not near:
@@ -181,3 +182,54 @@ def test_a_replay_without_its_control_is_uninformative():
     judged = verdict.judge({"claimed_gain": rec["gain"], "claim_noise": 1.0}, rec, 0.10)
     assert judged["claim"] == verdict.UNDECIDED, judged
     assert judged["uninformative_because"] == ["the replay measured no control on both sides: its drift is unknown"]
+
+
+def replay_of(ref_rounds, cand_rounds, control=(0.99, 1.01)):
+    """A replay record of fixed rounds (no noise injector): ``stats.compare`` with a control range."""
+    return stats.compare(ref_rounds, cand_rounds, bootstrap_seed=1, resamples=300) | {
+        "control_ratio_range": list(control)}
+
+
+# one replay measuring no change on a noisy machine: per-round gains about 1.2, 0.95 and 1.04, an interval holding 1
+REF = [[100, 101, 99, 100, 102], [100, 98, 101, 100, 99], [101, 100, 100, 99, 100]]
+UNCHANGED = [[82, 84, 83, 82, 83], [105, 104, 106, 105, 104], [96, 97, 95, 96, 97]]
+
+
+@pytest.mark.parametrize("claimed", [1.3, 0.8])
+def test_a_change_the_replay_cannot_tell_from_none_is_not_reproduced(claimed):
+    """A speed-up (or slowdown) inside an informative band that also holds 1: the replay is consistent with the
+    claim and with no change at all, so it confirms nothing of the change (a contender claiming 1.3x on a
+    machine whose replay wobbles around 1 would otherwise pass)."""
+    rec = replay_of(REF, UNCHANGED)
+    lo, hi = rec["gain_ci"]
+    judged = verdict.judge({"claimed_gain": claimed, "claim_noise": 1.05}, rec, 0.10)
+    assert lo < 1.0 < hi and judged["informative"] and judged["replay_band"][0] <= claimed <= judged["replay_band"][1]
+    assert judged["claim"] == verdict.UNDECIDED, judged
+    assert "holds no change" in judged["change_not_shown"][0]
+    assert verdict.shown(rec) == 0 and verdict.direction(claimed, 0.10) == (1 if claimed > 1 else -1)
+
+
+def test_no_change_claimed_is_reproduced_by_a_replay_that_holds_it():
+    """A gain within the tolerance of 1 claims no change: a band holding it and 1 reproduces it."""
+    judged = verdict.judge({"claimed_gain": 1.05, "claim_noise": 1.05}, replay_of(REF, UNCHANGED), 0.10)
+    assert judged["claim"] == verdict.REPRODUCED and judged["change_not_shown"] == [], judged
+
+
+def test_a_speed_up_the_replay_shows_as_a_slowdown_lies_outside_its_band():
+    """The tolerance widens the band and the no-change zone alike, so a claimed speed-up that the replay shows as a
+    slowdown is outside the band: the band's rules judge it (here: contradicted), and the reason names it."""
+    slower = [[r * 1.08 for r in row] for row in REF]
+    rec = replay_of(REF, slower)
+    for tolerance in (0.1, 0.15, 0.19):
+        judged = verdict.judge({"claimed_gain": 1.2, "claim_noise": 1.0}, rec, tolerance)
+        assert verdict.shown(rec) == -1 and judged["replay_band"][1] < 1.2, judged
+        assert judged["claim"] == verdict.CONTRADICTED and "shows the opposite" in judged["change_not_shown"][0]
+
+
+def test_a_change_is_shown_only_beyond_the_controls_drift():
+    """An interval just above 1 shows a speed-up on a still control and none once the control drifted enough to
+    explain it."""
+    faster = [[r / 1.06 for r in row] for row in REF]
+    assert verdict.shown(replay_of(REF, faster, control=(1.0, 1.0))) == 1
+    assert verdict.shown(replay_of(REF, faster, control=(0.9, 1.1))) == 0
+    assert verdict.shown(replay_of(REF, faster, control=(0.0, 1.0))) == 0  # an unusable control shows nothing

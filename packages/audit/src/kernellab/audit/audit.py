@@ -348,7 +348,7 @@ class Audit:
                         f"{rec['name']} {mode}: claimed {judged['claimed_gain']:.3f}, replayed {rec[mode]['gain']:.3f} "
                         f"(band {judged['replay_band'][0]:.3g}-{judged['replay_band'][1]:.3g}; "
                         f"the reports' own noise {judged['claim_noise']:.3g}x"
-                        + (f"; {'; '.join(judged['uninformative_because'])}" if judged["uninformative_because"] else "")
+                        + "".join(f"; {why}" for why in judged["uninformative_because"] + judged["change_not_shown"])
                         + ")")
         replayed = {(rec["name"], mode) for rec in replay["records"] for mode in replay["summaries"] if mode in rec}
         for name, mode in sorted(set(claimed) - replayed):

@@ -15,10 +15,13 @@ The rules, stated once (``judge``):
   ``MIN_REPLAY_ROUNDS`` rounds a side (fewer leave the interval nothing to resample: one round's is a
   point) and its control was measured on both sides (no control, no drift known);
 - a claim is ``reproduced`` only by an informative replay whose band holds the claimed gain (the
-  median over the reports' rounds: a gain claimed in two rounds of three is claimed);
+  median over the reports' rounds: a gain claimed in two rounds of three is claimed) and, where the claim
+  is a speed-up or a slowdown past the tolerance, whose own interval, drift included, shows it too
+  (``shown``): a band that holds both the claim and no change at all confirms nothing of the change;
 - a claim outside an informative replay, further off than the reports' own noise (``claim_noise``)
   explains, is ``contradicted``; so is a claim that an uninformative but bounded replay (at most
-  ``DECISIVE_WIDTH`` wide) puts further off than the band's own width and that noise;
+  ``DECISIVE_WIDTH`` wide) puts further off than the band's own width and that noise (a change the replay
+  shows the other way round lies outside its band: the tolerance widens both alike);
 - anything else is ``undecided``: the verdict is then ``inconclusive``, never ``pass``.
 """
 
@@ -118,6 +121,22 @@ def replay_band(replayed: dict, tolerance: float) -> tuple[list[float], float, l
     return band, width, why
 
 
+def direction(gain: float, tolerance: float) -> int:
+    """+1 for a speed-up past the tolerance, -1 for a slowdown past it, 0 for a gain within it of 1."""
+    return 1 if gain > 1.0 + tolerance else -1 if gain * (1.0 + tolerance) < 1.0 else 0
+
+
+def shown(replayed: dict) -> int:
+    """The change the replay shows: +1 where its interval widened by its control's drift lies above 1, -1 where
+    below, 0 where it holds 1 (no change is then as likely as any it holds)."""
+    lo, hi = replayed["gain_ci"]
+    ctrl = replayed.get("control_ratio_range")
+    drift = max(abs(math.log(ctrl[0])), abs(math.log(ctrl[1]))) if ctrl and min(ctrl) > 0 else math.inf
+    if not (lo > 0.0 and math.isfinite(drift)):
+        return 0
+    return 1 if lo * math.exp(-drift) > 1.0 else -1 if hi * math.exp(drift) < 1.0 else 0
+
+
 def judge(claim: dict, replayed: dict, tolerance: float) -> dict:
     """Does the replay reproduce the claim? See the module docstring for the rules."""
     band, width, why = replay_band(replayed, tolerance)
@@ -126,7 +145,14 @@ def judge(claim: dict, replayed: dict, tolerance: float) -> dict:
     inside = band[0] <= gain <= band[1]
     gap = 0.0 if inside else (math.log(band[0] / gain) if gain < band[0] else math.log(gain / band[1]))
     beyond_noise = math.isfinite(noise) and gap > math.log(noise)
-    if not why and inside:
+    claimed, replay_shows = direction(gain, tolerance), shown(replayed)
+    unshown = []
+    if claimed and replay_shows != claimed:
+        lo, hi = replayed["gain_ci"]
+        unshown.append(f"the claim is a {'speed-up' if claimed > 0 else 'slowdown'} and the replay's interval "
+                       f"{lo:.3g}-{hi:.3g}, its control's drift included, "
+                       + ("shows the opposite" if replay_shows else "holds no change"))
+    if not why and inside and not unshown:
         outcome = REPRODUCED
     elif beyond_noise and (not why or (width <= DECISIVE_WIDTH and gap > math.log(width * noise)
                                        and math.isfinite(gap))):
@@ -134,4 +160,4 @@ def judge(claim: dict, replayed: dict, tolerance: float) -> dict:
     else:
         outcome = UNDECIDED
     return {**claim, "claim_noise": noise, "replay_band": band, "replay_width": width, "informative": not why,
-            "uninformative_because": why, "claim": outcome}
+            "uninformative_because": why, "change_not_shown": unshown, "claim": outcome}
