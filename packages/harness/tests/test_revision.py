@@ -140,3 +140,27 @@ def test_a_worker_leaving_quickly_loses_nothing_printed():
     assert res.returncode == 0
     assert res.stdout == "from C\n"
     assert res.stderr == "from Python"
+
+
+def test_a_workers_path_puts_the_drivers_harness_before_the_trees(tmp_path):
+    """A tree's own harness (here one that fails at import) never measures: a worker's path starts with a folder
+    linking this process's harness, and the tree's other packages follow it (its kernellab wins over any other)."""
+    import os
+    import sys
+
+    from kernellab.harness import revision
+
+    tree = tmp_path / "tree"
+    for package in ("harness", "kernels"):
+        (tree / "packages" / package / "src" / "kernellab" / package).mkdir(parents=True)
+    (tree / "packages" / "harness" / "src" / "kernellab" / "harness" / "__init__.py").write_text(
+        "raise ImportError('the tree\\'s own harness')\n")
+    (tree / "packages" / "kernels" / "src" / "kernellab" / "kernels" / "__init__.py").write_text("TREE = True\n")
+    shim = revision.harness_shim(tmp_path / "shim")
+    path = revision.worker_pythonpath(tree, "/elsewhere", shim)
+    assert path.split(os.pathsep) == [str(shim), *revision.source_paths(tree), "/elsewhere"]
+    probe = ("import pathlib, kernellab.harness as h, kernellab.kernels as k; "
+             "print(pathlib.Path(h.__file__).resolve().parent, k.TREE)")
+    got = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": path}, capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert got == [str(revision.HARNESS_DIR), "True"]

@@ -82,24 +82,46 @@ def source_paths(root: str | os.PathLike) -> list[str]:
     return [str(p) for p in sorted(Path(root).glob("packages/*/src")) if p.is_dir()]
 
 
-def worker_pythonpath(root: str | os.PathLike, inherited: str | None) -> str:
-    """The tree's package sources first (so its kernellab wins), then whatever PYTHONPATH the caller had:
-    dependencies installed there (CuTe DSL on a host without an index) must stay importable."""
-    return os.pathsep.join([*source_paths(root), *([inherited] if inherited else [])])
+HARNESS_DIR = Path(__file__).resolve().parent
+"""This process's own harness package: the one every worker times and validates with (``harness_shim``)."""
+
+
+def harness_shim(dest: str | os.PathLike) -> Path:
+    """A folder holding only a link to this process's own harness package (``dest/kernellab/harness``), put first
+    on a worker's path: a worker of either revision then measures with the driver's harness, never with the
+    harness of the tree it measures. A revision whose harness scaled its own samples had its claim replayed by
+    that same harness (the audit's replay imported each tree whole)."""
+    package = Path(dest) / "kernellab"
+    package.mkdir(parents=True, exist_ok=True)  # no __init__.py: a portion of the kernellab namespace
+    (package / "harness").symlink_to(HARNESS_DIR, target_is_directory=True)
+    return Path(dest)
+
+
+def worker_pythonpath(root: str | os.PathLike, inherited: str | None, shim: str | os.PathLike | None = None) -> str:
+    """The driver's harness (``shim``) first, then the tree's package sources (so that its kernellab wins over
+    any installed one), then whatever PYTHONPATH the caller had: dependencies installed there (CuTe DSL on a
+    host without an index) must stay importable."""
+    return os.pathsep.join([*([str(shim)] if shim else []), *source_paths(root), *([inherited] if inherited else [])])
 
 
 class Worker:
-    """A subprocess that imports only the code of one tree and answers JSON requests line by line."""
+    """A subprocess that imports the code of one tree, measured by this process's harness, and answers JSON
+    requests line by line."""
 
     def __init__(self, root: str | os.PathLike | None, label: str):
-        """``root``: the tree whose packages the worker imports; None: the installed packages."""
+        """``root``: the tree whose packages the worker imports (all but the harness: ``harness_shim``); None: the
+        installed packages."""
         self.root = Path(root).resolve() if root is not None else None
         self.label = label
+        self._shim = None
         env = dict(os.environ)
         env["KERNELLAB_WORKER_LABEL"] = label
         env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env["KERNELLAB_HARNESS_DIR"] = str(HARNESS_DIR)
         if self.root is not None:
-            env["PYTHONPATH"] = worker_pythonpath(self.root, os.environ.get("PYTHONPATH"))
+            self._shim = tempfile.TemporaryDirectory(prefix="kernellab-harness-")
+            env["PYTHONPATH"] = worker_pythonpath(self.root, os.environ.get("PYTHONPATH"),
+                                                  harness_shim(self._shim.name))
             env["KERNELLAB_SOURCE_ROOT"] = str(self.root)
         else:
             env.pop("KERNELLAB_SOURCE_ROOT", None)
@@ -146,6 +168,8 @@ class Worker:
                 self.proc.wait(timeout=60)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
+        if self._shim is not None:
+            self._shim.cleanup()
 
     def __enter__(self):
         return self

@@ -28,12 +28,14 @@ def _patched_line(patched: list[str]) -> str:
     return f'{{"ok": false, "error": "HarnessPatched: {integrity.REPLACED}: {names}"}}\n'
 
 
-def _foreign_modules(root: Path) -> list[str]:
-    """kernellab modules this worker imported from outside its tree: a contaminated comparison."""
+def _foreign_modules(root: Path, harness: Path) -> list[str]:
+    """kernellab modules this worker imported from outside its tree (the harness: from outside the driver's
+    ``harness`` package, the one it measures with): a contaminated comparison."""
     bad = []
     for name, mod in list(sys.modules.items()):
         f = getattr(mod, "__file__", None)
-        if name.startswith("kernellab.") and f and root not in Path(f).resolve().parents:
+        home = harness if name == "kernellab.harness" or name.startswith("kernellab.harness.") else root
+        if name.startswith("kernellab.") and f and home not in Path(f).resolve().parents:
             bad.append(f"{name} ({f})")
     return sorted(bad)
 
@@ -42,6 +44,7 @@ def serve(inp, out) -> None:
     source_root = os.environ.get("KERNELLAB_SOURCE_ROOT")
     root = Path(source_root).resolve() if source_root else None
     label = os.environ.get("KERNELLAB_WORKER_LABEL", "worker")
+    harness = Path(os.environ.get("KERNELLAB_HARNESS_DIR") or Path(__file__).parent).resolve()
     bench: Bench | None = None
 
     def reply(**data):  # a patch elsewhere fails its case (runner._unpatched); one of the encoder, every reply
@@ -60,7 +63,7 @@ def serve(inp, out) -> None:
                 suite = registry.get(req["suite"], root)
                 config = Config(**req["config"])
                 bench = Bench(suite, config, cases=req.get("cases"), impls=req.get("impls"))
-                foreign = _foreign_modules(root) if root is not None else []
+                foreign = _foreign_modules(root, harness) if root is not None else []
                 if foreign:
                     raise RuntimeError(f"modules imported from outside {root}: {foreign}")
                 bench.device.warm_up()
