@@ -70,6 +70,18 @@ def test_timed_batches_catch_work_done_only_on_poisoned_outputs():
     assert "timed batches gave wrong results" in timed["e2e_throughput"]["error"]
 
 
+@pytest.mark.parametrize("setting", [{"rotate": False}, {"rotation_limit_bytes": 1}])
+def test_work_done_only_on_poisoned_outputs_is_caught_without_rotation_or_memory(setting):
+    """Without rotation, or with a memory limit that holds one input set, a batch's later calls had read its first
+    call's inputs: the cheat computed there (on poisoned outputs), returned at once from the rest with the right
+    answer in place, and passed while timed several times faster. Every call of a batch now reads a set of its
+    own whatever the settings."""
+    config = Config(rounds=1, samples=60, warmup=1, iterations=3, modes=("e2e_throughput",), **setting)
+    result = _run(works_when_poisoned, config)
+    timed = {v["mode"]: v for v in result["validations"] if v.get("timed_batches")}
+    assert not result["passed"] and timed["e2e_throughput"]["failed_batches"] > 0, timed
+
+
 def test_a_memo_of_earlier_inputs_never_matches_a_timed_call():
     stale = []
     result = _run(memoizes_on_fingerprint(stale))

@@ -76,6 +76,10 @@ def test_rotation_count_exceeds_twice_the_cache():
     assert n * 1_000_000 > 2 * 32_000_000
     assert timing.rotation_count(10**9, 32_000_000, limit_bytes=1 << 40) >= 1
     assert timing.rotation_count(1_000_000, 32_000_000, limit_bytes=3_000_000) == 3
+    # a batch's calls each read a set of their own, whatever the memory limit or the cache
+    assert timing.rotation_count(1_000_000, 32_000_000, limit_bytes=3_000_000, least=10) == 10
+    assert timing.rotation_count(1_000, 0, limit_bytes=1 << 40, least=10) == 10
+    assert timing.rotation_count(0, 32_000_000, limit_bytes=1 << 40, least=10) == 10
 
 
 def test_bandwidth_is_read_against_the_suites_ceiling_problem():

@@ -74,7 +74,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=positive_int, help="calls per throughput sample")
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of every input")
     p.add_argument("--rotation-limit", type=positive_int, metavar="MIB", help="memory for the rotated input sets "
-                   "(default 4096 MiB; fewer sets than twice the cache read some inputs from cache)")
+                   "(default 4096 MiB; fewer sets than twice the cache read some inputs from cache). One set a call "
+                   "of a checked batch (2 x --iterations) is made past it: lower --iterations to need fewer")
     p.add_argument("--baseline", metavar="REV", help="compare against a git revision or a source .zip")
     p.add_argument("--max-rounds", type=positive_int, help="with --baseline: run more rounds (up to this many) for the "
                    "pairs whose gain interval is wider than --target-width, until --time-limit")

@@ -33,8 +33,8 @@ class Config:
     iterations: int = 5
     seed: int = 0
     modes: tuple[str, ...] | None = None  # None: every mode the device has
-    rotate: bool = True
-    rotation_limit_bytes: int = 4 * 2**30
+    rotate: bool = True  # False: the fewest input sets a batch needs, not enough to exceed the cache
+    rotation_limit_bytes: int = 4 * 2**30  # the cache-exceeding sets' memory; a batch's sets are made past it
     validations_per_round: int = 1
 
     def __post_init__(self):
@@ -283,8 +283,9 @@ class Bench:
             batches += 1
 
     def _rotated_calls(self, case: Case, index: int) -> tuple[list[Callable[[], Any]], list]:
-        """Calls over enough input sets that they exceed twice the cache, and at least one per call of the
-        longest batch (so that no call of a batch reads what an earlier one did), all writing one output set.
+        """Calls over enough input sets that they exceed twice the cache (without ``rotate``: no more than the
+        next rule asks), and at least one per call of the longest batch whatever the memory limit (so that no call
+        of a batch reads what an earlier one did), all writing one output set.
 
         Outputs do not rotate: a torch op allocates its result, and the caching allocator hands it the
         block the previous call freed, so its stores land in cache; impls given rotated buffers would
@@ -293,8 +294,9 @@ class Bench:
         first_in = problem.make_inputs(seed_for(cfg.seed, problem.name, "time", index, 0))
         outputs = problem.make_outputs(first_in)
         set_bytes = sum(t.numel() * t.element_size() for t in first_in.values())
+        least = timing.LONGEST_BATCH * cfg.iterations  # without rotation too: see ``timing.rotation_count``
         n = timing.rotation_count(set_bytes, self.device.cache_bytes, limit_bytes=cfg.rotation_limit_bytes,
-                                  least=timing.LONGEST_BATCH * cfg.iterations) if cfg.rotate else 1
+                                  least=least) if cfg.rotate else least
         sets = [(first_in, outputs)]
         for k in range(1, n):
             sets.append((problem.make_inputs(seed_for(cfg.seed, problem.name, "time", index, k)), outputs))

@@ -130,13 +130,15 @@ def cpu_last_level_cache_bytes() -> int:
 
 def rotation_count(set_bytes: int, cache_bytes: int, *, limit_bytes: int, max_sets: int = 4096,
                    least: int = 1) -> int:
-    """Enough input sets that their working set exceeds twice the cache (and at least ``least``), within
-    a memory limit."""
+    """Enough input sets that their working set exceeds twice the cache, within a memory limit, and at least
+    ``least`` whatever the limit: the runner asks for one a call of the longest batch, since a batch whose later
+    calls read the inputs of its first would let a contender that works only on poisoned outputs (the first
+    call's) return at once from the rest with the right answer already in place."""
     if set_bytes <= 0:
-        return 1
-    want = max(-(-2 * cache_bytes // set_bytes) + 1, least)
+        return max(1, least)
+    want = -(-2 * cache_bytes // set_bytes) + 1
     fit = max(1, limit_bytes // set_bytes)
-    return max(1, min(want, fit, max_sets))
+    return max(1, least, min(want, fit, max_sets))
 
 
 class Batch(Protocol):
