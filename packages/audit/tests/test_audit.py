@@ -162,18 +162,19 @@ def test_resealed_claim_is_contradicted_by_the_replay(repo, tmp_path):
 
 
 def test_a_candidate_whose_own_harness_forges_its_samples_is_replayed_by_the_auditors(repo, tmp_path):
-    """The candidate revision changes the harness itself: its runner divides the planted contender's samples by 50
+    """The candidate revision changes the harness itself: its runner divides the planted contender's samples by 500
     (its sources hashed in no report: the harness measures, it is not measured). Its report is consistent with
-    itself; the replay measures both trees with the auditor's own harness, so the claim is contradicted. With each
-    tree's own harness in its worker it had been reproduced by the same forgery."""
+    itself; the replay measures both trees with the auditor's own harness, so the claim is contradicted (500x off:
+    even on a loaded machine). With each tree's own harness in its worker the same forgery had made the replay."""
     base = repo.git("rev-parse", "HEAD")
     runner = repo.path / "packages" / "harness" / "src" / "kernellab" / "harness" / "runner.py"
     measured = "result[\"samples_us\"][mode], result[\"disturbance\"][mode] = self._measure(mode, calls, check)\n"
     text = runner.read_text()
     indent = text[:text.index(measured)].rsplit("\n", 1)[1]
-    runner.write_text(text.replace(measured, measured + indent + "if case.impl.name == \"planted\":\n" + indent
-                                   + "    result[\"samples_us\"][mode] = [x / 50 for x in result[\"samples_us\"][mode]]\n"))
-    forged = repo.commit("honest", "candidate: a harness that reports the planted contender 50x faster")
+    forgery = (f'{indent}if case.impl.name == "planted":\n'
+               f'{indent}    result["samples_us"][mode] = [x / 500 for x in result["samples_us"][mode]]\n')
+    runner.write_text(text.replace(measured, measured + forgery))
+    forged = repo.commit("honest", "candidate: a harness that reports the planted contender 500x faster")
     ref, cand = repo.bench(base, tmp_path / "ref.json"), repo.bench(forged, tmp_path / "cand.json")
     claimed = json.loads(cand.read_text())
     assert claimed["provenance"]["git"]["commit"] == forged
@@ -181,7 +182,7 @@ def test_a_candidate_whose_own_harness_forges_its_samples_is_replayed_by_the_aud
     code, audit = repo.audit(ref, cand)
     assert code == 1 and any("contradicted by the replay" in r for r in audit["reasons"]), audit["reasons"]
     (record,) = [r for r in audit["records"] if "e2e_throughput" in r]
-    assert record["e2e_throughput"]["claimed_gain"] > 20 and record["e2e_throughput"]["gain"] < 5, record
+    assert record["e2e_throughput"]["claimed_gain"] > 100 and record["e2e_throughput"]["gain"] < 10, record
 
 
 def test_resealed_report_with_artifacts_that_no_longer_match(repo, tmp_path):

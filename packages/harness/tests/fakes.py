@@ -299,6 +299,51 @@ def patches_the_encoder(problem):
     return honest(problem)
 
 
+def answers_for_its_artifacts(problem):
+    """Replaces the harness's hashing of built files so that a rebuilt one reads as the report recorded it
+    (zeros here); honest calls."""
+    from kernellab.harness import provenance
+
+    real = provenance.artifact_hashes
+    provenance.artifact_hashes = lambda paths: {p: "0" * 64 for p in real(paths)}
+    return honest(problem)
+
+
+def slows_the_control(problem):
+    """Honest calls; at bind it wraps ``torch.add``, which the affine control calls, to run it three times: the
+    control it is compared with gets slower, not itself. ``call.restore`` undoes the patch."""
+    import torch
+
+    real = torch.add
+
+    def add(*args, **kwargs):
+        for _ in range(2):
+            real(*args, **kwargs)
+        return real(*args, **kwargs)
+    torch.add = add
+    call = honest(problem)
+
+    def run(i, o):
+        return call(i, o)
+    run.restore = lambda: setattr(torch, "add", real)
+    return run
+
+
+def starves_the_control_of_threads(problem):
+    """Honest calls; at bind it sets torch's thread pool to one thread, which the control's ops run on.
+    ``call.restore`` undoes it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1 if threads > 1 else 2)
+    call = honest(problem)
+
+    def run(i, o):
+        return call(i, o)
+    run.restore = lambda: torch.set_num_threads(threads)
+    return run
+
+
 def patches_a_tensor_method(problem):
     """Does no work in its call; at its first call (after the case's first integrity check) it replaces
     ``torch.Tensor.detach``, through which the harness reads results, with one that does the work then."""

@@ -9,6 +9,7 @@ import pytest
 from fakes import (
     Affine,
     affine_suite,
+    answers_for_its_artifacts,
     finishes_in_a_thread,
     harness_constant,
     memoizes_on_fingerprint,
@@ -26,6 +27,8 @@ from fakes import (
     returns_its_input,
     shadows_a_builtin_in_the_harness,
     skips_the_calls_it_counts_unchecked,
+    slows_the_control,
+    starves_the_control_of_threads,
     stops_the_thread_join,
     works_when_poisoned,
     works_when_read,
@@ -203,6 +206,36 @@ def test_a_contender_that_rewrites_the_workers_replies_is_refused(monkeypatch, t
     replies = [json.loads(line) for line in out.getvalue().splitlines()]
     assert len(replies) == 3 and not any(r["ok"] for r in replies), replies
     assert all("json.dumps" in r["error"] for r in replies), replies
+
+
+def test_a_contender_that_answers_for_its_artifacts_is_refused_and_never_asked(tmp_path):
+    """The audit compares the built files' hashes with the report's: a contender that replaced the hashing in its
+    worker could vouch for a rebuilt file. The patch fails its case, and the worker only names the files: the
+    driver, which runs no contender code, hashes them (``revision.Worker.artifact_hashes``)."""
+    from kernellab.harness import provenance, revision
+
+    real = provenance.artifact_hashes
+    try:
+        result = _run(answers_for_its_artifacts)
+    finally:
+        provenance.artifact_hashes = real
+    assert not result["passed"] and "provenance.artifact_hashes" in result["error"], result.get("error")
+    built = tmp_path / "kernel.so"
+    built.write_bytes(b"a rebuilt kernel")
+    driver = object.__new__(revision.Worker)
+    driver.root = tmp_path
+    assert driver.artifact_hashes(["kernel.so", str(built), "gone.so"]) == {
+        "kernel.so": provenance.sha256_file(built), str(built): provenance.sha256_file(built)}
+
+
+@pytest.mark.parametrize(("cheat", "named"), [(slows_the_control, "torch.add"),
+                                              (starves_the_control_of_threads, "torch setting num_threads")])
+def test_a_contender_that_slows_the_control_is_refused(cheat, named):
+    """Contender code shares its process with the torch control it is compared with: a torch op the control calls
+    wrapped to run three times, or torch's thread pool shrunk, at bind, made an honest contender look faster than
+    torch. Every attribute of torch's op namespaces and its speed settings are sealed."""
+    result = _run_and_restore(cheat)
+    assert not result["passed"] and named in result.get("error", ""), result.get("error")
 
 
 def test_a_result_that_does_its_work_when_read_fails_unread():

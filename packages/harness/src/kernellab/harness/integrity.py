@@ -32,7 +32,7 @@ import time
 import types
 
 REPLACED = "the harness's own code was replaced"  # how every refusal for a patch begins (runner, worker)
-MODULES = ("case", "integrity", "noise", "runner", "stats", "threads", "timing", "validate", "worker")
+MODULES = ("case", "integrity", "noise", "provenance", "runner", "stats", "threads", "timing", "validate", "worker")
 
 
 def _external() -> dict[str, object]:
@@ -98,6 +98,50 @@ def _objects() -> dict[str, object]:
     return {**_external(), **_harness()}
 
 
+TORCH_NAMESPACES = ("torch", "torch.nn.functional", "torch._C._VariableFunctions", "torch._C._nn", "torch.linalg",
+                    "torch.special", "torch.fft")
+"""Where the suites' torch controls (and contenders) find the ops they call: every attribute there is sealed by
+identity (a module, which an import may set later, aside), so that contender code cannot slow the control it is
+compared with (``torch.softmax`` wrapped to run three times made an honest contender look 2.4x faster)."""
+
+
+def _members(dotted: str):
+    """The attributes of a namespace of ``TORCH_NAMESPACES`` (of its class where it has no ``__dict__``: torch's
+    ``_VariableFunctions`` is an instance whose functions are its class's)."""
+    import torch
+
+    space = _resolve(torch, dotted)
+    return vars(space) if hasattr(space, "__dict__") else vars(type(space))
+
+
+TORCH_SELF_PATCHED = frozenset({"torch.manual_seed"})
+"""Attributes torch replaces itself after import: ``torch._dynamo``'s first import (any ``torch.compile``) wraps
+``torch.manual_seed``. No op a control times."""
+
+
+def _torch_namespaces() -> dict[str, dict[str, object]]:
+    return {dotted: {k: v for k, v in _members(dotted).items()
+                     if not isinstance(v, types.ModuleType) and f"{dotted}.{k}" not in TORCH_SELF_PATCHED}
+            for dotted in TORCH_NAMESPACES}
+
+
+def torch_settings() -> dict[str, object]:
+    """torch's process-wide settings that change how fast its ops run (threads, TF32 and reduced-precision
+    math, cuDNN's choices, the default dtype): one set at bind time would slow or speed the control for the run."""
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    cudnn = torch.backends.cudnn
+    return {"num_threads": torch.get_num_threads(), "num_interop_threads": torch.get_num_interop_threads(),
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "default_dtype": torch.get_default_dtype(), "cuda.matmul.allow_tf32": matmul.allow_tf32,
+            "cuda.matmul.allow_fp16_reduced_precision_reduction": matmul.allow_fp16_reduced_precision_reduction,
+            "cuda.matmul.allow_bf16_reduced_precision_reduction": matmul.allow_bf16_reduced_precision_reduction,
+            "cudnn.enabled": cudnn.enabled, "cudnn.benchmark": cudnn.benchmark,
+            "cudnn.deterministic": cudnn.deterministic, "cudnn.allow_tf32": cudnn.allow_tf32}
+
+
 INTEROP = "dlpack"
 """Attributes of ``torch.Tensor`` named with this are left out of the seal: tensor libraries imported with a
 contender (TVM FFI, CuTe DSL) install their zero-copy exchange hooks there, and the harness reads none."""
@@ -114,6 +158,8 @@ _SEALED: dict[str, tuple[object, object]] = {}
 _TORCH_READS: dict[str, object] = {}  # the sealed torch functions a comparison calls
 _TENSOR: dict[type, dict[str, object]] = {}
 _BUILTINS: dict[str, object] = {}
+_NAMESPACES: dict[str, dict[str, object]] = {}
+_SETTINGS: dict[str, object] = {}
 CONSOLE_BUILTINS = frozenset({"_", "print", "input", "help", "breakpoint", "exit", "quit", "copyright", "credits",
                               "license"})
 """Builtins left out of the seal: the console's, which tools replace in-process (Ray redirects ``print``), and
@@ -128,6 +174,21 @@ def seal() -> None:
                             if name.startswith("torch.") and not name.startswith("torch.cuda"))
         _TENSOR.update(_tensor_dicts())
         _BUILTINS.update((k, v) for k, v in vars(builtins).items() if k not in CONSOLE_BUILTINS)
+        _NAMESPACES.update(_torch_namespaces())
+        _SETTINGS.update(torch_settings())
+
+
+def control_path_changes() -> list[str]:
+    """What the torch ops the controls call go through, changed since ``seal``: an attribute of a namespace of
+    ``TORCH_NAMESPACES`` replaced or removed, or a setting of ``torch_settings`` changed. Part of ``verify``."""
+    if not _NAMESPACES:
+        return []
+    bad = []
+    for dotted, sealed in _NAMESPACES.items():
+        bad += [f"{dotted}.{name}" for name in _replaced(sealed, _members(dotted))]
+    now = torch_settings()
+    bad += [f"torch setting {k} ({_SETTINGS[k]!r} -> {now[k]!r})" for k in _SETTINGS if now[k] != _SETTINGS[k]]
+    return bad
 
 
 def _replaced(sealed: dict[str, object], now, names=None) -> list[str]:
@@ -195,7 +256,7 @@ def verify(objects=()) -> list[str]:
     (by object, code or contents), and what was changed on ``objects``, the harness's instances a run goes
     through (``tampered``)."""
     now = _objects()
-    bad = read_path_changes()
+    bad = read_path_changes() + control_path_changes()
     for name, (obj, value) in _SEALED.items():
         got = now.get(name, _ABSENT)
         if got is not obj or not _same_value(_value(got), value):

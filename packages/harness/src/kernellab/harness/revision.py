@@ -22,7 +22,7 @@ from . import stats, validate
 from .progress import Progress, describe_samples
 from .provenance import sha256_file
 
-PROTOCOL = 2
+PROTOCOL = 3  # 3: a worker names its built artifacts, the driver hashes them
 
 
 class RevisionError(RuntimeError):
@@ -153,6 +153,13 @@ class Worker:
             raise RevisionError(f"worker {self.label} speaks protocol {reply.get('protocol')}, this driver {PROTOCOL}")
         return reply
 
+    def artifact_hashes(self, paths: list[str]) -> dict[str, str]:
+        """sha256 of the built files the worker names, read here (a relative path from the worker's tree): in the
+        worker, contender code could answer for them."""
+        base = self.root or Path.cwd()
+        files = {p: base / p for p in paths}
+        return {p: sha256_file(f) for p, f in sorted(files.items()) if f.is_file()}
+
     def _answers_within(self, timeout_s: float) -> bool:
         """Whether the worker's reply starts within ``timeout_s`` (each request has exactly one line
         of reply, so nothing of it waits in the pipe's buffer before this request)."""
@@ -241,6 +248,7 @@ def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds:
             setup = w.request("setup", **request)
             schedules[name] = setup["schedule"]
             sides[name] = {"cases": setup["cases"], "provenance": setup["provenance"], "rounds": []}
+            sides[name]["provenance"]["artifacts_sha256"] = w.artifact_hashes(setup["artifacts"])
         common = [[cid for cid in schedules[names[-1]][r] if all(cid in set(schedules[n][r]) for n in names)]
                   for r in range(rounds)]
         bar = Progress(len(names) * sum(map(len, common)), enabled=progress)
@@ -290,7 +298,7 @@ def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds:
         for name, w in workers.items():
             fin = w.request("finish")
             sides[name]["provenance"]["clocks_end"] = fin["clocks_end"]
-            sides[name]["provenance"]["artifacts_sha256"] = fin["artifacts_sha256"]
+            sides[name]["provenance"]["artifacts_sha256"] = w.artifact_hashes(fin["artifacts"])
             sides[name]["stopping"] = stop
     return sides
 

@@ -68,9 +68,9 @@ def serve(inp, out) -> None:
                     raise RuntimeError(f"modules imported from outside {root}: {foreign}")
                 bench.device.warm_up()
                 reply(cases=bench.describe(), modes=list(bench.modes), label=label,
-                      schedule=[bench.schedule(r) for r in range(config.rounds)],
-                      provenance=provenance.collect(suite.device, root, bench.artifacts(),
-                                                    bench.measured_packages(), bench.runnable_impls()))
+                      schedule=[bench.schedule(r) for r in range(config.rounds)], artifacts=bench.artifacts(),
+                      provenance=provenance.collect(suite.device, root, [], bench.measured_packages(),
+                                                    bench.runnable_impls()))
             elif cmd == "case":
                 if bench is None:
                     raise RuntimeError("case before setup")
@@ -78,8 +78,7 @@ def serve(inp, out) -> None:
             elif cmd == "finish":
                 if bench is None:
                     raise RuntimeError("finish before setup")
-                reply(clocks_end=provenance.clocks(bench.suite.device),
-                      artifacts_sha256=provenance.artifact_hashes(bench.artifacts()))
+                reply(clocks_end=provenance.clocks(bench.suite.device), artifacts=bench.artifacts())
             else:
                 raise ValueError(f"unknown request {cmd!r}")
         except Exception as e:  # noqa: BLE001 - every failure goes back to the driver with its reason
