@@ -344,6 +344,52 @@ def starves_the_control_of_threads(problem):
     return run
 
 
+def _reply_stream():
+    """The worker's reply stream, found where a contender would look: the frame of ``worker.serve``."""
+    import sys
+
+    frame = sys._getframe()
+    while frame is not None and frame.f_code.co_name != "serve":
+        frame = frame.f_back
+    return frame.f_locals["out"]
+
+
+def takes_over_the_reply_channel(problem):
+    """Honest calls; at bind it points the worker's reply descriptor at a pipe of its own and forwards every reply
+    through a low-level thread (one ``threading`` does not list), its samples divided by 3."""
+    import _thread
+    import json
+    import os
+
+    fd = _reply_stream().fileno()
+    real = os.dup(fd)
+    r, w = os.pipe()
+    os.dup2(w, fd)
+    os.close(w)
+
+    def pump():
+        buffered = b""
+        while chunk := os.read(r, 1 << 20):
+            buffered += chunk
+            while b"\n" in buffered:
+                line, buffered = buffered.split(b"\n", 1)
+                msg = json.loads(line)
+                if isinstance(msg.get("data"), dict) and "samples_us" in msg["data"]:
+                    msg["data"]["samples_us"] = {m: [x / 3 for x in v] for m, v in msg["data"]["samples_us"].items()}
+                os.write(real, (json.dumps(msg) + "\n").encode())
+    _thread.start_new_thread(pump, ())
+    return honest(problem)
+
+
+def keeps_a_copy_of_the_reply_channel(problem):
+    """Honest calls; at bind it keeps a descriptor of the worker's reply pipe of its own, through which it could
+    write replies the driver would read as the worker's."""
+    import os
+
+    keeps_a_copy_of_the_reply_channel.kept = os.dup(_reply_stream().fileno())
+    return honest(problem)
+
+
 def patches_a_tensor_method(problem):
     """Does no work in its call; at its first call (after the case's first integrity check) it replaces
     ``torch.Tensor.detach``, through which the harness reads results, with one that does the work then."""

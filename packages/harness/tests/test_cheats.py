@@ -238,6 +238,55 @@ def test_a_contender_that_slows_the_control_is_refused(cheat, named):
     assert not result["passed"] and named in result.get("error", ""), result.get("error")
 
 
+@pytest.mark.parametrize(("cheat", "named"), [("takes_over_the_reply_channel", "pointed its reply channel elsewhere"),
+                                              ("keeps_a_copy_of_the_reply_channel", "descriptors of this driver's")])
+def test_a_contender_that_takes_the_workers_reply_channel_is_refused(cheat, named, tmp_path, monkeypatch):
+    """A real worker process, whose suite (set up through ``sitecustomize``) holds a contender that, at bind, either
+    points the worker's reply descriptor at a pipe of its own and forwards every reply edited (the worker checks
+    where its descriptor writes before each reply, and leaves) or keeps a copy of it to write replies of its own
+    (the driver counts the worker's descriptors of its pipe after each reply, from /proc, and kills it)."""
+    from pathlib import Path
+
+    from kernellab.harness import revision
+
+    if not os.path.isdir(f"/proc/{os.getpid()}/fd"):
+        pytest.skip("the driver's count of the worker's descriptors reads Linux's /proc")
+    (tmp_path / "sitecustomize.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        f"from fakes import affine_suite, {cheat}\n"
+        "from kernellab.harness import registry\nfrom kernellab.harness.case import Impl\n"
+        f"suite = affine_suite(Impl('cheat', bind={cheat}), shapes=((8, 16),))\n"
+        "registry.get = lambda name, root=None, impls=True: suite\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    config = {"rounds": 1, "samples": 4, "warmup": 1, "iterations": 3, "modes": ["e2e_throughput"]}
+    with revision.Worker(None, "candidate") as worker, pytest.raises(revision.RevisionError, match=named):
+        worker.request("setup", suite="affine", config=config, cases="*", impls="cheat", timeout_s=120)
+        worker.request("case", id="affine_8x16_fp32/cheat", round=0, timeout_s=120)
+
+
+def test_an_honest_workers_reply_channel_is_its_one_descriptor(tmp_path, monkeypatch):
+    """No false alarm: an honest worker holds one descriptor of the driver's pipe through setup, a case and exit."""
+    from pathlib import Path
+
+    from kernellab.harness import revision
+
+    if not os.path.isdir(f"/proc/{os.getpid()}/fd"):
+        pytest.skip("the driver's count of the worker's descriptors reads Linux's /proc")
+    (tmp_path / "sitecustomize.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from fakes import affine_suite, honest\n"
+        "from kernellab.harness import registry\nfrom kernellab.harness.case import Impl\n"
+        "suite = affine_suite(Impl('ours', bind=honest), shapes=((8, 16),))\n"
+        "registry.get = lambda name, root=None, impls=True: suite\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    config = {"rounds": 1, "samples": 4, "warmup": 1, "iterations": 3, "modes": ["e2e_throughput"]}
+    with revision.Worker(None, "candidate") as worker:
+        worker.request("setup", suite="affine", config=config, cases="*", impls="ours", timeout_s=120)
+        assert worker.channel_holders() == 1
+        got = worker.request("case", id="affine_8x16_fp32/ours", round=0, timeout_s=120)
+        assert got["data"]["passed"], got["data"]
+
+
 def test_a_result_that_does_its_work_when_read_fails_unread():
     done = []
     result = _run(works_when_read(done))

@@ -47,6 +47,7 @@ def _external() -> dict[str, object]:
         "torch.isinf": torch.isinf, "torch.nan_to_num": torch.nan_to_num, "torch.zeros_like": torch.zeros_like,
         "torch.sign": torch.sign, "torch.save": torch.save, "torch.load": torch.load, "torch.iinfo": torch.iinfo,
         "os.urandom": os.urandom,  # the batches' seeds (``validate.fresh_seed``)
+        "os.fstat": os.fstat, "os._exit": os._exit,  # the worker's check of its reply channel (``worker.send``)
         "torch.Tensor.copy_": torch.Tensor.copy_, "torch.Tensor.fill_": torch.Tensor.fill_,
         "torch.Tensor.to": torch.Tensor.to, "torch.Tensor.clone": torch.Tensor.clone,
         "torch.randn": torch.randn, "torch.cuda.synchronize": torch.cuda.synchronize,

@@ -23,6 +23,8 @@ from .progress import Progress, describe_samples
 from .provenance import sha256_file
 
 PROTOCOL = 3  # 3: a worker names its built artifacts, the driver hashes them
+CHANNEL_TAKEN = 86
+"""A worker's exit code when its reply channel no longer writes where it did at its start (``worker.send``)."""
 
 
 class RevisionError(RuntimeError):
@@ -144,14 +146,39 @@ class Worker:
         line = self.proc.stdout.readline()
         if not line:
             code = self.proc.wait()
+            if code == CHANNEL_TAKEN:
+                raise RevisionError(f"worker {self.label} ({self.root}) left during {cmd!r}: contender code pointed "
+                                    "its reply channel elsewhere (to read and rewrite its replies)")
             raise RevisionError(f"worker {self.label} ({self.root}) died during {cmd!r} with exit code {code}; "
                                 "its error is printed above")
+        holders = self.channel_holders()
+        if holders is not None and holders > 1:
+            self.proc.kill()
+            self.proc.wait()
+            raise RevisionError(f"worker {self.label} ({self.root}) holds {holders} descriptors of this driver's reply "
+                                f"pipe after {cmd!r}, where it opened one: contender code kept a copy, through which "
+                                "it could write replies of its own; the worker was killed")
         reply = json.loads(line)
         if not reply.get("ok"):
             raise RevisionError(f"worker {self.label} failed on {cmd!r}: {reply.get('error')}")
         if reply.get("protocol", PROTOCOL) != PROTOCOL:
             raise RevisionError(f"worker {self.label} speaks protocol {reply.get('protocol')}, this driver {PROTOCOL}")
         return reply
+
+    def channel_holders(self) -> int | None:
+        """How many of the worker's descriptors write to this driver's reply pipe (one: its protocol channel), read
+        from Linux's /proc; None where it has none, or the worker has left."""
+        pipe = f"pipe:[{os.fstat(self.proc.stdout.fileno()).st_ino}]"
+        folder = f"/proc/{self.proc.pid}/fd"
+        try:
+            fds = os.listdir(folder)
+        except OSError:
+            return None
+        held = 0
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                held += os.readlink(f"{folder}/{fd}") == pipe
+        return held
 
     def artifact_hashes(self, paths: list[str]) -> dict[str, str]:
         """sha256 of the built files the worker names, read here (a relative path from the worker's tree): in the

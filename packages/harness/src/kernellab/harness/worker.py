@@ -7,6 +7,7 @@ Requests and replies are JSON lines on the original stdout; everything else the 
 from __future__ import annotations
 
 import ctypes
+import io
 import json
 import os
 import re
@@ -15,7 +16,7 @@ import traceback
 from pathlib import Path
 
 from . import integrity, provenance, registry, threads
-from .revision import PROTOCOL
+from .revision import CHANNEL_TAKEN, PROTOCOL
 from .runner import Bench, Config
 
 _ENCODE = json.JSONEncoder(allow_nan=True).encode  # bound before any contender is imported (sealed: integrity)
@@ -40,17 +41,39 @@ def _foreign_modules(root: Path, harness: Path) -> list[str]:
     return sorted(bad)
 
 
+def channel_identity(out) -> tuple[int, int] | None:
+    """(device, inode) of the file a reply stream writes to, or None for one with no descriptor (a test's)."""
+    try:
+        st = os.fstat(out.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def send(out, line: str, identity: tuple[int, int] | None) -> None:
+    """Write one reply line, if ``out`` still writes where it did when the worker started: contender code that
+    pointed the descriptor elsewhere (a pipe of its own, forwarding edited replies) would read and rewrite every
+    reply. Then the worker leaves at once with ``CHANNEL_TAKEN``, writing nothing, and the driver names why."""
+    if channel_identity(out) != identity:
+        sys.stderr.write("worker: its reply channel now writes elsewhere (contender code took it over): leaving\n")
+        sys.stderr.flush()
+        os._exit(CHANNEL_TAKEN)
+    out.write(line)
+    out.flush()
+
+
 def serve(inp, out) -> None:
     source_root = os.environ.get("KERNELLAB_SOURCE_ROOT")
     root = Path(source_root).resolve() if source_root else None
     label = os.environ.get("KERNELLAB_WORKER_LABEL", "worker")
     harness = Path(os.environ.get("KERNELLAB_HARNESS_DIR") or Path(__file__).parent).resolve()
+    identity = channel_identity(out)  # before any request: no contender code has run yet
     bench: Bench | None = None
 
     def reply(**data):  # a patch elsewhere fails its case (runner._unpatched); one of the encoder, every reply
         patched = [n for n in integrity.verify() if n.startswith(("json.", "worker."))]
-        out.write(_patched_line(patched) if patched else _ENCODE({"ok": True, "protocol": PROTOCOL, **data}) + "\n")
-        out.flush()
+        send(out, _patched_line(patched) if patched else _ENCODE({"ok": True, "protocol": PROTOCOL, **data}) + "\n",
+             identity)
 
     for line in inp:
         req = json.loads(line)
@@ -83,8 +106,7 @@ def serve(inp, out) -> None:
                 raise ValueError(f"unknown request {cmd!r}")
         except Exception as e:  # noqa: BLE001 - every failure goes back to the driver with its reason
             traceback.print_exc(file=sys.stderr)
-            out.write(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"}) + "\n")
-            out.flush()
+            send(out, json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"}) + "\n", identity)
 
 
 def main() -> None:
