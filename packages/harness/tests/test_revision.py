@@ -164,3 +164,33 @@ def test_a_workers_path_puts_the_drivers_harness_before_the_trees(tmp_path):
     got = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": path}, capture_output=True,
                          text=True, check=True).stdout.split()
     assert got == [str(revision.HARNESS_DIR), "True"]
+
+
+@pytest.mark.parametrize("planted", ["packages/kernels/src/torch/__init__.py", "packages/kernels/src/sitecustomize.py",
+                                     "packages/kernels/src/kernellab/__init__.py"])
+def test_a_tree_with_sources_outside_the_kernellab_namespace_gets_no_worker(tmp_path, planted):
+    """A worker puts a tree's package sources ahead of the installed packages: a top-level module there would shadow
+    one the harness relies on (torch) or run first (sitecustomize), and a ``kernellab/__init__.py`` would make the
+    namespace that folder's and bring the tree's own harness back. Refused before any process starts."""
+    from kernellab.harness import revision
+
+    (tmp_path / "packages" / "kernels" / "src" / "kernellab" / "kernels").mkdir(parents=True)
+    (tmp_path / "packages" / "kernels" / "src" / "kernellab_kernels.egg-info").mkdir()  # build metadata: allowed
+    assert revision.foreign_sources(tmp_path) == []
+    (tmp_path / planted).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / planted).write_text("")
+    with pytest.raises(RevisionError, match="outside the kernellab namespace") as got:
+        revision.Worker(tmp_path, "candidate")
+    assert planted.split("/")[-1 if planted.endswith("sitecustomize.py") else -2] in str(got.value)
+
+
+def test_a_module_at_a_trees_root_is_not_imported_by_its_worker(tmp_path):
+    """A worker runs in its tree, and ``python -c`` puts its working directory first on the path: a json.py at the
+    root of a candidate tree was the worker's json (its replies' encoder). Workers start with -P."""
+    from kernellab.harness import revision
+
+    marker = tmp_path / "imported"
+    (tmp_path / "json.py").write_text(f"open({str(marker)!r}, 'w').close()\nfrom _json import *\n")
+    with revision.Worker(tmp_path, "candidate") as worker, pytest.raises(RevisionError, match="no-such-suite"):
+        worker.request("setup", suite="no-such-suite", config={}, cases=None, impls=None, timeout_s=120)
+    assert not marker.exists()

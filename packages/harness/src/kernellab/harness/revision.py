@@ -84,6 +84,21 @@ def source_paths(root: str | os.PathLike) -> list[str]:
     return [str(p) for p in sorted(Path(root).glob("packages/*/src")) if p.is_dir()]
 
 
+BUILD_METADATA = (".egg-info", ".dist-info", "__pycache__")
+
+
+def foreign_sources(root: str | os.PathLike) -> list[str]:
+    """What in a tree's package sources is not a portion of the ``kernellab`` namespace: a worker puts those
+    folders ahead of the installed packages, so a top-level module there (``torch``, ``sitecustomize``) would shadow
+    or run before what the harness relies on, and a ``kernellab/__init__.py`` would make the namespace that one
+    folder's and bring the tree's own harness back."""
+    bad = []
+    for src in map(Path, source_paths(root)):
+        bad += [str(p) for p in sorted(src.iterdir()) if p.name != "kernellab" and not p.name.endswith(BUILD_METADATA)]
+        bad += [str(p) for p in [src / "kernellab" / "__init__.py"] if p.exists()]
+    return bad
+
+
 HARNESS_DIR = Path(__file__).resolve().parent
 """This process's own harness package: the one every worker times and validates with (``harness_shim``)."""
 
@@ -121,15 +136,20 @@ class Worker:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["KERNELLAB_HARNESS_DIR"] = str(HARNESS_DIR)
         if self.root is not None:
+            foreign = foreign_sources(self.root)
+            if foreign:
+                raise RevisionError(f"{self.root} holds package sources outside the kernellab namespace, which a "
+                                    f"worker would import ahead of the installed packages: {foreign}")
             self._shim = tempfile.TemporaryDirectory(prefix="kernellab-harness-")
             env["PYTHONPATH"] = worker_pythonpath(self.root, os.environ.get("PYTHONPATH"),
                                                   harness_shim(self._shim.name))
             env["KERNELLAB_SOURCE_ROOT"] = str(self.root)
         else:
             env.pop("KERNELLAB_SOURCE_ROOT", None)
-        # imported, not run with -m: one copy of the worker module, the one integrity.verify checks
-        self.proc = subprocess.Popen([sys.executable, "-c", "from kernellab.harness import worker; worker.main()"],
-                                     cwd=self.root, env=env,
+        # imported, not run with -m: one copy of the worker module, the one integrity.verify checks; -P: the tree it
+        # runs in (its working directory) is not put first on its path, where a json.py there would be json
+        program = "from kernellab.harness import worker; worker.main()"
+        self.proc = subprocess.Popen([sys.executable, "-P", "-c", program], cwd=self.root, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
 
     def request(self, cmd: str, *, timeout_s: float | None = None, **args: Any) -> dict:
