@@ -46,6 +46,15 @@ def _run(impl_factory, config=FAST):
     return bench.run_case("affine_8x16_fp32/cheat", 0)
 
 
+def _run_restoring(impl_factory, module, name: str):
+    """``_run`` of a cheat that replaces ``module.name``: put back whatever happens."""
+    real = getattr(module, name)
+    try:
+        return _run(impl_factory)
+    finally:
+        setattr(module, name, real)
+
+
 def _run_and_restore(cheat):
     """``_run`` of a cheat whose call patches torch and carries ``restore``: the patch is undone whatever happens."""
     made = []
@@ -214,11 +223,7 @@ def test_a_contender_that_answers_for_its_artifacts_is_refused_and_never_asked(t
     driver, which runs no contender code, hashes them (``revision.Worker.artifact_hashes``)."""
     from kernellab.harness import provenance, revision
 
-    real = provenance.artifact_hashes
-    try:
-        result = _run(answers_for_its_artifacts)
-    finally:
-        provenance.artifact_hashes = real
+    result = _run_restoring(answers_for_its_artifacts, provenance, "artifact_hashes")
     assert not result["passed"] and "provenance.artifact_hashes" in result["error"], result.get("error")
     built = tmp_path / "kernel.so"
     built.write_bytes(b"a rebuilt kernel")
@@ -324,11 +329,7 @@ def test_a_contender_that_patches_a_tensor_method_mid_case_is_refused():
 def test_a_contender_that_changes_a_harness_constant_is_refused():
     from kernellab.harness import validate
 
-    limit = validate.SHIP_LIMIT_BYTES
-    try:
-        result = _run(raises_the_ship_limit)
-    finally:
-        validate.SHIP_LIMIT_BYTES = limit
+    result = _run_restoring(raises_the_ship_limit, validate, "SHIP_LIMIT_BYTES")
     assert not result["passed"] and "validate.SHIP_LIMIT_BYTES" in result["error"], result.get("error")
 
 
