@@ -390,6 +390,108 @@ def keeps_a_copy_of_the_reply_channel(problem):
     return honest(problem)
 
 
+def pushes_a_torch_function_mode(problem):
+    """Honest calls; at bind it pushes a torch function mode that spins on every torch call (the control's: its own
+    call does not go through torch's functions). ``call.restore`` pops it."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class Slow(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            sum(range(3000))
+            return func(*args, **(kwargs or {}))
+    torch._C._push_on_torch_function_stack(Slow())
+    call = honest(problem)
+
+    def run(i, o):
+        return call(i, o)
+    run.restore = torch._C._pop_torch_function_stack
+    return run
+
+
+def hands_the_interpreter_over_often(problem):
+    """Honest calls; at bind it sets the interpreter's thread switch interval to a microsecond (a thread of its
+    own would then take the control's time slices). ``call.restore`` puts it back."""
+    import sys
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    call = honest(problem)
+
+    def run(i, o):
+        return call(i, o)
+    run.restore = lambda: sys.setswitchinterval(interval)
+    return run
+
+
+def pins_the_process_to_one_cpu(problem):
+    """Honest calls; at bind it pins every thread of the process to one CPU (to two where it had one), where
+    torch's pool keeps its thread count. ``call.restore`` puts every thread back."""
+    import os
+
+    every = os.sched_getaffinity(0)
+    one = {min(every)} if len(every) > 1 else every
+
+    def pin(cpus):
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except OSError:
+                pass
+    pin(one)
+    call = honest(problem)
+
+    def run(i, o):
+        return call(i, o)
+    run.restore = lambda: pin(every)
+    return run
+
+
+def starts_a_thread_through_its_thread(problem):
+    """Honest calls; at bind it starts a thread (the impl's) that, once bind has returned, starts another that
+    spins until ``stop`` is set: a thread no impl owns, which could slow the control's cases unwaited."""
+    import threading
+    import time
+
+    stop = threading.Event()
+
+    def second():
+        while not stop.is_set():
+            time.sleep(0.001)
+
+    def first():
+        time.sleep(0.05)  # bind (and the harness's record of the impl's threads) is over by now
+        threading.Thread(target=second, name="started-by-an-owned-thread", daemon=True).start()
+    threading.Thread(target=first, daemon=True).start()
+    call = honest(problem)
+
+    def run(i, o):
+        return call(i, o)
+    run.restore = stop.set
+    return run
+
+
+def starts_a_thread_outside_threading(problem):
+    """Honest calls; at bind it starts a thread through ``_thread``, which ``threading`` never lists, running until
+    ``stop`` is set."""
+    import _thread
+    import threading
+    import time
+
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            time.sleep(0.001)
+    _thread.start_new_thread(spin, ())
+    call = honest(problem)
+
+    def run(i, o):
+        return call(i, o)
+    run.restore = stop.set
+    return run
+
+
 def patches_a_tensor_method(problem):
     """Does no work in its call; at its first call (after the case's first integrity check) it replaces
     ``torch.Tensor.detach``, through which the harness reads results, with one that does the work then."""

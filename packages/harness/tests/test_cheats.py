@@ -11,6 +11,7 @@ from fakes import (
     affine_suite,
     answers_for_its_artifacts,
     finishes_in_a_thread,
+    hands_the_interpreter_over_often,
     harness_constant,
     memoizes_on_fingerprint,
     patches_a_tensor_method,
@@ -21,13 +22,17 @@ from fakes import (
     patches_the_comparison,
     patches_the_comparison_once,
     patches_the_encoder,
+    pins_the_process_to_one_cpu,
     predicts_batch_inputs,
+    pushes_a_torch_function_mode,
     raises_the_ship_limit,
     replaces_its_problems_truth,
     returns_its_input,
     shadows_a_builtin_in_the_harness,
     skips_the_calls_it_counts_unchecked,
     slows_the_control,
+    starts_a_thread_outside_threading,
+    starts_a_thread_through_its_thread,
     starves_the_control_of_threads,
     stops_the_thread_join,
     works_when_poisoned,
@@ -234,16 +239,22 @@ def test_a_contender_that_answers_for_its_artifacts_is_refused_and_never_asked(t
 
 
 @pytest.mark.parametrize(("cheat", "named"), [(slows_the_control, "torch.add"),
-                                              (starves_the_control_of_threads, "torch setting num_threads")])
+                                              (starves_the_control_of_threads, "setting num_threads"),
+                                              (pushes_a_torch_function_mode, "setting torch_function_modes"),
+                                              (hands_the_interpreter_over_often, "setting switch_interval"),
+                                              (pins_the_process_to_one_cpu, "setting cpu_affinity")])
 def test_a_contender_that_slows_the_control_is_refused(cheat, named):
     """Contender code shares its process with the torch control it is compared with: a torch op the control calls
-    wrapped to run three times, or torch's thread pool shrunk, at bind, made an honest contender look faster than
-    torch. Every attribute of torch's op namespaces and its speed settings are sealed."""
+    wrapped to run three times, torch's thread pool shrunk, a torch function mode pushed (5x on the control), the
+    interpreter's switch interval cut or every thread pinned to one CPU, at bind, made an honest contender look
+    faster than torch. Every attribute of torch's op namespaces and the speed settings are sealed."""
+    if cheat is pins_the_process_to_one_cpu and len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("pinning to one CPU changes nothing on a machine of one")
     result = _run_and_restore(cheat)
     assert not result["passed"] and named in result.get("error", ""), result.get("error")
 
 
-@pytest.mark.parametrize(("cheat", "named"), [("takes_over_the_reply_channel", "pointed its reply channel elsewhere"),
+@pytest.mark.parametrize(("cheat", "named"), [("takes_over_the_reply_channel", "could no longer be trusted"),
                                               ("keeps_a_copy_of_the_reply_channel", "descriptors of this driver's")])
 def test_a_contender_that_takes_the_workers_reply_channel_is_refused(cheat, named, tmp_path, monkeypatch):
     """A real worker process, whose suite (set up through ``sitecustomize``) holds a contender that, at bind, either
@@ -290,6 +301,28 @@ def test_an_honest_workers_reply_channel_is_its_one_descriptor(tmp_path, monkeyp
         assert worker.channel_holders() == 1
         got = worker.request("case", id="affine_8x16_fp32/ours", round=0, timeout_s=120)
         assert got["data"]["passed"], got["data"]
+
+
+@pytest.mark.parametrize(("cheat", "named"), [(starts_a_thread_through_its_thread, "started-by-an-owned-thread"),
+                                              (starts_a_thread_outside_threading, "outside threading")])
+def test_a_thread_no_impl_owns_fails_the_case(cheat, named):
+    """A thread started by an impl's thread after its bind, or one outside ``threading`` (``_thread``), belongs to
+    no impl and no case: nothing waited for it while it could slow the control or write the worker's replies."""
+    import time
+
+    made = []
+
+    def bind(problem):
+        made.append(cheat(problem))
+        return made[-1]
+    try:
+        bench = Bench(affine_suite(Impl("cheat", bind=bind), shapes=((8, 16),)), FAST)
+        time.sleep(0.2)  # the owned thread has started its own
+        result = bench.run_case("affine_8x16_fp32/torch", 0)
+    finally:
+        for call in made:
+            call.restore()
+    assert not result["passed"] and "no impl owns" in result["error"] and named in result["error"], result["error"]
 
 
 def test_a_result_that_does_its_work_when_read_fails_unread():

@@ -126,14 +126,37 @@ def _torch_namespaces() -> dict[str, dict[str, object]]:
             for dotted in TORCH_NAMESPACES}
 
 
-def torch_settings() -> dict[str, object]:
-    """torch's process-wide settings that change how fast its ops run (threads, TF32 and reduced-precision
-    math, cuDNN's choices, the default dtype): one set at bind time would slow or speed the control for the run."""
+def _affinities() -> frozenset[tuple[int, ...]]:
+    """The CPU sets this process's threads may run on (Linux's /proc: the process's own where it has none)."""
+    try:
+        tasks = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tasks = [0]
+    found = set()
+    for tid in tasks:
+        try:
+            found.add(tuple(sorted(os.sched_getaffinity(tid))))
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return frozenset(found)
+
+
+def speed_settings() -> dict[str, object]:
+    """The process-wide settings that change how fast torch's ops (the control's) run: torch's threads, TF32 and
+    reduced-precision math, cuDNN's choices and default dtype, a torch function or dispatch mode on its stacks
+    (every op of the control would go through Python), its profiler, and the interpreter's thread switch interval,
+    trace and profile functions and the CPUs the threads may run on. One changed at bind would slow or speed the
+    control for the run."""
     import torch
 
     matmul = torch.backends.cuda.matmul
     cudnn = torch.backends.cudnn
     return {"num_threads": torch.get_num_threads(), "num_interop_threads": torch.get_num_interop_threads(),
+            "torch_function_modes": torch._C._len_torch_function_stack(),
+            "torch_dispatch_modes": torch._C._len_torch_dispatch_stack(),
+            "profiler": torch.autograd.profiler._is_profiler_enabled,
+            "switch_interval": sys.getswitchinterval(), "trace": sys.gettrace(), "profile": sys.getprofile(),
+            "cpu_affinity": _affinities(),
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
             "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
             "default_dtype": torch.get_default_dtype(), "cuda.matmul.allow_tf32": matmul.allow_tf32,
@@ -176,19 +199,19 @@ def seal() -> None:
         _TENSOR.update(_tensor_dicts())
         _BUILTINS.update((k, v) for k, v in vars(builtins).items() if k not in CONSOLE_BUILTINS)
         _NAMESPACES.update(_torch_namespaces())
-        _SETTINGS.update(torch_settings())
+        _SETTINGS.update(speed_settings())
 
 
 def control_path_changes() -> list[str]:
     """What the torch ops the controls call go through, changed since ``seal``: an attribute of a namespace of
-    ``TORCH_NAMESPACES`` replaced or removed, or a setting of ``torch_settings`` changed. Part of ``verify``."""
+    ``TORCH_NAMESPACES`` replaced or removed, or a setting of ``speed_settings`` changed. Part of ``verify``."""
     if not _NAMESPACES:
         return []
     bad = []
     for dotted, sealed in _NAMESPACES.items():
         bad += [f"{dotted}.{name}" for name in _replaced(sealed, _members(dotted))]
-    now = torch_settings()
-    bad += [f"torch setting {k} ({_SETTINGS[k]!r} -> {now[k]!r})" for k in _SETTINGS if now[k] != _SETTINGS[k]]
+    now = speed_settings()
+    bad += [f"setting {k} ({_SETTINGS[k]!r} -> {now[k]!r})" for k in _SETTINGS if now[k] != _SETTINGS[k]]
     return bad
 
 

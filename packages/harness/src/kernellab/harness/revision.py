@@ -167,8 +167,9 @@ class Worker:
         if not line:
             code = self.proc.wait()
             if code == CHANNEL_TAKEN:
-                raise RevisionError(f"worker {self.label} ({self.root}) left during {cmd!r}: contender code pointed "
-                                    "its reply channel elsewhere (to read and rewrite its replies)")
+                raise RevisionError(f"worker {self.label} ({self.root}) left during {cmd!r}: its reply channel could "
+                                    "no longer be trusted (contender code pointed it elsewhere, or a thread no impl "
+                                    "owns was running; its message above says which)")
             raise RevisionError(f"worker {self.label} ({self.root}) died during {cmd!r} with exit code {code}; "
                                 "its error is printed above")
         holders = self.channel_holders()

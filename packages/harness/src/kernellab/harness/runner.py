@@ -96,6 +96,7 @@ class Bench:
             for impl in wanted:
                 self.cases.append(Case(problem, impl))
         self._problems = [(p, integrity.state_of(p)) for p in problems]  # before any contender has them
+        threads.begin()  # every thread from now on is an impl's, a case's or a stray
         self._bind_all()
 
     # ---- setup -----------------------------------------------------------------------------
@@ -251,6 +252,11 @@ class Bench:
         if patched:
             raise HarnessPatched(f"{integrity.REPLACED} while {case.impl.name!r} was loaded or run: "
                                  f"{sorted(patched)}; nothing it measured can be trusted")
+        strays = threads.strays()
+        if strays:
+            raise threads.ThreadLeft(f"thread(s) {strays} running that no impl owns and no case started (one an "
+                                     f"impl's thread started after its bind): they could load the machine under "
+                                     f"{case.impl.name!r}'s case unwaited")
 
     def _measure(self, mode: str, calls: list[Callable[[], Any]], check: validate.BatchCheck) -> tuple[list, dict]:
         """Warm up, then one mode's samples, every batch checked: (samples kept, what disturbed them)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +26,8 @@ _owned: dict[str, set[threading.Thread]] = {}  # impl name -> threads its import
 _active: tuple[str, frozenset[threading.Thread], frozenset[int]] | None = None
 """(impl, threads alive and child processes running when its case began)."""
 _processes: dict[int, str] = {}  # pid of a child process contender code started -> the impl whose code did
+_known: tuple[frozenset[threading.Thread], frozenset[int]] | None = None
+"""Threads alive when the harness began measuring, and the Python threads outside ``threading`` then (``begin``)."""
 
 
 class ThreadLeft(RuntimeError):
@@ -75,6 +78,34 @@ def adopt_orphans() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     except (OSError, AttributeError):
         pass
+
+
+def _outside_threading() -> frozenset[int]:
+    """Idents of the Python threads ``threading`` does not list (started by ``_thread`` or by foreign code): the
+    interpreter's frames show them."""
+    return frozenset(sys._current_frames()) - {t.ident for t in threading.enumerate()}
+
+
+def begin() -> None:
+    """Record the threads alive now, before any contender of a run is bound: every later one must be an impl's
+    (``own``) or a case's (``measuring``), else it is a stray (``strays``)."""
+    global _known
+    _known = (alive(), _outside_threading())
+
+
+def strays() -> list[str]:
+    """Threads no one accounts for: a Python thread outside ``threading`` that was not there at ``begin``, and one
+    alive now that was neither alive at ``begin``, nor an impl's from its import or bind, nor started during the
+    case being measured (``settle`` waits for those). A thread that an owned thread starts after bind is one: it
+    could slow the control's cases, or write to the worker's reply channel, unwaited."""
+    if _known is None:  # nothing measured in this process
+        return []
+    hidden = sorted(_outside_threading() - _known[1])
+    owned = set().union(*_owned.values())
+    loose = alive() - _known[0] - owned - {threading.current_thread()}
+    if _active is not None:
+        loose &= _active[1]
+    return [f"thread {ident} outside threading" for ident in hidden] + sorted(t.name for t in loose)
 
 
 def own(impl: str, fn: Callable[[], Any]) -> Any:

@@ -51,11 +51,15 @@ def channel_identity(out) -> tuple[int, int] | None:
 
 
 def send(out, line: str, identity: tuple[int, int] | None) -> None:
-    """Write one reply line, if ``out`` still writes where it did when the worker started: contender code that
-    pointed the descriptor elsewhere (a pipe of its own, forwarding edited replies) would read and rewrite every
-    reply. Then the worker leaves at once with ``CHANNEL_TAKEN``, writing nothing, and the driver names why."""
-    if channel_identity(out) != identity:
-        sys.stderr.write("worker: its reply channel now writes elsewhere (contender code took it over): leaving\n")
+    """Write one reply line, if ``out`` still writes where it did when the worker started and no thread that no
+    impl owns is running (``threads.strays``): contender code that pointed the descriptor elsewhere (a pipe of its
+    own, forwarding edited replies) would read and rewrite every reply, and a stray thread could write replies of
+    its own to it. Else the worker leaves at once with ``CHANNEL_TAKEN``, writing nothing, and says why on stderr."""
+    why = "its reply channel now writes elsewhere" if channel_identity(out) != identity else None
+    strays = threads.strays()
+    if why or strays:
+        sys.stderr.write(f"worker: {why or f'thread(s) {strays} that no impl owns are running'}: contender code "
+                         "could write or rewrite its replies; leaving\n")
         sys.stderr.flush()
         os._exit(CHANNEL_TAKEN)
     out.write(line)
