@@ -67,3 +67,27 @@ def test_subcommands_dispatch_to_their_modules(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "kernellab-bench history {index,list}" in capsys.readouterr().out
+
+
+def test_a_suite_two_distributions_give_is_refused(tmp_path):
+    """A contender's package that gives a suite of an existing suite's name (its own control inside) had replaced
+    the first silently, the control with it: a suite given twice is broken, naming both."""
+    import pytest
+
+    from kernellab.harness import registry
+
+    for package, module in (("first", "kernellab.harness.suites:cpu_ops"), ("second", "planted_suite:cpu_ops")):
+        (tmp_path / "packages" / package).mkdir(parents=True)
+        (tmp_path / "packages" / package / "pyproject.toml").write_text(
+            f'[project]\nname = "{package}"\n[project.entry-points."kernellab.suites"]\n{package}-ops = "{module}"\n')
+    (tmp_path / "planted_suite.py").write_text("from kernellab.harness.suites import cpu_ops\n")
+    import sys
+    sys.path.insert(0, str(tmp_path))
+    try:
+        suites, broken = registry.discover(tmp_path, impls=False)
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert "cpu-ops" not in suites and "more than one entry point" in broken["cpu-ops"], broken
+    assert "first-ops" in broken["cpu-ops"] and "second-ops" in broken["cpu-ops"]
+    with pytest.raises(registry.SuiteError, match="more than one entry point"):
+        registry.get("cpu-ops", tmp_path, impls=False)

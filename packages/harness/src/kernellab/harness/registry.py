@@ -81,6 +81,7 @@ def discover(root: str | os.PathLike | None = None, impls: bool = True) -> tuple
     suites: dict[str, Suite] = {}
     broken: dict[str, str] = {}
     parts: list[tuple[str, str, str, str]] = []
+    defined: dict[str, list[str]] = {}  # suite name -> the entry points that gave a suite of that name
     for name, value, dist in entry_points(root):
         base, dot, _ = name.partition(".")
         if dot:
@@ -96,7 +97,12 @@ def discover(root: str | os.PathLike | None = None, impls: bool = True) -> tuple
         if not any(i.name == suite.control for i in suite.impls):
             suite.impls.insert(0, control_impl())
         suite.unavailable = {}
-        suites[suite.name] = suite
+        defined.setdefault(suite.name, []).append(f"{name} = {value} ({dist})")
+        if len(defined[suite.name]) > 1:  # a later one had replaced the first silently, its control included
+            suites.pop(suite.name, None)
+            broken[suite.name] = f"given by more than one entry point: {defined[suite.name]}"
+        else:
+            suites[suite.name] = suite
     for base, name, value, dist in parts if impls else []:
         if base not in suites:
             continue  # an impl for a suite this installation does not have
