@@ -54,6 +54,7 @@ class Audit:
         self.doubts: list[str] = []
         self.out: dict = {"schema": SCHEMA, "status": None}
         self.foreign_device = False  # a report made on another device: its timings cannot be judged here
+        self.versus: list[tuple[dict, dict | None]] = []  # the candidate's claims against its control (``_replay``)
 
     def check(self, name: str, passed: bool | None, detail, *, fail: str | None = None, doubt: str | None = None):
         """Record one check; ``passed`` None means it could not be decided."""
@@ -179,6 +180,7 @@ class Audit:
         self._check_artifacts(reports, sides, roots)
         self._check_validations(sides)
         self._check_replayed_impls(cand, sides["candidate"])
+        self.versus = self._versus_control(cand, sides["candidate"]["rounds"], control)
         suite = types.SimpleNamespace(name=cand["suite"], device=cand.get("suite_device", "cpu"), control=control)
         for side, rep in reports.items():
             sides[side]["revision"] = {"report": str(self.paths[side]), "commit": rep["provenance"]["git"]["commit"]}
@@ -276,14 +278,19 @@ class Audit:
         return sides
 
     def _check_replayed_impls(self, report: dict, replayed: dict) -> None:
-        """Every case the candidate report measured is replayed, or the verdict says why not."""
+        """Every case the candidate report measured is measured by the replay, or the verdict says why not (a case
+        the replay's worker offered but never measured: one only the candidate's tree has, which the two sides do
+        not run in common)."""
         ran = {c["id"]: c for c in replayed["cases"]}
+        measured = {cid for r in replayed["rounds"] for cid, data in r.items() if data.get("samples_us")}
         missing = []
         for case in report["cases"]:
             got = ran.get(case["id"])
             if case["status"] in ("ok", "failed") and (got is None or got["status"] != "ok"):
                 why = "not offered by the replay's suite" if got is None else f"{got['status']}: {got.get('reason')}"
                 missing.append(f"{case['id']} ({why})")
+            elif case["status"] == "ok" and case["id"] not in measured:
+                missing.append(f"{case['id']} (offered, never measured: not a case of both revisions)")
         self.check("every measured case replayed", None if missing else True, missing,
                    doubt=f"{len(missing)} measured case(s) not replayed, first: {missing[0]}" if missing else None)
 
@@ -336,9 +343,33 @@ class Audit:
                     "failed": failed},
                    fail=f"{len(failed)} validation(s) failed, first: {failed[0]}" if failed else None)
 
+    def _versus_control(self, candidate: dict, rounds: list[dict], control: str) -> list[tuple[dict, dict | None]]:
+        """The candidate report's claims against its control, each with the replay's candidate-side record of the
+        same pair (None where the replay did not measure both): judged with the A/B claims (``_judge_claims``)."""
+        out = []
+        for (label, mode), claim in sorted(verdict.versus_control_claims(candidate).items()):
+            name, impl = label.split(" versus ")[0].rsplit("/", 1)
+            rec = verdict.replay_versus_control(rounds, f"{name}/{impl}", f"{name}/{control}", mode)
+            out.append(({**claim, "label": label, "mode": mode}, rec))
+        return out
+
     def _judge_claims(self, reports: dict, replay: dict) -> None:
         claimed = verdict.claims(reports["reference"], reports["candidate"])
         outcomes = {verdict.REPRODUCED: [], verdict.CONTRADICTED: [], verdict.UNDECIDED: []}
+        judged_versus = []
+        for claim, rec in self.versus:
+            if rec is None:
+                outcomes[verdict.UNDECIDED].append(f"{claim['label']} {claim['mode']}: claimed "
+                                                   f"{claim['claimed_gain']:.3f}, not replayed")
+                continue
+            judged = verdict.judge(claim, rec, self.options.tolerance)
+            judged_versus.append({**judged, "replayed_gain": rec["gain"], "replayed_ci": rec["gain_ci"]})
+            outcomes[judged["claim"]].append(
+                f"{claim['label']} {claim['mode']}: claimed {judged['claimed_gain']:.3f}x the control's speed, "
+                f"replayed {rec['gain']:.3f} (band {judged['replay_band'][0]:.3g}-{judged['replay_band'][1]:.3g}; "
+                f"the report's own noise {judged['claim_noise']:.3g}x"
+                + "".join(f"; {why}" for why in judged["uninformative_because"] + judged["change_not_shown"]) + ")")
+        self.out["versus_control_claims"] = judged_versus
         for rec in replay["records"]:
             for mode in replay["summaries"]:
                 if mode in rec and (rec["name"], mode) in claimed:

@@ -94,6 +94,42 @@ def claims(reference: dict, candidate: dict) -> dict[tuple[str, str], dict]:
     return out
 
 
+def versus_control_claims(candidate: dict) -> dict[tuple[str, str], dict]:
+    """(case name/impl, mode) -> the candidate report's own claim against its control: the gain of the contender
+    over the control measured in the same rounds (control time / contender time, 1 / ``native_torch_ratio``), with
+    the spread of its rounds as its noise (no drift between two runs: both sides of it ran together)."""
+    control = candidate.get("control", "torch")
+    cases = {c["id"]: c for c in candidate["cases"]}
+    out = {}
+    for case in cases.values():
+        ctrl = cases.get(f"{case['name']}/{control}")
+        if case["impl"] == control or case.get("status") != "ok" or ctrl is None:
+            continue
+        for mode, cm in case["modes"].items():
+            if mode not in ctrl["modes"]:
+                continue
+            ratios = [a / b for a, b in zip(ctrl["modes"][mode]["round_medians_us"], cm["round_medians_us"],
+                                            strict=True) if b > 0]
+            if not ratios:
+                continue
+            out[(f"{case['name']}/{case['impl']} versus {control}", mode)] = {
+                "claimed_gain": stats.median(ratios), "claimed_range": [min(ratios), max(ratios)],
+                "control_normalized": False, "claim_noise": majority_spread(ratios)}
+    return out
+
+
+def replay_versus_control(rounds: list[dict], case_id: str, control_id: str, mode: str) -> dict | None:
+    """The replay's record of a contender against its control on one side (``rounds``: that side's measured
+    rounds), as ``judge`` reads a comparison's: the control's time over the contender's, its interval, and a drift
+    of 1 (both ran in the same rounds); None where a round lacks either."""
+    pairs = [(r[control_id]["samples_us"].get(mode), r[case_id]["samples_us"].get(mode)) for r in rounds
+             if case_id in r and control_id in r and "samples_us" in r[case_id] and "samples_us" in r[control_id]]
+    if not pairs or any(not a or not b for a, b in pairs):
+        return None
+    rec = stats.compare([a for a, _ in pairs], [b for _, b in pairs], bootstrap_seed=0, resamples=300)
+    return rec | {"control_ratio_range": [1.0, 1.0]}
+
+
 def replay_band(replayed: dict, tolerance: float) -> tuple[list[float], float, list[str]]:
     """The band a claim must meet, its width (hi / lo), and why the replay is not informative (empty
     when it is). ``replayed`` is one record's mode entry of the replay."""

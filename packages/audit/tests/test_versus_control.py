@@ -1,0 +1,71 @@
+"""What the candidate report claims against its control, judged by the replay (planted ``run_sides``, reports built
+by the harness's assemble, sealed and consistent with themselves): a contender both reports show 2.5x faster than
+torch, which the replay measures 2x slower, fails; a contender only the candidate's tree has, which the two sides
+never run in common, is not replayed, and the verdict says so."""
+
+import random
+
+from test_forged_control import CONFIG, MODE, PROBLEM, run_report
+
+from kernellab.audit import audit as audit_mod
+from kernellab.audit import verdict
+from kernellab.harness import report as report_io
+
+
+def side(times: dict[str, float], seed: int, measured=None) -> dict:
+    """Every impl of ``times`` offered; those of ``measured`` (default all) measured at their time, 0.3% jitter."""
+    rng = random.Random(seed)
+    cases = [{"id": f"{PROBLEM['name']}/{i}", "problem": PROBLEM, "impl": i, "status": "ok", "reason": None}
+             for i in times]
+    ran = [i for i in times if measured is None or i in measured]
+    rounds = [{f"{PROBLEM['name']}/{i}": {
+        "passed": True, "validations": [{"passed": True, "outputs": {}, "inputs_unchanged": True}],
+        "samples_us": {MODE: [times[i] * (1 + rng.uniform(-0.003, 0.003)) for _ in range(CONFIG["samples"])]}}
+        for i in ran} for _ in range(CONFIG["rounds"])]
+    prov = {"device": {"kind": "cpu", "name": "Planted CPU"}, "git": {"commit": "a" * 40, "dirty": False},
+            "artifacts_sha256": {}, "impl_sources": {}}
+    return {"cases": cases, "rounds": rounds, "provenance": prov, "revision": {}}
+
+
+def audit(reports: dict, replayed: dict, monkeypatch, tmp_path) -> dict:
+    monkeypatch.setattr(audit_mod, "run_sides", lambda roots, request, rounds, **kw: replayed)
+    paths = {n: report_io.write(r, tmp_path / f"{n}.json") for n, r in reports.items()}
+    a = audit_mod.Audit(paths["reference"], paths["candidate"], tmp_path, audit_mod.Options(progress=False))
+    a._replay(reports, {"reference": str(tmp_path), "candidate": str(tmp_path)})
+    return a._finish()
+
+
+def test_a_lead_over_torch_both_reports_claim_and_the_replay_reverses_fails(monkeypatch, tmp_path):
+    """Both reports scale the contender alike, so their A/B gain (1.0) is reproduced; their claim against torch
+    (2.5x faster) is not: the replay measures it 2x slower."""
+    forged = {"torch": 50.0, "planted": 20.0}
+    reports = {"reference": run_report(side(forged, 1), "torch"), "candidate": run_report(side(forged, 2), "torch")}
+    truth = {"torch": 50.0, "planted": 100.0}
+    out = audit(reports, {"reference": side(truth, 3), "candidate": side(truth, 4)}, monkeypatch, tmp_path)
+    assert out["status"] == "fail", out["reasons"]
+    assert any("versus torch" in r and "contradicted" in r for r in out["reasons"]), out["reasons"]
+    (judged,) = out["versus_control_claims"]
+    assert judged["claim"] == verdict.CONTRADICTED and judged["claimed_gain"] > 2 and judged["replayed_gain"] < 1
+
+
+def test_an_honest_lead_over_torch_is_reproduced(monkeypatch, tmp_path):
+    times = {"torch": 50.0, "planted": 20.0}
+    reports = {"reference": run_report(side(times, 1), "torch"), "candidate": run_report(side(times, 2), "torch")}
+    out = audit(reports, {"reference": side(times, 3), "candidate": side(times, 4)}, monkeypatch, tmp_path)
+    assert out["status"] == "pass", out["reasons"]
+    (judged,) = out["versus_control_claims"]
+    assert judged["claim"] == verdict.REPRODUCED and 2.4 < judged["replayed_gain"] < 2.6
+
+
+def test_a_contender_only_the_candidate_has_is_never_taken_as_replayed(monkeypatch, tmp_path):
+    """The candidate adds 'fastnew' (claimed 50x faster than torch); the reference tree has no such impl, so the
+    replay's sides never run it in common, though the candidate's worker offered it."""
+    reports = {"reference": run_report(side({"torch": 50.0, "planted": 100.0}, 1), "torch"),
+               "candidate": run_report(side({"torch": 50.0, "planted": 100.0, "fastnew": 1.0}, 2), "torch")}
+    replayed = {"reference": side({"torch": 50.0, "planted": 100.0}, 3),
+                "candidate": side({"torch": 50.0, "planted": 100.0, "fastnew": 100.0}, 4,
+                                  measured={"torch", "planted"})}
+    out = audit(reports, replayed, monkeypatch, tmp_path)
+    assert out["status"] == "inconclusive", out["reasons"]
+    assert any("fastnew (offered, never measured" in r for r in out["reasons"]), out["reasons"]
+    assert any("fastnew versus torch" in r and "not replayed" in r for r in out["reasons"]), out["reasons"]
