@@ -52,6 +52,32 @@ class Page(HTMLParser):
             self.fetches.append(a.get("src") or a.get("href"))
 
 
+def test_every_committed_report_holds_its_hash_and_every_derived_number():
+    """History, the results page and the README tables read committed reports without a replay: a report whose
+    derived number was edited and re-hashed (a ratio against torch turned from 1.2 into 0.25) would show there.
+    Every committed harness report is consistent with its raw data and its hash."""
+    import json
+
+    from kernellab.harness import consistency
+    from kernellab.harness import report as report_io
+
+    checked, bad = 0, {}
+    for path in tracked("reports/*.json", "reports/**/*.json"):
+        try:
+            data = json.loads((ROOT / path).read_text())
+        except ValueError:
+            continue
+        if not isinstance(data, dict) or data.get("kind") not in report_io.KINDS:
+            continue  # a tool's record, not a harness report
+        checked += 1
+        found = [str(i) for i in consistency.check(data)[:2]]
+        if data.get(report_io.HASH_FIELD) != report_io.report_hash(data):
+            found.append("sha256 mismatch")
+        if found:
+            bad[path] = found
+    assert checked > 0 and not bad, bad
+
+
 def test_the_results_page_built_from_the_committed_reports_shows_every_run(tmp_path):
     rows = history.read_store(STORE)
     page_path = site.build(rows, tmp_path / "results.html", ROOT)

@@ -250,7 +250,7 @@ def test_a_case_that_did_not_run_cannot_present_timings(run):
 def test_malformed_data_is_an_inconsistency_not_a_crash(run):
     forged = edited(run, ("cases", 0, "modes", "e2e_throughput", "rounds_us"), lambda _: "fast")
     found = consistency.check(forged)
-    assert found and found[0].recorded == "malformed"
+    assert any(i.recorded == "malformed" for i in found), found
     assert consistency.check({"kind": "nonsense"})[0].path == "kind"
 
 
@@ -300,3 +300,27 @@ def test_a_case_failed_before_any_validation_keeps_its_status_but_not_once_it_ra
     ran = _case(report, "softmax_32x96_fp32", "ours")
     forged = edited(report, ("cases", ran, "status"), lambda _: "failed")
     assert f"cases[{ran}].status" in paths(forged)
+
+
+def test_samples_that_are_not_positive_times_are_named(run):
+    """All samples negated (contender and control alike) keep every derived ratio consistent, and read as a lead
+    over torch where the contender is slower: a sample is a finite positive time."""
+    out = copy.deepcopy(run)
+    for case in out["cases"]:
+        for m in case["modes"].values():
+            m["rounds_us"] = [[-x for x in r] for r in m["rounds_us"]]
+    found = consistency.check(reseal(out))
+    assert any(i.note == "samples are times" for i in found), found
+    for bad in (0.0, float("nan"), float("inf")):
+        one = edited(run, ("cases", 0, "modes", next(iter(run["cases"][0]["modes"])), "rounds_us", 0, 0),
+                     lambda _, bad=bad: bad)
+        assert any(i.note == "samples are times" for i in consistency.check(one)), bad
+
+
+def test_a_case_given_twice_or_misnamed_is_named(run):
+    """A duplicate of a case listed first (a forged p50 there) is what a table shows while checks read the last."""
+    twice = copy.deepcopy(run)
+    twice["cases"].insert(0, copy.deepcopy(twice["cases"][1]))
+    assert any(i.note == "a case given twice" for i in consistency.check(reseal(twice)))
+    misnamed = edited(run, ("cases", 0, "id"), lambda cid: cid + "x")
+    assert any(i.note == "name/impl" for i in consistency.check(misnamed))

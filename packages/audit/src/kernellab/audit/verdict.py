@@ -108,10 +108,10 @@ def versus_control_claims(candidate: dict) -> dict[tuple[str, str], dict]:
         for mode, cm in case["modes"].items():
             if mode not in ctrl["modes"]:
                 continue
-            ratios = [a / b for a, b in zip(ctrl["modes"][mode]["round_medians_us"], cm["round_medians_us"],
-                                            strict=True) if b > 0]
-            if not ratios:
-                continue
+            ratios = [a / b if a > 0 and b > 0 else math.nan for a, b in
+                      zip(ctrl["modes"][mode]["round_medians_us"], cm["round_medians_us"], strict=True)]
+            if not ratios or not all(math.isfinite(r) for r in ratios):  # not a claim of times: judged undecided
+                ratios = [math.nan]
             out[(f"{case['name']}/{case['impl']} versus {control}", mode)] = {
                 "claimed_gain": stats.median(ratios), "claimed_range": [min(ratios), max(ratios)],
                 "control_normalized": False, "claim_noise": majority_spread(ratios)}

@@ -233,7 +233,32 @@ def _config_counts(path: str, cases: list[dict], config: dict, stopping: dict | 
                                         f"{config['samples']} samples", "config.samples")
 
 
+def _samples_and_ids(path: str, cases: list[dict]) -> Iterator[Inconsistency]:
+    """Every sample a finite positive time (a negative one makes a ratio of two negatives look like a lead over
+    the control), and every case id ``name/impl`` and given once (a duplicate, listed first, is what a table or
+    history shows while the checks read the last)."""
+    seen: set[str] = set()
+    for i, case in enumerate(cases):
+        at = _at(path, i)
+        if case.get("id") != f"{case.get('name')}/{case.get('impl')}":
+            yield Inconsistency(_at(at, "id"), case.get("id"), f"{case.get('name')}/{case.get('impl')}", "name/impl")
+        if case.get("id") in seen:
+            yield Inconsistency(_at(at, "id"), case.get("id"), "an id of its own", "a case given twice")
+        seen.add(case.get("id"))
+        for mode, m in case.get("modes", {}).items():
+            for r, samples in enumerate(m.get("rounds_us", [])):
+                bad = [x for x in samples if not (isinstance(x, (int, float)) and math.isfinite(x) and x > 0)]
+                if bad:
+                    yield Inconsistency(_at(at, f"modes.{mode}.rounds_us[{r}]"), _short(bad[:3]),
+                                        "finite positive times", "samples are times")
+
+
 # ---- run reports -------------------------------------------------------------------------------
+
+@check_of("run")
+def _run_samples_and_ids(report: dict) -> Iterator[Inconsistency]:
+    yield from _samples_and_ids("cases", report["cases"])
+
 
 @check_of("run")
 def _run_cases(report: dict) -> Iterator[Inconsistency]:
@@ -266,6 +291,7 @@ def _comparison_cases(report: dict) -> Iterator[Inconsistency]:
     for side in ("reference", "candidate"):
         path = f"sides.{side}.cases"
         cases = report["sides"][side]["cases"]
+        yield from _samples_and_ids(path, cases)
         yield from _case_table(path, cases, table.ceiling_op(report), report.get("control", "torch"))
         yield from _config_counts(path, cases, report["config"], report.get("stopping"))
 
