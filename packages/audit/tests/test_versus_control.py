@@ -28,6 +28,8 @@ def side(times: dict[str, float], seed: int, measured=None) -> dict:
 
 
 def audit(reports: dict, replayed: dict, monkeypatch, tmp_path) -> dict:
+    """The audit of ``reports`` with ``replayed`` as the replay's sides; each report's claims against its control
+    are judged on its own side (``versus_control_claims``, labelled by side)."""
     monkeypatch.setattr(audit_mod, "run_sides", lambda roots, request, rounds, **kw: replayed)
     paths = {n: report_io.write(r, tmp_path / f"{n}.json") for n, r in reports.items()}
     a = audit_mod.Audit(paths["reference"], paths["candidate"], tmp_path, audit_mod.Options(progress=False))
@@ -44,7 +46,7 @@ def test_a_lead_over_torch_both_reports_claim_and_the_replay_reverses_fails(monk
     out = audit(reports, {"reference": side(truth, 3), "candidate": side(truth, 4)}, monkeypatch, tmp_path)
     assert out["status"] == "fail", out["reasons"]
     assert any("versus torch" in r and "contradicted" in r for r in out["reasons"]), out["reasons"]
-    (judged,) = out["versus_control_claims"]
+    (judged,) = [j for j in out["versus_control_claims"] if j["label"].startswith("candidate: ")]
     assert judged["claim"] == verdict.CONTRADICTED and judged["claimed_gain"] > 2 and judged["replayed_gain"] < 1
 
 
@@ -53,7 +55,7 @@ def test_an_honest_lead_over_torch_is_reproduced(monkeypatch, tmp_path):
     reports = {"reference": run_report(side(times, 1), "torch"), "candidate": run_report(side(times, 2), "torch")}
     out = audit(reports, {"reference": side(times, 3), "candidate": side(times, 4)}, monkeypatch, tmp_path)
     assert out["status"] == "pass", out["reasons"]
-    (judged,) = out["versus_control_claims"]
+    (judged,) = [j for j in out["versus_control_claims"] if j["label"].startswith("candidate: ")]
     assert judged["claim"] == verdict.REPRODUCED and 2.4 < judged["replayed_gain"] < 2.6
 
 
@@ -69,3 +71,50 @@ def test_a_contender_only_the_candidate_has_is_never_taken_as_replayed(monkeypat
     assert out["status"] == "inconclusive", out["reasons"]
     assert any("fastnew (offered, never measured" in r for r in out["reasons"]), out["reasons"]
     assert any("fastnew versus torch" in r and "not replayed" in r for r in out["reasons"]), out["reasons"]
+
+
+def test_a_lead_over_a_control_the_replay_saw_disturbed_is_not_reproduced(monkeypatch, tmp_path):
+    """The replay's control was disturbed in every round (2x slow) and the contender ran clean: the replay's pair
+    then shows the claimed 2x lead over torch that the two do not have; its noise leaves the claim undecided."""
+    claimed = {"torch": 100.0, "planted": 50.0}
+    reports = {"reference": run_report(side(claimed, 1), "torch"), "candidate": run_report(side(claimed, 2), "torch")}
+    noisy = {"reference": side({"torch": 100.0, "planted": 50.0}, 3),
+             "candidate": side({"torch": 100.0, "planted": 50.0}, 4)}
+    for s in noisy.values():
+        for r in s["rounds"]:
+            r[f"{PROBLEM['name']}/torch"]["disturbance"] = {MODE: {"disturbed": True}}
+    out = audit(reports, noisy, monkeypatch, tmp_path)
+    assert out["status"] == "inconclusive", out["reasons"]
+    (judged,) = [j for j in out["versus_control_claims"] if j["label"].startswith("candidate: ")]
+    assert judged["claim"] == verdict.UNDECIDED and any("disturbed" in w for w in judged["uninformative_because"])
+
+
+def test_a_report_whose_problem_bytes_were_inflated_fails(monkeypatch, tmp_path):
+    """Both reports record the problem's bytes 1.6x over: every ratio holds, the bandwidth and the fraction of the
+    copy ceiling they claim do not. The replay's suite describes the problem otherwise."""
+    times = {"torch": 50.0, "planted": 50.0}
+    inflated = {**PROBLEM, "bytes": int(PROBLEM["bytes"] * 1.6)}
+
+    def forged(seed):
+        s = side(times, seed)
+        for case in s["cases"]:
+            case["problem"] = inflated
+        return s
+    reports = {"reference": run_report(forged(1), "torch"), "candidate": run_report(forged(2), "torch")}
+    out = audit(reports, {"reference": side(times, 3), "candidate": side(times, 4)}, monkeypatch, tmp_path)
+    assert out["status"] == "fail", out["reasons"]
+    assert any("record a problem the suite describes otherwise" in r and "bytes" in r for r in out["reasons"])
+
+
+def test_a_contender_only_the_reference_has_leaves_its_claims_undecided(monkeypatch, tmp_path):
+    """The reference report claims 'fastref' 5x faster than torch; the candidate has no such impl, so the replay
+    never measures it: its claim is not judged, and the verdict says so."""
+    reports = {"reference": run_report(side({"torch": 50.0, "planted": 100.0, "fastref": 10.0}, 1), "torch"),
+               "candidate": run_report(side({"torch": 50.0, "planted": 100.0}, 2), "torch")}
+    replayed = {"reference": side({"torch": 50.0, "planted": 100.0, "fastref": 100.0}, 3,
+                                  measured={"torch", "planted"}),
+                "candidate": side({"torch": 50.0, "planted": 100.0}, 4)}
+    out = audit(reports, replayed, monkeypatch, tmp_path)
+    assert out["status"] == "inconclusive", out["reasons"]
+    assert any("reference: softmax_128x512_fp32/fastref versus torch" in r and "not replayed" in r
+               for r in out["reasons"]), out["reasons"]

@@ -180,3 +180,44 @@ def test_cli_against_a_comparison_report_is_refused(fake_bench, tmp_path, capsys
                      "--no-plot"]) == cli.EXIT_USAGE
     assert "needs a run report" in capsys.readouterr().err
     assert json.loads(path.read_text())["kind"] == "comparison"
+
+
+def disturbed(side: dict, impl: str, rounds=(0, 1, 2)) -> dict:
+    """``side`` with ``impl``'s cases marked disturbed (preemption, steal, throttling) in ``rounds``."""
+    for r in rounds:
+        for cid, data in side["rounds"][r].items():
+            if cid.endswith(f"/{impl}"):
+                data["disturbance"] = {m: {"disturbed": True} for m in data["samples_us"]}
+    return side
+
+
+@pytest.mark.parametrize("which", ["contender of this run", "control of the reference"])
+def test_a_pair_measured_in_disturbed_rounds_is_inconclusive(which):
+    """Noise the harness measured decides nothing: a 10% slowdown (or none) measured in rounds the machine
+    disturbed, the contender's or its control's, on either side, was gated as if the machine had been quiet."""
+    ref, cand = planted.side(), planted.side(110.0, seed=1)
+    disturbed(cand, "ours") if which.startswith("contender") else disturbed(ref, "torch")
+    verdict = gate.evaluate(report_io.seal(assemble.comparison_report(planted.suite(), planted.CONFIG, ref, cand)), 5)
+    assert verdict.status == gate.INCONCLUSIVE and verdict.disturbed, verdict.reasons
+    assert "disturbed" in verdict.reasons[0]
+
+
+def test_a_reference_reports_disturbed_rounds_reach_the_gate():
+    """--against REPORT rebuilds the reference's rounds from the report: what disturbed them comes along."""
+    ref = report_io.seal(assemble.run_report(planted.suite(), planted.CONFIG, disturbed(planted.side(), "ours")))
+    result = gate.compare_with_report(planted.suite(), planted.CONFIG, ref, planted.side(seed=1))
+    assert gate.evaluate(result, 5).status == gate.INCONCLUSIVE
+
+
+def test_cli_against_a_report_edited_after_it_was_written_is_refused(fake_bench, tmp_path, capsys):
+    """A baseline whose contender's samples were scaled and re-hashed would pass a real slowdown."""
+    forged = planted.run_report()
+    for case in forged["cases"]:
+        if case["impl"] == "ours":
+            for m in case["modes"].values():
+                m["rounds_us"] = [[x * 1.3 for x in r] for r in m["rounds_us"]]
+    path = report_io.write(report_io.seal(forged), tmp_path / "ref.json")
+    fake_bench(ours_us=125.0)
+    assert cli.main(["--against", str(path), "--fail-on-regression", "5", "--out", str(tmp_path / "out"),
+                     "--no-plot", "--quiet"]) == cli.EXIT_USAGE
+    assert "does not follow from its own raw data" in capsys.readouterr().err

@@ -19,7 +19,7 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernellab.harness import assemble, consistency, provenance, signing
+from kernellab.harness import assemble, consistency, gate, provenance, signing
 from kernellab.harness import report as report_io
 from kernellab.harness.revision import Extension, RevisionError, run_sides
 
@@ -159,7 +159,7 @@ class Audit:
         if control is None:
             return
         names = sorted({c["name"] for c in cand["cases"]} & {c["name"] for c in reports["reference"]["cases"]})
-        impls = sorted({c["impl"] for c in cand["cases"]})
+        impls = sorted({c["impl"] for rep in reports.values() for c in rep["cases"]})  # the reference's own too
         if not names:  # an empty pattern would match the whole suite
             self.check("replay", None, "the two reports share no case",
                        doubt="the two reports share no case: nothing to replay or compare")
@@ -179,8 +179,10 @@ class Audit:
                 return
         self._check_artifacts(reports, sides, roots)
         self._check_validations(sides)
-        self._check_replayed_impls(cand, sides["candidate"])
-        self.versus = self._versus_control(cand, sides["candidate"]["rounds"], control)
+        for side, rep in reports.items():
+            self._check_replayed_impls(side, rep, sides[side])
+            self._check_problems(side, rep, sides[side])
+            self.versus += self._versus_control(side, rep, sides[side]["rounds"], control)
         suite = types.SimpleNamespace(name=cand["suite"], device=cand.get("suite_device", "cpu"), control=control)
         for side, rep in reports.items():
             sides[side]["revision"] = {"report": str(self.paths[side]), "commit": rep["provenance"]["git"]["commit"]}
@@ -277,10 +279,27 @@ class Audit:
                          f"{next(iter(cannot.items()))}" if cannot else None)
         return sides
 
-    def _check_replayed_impls(self, report: dict, replayed: dict) -> None:
-        """Every case the candidate report measured is measured by the replay, or the verdict says why not (a case
-        the replay's worker offered but never measured: one only the candidate's tree has, which the two sides do
-        not run in common)."""
+    def _check_problems(self, side: str, report: dict, replayed: dict) -> None:
+        """Each case's problem as the report records it is the one the replay's suite describes (its shape, dtype,
+        bytes, ...): a report whose problem bytes were inflated claims a bandwidth, and a fraction of the copy
+        ceiling, that its times do not give."""
+        described = {c["id"]: c.get("problem") or {} for c in replayed["cases"]}
+        differ = {}
+        for case in report["cases"]:
+            theirs = described.get(case["id"])
+            ours = case.get("problem") or {}
+            if theirs is not None:
+                changed = {k: [ours[k], theirs[k]] for k in ours.keys() & theirs.keys() if ours[k] != theirs[k]}
+                if changed:
+                    differ[case["id"]] = changed
+        self.check(f"{side} problems as the suite describes them", not differ, differ or "every case's problem",
+                   fail=f"{side}: {len(differ)} case(s) record a problem the suite describes otherwise, first: "
+                        f"{next(iter(differ.items()))}" if differ else None)
+
+    def _check_replayed_impls(self, side: str, report: dict, replayed: dict) -> None:
+        """Every case a report measured is measured by the replay, or the verdict says why not (a case the replay's
+        worker offered but never measured: one only that report's tree has, which the two sides do not run in
+        common)."""
         ran = {c["id"]: c for c in replayed["cases"]}
         measured = {cid for r in replayed["rounds"] for cid, data in r.items() if data.get("samples_us")}
         missing = []
@@ -291,8 +310,9 @@ class Audit:
                 missing.append(f"{case['id']} ({why})")
             elif case["status"] == "ok" and case["id"] not in measured:
                 missing.append(f"{case['id']} (offered, never measured: not a case of both revisions)")
-        self.check("every measured case replayed", None if missing else True, missing,
-                   doubt=f"{len(missing)} measured case(s) not replayed, first: {missing[0]}" if missing else None)
+        self.check(f"every case the {side} measured replayed", None if missing else True, missing,
+                   doubt=f"{len(missing)} case(s) the {side} measured not replayed, first: {missing[0]}"
+                   if missing else None)
 
     def _check_artifacts(self, reports: dict, sides: dict, roots: dict) -> None:
         unchanged, checked = 0, True
@@ -343,14 +363,15 @@ class Audit:
                     "failed": failed},
                    fail=f"{len(failed)} validation(s) failed, first: {failed[0]}" if failed else None)
 
-    def _versus_control(self, candidate: dict, rounds: list[dict], control: str) -> list[tuple[dict, dict | None]]:
-        """The candidate report's claims against its control, each with the replay's candidate-side record of the
-        same pair (None where the replay did not measure both): judged with the A/B claims (``_judge_claims``)."""
+    def _versus_control(self, side: str, report: dict, rounds: list[dict],
+                        control: str) -> list[tuple[dict, dict | None]]:
+        """A report's claims against its control, each with the replay's record of the same pair on that report's
+        side (None where the replay did not measure both): judged with the A/B claims (``_judge_claims``)."""
         out = []
-        for (label, mode), claim in sorted(verdict.versus_control_claims(candidate).items()):
+        for (label, mode), claim in sorted(verdict.versus_control_claims(report).items()):
             name, impl = label.split(" versus ")[0].rsplit("/", 1)
             rec = verdict.replay_versus_control(rounds, f"{name}/{impl}", f"{name}/{control}", mode)
-            out.append(({**claim, "label": label, "mode": mode}, rec))
+            out.append(({**claim, "label": f"{side}: {label}", "mode": mode}, rec))
         return out
 
     def _judge_claims(self, reports: dict, replay: dict) -> None:
@@ -373,7 +394,9 @@ class Audit:
         for rec in replay["records"]:
             for mode in replay["summaries"]:
                 if mode in rec and (rec["name"], mode) in claimed:
-                    judged = verdict.judge(claimed[(rec["name"], mode)], rec[mode], self.options.tolerance)
+                    # noise on the replay's control (either side) moves its drift guard and the normalized gain
+                    noisy = {"disturbed": True} if gate.control_disturbed(replay, rec, mode) else {}
+                    judged = verdict.judge(claimed[(rec["name"], mode)], rec[mode] | noisy, self.options.tolerance)
                     rec[mode].update(judged)
                     outcomes[judged["claim"]].append(
                         f"{rec['name']} {mode}: claimed {judged['claimed_gain']:.3f}, replayed {rec[mode]['gain']:.3f} "

@@ -126,7 +126,10 @@ def replay_versus_control(rounds: list[dict], case_id: str, control_id: str, mod
              if case_id in r and control_id in r and "samples_us" in r[case_id] and "samples_us" in r[control_id]]
     if not pairs or any(not a or not b for a, b in pairs):
         return None
-    rec = stats.compare([a for a, _ in pairs], [b for _, b in pairs], bootstrap_seed=0, resamples=300)
+    disturbed = any(r[cid].get("disturbance", {}).get(mode, {}).get("disturbed") for r in rounds
+                    for cid in (case_id, control_id) if cid in r)  # noise on either: the interval proves nothing
+    rec = stats.compare([a for a, _ in pairs], [b for _, b in pairs], bootstrap_seed=0, resamples=300,
+                        disturbed=disturbed)
     return rec | {"control_ratio_range": [1.0, 1.0]}
 
 

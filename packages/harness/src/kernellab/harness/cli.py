@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tabulate import tabulate_formats
 
-from . import assemble, cluster, gate, plot, provenance, registry, signing, table
+from . import assemble, cluster, consistency, gate, plot, provenance, registry, signing, table
 from . import report as report_io
 from .revision import Extension, RevisionError, materialize, run_sides
 from .runner import Config, match
@@ -256,10 +256,17 @@ def run_single(suite, config: Config, args) -> dict:
 
 
 def against_report(args) -> dict | None:
-    """The run report named by --against, or None where --against names a revision."""
+    """The run report named by --against, or None where --against names a revision; one whose derived numbers
+    do not follow from its raw data (edited and re-hashed) is refused."""
     if not args.against or not args.against.endswith(".json"):
         return None
-    return report_io.load(args.against)
+    report = report_io.load(args.against)
+    found = consistency.check(report)
+    if found:
+        raise report_io.ReportError(f"{args.against} does not follow from its own raw data ({len(found)} "
+                                    f"inconsistencies, first: {found[0]}): edited after it was written, it cannot "
+                                    "be a reference")
+    return report
 
 
 def check_gate_args(args) -> str | None:

@@ -4,7 +4,8 @@ A/B statistics of ``assemble.comparison_report``, failing on a significant slowd
 A case regresses where its whole gain interval (reference/candidate, Bonferroni-adjusted over the
 comparison) lies below ``1 / (1 + pct/100)``: slower by more than ``pct`` percent, beyond noise. A
 control probe that drifted past ``assemble.CONTROL_DRIFT_TOLERANCE`` in any pair makes the verdict
-``inconclusive``: the machine moved, so neither a pass nor a failure can be trusted.
+``inconclusive``: the machine moved, so neither a pass nor a failure can be trusted; so does a pair measured in
+rounds the machine disturbed (``noise``), on either side or its control's (``control_disturbed``).
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ def side_from_report(report: dict, path: str | None = None) -> dict:
                 data["graph_replay"] = {"replay_changed_input": v["replay_changed_input"]}
             rounds[v["round"]][case["id"]] = data
         for mode, m in case["modes"].items():
-            for v, samples in zip(case["validations"], m["rounds_us"], strict=True):
+            noise = m.get("disturbance") or [{} for _ in m["rounds_us"]]
+            for v, samples, marks in zip(case["validations"], m["rounds_us"], noise, strict=True):
                 rounds[v["round"]][case["id"]]["samples_us"][mode] = samples
+                rounds[v["round"]][case["id"]].setdefault("disturbance", {})[mode] = marks  # a comparison reads it
     revision = dict(report.get("revision") or {})
     revision.update({"report": path, "report_sha256": report.get("sha256")})
     return {"cases": cases, "rounds": rounds, "provenance": report["provenance"], "revision": revision}
@@ -87,6 +90,7 @@ class Finding:
     control_ratio_range: tuple[float, float] | None
     control_flagged: bool
     regressed: bool
+    disturbed: bool = False  # a round of either side (or of its control) disturbed: its interval proves nothing
 
 
 @dataclass
@@ -103,6 +107,10 @@ class Verdict:
     @property
     def drifted(self) -> list[Finding]:
         return [f for f in self.findings if f.control_flagged]
+
+    @property
+    def disturbed(self) -> list[Finding]:
+        return [f for f in self.findings if f.disturbed]
 
 
 def gain_limit(pct: float) -> float:
@@ -128,7 +136,8 @@ def evaluate(comparison: dict, pct: float) -> Verdict:
             verdict.findings.append(Finding(
                 name=rec["name"], mode=mode, reference_us=r["reference_us"], candidate_us=r["candidate_us"],
                 gain=r["gain"], gain_ci=(lo, hi), control_ratio_range=tuple(drift) if drift else None,
-                control_flagged=bool(r.get("control_flagged")), regressed=hi < limit))
+                control_flagged=bool(r.get("control_flagged")), regressed=hi < limit,
+                disturbed=bool(r.get("disturbed")) or control_disturbed(comparison, rec, mode)))
     devices = [_device(comparison, side) for side in ("reference", "candidate")]
     if not verdict.findings:
         verdict.status = INCONCLUSIVE
@@ -144,6 +153,12 @@ def evaluate(comparison: dict, pct: float) -> Verdict:
             f"the control (torch) drifted beyond {assemble.CONTROL_DRIFT_TOLERANCE:.0%} between the runs in "
             f"{len(verdict.drifted)} pair(s), worst {worst.name} {worst.mode} "
             f"{_range(worst.control_ratio_range)}; rerun on a quiet machine")
+    elif verdict.disturbed:
+        verdict.status = INCONCLUSIVE
+        first = verdict.disturbed[0]
+        verdict.reasons.append(f"{len(verdict.disturbed)} pair(s) measured in rounds the machine disturbed "
+                               f"(preemption, steal or throttling), first {first.name} {first.mode}: their "
+                               "intervals prove neither a slowdown nor its absence; rerun on a quiet machine")
     elif verdict.regressions:
         verdict.status = REGRESSION
     for f in verdict.regressions:
@@ -152,6 +167,19 @@ def evaluate(comparison: dict, pct: float) -> Verdict:
             f"gain interval {_range(f.gain_ci)} wholly below {limit:.4f}"
             + (" (suspected: the control drifted)" if verdict.status == INCONCLUSIVE else ""))
     return verdict
+
+
+def control_disturbed(comparison: dict, record: dict, mode: str) -> bool:
+    """Whether the control of a record's problem had a disturbed round in ``mode`` on either side: noise that
+    slowed it on one side moves the drift guard and every gain normalized by it (a record's own ``disturbed``
+    counts its contender's rounds only)."""
+    name = record["name"].removesuffix(f"/{record['impl']}")
+    control = f"{name}/{comparison.get('control', 'torch')}"
+    for side in (comparison.get("sides") or {}).values():  # a bare ``compare_cases`` has none
+        for case in side["cases"]:
+            if case["id"] == control and case["modes"].get(mode, {}).get("disturbed_rounds"):
+                return True
+    return False
 
 
 def _device(comparison: dict, side: str) -> str:
