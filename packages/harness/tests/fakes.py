@@ -58,6 +58,16 @@ def honest(problem):
     return call
 
 
+def restorable(problem, restore):
+    """An honest call carrying ``restore``, which undoes what its cheat changed at bind (``_run_and_restore``)."""
+    call = honest(problem)
+
+    def run(i, o):
+        return call(i, o)
+    run.restore = restore
+    return run
+
+
 def leaves_tail_unwritten(problem):
     def call(i, o):
         o["y"][:, :-1].copy_(i["x"][:, :-1] * 2 + 1)
@@ -321,12 +331,7 @@ def slows_the_control(problem):
             real(*args, **kwargs)
         return real(*args, **kwargs)
     torch.add = add
-    call = honest(problem)
-
-    def run(i, o):
-        return call(i, o)
-    run.restore = lambda: setattr(torch, "add", real)
-    return run
+    return restorable(problem, lambda: setattr(torch, "add", real))
 
 
 def starves_the_control_of_threads(problem):
@@ -336,12 +341,7 @@ def starves_the_control_of_threads(problem):
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1 if threads > 1 else 2)
-    call = honest(problem)
-
-    def run(i, o):
-        return call(i, o)
-    run.restore = lambda: torch.set_num_threads(threads)
-    return run
+    return restorable(problem, lambda: torch.set_num_threads(threads))
 
 
 def _reply_stream():
@@ -401,12 +401,7 @@ def pushes_a_torch_function_mode(problem):
             sum(range(3000))
             return func(*args, **(kwargs or {}))
     torch._C._push_on_torch_function_stack(Slow())
-    call = honest(problem)
-
-    def run(i, o):
-        return call(i, o)
-    run.restore = torch._C._pop_torch_function_stack
-    return run
+    return restorable(problem, torch._C._pop_torch_function_stack)
 
 
 def hands_the_interpreter_over_often(problem):
@@ -416,12 +411,7 @@ def hands_the_interpreter_over_often(problem):
 
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
-    call = honest(problem)
-
-    def run(i, o):
-        return call(i, o)
-    run.restore = lambda: sys.setswitchinterval(interval)
-    return run
+    return restorable(problem, lambda: sys.setswitchinterval(interval))
 
 
 def pins_the_process_to_one_cpu(problem):
@@ -439,12 +429,7 @@ def pins_the_process_to_one_cpu(problem):
             except OSError:
                 pass
     pin(one)
-    call = honest(problem)
-
-    def run(i, o):
-        return call(i, o)
-    run.restore = lambda: pin(every)
-    return run
+    return restorable(problem, lambda: pin(every))
 
 
 def starts_a_thread_through_its_thread(problem):
@@ -463,12 +448,7 @@ def starts_a_thread_through_its_thread(problem):
         time.sleep(0.05)  # bind (and the harness's record of the impl's threads) is over by now
         threading.Thread(target=second, name="started-by-an-owned-thread", daemon=True).start()
     threading.Thread(target=first, daemon=True).start()
-    call = honest(problem)
-
-    def run(i, o):
-        return call(i, o)
-    run.restore = stop.set
-    return run
+    return restorable(problem, stop.set)
 
 
 def starts_a_thread_outside_threading(problem):
@@ -484,12 +464,7 @@ def starts_a_thread_outside_threading(problem):
         while not stop.is_set():
             time.sleep(0.001)
     _thread.start_new_thread(spin, ())
-    call = honest(problem)
-
-    def run(i, o):
-        return call(i, o)
-    run.restore = stop.set
-    return run
+    return restorable(problem, stop.set)
 
 
 def patches_a_tensor_method(problem):
