@@ -221,3 +221,23 @@ def test_cli_against_a_report_edited_after_it_was_written_is_refused(fake_bench,
     assert cli.main(["--against", str(path), "--fail-on-regression", "5", "--out", str(tmp_path / "out"),
                      "--no-plot", "--quiet"]) == cli.EXIT_USAGE
     assert "does not follow from its own raw data" in capsys.readouterr().err
+
+
+def test_cli_against_with_trusted_keys_takes_only_a_report_one_of_them_signed(fake_bench, tmp_path, capsys):
+    """A consistent forgery (rebuilt through assemble) passes every check but a signature: with --trusted-keys the
+    baseline must carry one of a trusted key; a signed honest baseline gates as before."""
+    pytest.importorskip("cryptography", reason="signing needs the 'sign' extra (cryptography)")
+    from kernellab.harness import signing
+
+    private, public = signing.generate_keypair(tmp_path / "keys" / "lab")
+    unsigned = report_io.write(planted.run_report(), tmp_path / "unsigned.json")
+    signed = report_io.write(signing.sign(planted.run_report(), signing.load_private_key(private)),
+                             tmp_path / "signed.json")
+    fake_bench(ours_us=102.0)
+    argv = ["--fail-on-regression", "5", "--trusted-keys", str(public), "--out", str(tmp_path / "out"), "--no-plot",
+            "--quiet"]
+    assert cli.main(["--against", str(unsigned), *argv]) == cli.EXIT_USAGE
+    assert "is not signed by a trusted key" in capsys.readouterr().err
+    assert cli.main(["--against", str(signed), *argv]) == cli.EXIT_OK
+    assert cli.main(["--baseline", "HEAD", *argv]) == cli.EXIT_USAGE
+    assert "--trusted-keys checks the report given to --against" in capsys.readouterr().err

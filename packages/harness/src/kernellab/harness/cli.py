@@ -109,6 +109,9 @@ def parser() -> argparse.ArgumentParser:
                    "suite takes the smallest node's cores, a GPU suite one CPU beside its GPU)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--sign", metavar="KEYFILE", help="sign the reports written with this Ed25519 private key (PEM)")
+    p.add_argument("--trusted-keys", metavar="PATH", help="with --against REPORT: Ed25519 public keys (a PEM file, "
+                   "or a directory of .pem/.pub files) one of which must have signed the report (a consistent "
+                   "forgery passes every other check)")
     p.add_argument("--keygen", metavar="PATH", help="write a new Ed25519 key pair (PATH, PATH.pub), then exit")
     return p
 
@@ -261,6 +264,11 @@ def against_report(args) -> dict | None:
     if not args.against or not args.against.endswith(".json"):
         return None
     report = report_io.load(args.against)
+    if getattr(args, "trusted_keys", None):
+        try:
+            signing.verify(report, signing.load_trusted(args.trusted_keys))
+        except signing.SigningError as e:
+            raise report_io.ReportError(f"{args.against} is not signed by a trusted key: {e}") from e
     found = consistency.check(report)
     if found:
         raise report_io.ReportError(f"{args.against} does not follow from its own raw data ({len(found)} "
@@ -275,6 +283,8 @@ def check_gate_args(args) -> str | None:
         return "give either --against or --baseline, not both"
     if args.fail_on_regression is not None and not (args.against or args.baseline):
         return "--fail-on-regression needs a reference: --against REPORT_OR_REV or --baseline REV"
+    if getattr(args, "trusted_keys", None) and not (args.against or "").endswith(".json"):
+        return "--trusted-keys checks the report given to --against: give --against REPORT.json"
     return None
 
 
