@@ -9,7 +9,9 @@ while the harness reads), when this module is first imported (before any contend
 names whatever has been replaced since, by object or by code, and on the objects the run uses (the
 bench, its device and probes, the batch checks) any method hidden by an attribute of the object itself, a
 class that is not the harness's, or a module swapped for another (``read_path_changes`` is the part a read of a
-result goes through). ``guard`` binds ``verify`` before contender code runs, to be called right after it returns,
+result goes through). It also records what the torch control's ops go through, so that contender code cannot slow
+the control it is compared with: every attribute of torch's op namespaces and the process's speed settings
+(``control_path_changes``). ``guard`` binds ``verify`` before contender code runs, to be called right after it returns,
 before the harness reads anything, while a patch meant to undo itself at its first use is still there.
 The comparison against the truth is also repeated outside this process (``validate.check_shipped``), which no
 patch here can reach.
