@@ -385,11 +385,8 @@ class Audit:
                 continue
             judged = verdict.judge(claim, rec, self.options.tolerance)
             judged_versus.append({**judged, "replayed_gain": rec["gain"], "replayed_ci": rec["gain_ci"]})
-            outcomes[judged["claim"]].append(
-                f"{claim['label']} {claim['mode']}: claimed {judged['claimed_gain']:.3f}x the control's speed, "
-                f"replayed {rec['gain']:.3f} (band {judged['replay_band'][0]:.3g}-{judged['replay_band'][1]:.3g}; "
-                f"the report's own noise {judged['claim_noise']:.3g}x"
-                + "".join(f"; {why}" for why in judged["uninformative_because"] + judged["change_not_shown"]) + ")")
+            outcomes[judged["claim"]].append(_outcome(f"{claim['label']} {claim['mode']}", judged, rec["gain"],
+                                                      "x the control's speed"))
         self.out["versus_control_claims"] = judged_versus
         for rec in replay["records"]:
             for mode in replay["summaries"]:
@@ -398,12 +395,7 @@ class Audit:
                     noisy = {"disturbed": True} if gate.control_disturbed(replay, rec, mode) else {}
                     judged = verdict.judge(claimed[(rec["name"], mode)], rec[mode] | noisy, self.options.tolerance)
                     rec[mode].update(judged)
-                    outcomes[judged["claim"]].append(
-                        f"{rec['name']} {mode}: claimed {judged['claimed_gain']:.3f}, replayed {rec[mode]['gain']:.3f} "
-                        f"(band {judged['replay_band'][0]:.3g}-{judged['replay_band'][1]:.3g}; "
-                        f"the reports' own noise {judged['claim_noise']:.3g}x"
-                        + "".join(f"; {why}" for why in judged["uninformative_because"] + judged["change_not_shown"])
-                        + ")")
+                    outcomes[judged["claim"]].append(_outcome(f"{rec['name']} {mode}", judged, rec[mode]["gain"]))
         replayed = {(rec["name"], mode) for rec in replay["records"] for mode in replay["summaries"] if mode in rec}
         for name, mode in sorted(set(claimed) - replayed):
             outcomes[verdict.UNDECIDED].append(f"{name} {mode}: claimed {claimed[(name, mode)]['claimed_gain']:.3f}, "
@@ -436,6 +428,14 @@ class Audit:
                                "drift_limit": verdict.DRIFT_LIMIT})
         self.out[HASH_FIELD] = report_io.report_hash(self.out, HASH_FIELD)
         return self.out
+
+
+def _outcome(what: str, judged: dict, replayed_gain: float, unit: str = "") -> str:
+    """One judged claim as the verdict's reasons list it: claimed, replayed, the band, the noise and why not."""
+    band = judged["replay_band"]
+    return (f"{what}: claimed {judged['claimed_gain']:.3f}{unit}, replayed {replayed_gain:.3f} (band "
+            f"{band[0]:.3g}-{band[1]:.3g}; the reports' own noise {judged['claim_noise']:.3g}x"
+            + "".join(f"; {why}" for why in judged["uninformative_because"] + judged["change_not_shown"]) + ")")
 
 
 def integrity(report: dict, trusted: dict | None) -> list[tuple[str, bool | None, str]]:

@@ -143,7 +143,7 @@ def replay_band(replayed: dict, tolerance: float) -> tuple[list[float], float, l
     ctrl = replayed.get("control_ratio_range")
     if not ctrl:
         return [0.0, math.inf], math.inf, ["the replay measured no control on both sides: its drift is unknown"]
-    drift = max(abs(math.log(ctrl[0])), abs(math.log(ctrl[1]))) if min(ctrl) > 0 else math.inf
+    drift = control_drift(replayed)
     band = [lo * math.exp(-drift) / (1.0 + tolerance), hi * math.exp(drift) * (1.0 + tolerance)]
     width = hi / lo * math.exp(2 * drift)
     if width > INFORMATIVE_WIDTH:
@@ -165,12 +165,17 @@ def direction(gain: float, tolerance: float) -> int:
     return 1 if gain > 1.0 + tolerance else -1 if gain * (1.0 + tolerance) < 1.0 else 0
 
 
+def control_drift(replayed: dict) -> float:
+    """How far the replay's control moved between its sides, as |log| of its widest ratio (inf where unknown)."""
+    ctrl = replayed.get("control_ratio_range")
+    return max(abs(math.log(ctrl[0])), abs(math.log(ctrl[1]))) if ctrl and min(ctrl) > 0 else math.inf
+
+
 def shown(replayed: dict) -> int:
     """The change the replay shows: +1 where its interval widened by its control's drift lies above 1, -1 where
     below, 0 where it holds 1 (no change is then as likely as any it holds)."""
     lo, hi = replayed["gain_ci"]
-    ctrl = replayed.get("control_ratio_range")
-    drift = max(abs(math.log(ctrl[0])), abs(math.log(ctrl[1]))) if ctrl and min(ctrl) > 0 else math.inf
+    drift = control_drift(replayed)
     if not (lo > 0.0 and math.isfinite(drift)):
         return 0
     return 1 if lo * math.exp(-drift) > 1.0 else -1 if hi * math.exp(drift) < 1.0 else 0
