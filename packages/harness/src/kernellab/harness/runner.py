@@ -242,9 +242,10 @@ class Bench:
 
     def _unpatched(self, case: Case, checks: list | None = None) -> None:
         """Refuse the case if contender code changed the harness (``integrity.verify``), the objects its
-        measurement goes through, the problems it was handed (their truth, tolerance, inputs) or which case
-        the harness waits for the threads of (``threads.measured``)."""
-        patched = integrity.verify(self._guarded() + (checks or []))
+        measurement goes through, what the torch control's ops go through (``integrity.control_path_changes``),
+        the problems it was handed (their truth, tolerance, inputs) or which case the harness waits for the threads
+        of (``threads.measured``)."""
+        patched = integrity.verify(self._guarded() + (checks or [])) + integrity.control_path_changes()
         for problem, state in self._problems:
             patched += integrity.changed_since(problem, state)
         if threads.measured() != case.impl.name:
