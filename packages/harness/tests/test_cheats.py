@@ -225,16 +225,14 @@ def test_a_contender_that_rewrites_the_workers_replies_is_refused(monkeypatch, t
 def test_a_contender_that_answers_for_its_artifacts_is_refused_and_never_asked(tmp_path):
     """The audit compares the built files' hashes with the report's: a contender that replaced the hashing in its
     worker could vouch for a rebuilt file. The patch fails its case, and the worker only names the files: the
-    driver, which runs no contender code, hashes them (``revision.Worker.artifact_hashes``)."""
-    from kernellab.harness import provenance, revision
+    driver, which runs no contender code, hashes them (``provenance.artifact_hashes`` in ``revision.run_sides``)."""
+    from kernellab.harness import provenance
 
     result = _run_restoring(answers_for_its_artifacts, provenance, "artifact_hashes")
     assert not result["passed"] and "provenance.artifact_hashes" in result["error"], result.get("error")
     built = tmp_path / "kernel.so"
     built.write_bytes(b"a rebuilt kernel")
-    driver = object.__new__(revision.Worker)
-    driver.root = tmp_path
-    assert driver.artifact_hashes(["kernel.so", str(built), "gone.so"]) == {
+    assert provenance.artifact_hashes(["kernel.so", str(built), "gone.so"], tmp_path) == {  # as the driver reads them
         "kernel.so": provenance.sha256_file(built), str(built): provenance.sha256_file(built)}
 
 
@@ -254,13 +252,10 @@ def test_a_contender_that_slows_the_control_is_refused(cheat, named):
     assert not result["passed"] and named in result.get("error", ""), result.get("error")
 
 
-@pytest.mark.parametrize(("cheat", "named"), [("takes_over_the_reply_channel", "could no longer be trusted"),
-                                              ("keeps_a_copy_of_the_reply_channel", "descriptors of this driver's")])
-def test_a_contender_that_takes_the_workers_reply_channel_is_refused(cheat, named, tmp_path, monkeypatch):
-    """A real worker process, whose suite (set up through ``sitecustomize``) holds a contender that, at bind, either
-    points the worker's reply descriptor at a pipe of its own and forwards every reply edited (the worker checks
-    where its descriptor writes before each reply, and leaves) or keeps a copy of it to write replies of its own
-    (the driver counts the worker's descriptors of its pipe after each reply, from /proc, and kills it)."""
+def worker_of(tmp_path, monkeypatch, bind: str, impl: str):
+    """A real worker process (``revision.Worker``) whose affine suite holds one impl bound by ``bind``, a function of
+    ``fakes``, set up through a ``sitecustomize`` on its path; skipped where Linux's /proc, which the driver's count
+    of the worker's descriptors reads, is absent."""
     from pathlib import Path
 
     from kernellab.harness import revision
@@ -269,35 +264,36 @@ def test_a_contender_that_takes_the_workers_reply_channel_is_refused(cheat, name
         pytest.skip("the driver's count of the worker's descriptors reads Linux's /proc")
     (tmp_path / "sitecustomize.py").write_text(
         f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        f"from fakes import affine_suite, {cheat}\n"
+        f"from fakes import affine_suite, {bind}\n"
         "from kernellab.harness import registry\nfrom kernellab.harness.case import Impl\n"
-        f"suite = affine_suite(Impl('cheat', bind={cheat}), shapes=((8, 16),))\n"
+        f"suite = affine_suite(Impl({impl!r}, bind={bind}), shapes=((8, 16),))\n"
         "registry.get = lambda name, root=None, impls=True: suite\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    config = {"rounds": 1, "samples": 4, "warmup": 1, "iterations": 3, "modes": ["e2e_throughput"]}
-    with revision.Worker(None, "candidate") as worker, pytest.raises(revision.RevisionError, match=named):
-        worker.request("setup", suite="affine", config=config, cases="*", impls="cheat", timeout_s=120)
+    return revision.Worker(None, "candidate")
+
+
+WORKER_CONFIG = {"rounds": 1, "samples": 4, "warmup": 1, "iterations": 3, "modes": ["e2e_throughput"]}
+
+
+@pytest.mark.parametrize(("cheat", "named"), [("takes_over_the_reply_channel", "could no longer be trusted"),
+                                              ("keeps_a_copy_of_the_reply_channel", "descriptors of this driver's")])
+def test_a_contender_that_takes_the_workers_reply_channel_is_refused(cheat, named, tmp_path, monkeypatch):
+    """A real worker process whose contender, at bind, either points the worker's reply descriptor at a pipe of its
+    own and forwards every reply edited (the worker checks where its descriptor writes before each reply, and
+    leaves) or keeps a copy of it to write replies of its own (the driver counts the worker's descriptors of its
+    pipe after each reply, from /proc, and kills it)."""
+    from kernellab.harness import revision
+
+    with worker_of(tmp_path, monkeypatch, cheat, "cheat") as worker, pytest.raises(revision.RevisionError,
+                                                                                    match=named):
+        worker.request("setup", suite="affine", config=WORKER_CONFIG, cases="*", impls="cheat", timeout_s=120)
         worker.request("case", id="affine_8x16_fp32/cheat", round=0, timeout_s=120)
 
 
 def test_an_honest_workers_reply_channel_is_its_one_descriptor(tmp_path, monkeypatch):
     """No false alarm: an honest worker holds one descriptor of the driver's pipe through setup, a case and exit."""
-    from pathlib import Path
-
-    from kernellab.harness import revision
-
-    if not os.path.isdir(f"/proc/{os.getpid()}/fd"):
-        pytest.skip("the driver's count of the worker's descriptors reads Linux's /proc")
-    (tmp_path / "sitecustomize.py").write_text(
-        f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from fakes import affine_suite, honest\n"
-        "from kernellab.harness import registry\nfrom kernellab.harness.case import Impl\n"
-        "suite = affine_suite(Impl('ours', bind=honest), shapes=((8, 16),))\n"
-        "registry.get = lambda name, root=None, impls=True: suite\n")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    config = {"rounds": 1, "samples": 4, "warmup": 1, "iterations": 3, "modes": ["e2e_throughput"]}
-    with revision.Worker(None, "candidate") as worker:
-        worker.request("setup", suite="affine", config=config, cases="*", impls="ours", timeout_s=120)
+    with worker_of(tmp_path, monkeypatch, "honest", "ours") as worker:
+        worker.request("setup", suite="affine", config=WORKER_CONFIG, cases="*", impls="ours", timeout_s=120)
         assert worker.channel_holders() == 1
         got = worker.request("case", id="affine_8x16_fp32/ours", round=0, timeout_s=120)
         assert got["data"]["passed"], got["data"]

@@ -11,8 +11,9 @@ bench, its device and probes, the batch checks) any method hidden by an attribut
 class that is not the harness's, or a module swapped for another (``read_path_changes`` is the part a read of a
 result goes through). It also records what the torch control's ops go through, so that contender code cannot slow
 the control it is compared with: every attribute of torch's op namespaces and the process's speed settings,
-checked around every case (``control_path_changes``). ``guard`` binds ``verify`` before contender code runs, to be called right after it returns,
-before the harness reads anything, while a patch meant to undo itself at its first use is still there.
+checked around every case (``control_path_changes``). ``guard`` binds ``verify`` before contender code runs, to be
+called right after it returns, before the harness reads anything, while a patch meant to undo itself at its first
+use is still there.
 The comparison against the truth is also repeated outside this process (``validate.check_shipped``), which no
 patch here can reach.
 """

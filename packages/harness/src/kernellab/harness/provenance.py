@@ -88,8 +88,10 @@ def cubin_dir(env: str, name: str, arch: str | None, fingerprint: str) -> Path:
     return Path(root) / (arch or "device") / fingerprint
 
 
-def artifact_hashes(paths: list[str]) -> dict[str, str]:
-    return {str(p): sha256_file(p) for p in sorted(set(paths)) if Path(p).is_file()}
+def artifact_hashes(paths: list[str], base: str | os.PathLike | None = None) -> dict[str, str]:
+    """sha256 of each built file, keyed as named; a relative name read from ``base`` (default: here)."""
+    files = {str(p): Path(base or ".") / p for p in set(paths)}
+    return {name: sha256_file(f) for name, f in sorted(files.items()) if f.is_file()}
 
 
 def package_versions() -> dict[str, str]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from . import stats, validate
 from .progress import Progress, describe_samples
-from .provenance import sha256_file
+from .provenance import artifact_hashes, sha256_file
 
 PROTOCOL = 3  # 3: a worker names its built artifacts, the driver hashes them
 CHANNEL_TAKEN = 86
@@ -201,13 +201,6 @@ class Worker:
                 held += os.readlink(f"{folder}/{fd}") == pipe
         return held
 
-    def artifact_hashes(self, paths: list[str]) -> dict[str, str]:
-        """sha256 of the built files the worker names, read here (a relative path from the worker's tree): in the
-        worker, contender code could answer for them."""
-        base = self.root or Path.cwd()
-        files = {p: base / p for p in paths}
-        return {p: sha256_file(f) for p, f in sorted(files.items()) if f.is_file()}
-
     def _answers_within(self, timeout_s: float) -> bool:
         """Whether the worker's reply starts within ``timeout_s`` (each request has exactly one line
         of reply, so nothing of it waits in the pipe's buffer before this request)."""
@@ -296,7 +289,8 @@ def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds:
             setup = w.request("setup", **request)
             schedules[name] = setup["schedule"]
             sides[name] = {"cases": setup["cases"], "provenance": setup["provenance"], "rounds": []}
-            sides[name]["provenance"]["artifacts_sha256"] = w.artifact_hashes(setup["artifacts"])
+            # the built files the worker names, hashed here: in the worker, contender code could answer for them
+            sides[name]["provenance"]["artifacts_sha256"] = artifact_hashes(setup["artifacts"], w.root)
         common = [[cid for cid in schedules[names[-1]][r] if all(cid in set(schedules[n][r]) for n in names)]
                   for r in range(rounds)]
         bar = Progress(len(names) * sum(map(len, common)), enabled=progress)
@@ -346,7 +340,7 @@ def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds:
         for name, w in workers.items():
             fin = w.request("finish")
             sides[name]["provenance"]["clocks_end"] = fin["clocks_end"]
-            sides[name]["provenance"]["artifacts_sha256"] = w.artifact_hashes(fin["artifacts"])
+            sides[name]["provenance"]["artifacts_sha256"] = artifact_hashes(fin["artifacts"], w.root)
             sides[name]["stopping"] = stop
     return sides
 
