@@ -12,6 +12,7 @@ from torch import nn
 from kernellab.megakernel import compile_model, model, models, planning, stack
 from kernellab.megakernel.compiler import checks as compiler_checks
 from kernellab.megakernel.compiler.ir import TORCH_CHAIN
+from kernellab.megakernel.engines.graph import GraphCall
 
 pytestmark = pytest.mark.gpu
 
@@ -122,6 +123,20 @@ def test_random_stacks_match_the_reference(spec, rows, seed):
     torch.testing.assert_close(y.double(), truth, rtol=STACK_TOLERANCE, atol=STACK_TOLERANCE)
 
 
+def replayed_on_changed_input(compiled, rows: int, channels: int, seed: int):
+    """(x, out): ``compiled`` captured in a CUDA graph on input ``seed`` (warmed up first on a side stream, as the
+    graph engines capture: ``GraphCall.capture``), the input then changed in place to ``seed + 1`` and the output
+    poisoned, and the graph replayed."""
+    x = model.make_input(rows, channels, seed=seed, device="cuda")
+    out = torch.empty(rows, channels, device="cuda")
+    graph, _ = GraphCall(lambda i, o: compiled(i["x"], out=o["y"])).capture({"x": x}, {"y": out})
+    x.copy_(model.make_input(rows, channels, seed=seed + 1, device="cuda"))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    return x, out
+
+
 @pytest.mark.parametrize("spec", [
     {"channels": 64, "blocks": [{"hidden": 128, "norm": True}, {"hidden": 96, "activation": "silu"}]},
     {"channels": 64, "final_norm": "rmsnorm",
@@ -130,20 +145,7 @@ def test_random_stacks_match_the_reference(spec, rows, seed):
 ], ids=["kernels", "gated-and-kernels"])
 def test_compiled_model_replays_in_a_cuda_graph_on_changed_input(spec):
     compiled = compile_model(spec, rows=40, seed=1)
-    x = model.make_input(40, 64, seed=2, device="cuda")
-    out = torch.empty(40, 64, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        compiled(x, out=out)  # compiles the kernels and makes the buffers before capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        compiled(x, out=out)
-    x.copy_(model.make_input(40, 64, seed=3, device="cuda"))
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
+    x, out = replayed_on_changed_input(compiled, 40, 64, seed=2)
     truth = stack.reference_stack(x, compiled.program.blocks, compiled.parameters, compiled.program.final_norm,
                                   compiled.final_parameters)
     torch.testing.assert_close(out.double(), truth, rtol=STACK_TOLERANCE, atol=STACK_TOLERANCE)
@@ -165,20 +167,7 @@ def test_a_chain_of_programmatic_launches_is_bitwise_the_plain_chain(rows):
     for seed in (5, 6):
         x = model.make_input(rows, 256, seed=seed, device="cuda")
         assert torch.equal(early(x), plain(x)), seed
-    x = model.make_input(rows, 256, seed=7, device="cuda")
-    out = torch.empty(rows, 256, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        early(x, out=out)  # compiles the kernels and makes the buffers before capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        early(x, out=out)
-    x.copy_(model.make_input(rows, 256, seed=8, device="cuda"))
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
+    x, out = replayed_on_changed_input(early, rows, 256, seed=7)
     assert torch.equal(out, plain(x))
 
 
