@@ -5,6 +5,7 @@ the final norm (or the copy into y) after the last block.
     python3 tools/device/stack_trace.py [--models 'swiglu4*'] [--rows 1,16] [--forms gemv,mma]
                                         [--name NAME | --out PATH]
     python3 tools/device/stack_trace.py --show RECORD.json    (anywhere: a written record as tables)
+    python3 tools/device/stack_trace.py --compare RECORD.json...  (anywhere: records side by side, one line an entry)
 
 Builds a traced copy of ``engines/persistent_stack_gemv.py`` beside it (``_traced_persistent_stack_gemv.py``,
 removed at the end) whose kernel has thread 0 of every CTA write ``clock64`` and ``%globaltimer`` at the steps of
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import os
 import statistics
 
 from records import add_arguments, path_of  # this folder
@@ -152,9 +154,31 @@ def show(path: str) -> None:
                   f"{e['final_us']['max_us']:.2f} us")
 
 
+def compare(paths: list[str]) -> None:
+    """Several records of the same entries (a before and its afters, from one device session): per model, rows and
+    form, each record's time a call and the mean over blocks of phase B's median and slowest CTA."""
+    records = {os.path.basename(p).removesuffix(".json"): json.load(open(p)) for p in paths}
+    keys = list(dict.fromkeys((e["model"], e["rows"], e["form"]) for r in records.values() for e in r["entries"]))
+    print("| model | rows | form | " + " | ".join(f"{n}: us a call (phase B median / slowest)" for n in records)
+          + " |")
+    print("|---|---|---|" + "---|" * len(records))
+    for key in keys:
+        cells = []
+        for record in records.values():
+            e = next((e for e in record["entries"] if (e["model"], e["rows"], e["form"]) == key), None)
+            if e is None or "steps" not in e:
+                cells.append("-" if e is None else e["error"][:40])
+                continue
+            b = e["steps"]["phase B"]
+            cells.append(f"{e['p50_us']:.1f} ({statistics.mean(s['median_us'] for s in b):.2f} / "
+                         f"{statistics.mean(s['max_us'] for s in b):.2f})")
+        print(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--show", metavar="RECORD", help="print a written record as tables and stop")
+    ap.add_argument("--compare", nargs="+", metavar="RECORD", help="print written records side by side and stop")
     ap.add_argument("--models", default="*")
     ap.add_argument("--rows", default="1,16")
     ap.add_argument("--forms", default="gemv,mma")
@@ -163,6 +187,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.show:
         show(args.show)
+        return
+    if args.compare:
+        compare(args.compare)
         return
     forms = args.forms.split(",")
     if not forms or any(f not in ("gemv", "mma") for f in forms):

@@ -7,7 +7,7 @@ Per block i, with the rows taken ``tile_rows`` at a time (one tile for rows <= t
              h[r, j] = fp16(act(u[r] . W1[j] + b1[j]) [* (u[r] . W3[j] + b3[j])]) into the workspace (fp32)
     grid barrier
     phase B  output channel c, K slice k of W2's row (a warp each item, a run of consecutive items a warp):
-             s'[r, c] += h[r, k] . W2[c, k] (+ s[r, c] + b2[c] by the first slice), fp32 atomic adds
+             s'[r, c] += h[r, k] . W2[c, k], fp32 atomic adds into s' seeded with s + b2
     grid barrier
 
 then ``y = final_norm(s)`` or ``y = s``, a warp a row. Each warp streams its weights through a ring of the plan's
@@ -17,7 +17,7 @@ the ring): while it computes on one stage the next are in flight, and each weigh
 Weights do not depend on the stream, so each phase's first stages are copied before the grid barrier ahead of it and
 land while the grid waits; the operand rows come from shared memory, the hidden values from L2 (at one-row tiles
 held in registers for a warp's items of one slice). Stream buffers rotate over three as in the grid form (block i
-reads buffer i % 3, block 0 reads x, and adds into (i + 1) % 3, zeroed during phase A: nobody reads it then), the
+reads buffer i % 3, block 0 reads x, and adds into (i + 1) % 3, set to s + b2 during phase A: nobody reads it then), the
 hidden units of every row follow them in the workspace. The barrier is the grid form's
 (``PersistentStack.grid_barrier``, one word zeroed once).
 """
@@ -42,7 +42,11 @@ WARP = 32
 ROW_GROUP = 4  # rows of a W2 slice's products whose hidden values are loaded together (a round trip a group)
 CHANNEL_BLOCK = 2  # output channels a phase B item takes past 2 rows at 1024 channels and more: each hidden value a
 # lane loads serves that many channels (a warp a channel reads every row's hidden values once a channel: at 16 rows
-# of the 1B-sized stack about 1 GB a block against 32 MB of W2); fewer channels keep more items for small models
+# of the 1B-sized stack about 1 GB a block against 32 MB of W2); fewer channels keep more items for small models.
+# At one row from FULL_STAGE_CHANNELS too, where an item of one channel fills half its ring stage (its slice is 4
+# vectors a lane of the stage's 8): phase B had half phase A's bytes in flight (48 KB an SM against 96 KB). At two
+# rows it spills (sm_90a, 2048 gated channels: 255 registers and 20 B of spill stores)
+FULL_STAGE_CHANNELS = 2048  # from here 1024 channel blocks or more: about one a warp of the grid for every slice
 SLICE_VECTORS = (4, 2)  # 16-byte vectors a lane copies per W2 slice at 1-2 rows, and past: a slice is WARP * VEC *
 # that many hidden units (smaller slices: more items to spread over the warps when the hidden units are few)
 
@@ -58,7 +62,8 @@ class StackGemv(PersistentStack):
         self.slice = WARP * VEC * self.slice_vectors
         self.row_group = min(self.tile_rows, ROW_GROUP)
         self.unit_block = 1  # hidden units a phase A item takes (the mma form: a tile of them)
-        self.channel_block = CHANNEL_BLOCK if self.tile_rows > 2 and self.cols >= 1024 else 1
+        wide = self.tile_rows == 1 and self.cols >= FULL_STAGE_CHANNELS or self.tile_rows > 2 and self.cols >= 1024
+        self.channel_block = CHANNEL_BLOCK if wide else 1
         # fewer rows than warps: each row's operand over warps // tile_rows warps (at one row a warp had walked it)
         self.row_split = self.warps // self.tile_rows if self.tile_rows < self.warps else 1
         assert self.channel_block * self.slice_vectors <= GEMV_STAGE_VECTORS, "a phase B item is one ring stage"
@@ -100,9 +105,8 @@ class StackGemv(PersistentStack):
         for i in range(blocks):
             units = meta[i, 1] * STACK_TILE
             unit0 = meta[i, 0] * STACK_TILE
-            target = (i + 1) % 3 * rows
             for e in range(cta * self.threads + tid, rows * self.cols, grid * self.threads):  # nobody reads it now
-                ws[target + e // self.cols, e % self.cols] = Float32(0.0)
+                self.seed_stream(ws, x, b2, i, e // self.cols, e % self.cols, rows, channels)
             unit_items = self.unit_items(units, first_warp, all_warps)
             for row0 in range(0, rows, self.tile_rows):
                 if row0 > 0:  # the first row tile's stages are in flight already
@@ -134,7 +138,7 @@ class StackGemv(PersistentStack):
                                 lane)
                 cute.arch.cp_async_wait_group(self.stages - 1)
                 block, k = self.slice_item(first_item, m, channel_blocks)
-                self.output_slice(ring, ws, x, b2, i, block * self.channel_block, k, m % self.stages, units, rows,
+                self.output_slice(ring, ws, i, block * self.channel_block, k, m % self.stages, units, rows,
                                   channels, hidden_rows, cache, lane)
             if i + 1 < blocks:
                 self.first_unit_batches(w1, w3, ring, meta, i + 1, first_warp, all_warps, lane)
@@ -204,15 +208,22 @@ class StackGemv(PersistentStack):
         return first_warp + m // self.batches * all_warps
 
     @cute.jit
-    def add_to_stream(self, ws, x, b2, i: Int32, k: Int32, r: Int32, c: Int32, rows: Int32, total: Float32):
-        """s'[r, c] += total, a slice's share of block i's output; the first slice (k == 0) adds the block's
-        input stream s[r, c] and b2[c] too."""
-        if k == 0:
-            total = total + b2[i, c]
+    def seed_stream(self, ws, x, b2, i: Int32, r: Int32, c: Int32, rows: Int32, channels: Int32):
+        """s'[r, c] = s[r, c] + b2[c] (0 past the channels), block i's output before phase B adds into it: every
+        slice's add is then alike (the first slice's had loaded s and b2 ahead of its atomic, a round trip an item
+        for the warps of slice 0)."""
+        value = Float32(0.0)
+        if c < channels:
+            value = b2[i, c]
             if i == 0:
-                total = total + x[r, c].to(Float32)
+                value = value + x[r, c].to(Float32)
             else:
-                total = total + ws[i % 3 * rows + r, c]
+                value = value + ws[i % 3 * rows + r, c]
+        ws[(i + 1) % 3 * rows + r, c] = value
+
+    @cute.jit
+    def add_to_stream(self, ws, i: Int32, r: Int32, c: Int32, rows: Int32, total: Float32):
+        """s'[r, c] += total, a slice's share of block i's output (``seed_stream`` put s + b2 there)."""
         self.red_add(ws, (i + 1) % 3 * rows + r, c, total)
 
     @cute.jit
@@ -370,11 +381,11 @@ class StackGemv(PersistentStack):
         return hidden
 
     @cute.jit
-    def output_slice(self, ring: cute.Tensor, ws, x, b2, i: Int32, c0: Int32, k: Int32, stage: Int32, units: Int32,
+    def output_slice(self, ring: cute.Tensor, ws, i: Int32, c0: Int32, k: Int32, stage: Int32, units: Int32,
                      rows: Int32, channels: Int32, hidden_rows: Int32, cache, lane: Int32):
-        """s'[r, c] += h[r, slice k] . W2[c, slice k] for every row and the item's channels c0 ... (the first slice
-        adds s[r, c] + b2[c] too), by one warp: the slice's W2 vectors from its ring stage, the rows in groups of
-        ``row_group`` whose hidden values (``slice_hidden``) serve all the item's channels."""
+        """s'[r, c] += h[r, slice k] . W2[c, slice k] for every row and the item's channels c0 ..., by one warp: the
+        slice's W2 vectors from its ring stage, the rows in groups of ``row_group`` whose hidden values
+        (``slice_hidden``) serve all the item's channels."""
         for r0 in range(0, rows, self.row_group):
             hidden = self.slice_hidden(ws, k, r0, rows, units, hidden_rows, cache, lane)
             sums = []
@@ -396,4 +407,4 @@ class StackGemv(PersistentStack):
                     for g in cutlass.range_constexpr(self.row_group):
                         r = r0 + g
                         if r < rows and c < channels:
-                            self.add_to_stream(ws, x, b2, i, k, r, c, rows, sums[cc * self.row_group + g])
+                            self.add_to_stream(ws, i, r, c, rows, sums[cc * self.row_group + g])

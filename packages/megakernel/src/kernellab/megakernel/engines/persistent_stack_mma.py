@@ -14,7 +14,7 @@ Per block i, the rows in tiles of ``tile_rows`` (16, 32 or 64: the M of a warp's
              a run of consecutive ones that mostly share their hidden units: the slice's hidden values of the rows
              staged into the warp's shared memory as fp16 once for the run (they are fp16-rounded already; the
              staging reuses the operand's buffer, dead in phase B), acc (rows x 16) = h . W2_tile^T, added into
-             the next stream buffer by fp32 atomics (+ s + b2 by the first slice). With ``split`` > 1 (the CTA has
+             the next stream buffer (seeded with s + b2) by fp32 atomics. With ``split`` > 1 (the CTA has
              the partial sums' buffer) an item is the CTA's: 16 channels and a group of as many slices as the CTA
              has warps, a slice a warp, their sums added in shared memory before one atomic an element
              (``add_tile_by_cta``), where a warp an item had made an atomic an element a slice
@@ -258,13 +258,12 @@ class StackMma(StackGemv):
         cute.arch.cp_async_commit_group()
 
     @cute.jit
-    def output_slice(self, ring, ws, x, b2, i: Int32, c0: Int32, k: Int32, stage: Int32, units: Int32,
+    def output_slice(self, ring, ws, i: Int32, c0: Int32, k: Int32, stage: Int32, units: Int32,
                      rows: Int32, channels: Int32, hidden_rows: Int32, cache, lane: Int32):
-        """s'[r, c] += h[r, slice k] . W2[c, slice k] for the item's 16 channels and every row (the first slice
-        adds s[r, c] + b2[c] too), a row tile at a time: the slice's hidden values of the tile staged in the warp's
-        shared memory as fp16 (kept for the warp's next items of the slice where the rows are one tile:
-        ``cache``), then the MMAs against the slice's W2 tiles, then one atomic add an element (with ``split`` > 1
-        one for the CTA's warps together: ``add_tile_by_cta``)."""
+        """s'[r, c] += h[r, slice k] . W2[c, slice k] for the item's 16 channels and every row, a row tile at a time:
+        the slice's hidden values of the tile staged in the warp's shared memory as fp16 (kept for the warp's next items
+        of the slice where the rows are one tile: ``cache``), then the MMAs against the slice's W2 tiles, then one
+        atomic add an element (with ``split`` > 1 one for the CTA's warps together: ``add_tile_by_cta``)."""
         _, s_h, warp, _ = ring
         mma = self.tiled_mma()
         copy_a, copy_b = tensorcore.s2r_copies(mma)
@@ -296,18 +295,17 @@ class StackMma(StackGemv):
                     r, cc = coords[e]
                     row, c = row0 + r, c0 + cc
                     if row < rows and c < channels:
-                        self.add_to_stream(ws, x, b2, i, k, row, c, rows, acc[e])
+                        self.add_to_stream(ws, i, row, c, rows, acc[e])
             else:
-                self.add_tile_by_cta(ring, acc, coords, ws, x, b2, i, c0, k // self.warps, row0, rows, channels,
-                                     lane)
+                self.add_tile_by_cta(ring, acc, coords, ws, i, c0, row0, rows, channels, lane)
 
     @cute.jit
-    def add_tile_by_cta(self, ring, acc: cute.Tensor, coords: cute.Tensor, ws, x, b2, i: Int32, c0: Int32,
-                        group: Int32, row0: Int32, rows: Int32, channels: Int32, lane: Int32):
+    def add_tile_by_cta(self, ring, acc: cute.Tensor, coords: cute.Tensor, ws, i: Int32, c0: Int32,
+                        row0: Int32, rows: Int32, channels: Int32, lane: Int32):
         """The CTA's warps' sums of one (rows x 16) tile, a slice of the group each, added in shared memory and then
         into the stream by one atomic an element, the elements dealt over the warps (a lane's elements are the same
-        (row, channel) in every warp). The first group adds s + b2 (``add_to_stream``). The CTA syncs before
-        writing (the last tile's sums are read) and after (every warp's are there)."""
+        (row, channel) in every warp). The CTA syncs before writing (the last tile's sums are read) and after (every
+        warp's are there)."""
         _, _, warp, s_part = ring
         values = cute.size(acc)
         cute.arch.sync_threads()
@@ -322,4 +320,4 @@ class StackMma(StackGemv):
                 r, cc = coords[e]
                 row, c = row0 + r, c0 + cc
                 if row < rows and c < channels:
-                    self.add_to_stream(ws, x, b2, i, group, row, c, rows, total)
+                    self.add_to_stream(ws, i, row, c, rows, total)

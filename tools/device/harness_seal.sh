@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# On the GPU host, after `source .device/b/env.sh`: the harness's seals beside every GPU library a contender imports.
+# One short run of each GPU suite (every impl, 1 round x 3 samples) in the harness's worker, then the harness's GPU
+# tests; a library that changes a sealed attribute, a speed setting or leaves a thread or process refuses the cases
+# after it, naming what changed. Reports to $OUT/SUITE-REV.json (REV: the tree's commit, short), a table last.
+set -u
+out=${OUT:?OUT must name the folder whose files come back}
+rev=$(printf %.7s "${KERNELLAB_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}")
+runs=(
+  "gpu-norm|rmsnorm_256x3072_bf16,copy_256x3072_bf16"
+  "gpu-norm-backward|rmsnorm_backward_256x3072_bf16,rmsnorm_train_256x3072_bf16,copy_256x3072_bf16"
+  "gpu-megakernel-models|stack_1x512_fp16_mlp8*"
+  "gpu-megakernel|residual_mlp_257x64x128_fp16_gelu"
+)
+for run in "${runs[@]}"; do
+  suite=${run%%|*}; cases=${run#*|}
+  timeout 280 python3 -m kernellab.harness.cli --suite "$suite" --cases "$cases" --rounds 1 --samples 3 --no-plot \
+    --quiet --out "$out/$suite-$rev.json" > "$out/$suite-$rev.log" 2>&1
+  echo "$suite: exit $?"
+done
+timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts="" -rfE \
+  packages/harness/tests/test_timing_gpu.py > "$out/test_timing_gpu-$rev.log" 2>&1
+echo "test_timing_gpu: pytest exit $?"; tail -3 "$out/test_timing_gpu-$rev.log"
+python3 - "$out" "$rev" <<'EOF'
+import json, pathlib, sys
+out, rev = pathlib.Path(sys.argv[1]), sys.argv[2]
+for path in sorted(out.glob(f"*-{rev}.json")):
+    cases = json.loads(path.read_text())["cases"]
+    bad = [f"  {c['id']}: {c['status']} {c.get('reason') or ''}"[:240] for c in cases
+           if c["status"] not in ("ok", "unsupported")]
+    print(f"{path.name}: {len(cases)} cases, {len(cases) - len(bad)} ok or unsupported")
+    print("\n".join(bad))
+EOF
