@@ -42,7 +42,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     repo = provenance.find_repo_root(Path.cwd())
-    suites, broken = registry.discover()
+    suites, broken = registry.discover(impls=False)  # contenders are imported in the workers only
     if args.suite not in suites:
         raise SystemExit(f"unknown suite {args.suite!r} ({broken.get(args.suite, 'not registered')})")
     suite = suites[args.suite]

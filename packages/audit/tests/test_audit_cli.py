@@ -75,3 +75,17 @@ def test_a_binary_report_fails_its_check_without_a_traceback(tmp_path, repo, cap
     assert "Traceback" not in capsys.readouterr().err
     audit = json.loads(out.read_text())
     assert any("is not a text file" in r for r in audit["reasons"])
+
+
+def test_the_newest_pair_is_the_two_files_written_last_whatever_they_say(tmp_path):
+    """Two copies of an old report dated ahead (2099) had been audited in place of the run just written."""
+    import os
+
+    old, older, new, newer = (run_report(tmp_path / f"{n}.json", ["softmax"]) for n in ("old", "older", "new", "newer"))
+    for path, when in ((older, 1), (old, 2), (new, 3), (newer, 4)):
+        os.utime(path, ns=(when * 10**18, when * 10**18))
+    for forged in (old, older):
+        data = json.loads(forged.read_text())
+        report_io.write({**data, "created_at": "2099-01-01T00:00:00+00:00"}, forged)
+        os.utime(forged, ns=(10**18, 10**18))
+    assert cli.newest_pair(tmp_path) == (new, newer)

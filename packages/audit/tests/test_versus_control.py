@@ -4,6 +4,7 @@ torch, which the replay measures 2x slower, fails; a contender only the candidat
 never run in common, is not replayed, and the verdict says so."""
 
 import random
+import re
 
 from test_forged_control import CONFIG, MODE, PROBLEM, run_report
 
@@ -118,3 +119,22 @@ def test_a_contender_only_the_reference_has_leaves_its_claims_undecided(monkeypa
     assert out["status"] == "inconclusive", out["reasons"]
     assert any("reference: softmax_128x512_fp32/fastref versus torch" in r and "not replayed" in r
                for r in out["reasons"]), out["reasons"]
+
+
+def test_reports_whose_every_sample_was_scaled_alike_are_not_passed(monkeypatch, tmp_path):
+    """Both reports' samples halved (the contender and the control alike): every ratio the audit judges is the
+    replay's, so the pair had passed, its microseconds and GB/s twice the truth. The control's own times, unlike
+    the replay's, leave them unconfirmed."""
+    truth = {"torch": 50.0, "planted": 20.0}
+    halved = {impl: t / 2 for impl, t in truth.items()}
+    reports = {"reference": run_report(side(halved, 1), "torch"), "candidate": run_report(side(halved, 2), "torch")}
+    out = audit(reports, {"reference": side(truth, 3), "candidate": side(truth, 4)}, monkeypatch, tmp_path)
+    assert out["status"] == "inconclusive", out["reasons"]
+    assert all(j["claim"] == verdict.REPRODUCED for j in out["versus_control_claims"])  # the ratios hold
+    reasons = [r for r in out["reasons"] if "control time(s)" in r]
+    assert len(reasons) == 2 and all(re.search(r"torch e2e_throughput: claimed 25(\.0\d*)?-25(\.0\d*)? us, "
+                                               r"replayed (49\.9|50[ .-])", r) for r in reasons), out["reasons"]
+    slower = {impl: t * verdict.CONTROL_TIME_LIMIT * 0.9 for impl, t in truth.items()}  # a busier machine, within
+    reports = {"reference": run_report(side(slower, 1), "torch"), "candidate": run_report(side(slower, 2), "torch")}
+    out = audit(reports, {"reference": side(truth, 3), "candidate": side(truth, 4)}, monkeypatch, tmp_path)
+    assert out["status"] == "pass", out["reasons"]

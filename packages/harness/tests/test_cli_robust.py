@@ -29,7 +29,10 @@ def affine(monkeypatch):
     suites = {"affine": affine_suite(Impl("ours", bind=honest), shapes=((4, 8),)), "gpu-fake": gpu}
     for s in suites.values():
         s.unavailable = {}
-    monkeypatch.setattr(registry, "discover", lambda root=None: (suites, {}))
+    monkeypatch.setattr(registry, "discover", lambda root=None, impls=True: (suites, {}))
+    # the contenders' names, which a worker of the working tree would give the driver
+    monkeypatch.setattr(cli, "catalog", lambda root: {"broken": {}, "suites": [
+        registry.catalog_entry(s) for s in suites.values()]})
     return suites
 
 
@@ -191,3 +194,47 @@ def test_an_out_file_is_replaced_atomically(tmp_path):
     report_io.write({**base, "metadata": {"n": 2}}, tmp_path / "x.json")
     assert report_io.load(tmp_path / "x.json")["metadata"] == {"n": 2}
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+PLANTED_IN_DRIVER = '''
+import os
+
+
+def impls():
+    import torch
+    from kernellab.harness.case import Impl, Unsupported
+
+    with open(os.environ["PLANTED_MARKS"], "a") as f:  # where its factory ran: a worker, or the driver
+        f.write(f"{os.getpid()} {os.environ.get('KERNELLAB_WORKER_LABEL', 'driver')}\\n")
+
+    def bind(problem):
+        if problem.op != "softmax":
+            raise Unsupported("softmax only")
+        return lambda i, o: (torch.softmax(i["x"], dim=-1, out=o["y"]), o)[1]
+
+    return [Impl("outsider", bind=bind)]
+'''
+
+
+def test_no_contender_code_runs_in_the_driver(monkeypatch, tmp_path, capsys):
+    """A contender's factory run in the driver (every suite's impls were loaded there to list and match them) could
+    rewrite the samples its workers reply, the report or the gate's verdict, unseen by any worker's seal: the driver
+    loads the suites without their impls and takes the impls' names from a worker."""
+    site, marks = tmp_path / "site", tmp_path / "marks"
+    info = site / "outsider-1.0.dist-info"
+    info.mkdir(parents=True)
+    (site / "outsider.py").write_text(PLANTED_IN_DRIVER)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: outsider\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[kernellab.suites]\ncpu-ops.outsider = outsider:impls\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv("PLANTED_MARKS", str(marks))
+    assert cli.main(["--list"]) == 0
+    assert "impls: torch, native, outsider" in capsys.readouterr().out
+    assert cli.main(["--impls", "nope"]) == 2
+    assert "matches none of ['native', 'outsider', 'torch']" in capsys.readouterr().err
+    out = tmp_path / "r.json"
+    assert cli.main([*REAL, "--impls", "torch,outsider", "--out", str(out)]) == 0
+    assert {c["impl"]: c["status"] for c in json.loads(out.read_text())["cases"]} == {"torch": "ok", "outsider": "ok"}
+    ran = [line.split() for line in marks.read_text().splitlines()]
+    assert ran and all(label != "driver" and int(pid) != __import__("os").getpid() for pid, label in ran), ran

@@ -56,6 +56,44 @@ def test_a_comparison_without_common_pairs_is_inconclusive():
     assert verdict.status == gate.INCONCLUSIVE and "no case and mode" in verdict.reasons[0]
 
 
+def _slowed(factors: list[float], unsupported: str | None = None) -> dict:
+    """A candidate side whose contender is slower by ``factors[r]`` in round r, and ``unsupported``'s case (an id)
+    no longer measured."""
+    cand = planted.side(100.0, seed=1)
+    for r, f in enumerate(factors):
+        for cid, d in cand["rounds"][r].items():
+            if cid.endswith("/ours"):
+                d["samples_us"] = {m: [x * f for x in v] for m, v in d["samples_us"].items()}
+    if unsupported:
+        next(c for c in cand["cases"] if c["id"] == unsupported).update(status="unsupported", reason="not any more")
+        for data in cand["rounds"]:
+            del data[unsupported]
+    return report_io.seal(assemble.comparison_report(planted.suite(), planted.CONFIG, planted.side(), cand))
+
+
+def test_an_interval_that_holds_the_limit_is_inconclusive_not_a_pass():
+    """A contender slower in every round, several times slower in one (noise, or one that knows its rounds): its
+    interval reaches past the limit on both sides. The gate had read "not wholly below the limit" as a pass."""
+    verdict = gate.evaluate(_slowed([1.3, 1.3, 4.0, 1.0, 1.0]), 5.0)
+    assert verdict.status == gate.INCONCLUSIVE and not verdict.regressions
+    assert all(f.gain < gate.gain_limit(5.0) and f.gain_ci[0] < gate.gain_limit(5.0) <= f.gain_ci[1]
+               for f in verdict.undecided) and len(verdict.undecided) == 4
+    assert "whose gain interval holds 0.9524" in verdict.reasons[0] and "neither shown nor ruled out" in \
+        verdict.reasons[0]
+
+
+def test_a_pair_the_reference_measured_and_this_run_did_not_is_inconclusive():
+    """A case slower than the reference (a regression) that becomes unsupported leaves only its faster cases to
+    judge: the gate had said pass."""
+    slow = "affine_64x64_fp32/ours"
+    assert gate.evaluate(_slowed([3.0] * 5), 5.0).status == gate.REGRESSION
+    verdict = gate.evaluate(_slowed([1.0] * 5, unsupported=slow), 5.0)
+    assert verdict.status == gate.INCONCLUSIVE and not verdict.regressions and not verdict.undecided
+    assert f"were not measured in this run (unsupported, failed or unavailable now), first {slow} " in \
+        verdict.reasons[0]
+    assert gate.unmeasured_pairs(_slowed([1.0] * 5)) == []
+
+
 @pytest.mark.parametrize("pct", [-1.0, float("nan"), float("inf")])
 def test_a_bad_percentage_is_refused(pct):
     with pytest.raises(gate.GateError, match="expects a percentage >= 0"):
@@ -102,7 +140,7 @@ def test_markdown_lists_regressions_first_with_the_verdict():
 @pytest.fixture
 def fake_bench(monkeypatch):
     """kernellab-bench with the planted suite, its measurement replaced by a planted side."""
-    monkeypatch.setattr(registry, "discover", lambda: ({"affine": planted.suite()}, {}))
+    monkeypatch.setattr(registry, "discover", lambda impls=True: ({"affine": planted.suite()}, {}))
 
     def use(**kw):
         monkeypatch.setattr(cli, "measure_side", lambda suite, config, args: planted.side(seed=1, **kw))

@@ -169,19 +169,37 @@ def test_cubin_dir_is_per_arch_and_fingerprint_under_the_override(tmp_path, monk
 
 
 SPOOFING_CONTENDER = '''
-def impls():
-    from kernellab.harness.case import Impl
+import json
 
-    def bind(problem):
+from kernellab.harness.case import Impl
+
+
+def named(problem):
+    return problem.control
+
+
+named.__module__ = "json"  # "my code is the json package"
+_code = {}
+exec(compile("def compiled(problem):\\n    return problem.control\\n", json.__file__, "exec"), _code)
+
+
+class Binder:  # a callable object: no code object of its own, its class names its module
+    __module__ = "json"
+
+    def __call__(self, problem):
         return problem.control
-    bind.__module__ = "json"  # "my code is the json package"
-    return [Impl("sneaky", bind=bind)]
+
+
+def impls():
+    return [Impl("named", bind=named), Impl("compiled", bind=_code["compiled"]), Impl("object", bind=Binder())]
 '''
 
 
-def test_a_contender_cannot_choose_which_code_is_hashed_as_its_own(tmp_path, monkeypatch):
-    """A bind naming another module (here the standard library's ``json``) still has its own file hashed,
-    and a change to that file after the report is found."""
+@pytest.mark.parametrize("spoof", ["named", "compiled", "object"])
+def test_a_contender_cannot_choose_which_code_is_hashed_as_its_own(tmp_path, monkeypatch, spoof):
+    """A bind naming another module (here the standard library's ``json``: through its ``__module__``, a code
+    object compiled with json's file name, or a callable object whose class names json) still has its own file
+    hashed, the module its entry point names, and a change to that file after the report is found."""
     import importlib
     import sys
 
@@ -190,11 +208,12 @@ def test_a_contender_cannot_choose_which_code_is_hashed_as_its_own(tmp_path, mon
     module = site / "sneaky_contender.py"
     module.write_text(SPOOFING_CONTENDER)
     monkeypatch.syspath_prepend(str(site))
-    impl = importlib.import_module("sneaky_contender").impls()[0]
+    impl = next(i for i in importlib.import_module("sneaky_contender").impls() if i.name == spoof)
+    impl.origin = {"entry_point": "cpu-ops.sneaky = sneaky_contender:impls", "distribution": "sneaky"}  # registry's
     try:
-        recorded = provenance.impl_sources([impl], tmp_path / "checkout")["sneaky"]
+        recorded = provenance.impl_sources([impl], tmp_path / "checkout")[spoof]
         module.write_text(SPOOFING_CONTENDER + "\n# the contender's code, changed after the report was written\n")
-        changes = provenance.impl_source_changes({"sneaky": recorded}, tmp_path / "checkout")["sneaky"]
+        changes = provenance.impl_source_changes({spoof: recorded}, tmp_path / "checkout")[spoof]
     finally:
         sys.modules.pop("sneaky_contender", None)
     assert recorded["module"] == "sneaky_contender" and list(recorded["files"]) == ["sneaky_contender.py"], recorded

@@ -182,6 +182,7 @@ class Audit:
         for side, rep in reports.items():
             self._check_replayed_impls(side, rep, sides[side])
             self._check_problems(side, rep, sides[side])
+            self._check_control_times(side, rep, sides[side]["rounds"], control)
             self.versus += self._versus_control(side, rep, sides[side]["rounds"], control)
         suite = types.SimpleNamespace(name=cand["suite"], device=cand.get("suite_device", "cpu"), control=control)
         for side, rep in reports.items():
@@ -295,6 +296,18 @@ class Audit:
         self.check(f"{side} problems as the suite describes them", not differ, differ or "every case's problem",
                    fail=f"{side}: {len(differ)} case(s) record a problem the suite describes otherwise, first: "
                         f"{next(iter(differ.items()))}" if differ else None)
+
+    def _check_control_times(self, side: str, report: dict, rounds: list[dict], control: str) -> None:
+        """The report's absolute times, through its control's (``verdict.control_times``): where they are not the
+        replay's, its microseconds, GB/s and fractions of the copy are unconfirmed, and the verdict inconclusive
+        (a machine busier or quieter at the report's time than at the replay's looks the same as a forgery)."""
+        if self.foreign_device:
+            return  # another device's times cannot be judged here: already a doubt
+        off = verdict.control_times(report, rounds, control)
+        self.check(f"{side} control times reproduced", None if off else True, off or "every control case",
+                   doubt=f"{side}: {len(off)} control time(s) further than {verdict.CONTROL_TIME_LIMIT}x from every "
+                         f"replayed round, so its absolute times (us, GB/s, of copy) are unconfirmed, first: {off[0]}"
+                   if off else None)
 
     def _check_replayed_impls(self, side: str, report: dict, replayed: dict) -> None:
         """Every case a report measured is measured by the replay, or the verdict says why not (a case the replay's

@@ -56,7 +56,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def newest_pair(root: Path) -> tuple[Path, Path]:
-    """The two newest run reports of the suite of the newest run report under ``root``."""
+    """The two newest run reports, by when their files were written, of the suite of the newest one under ``root``
+    (not by the ``created_at`` a report states: a copy of an old report dated ahead would be taken for the new)."""
     found = []
     for path in root.rglob("*.json"):
         try:
@@ -64,7 +65,7 @@ def newest_pair(root: Path) -> tuple[Path, Path]:
         except (OSError, ValueError):
             continue
         if isinstance(data, dict) and data.get("schema") == report_io.SCHEMA and data.get("kind") == "run":
-            found.append((data.get("created_at", ""), data.get("suite"), path))
+            found.append((path.stat().st_mtime_ns, data.get("suite"), path))
     if not found:
         raise UsageError(f"no run reports under {root}; give REFERENCE.json CANDIDATE.json")
     found.sort()

@@ -37,6 +37,7 @@ DECISIVE_WIDTH = 64.0  # an interval wider than this says nothing, not even that
 DRIFT_LIMIT = 1.25  # a replay whose control moved more than 25% between its two sides decides nothing
 MIN_REPLAY_ROUNDS = 3  # rounds a side below which a replay's interval says nothing of its spread
 MIN_REPLAY_SAMPLES = 5  # samples a round the audit replays at least, whatever the report's config
+CONTROL_TIME_LIMIT = 1.5  # a report's control times further than this from every replayed round are unconfirmed
 
 
 def majority_spread(values: list[float]) -> float:
@@ -205,3 +206,26 @@ def judge(claim: dict, replayed: dict, tolerance: float) -> dict:
         outcome = UNDECIDED
     return {**claim, "claim_noise": noise, "replay_band": band, "replay_width": width, "informative": not why,
             "uninformative_because": why, "change_not_shown": unshown, "claim": outcome}
+
+
+def control_times(report: dict, rounds: list[dict], control: str) -> list[str]:
+    """A report's own times, where no ratio reaches them: each of its control's cases (the copy ceiling's included)
+    per mode, its rounds' medians against the replay's of the same case on that report's side. One whose every
+    round lies further than ``CONTROL_TIME_LIMIT`` from every replayed round (either way: the report's machine may
+    have been quieter or busier) is listed, as 'case mode: claimed ..., replayed ...'. Every sample of a report
+    scaled alike, or its copy ceiling's alone, changes no ratio the audit judges; it moves these."""
+    out = []
+    for case in report["cases"]:
+        if case["impl"] != control or case["status"] != "ok":
+            continue
+        for mode, m in case["modes"].items():
+            replayed = [stats.median(r[case["id"]]["samples_us"][mode]) for r in rounds
+                        if mode in (r.get(case["id"]) or {}).get("samples_us", {})]
+            claimed = m.get("round_medians_us") or []
+            if not replayed or not claimed:
+                continue
+            lo, hi = min(replayed) / CONTROL_TIME_LIMIT, max(replayed) * CONTROL_TIME_LIMIT
+            if max(claimed) < lo or min(claimed) > hi:
+                out.append(f"{case['id']} {mode}: claimed {min(claimed):.4g}-{max(claimed):.4g} us, replayed "
+                           f"{min(replayed):.4g}-{max(replayed):.4g} us")
+    return out

@@ -16,7 +16,7 @@ from tabulate import tabulate_formats
 
 from . import assemble, cluster, consistency, gate, plot, provenance, registry, signing, table
 from . import report as report_io
-from .revision import Extension, RevisionError, materialize, run_sides
+from .revision import Extension, RevisionError, catalog, materialize, run_sides
 from .runner import Config, match
 from .timing import ALL_MODES
 
@@ -202,6 +202,14 @@ def unmatched(option: str, patterns: str | None, names: list[str]) -> str | None
     return None
 
 
+def contenders(suites) -> list[dict]:
+    """The given suites (a dict or list of them, loaded without their impls) as a worker of the working tree loads
+    them, each with its impls' names (``revision.catalog``), in the given order."""
+    names = [s.name for s in (suites.values() if isinstance(suites, dict) else suites)]
+    found = {s["name"]: s for s in catalog(provenance.find_repo_root(Path(__file__)))["suites"]}
+    return [found[n] for n in names if n in found]
+
+
 def measure_side(suite, config: Config, args) -> dict:
     """One revision's measured rounds, in the working tree, measured in a worker process: this process
     checks the results the worker ships without importing any contender code (``revision.run_sides``).
@@ -227,8 +235,8 @@ def measure_side(suite, config: Config, args) -> dict:
 def cluster_sides(suite, config: Config, args, trees: dict) -> dict:
     """``run_sides`` on the Ray cluster: one task per problem, checkpointed (``--resume``), merged."""
     problems = [p for p in suite.make_problems() if match(p.name, args.cases)]
-    impls = [i for i in suite.impls if i.name == suite.control or match(i.name, args.impls)]
-    expected = {p.name: [{"id": f"{p.name}/{i.name}", "problem": p.describe(), "impl": i.name, "status": "failed",
+    impls = [i for i in contenders([suite])[0]["impls"] if i == suite.control or match(i, args.impls)]
+    expected = {p.name: [{"id": f"{p.name}/{i}", "problem": p.describe(), "impl": i, "status": "failed",
                           "reason": None} for i in impls] for p in problems}
     request = {"suite": suite.name, "config": config.to_json(), "cases": None, "impls": args.impls}
     plan = cluster.Plan(trees={k: Path(v) for k, v in trees.items()}, request=request, rounds=config.rounds,
@@ -425,21 +433,21 @@ def run(argv: list[str] | None) -> int:
         args.signing_key = signing.load_private_key(args.sign) if args.sign else None
     except signing.SigningError as e:
         return _usage(f"{'--keygen' if args.keygen else '--sign'}: {e}")
-    try:
-        suites, broken = registry.discover()
+    try:  # the suites' problems and controls only: contenders are imported in the workers, never here
+        suites, broken = registry.discover(impls=False)
     except registry.SuiteError as e:
         return _usage(str(e))
     for name, why in broken.items():
         print(f"kernellab-bench: warning: suite {name!r} failed to load: {why}", file=sys.stderr)
     if args.list:
         gpu = cuda_available()
-        for s in suites.values():
-            runnable = "" if s.device == "cpu" or gpu else " [cannot run here: no CUDA device]"
-            print(f"{s.name} ({s.device}): {s.description}{runnable}")
-            print(f"  impls: {', '.join(i.name for i in s.impls)}"
-                  + (f"; unavailable: {s.unavailable}" if getattr(s, "unavailable", None) else ""))
-            for p in s.make_problems():
-                print(f"  {p.name}")
+        for s in contenders(suites):
+            runnable = "" if s["device"] == "cpu" or gpu else " [cannot run here: no CUDA device]"
+            print(f"{s['name']} ({s['device']}): {s['description']}{runnable}")
+            unavailable = f"; unavailable: {s['unavailable']}" if s["unavailable"] else ""
+            print(f"  impls: {', '.join(s['impls'])}{unavailable}")
+            for name in s["problems"]:
+                print(f"  {name}")
         return EXIT_OK
     problem = check_gate_args(args)
     if problem:
@@ -462,7 +470,8 @@ def run(argv: list[str] | None) -> int:
     if args.resume and len(chosen) != 1:
         return _usage(f"--resume finishes one suite's run; {len(chosen)} suites were chosen")
     problem = (out_problem(args, [s.name for s in chosen])
-               or unmatched("--impls", args.impls, [i.name for s in chosen for i in s.impls])
+               or (args.impls and unmatched("--impls", args.impls,
+                                             [i for s in contenders(chosen) for i in s["impls"]]))
                or unmatched("--cases", args.cases, [p.name for s in chosen for p in s.make_problems()]))
     if problem:
         return _usage(problem)

@@ -2,7 +2,10 @@
 A/B statistics of ``assemble.comparison_report``, failing on a significant slowdown beyond a margin.
 
 A case regresses where its whole gain interval (reference/candidate, Bonferroni-adjusted over the
-comparison) lies below ``1 / (1 + pct/100)``: slower by more than ``pct`` percent, beyond noise. A
+comparison) lies below ``1 / (1 + pct/100)``: slower by more than ``pct`` percent, beyond noise. A pass needs
+every interval wholly above that limit: one that holds it (noise, or a contender slow in some rounds only) neither
+shows a slowdown nor rules it out, and neither does a pair the reference measured that this run did not (a case
+now unsupported, failed or unavailable, a mode it no longer gives): both make the verdict ``inconclusive``. A
 control probe that drifted past ``assemble.CONTROL_DRIFT_TOLERANCE`` in any pair makes the verdict
 ``inconclusive``: the machine moved, so neither a pass nor a failure can be trusted; so does a pair measured in
 rounds the machine disturbed (``noise``), on either side or its control's (``control_disturbed``).
@@ -91,6 +94,7 @@ class Finding:
     control_flagged: bool
     regressed: bool
     disturbed: bool = False  # a round of either side (or of its control) disturbed: its interval proves nothing
+    undecided: bool = False  # not regressed, but its interval holds the limit: no slowdown ruled out either
 
 
 @dataclass
@@ -111,6 +115,10 @@ class Verdict:
     @property
     def disturbed(self) -> list[Finding]:
         return [f for f in self.findings if f.disturbed]
+
+    @property
+    def undecided(self) -> list[Finding]:
+        return [f for f in self.findings if f.undecided]
 
 
 def gain_limit(pct: float) -> float:
@@ -136,8 +144,9 @@ def evaluate(comparison: dict, pct: float) -> Verdict:
             verdict.findings.append(Finding(
                 name=rec["name"], mode=mode, reference_us=r["reference_us"], candidate_us=r["candidate_us"],
                 gain=r["gain"], gain_ci=(lo, hi), control_ratio_range=tuple(drift) if drift else None,
-                control_flagged=bool(r.get("control_flagged")), regressed=hi < limit,
+                control_flagged=bool(r.get("control_flagged")), regressed=hi < limit, undecided=lo < limit <= hi,
                 disturbed=bool(r.get("disturbed")) or control_disturbed(comparison, rec, mode)))
+    unmeasured = unmeasured_pairs(comparison)
     devices = [_device(comparison, side) for side in ("reference", "candidate")]
     if not verdict.findings:
         verdict.status = INCONCLUSIVE
@@ -161,12 +170,38 @@ def evaluate(comparison: dict, pct: float) -> Verdict:
                                "intervals prove neither a slowdown nor its absence; rerun on a quiet machine")
     elif verdict.regressions:
         verdict.status = REGRESSION
+    elif unmeasured:
+        verdict.status = INCONCLUSIVE
+        verdict.reasons.append(f"{len(unmeasured)} pair(s) the reference measured were not measured in this run "
+                               f"(unsupported, failed or unavailable now), first {unmeasured[0]}: a slowdown there "
+                               "is not ruled out")
+    elif verdict.undecided:
+        verdict.status = INCONCLUSIVE
+        first = verdict.undecided[0]
+        verdict.reasons.append(f"{len(verdict.undecided)} pair(s) whose gain interval holds {limit:.4f}, first "
+                               f"{first.name} {first.mode} {_range(first.gain_ci)}: a slowdown past "
+                               f"{pct:g}% is neither shown nor ruled out; add rounds (--max-rounds) or rerun on a "
+                               "quiet machine")
     for f in verdict.regressions:
         verdict.reasons.append(
             f"{f.name} {f.mode}: {_slowdown(f.gain):+.1f}% ({f.reference_us:.3f} -> {f.candidate_us:.3f} us), "
             f"gain interval {_range(f.gain_ci)} wholly below {limit:.4f}"
             + (" (suspected: the control drifted)" if verdict.status == INCONCLUSIVE else ""))
     return verdict
+
+
+def unmeasured_pairs(comparison: dict) -> list[str]:
+    """'case mode' of every pair the reference measured that this run asked for and did not measure: a case of the
+    same id without that mode (now unsupported, failed or unavailable). Cases and modes the run did not select are
+    not asked for."""
+    sides = comparison.get("sides") or {}
+    if not sides:  # a bare ``compare_cases`` has none
+        return []
+    chosen = (comparison.get("config") or {}).get("modes")
+    candidate = {c["id"]: c for c in sides["candidate"]["cases"]}
+    return [f"{c['id']} {mode}" for c in sides["reference"]["cases"] if c["id"] in candidate
+            for mode in c.get("modes") or {}
+            if (chosen is None or mode in chosen) and mode not in (candidate[c["id"]].get("modes") or {})]
 
 
 def control_disturbed(comparison: dict, record: dict, mode: str) -> bool:

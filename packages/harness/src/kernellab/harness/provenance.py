@@ -301,9 +301,14 @@ def _defining_file(fn) -> Path | None:
 
 
 def impl_module(impl) -> str:
-    """The module an impl's ``bind`` is defined in, found from the file its code came from, not from its
-    ``__module__``, which the contender sets itself (a bind naming ``json`` would get the standard library
-    hashed in its place); ``__module__`` only where the code has no file among the imported modules."""
+    """The module whose package holds an impl's code. For a contender given by an entry point, the module the
+    registry imported for it (``origin``): the contender's code objects and ``__module__`` are its own to set (a bind
+    compiled with json's file name, or a class saying ``__module__ = "json"``, got the standard library hashed in
+    its place). For an impl the suite gives, the module of the file its ``bind``'s code came from; ``__module__``
+    only where that code has no file among the imported modules."""
+    entry = (getattr(impl, "origin", None) or {}).get("entry_point", "")
+    if "=" in entry:
+        return entry.partition("=")[2].partition(":")[0].strip()
     where = _defining_file(impl.bind)
     if where is not None:
         for name, mod in list(sys.modules.items()):

@@ -122,6 +122,13 @@ def discover(root: str | os.PathLike | None = None, impls: bool = True) -> tuple
     return suites, broken
 
 
+def catalog_entry(suite: Suite) -> dict:
+    """What the driver lists and matches of a suite a worker loaded with its impls (``revision.catalog``)."""
+    return {"name": suite.name, "device": suite.device, "description": suite.description,
+            "impls": [i.name for i in suite.impls], "unavailable": dict(getattr(suite, "unavailable", {})),
+            "problems": [p.name for p in suite.make_problems()]}
+
+
 def get(name: str, root: str | os.PathLike | None = None, impls: bool = True) -> Suite:
     suites, broken = discover(root, impls)
     if name in broken:

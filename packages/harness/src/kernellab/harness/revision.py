@@ -267,6 +267,14 @@ def _wide_pairs(sides: dict, ids: list[str], width: float, resamples: int) -> li
     return [cid for cid in ids if cid.rsplit("/", 1)[0] in wide]
 
 
+def catalog(root: str | os.PathLike | None) -> dict:
+    """Every suite of ``root`` (None: the installed packages) as a worker loads it, with its impls' names: the
+    driver lists and matches contenders without importing them (a contender's factory run in the driver could
+    rewrite what the workers reply)."""
+    with Worker(root, "catalog") as w:
+        return w.request("catalog")
+
+
 def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds: int, *, progress: bool = True,
               extension: Extension | None = None, case_timeout_s: float | None = None) -> dict:
     """Run one suite in one or two trees, one worker each: every case by each side back to back, the

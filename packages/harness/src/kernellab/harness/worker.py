@@ -98,6 +98,9 @@ def serve(inp, out) -> None:
                       schedule=[bench.schedule(r) for r in range(config.rounds)], artifacts=bench.artifacts(),
                       provenance=provenance.collect(suite.device, root, [], bench.measured_packages(),
                                                     bench.runnable_impls()))
+            elif cmd == "catalog":  # what the driver lists and matches, without importing a contender itself
+                suites, broken = registry.discover(root)
+                reply(broken=broken, suites=[registry.catalog_entry(s) for s in suites.values()])
             elif cmd == "case":
                 if bench is None:
                     raise RuntimeError("case before setup")
