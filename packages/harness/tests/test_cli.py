@@ -71,23 +71,36 @@ def test_subcommands_dispatch_to_their_modules(tmp_path, capsys):
 
 def test_a_suite_two_distributions_give_is_refused(tmp_path):
     """A contender's package that gives a suite of an existing suite's name (its own control inside) had replaced
-    the first silently, the control with it: a suite given twice is broken, naming both."""
+    the first silently, the control with it; its factory ran in the driver before that was seen. A suite name two
+    entry points give is broken before either is imported, and an entry point whose suite bears another name is
+    broken too (it would stand in for that suite)."""
+    import sys
+
     import pytest
 
     from kernellab.harness import registry
 
-    for package, module in (("first", "kernellab.harness.suites:cpu_ops"), ("second", "planted_suite:cpu_ops")):
-        (tmp_path / "packages" / package).mkdir(parents=True)
-        (tmp_path / "packages" / package / "pyproject.toml").write_text(
-            f'[project]\nname = "{package}"\n[project.entry-points."kernellab.suites"]\n{package}-ops = "{module}"\n')
-    (tmp_path / "planted_suite.py").write_text("from kernellab.harness.suites import cpu_ops\n")
-    import sys
+    def tree(root, packages):
+        for package, name, module in packages:
+            (root / "packages" / package).mkdir(parents=True)
+            (root / "packages" / package / "pyproject.toml").write_text(
+                f'[project]\nname = "{package}"\n[project.entry-points."kernellab.suites"]\n{name} = "{module}"\n')
+        return root
+
+    (tmp_path / "planted_suite.py").write_text("raise RuntimeError('the planted suite was imported')\n"
+                                               "from kernellab.harness.suites import cpu_ops\n")
     sys.path.insert(0, str(tmp_path))
     try:
-        suites, broken = registry.discover(tmp_path, impls=False)
+        twice = tree(tmp_path / "twice", [("first", "cpu-ops", "kernellab.harness.suites:cpu_ops"),
+                                          ("second", "cpu-ops", "planted_suite:cpu_ops")])
+        suites, broken = registry.discover(twice, impls=False)
+        renamed = tree(tmp_path / "renamed", [("first", "cpu-ops", "kernellab.harness.suites:cpu_ops"),
+                                              ("second", "cpu-ops-2", "kernellab.harness.suites:cpu_ops")])
+        suites_renamed, broken_renamed = registry.discover(renamed, impls=False)
     finally:
         sys.path.remove(str(tmp_path))
     assert "cpu-ops" not in suites and "more than one entry point" in broken["cpu-ops"], broken
-    assert "first-ops" in broken["cpu-ops"] and "second-ops" in broken["cpu-ops"]
+    assert "first" in broken["cpu-ops"] and "second" in broken["cpu-ops"]  # neither imported: no RuntimeError
     with pytest.raises(registry.SuiteError, match="more than one entry point"):
-        registry.get("cpu-ops", tmp_path, impls=False)
+        registry.get("cpu-ops", twice, impls=False)
+    assert "cpu-ops" in suites_renamed and "gives a suite named 'cpu-ops'" in broken_renamed["cpu-ops-2"]

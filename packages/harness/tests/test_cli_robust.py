@@ -29,7 +29,7 @@ def affine(monkeypatch):
     suites = {"affine": affine_suite(Impl("ours", bind=honest), shapes=((4, 8),)), "gpu-fake": gpu}
     for s in suites.values():
         s.unavailable = {}
-    monkeypatch.setattr(registry, "discover", lambda root=None, impls=True: (suites, {}))
+    monkeypatch.setattr(registry, "discover", lambda root=None, impls=True, names=None: (suites, {}))
     # the contenders' names, which a worker of the working tree would give the driver
     monkeypatch.setattr(cli, "catalog", lambda root: {"broken": {}, "suites": [
         registry.catalog_entry(s) for s in suites.values()]})
@@ -238,3 +238,73 @@ def test_no_contender_code_runs_in_the_driver(monkeypatch, tmp_path, capsys):
     assert {c["impl"]: c["status"] for c in json.loads(out.read_text())["cases"]} == {"torch": "ok", "outsider": "ok"}
     ran = [line.split() for line in marks.read_text().splitlines()]
     assert ran and all(label != "driver" and int(pid) != __import__("os").getpid() for pid, label in ran), ran
+
+
+PLANTED_PROCESS = '''
+import os
+import subprocess
+
+
+def impls():
+    if os.environ.get("KERNELLAB_WORKER_LABEL") == "catalog":  # a process left running beside every later case
+        child = subprocess.Popen(["sh", "-c", "sleep 60 & echo $! > \\"$PLANTED_PID\\""])
+        child.wait()  # a double fork: the sleep is an orphan
+    return []
+'''
+
+
+def test_a_process_a_contender_leaves_in_the_listing_worker_is_killed(monkeypatch, tmp_path, capsys):
+    """The driver's listing worker imports every contender and measures nothing; a process one leaves there (an
+    orphan by a double fork) had outlived it, loading the machine under every case measured after it."""
+    import os
+    import time
+
+    from kernellab.harness import threads
+
+    site, pid_file = tmp_path / "site", tmp_path / "pid"
+    info = site / "lingerer-1.0.dist-info"
+    info.mkdir(parents=True)
+    (site / "lingerer.py").write_text(PLANTED_PROCESS)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lingerer\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[kernellab.suites]\ncpu-ops.lingerer = lingerer:impls\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv("PLANTED_PID", str(pid_file))
+    assert cli.main(["--list"]) == 2
+    err = error_of(capsys)
+    assert "ProcessLeft" in err and "after the contenders' imports, killed" in err, err
+    pid = int(pid_file.read_text())
+    for _ in range(100):
+        if not threads.running(pid):
+            break
+        time.sleep(0.05)
+    alive = threads.running(pid)
+    if alive:
+        os.kill(pid, 9)
+    assert not alive, f"the planted process {pid} outlived the listing worker"
+
+
+def test_a_cluster_runs_cases_expect_the_control_whatever_the_listing_says(affine, monkeypatch, tmp_path):
+    """The cluster's expected cases of a problem (what a failed task leaves as failed) came from the listing worker,
+    which has imported contender code: a listing forged empty let a problem whose task a contender killed vanish
+    from the report, and the gate pass. The control, from this process's suite, is always expected."""
+    import argparse
+
+    from kernellab.harness import cluster
+
+    seen = {}
+
+    def run_plan(client, plan, problems, expected, checkpoint, display):
+        seen.update(expected)
+        info = {"run_s": 0.0, "nodes": [], "ray_startup_s": 0.0}
+        return {"candidate": {"provenance": {"cluster": info}}}
+
+    monkeypatch.setattr(cli, "catalog", lambda root: {"broken": {}, "suites": [
+        {**registry.catalog_entry(affine["affine"]), "impls": []}]})  # a forged listing: no impl at all
+    monkeypatch.setattr(cluster, "run_plan", run_plan)
+    args = argparse.Namespace(cases=None, impls=None, ray_cpus=None, case_timeout=None, resume=None, quiet=True,
+                              out=str(tmp_path / "r.json"), checkpoints=[], cluster=None)
+    config = cli.config_for(affine["affine"], argparse.Namespace(
+        rounds=1, samples=1, warmup=0, iterations=1, modes=None, rotation_limit=None, seed=0))
+    cli.cluster_sides(affine["affine"], config, args, {"candidate": tmp_path})
+    assert seen and all([c["impl"] for c in cases] == ["torch"] for cases in seen.values()), seen

@@ -56,9 +56,9 @@ def test_a_comparison_without_common_pairs_is_inconclusive():
     assert verdict.status == gate.INCONCLUSIVE and "no case and mode" in verdict.reasons[0]
 
 
-def _slowed(factors: list[float], unsupported: str | None = None) -> dict:
-    """A candidate side whose contender is slower by ``factors[r]`` in round r, and ``unsupported``'s case (an id)
-    no longer measured."""
+def _slowed(factors: list[float], unsupported: str | None = None, absent: str | None = None) -> dict:
+    """A candidate side whose contender is slower by ``factors[r]`` in round r, ``unsupported``'s case (an id) no
+    longer measured, and ``absent``'s no longer there (its impl failed to import, or was renamed)."""
     cand = planted.side(100.0, seed=1)
     for r, f in enumerate(factors):
         for cid, d in cand["rounds"][r].items():
@@ -68,6 +68,10 @@ def _slowed(factors: list[float], unsupported: str | None = None) -> dict:
         next(c for c in cand["cases"] if c["id"] == unsupported).update(status="unsupported", reason="not any more")
         for data in cand["rounds"]:
             del data[unsupported]
+    if absent:
+        cand["cases"] = [c for c in cand["cases"] if c["id"] != absent]
+        for data in cand["rounds"]:
+            del data[absent]
     return report_io.seal(assemble.comparison_report(planted.suite(), planted.CONFIG, planted.side(), cand))
 
 
@@ -92,6 +96,17 @@ def test_a_pair_the_reference_measured_and_this_run_did_not_is_inconclusive():
     assert f"were not measured in this run (unsupported, failed or unavailable now), first {slow} " in \
         verdict.reasons[0]
     assert gate.unmeasured_pairs(_slowed([1.0] * 5)) == []
+
+
+def test_a_case_the_run_no_longer_has_is_inconclusive_unless_the_run_did_not_select_it():
+    """A contender whose import fails (or that is renamed) leaves no case of its id at all; the gate had judged the
+    cases left and said pass. A case the run's --cases or --impls did not select is not asked for."""
+    gone = "affine_64x64_fp32/ours"
+    verdict = gate.evaluate(_slowed([1.0] * 5, absent=gone), 5.0)
+    assert verdict.status == gate.INCONCLUSIVE and f"first {gone} " in verdict.reasons[0], verdict.reasons
+    others = ",".join(f"affine_{m}x{n}_fp32" for m, n in planted.SHAPES if (m, n) != (64, 64))
+    assert gate.evaluate(_slowed([1.0] * 5, absent=gone), 5.0, cases=others).status == gate.PASS
+    assert gate.unmeasured_pairs(_slowed([1.0] * 5, absent=gone), impls="torch") == []
 
 
 @pytest.mark.parametrize("pct", [-1.0, float("nan"), float("inf")])
@@ -140,7 +155,7 @@ def test_markdown_lists_regressions_first_with_the_verdict():
 @pytest.fixture
 def fake_bench(monkeypatch):
     """kernellab-bench with the planted suite, its measurement replaced by a planted side."""
-    monkeypatch.setattr(registry, "discover", lambda impls=True: ({"affine": planted.suite()}, {}))
+    monkeypatch.setattr(registry, "discover", lambda impls=True, names=None: ({"affine": planted.suite()}, {}))
 
     def use(**kw):
         monkeypatch.setattr(cli, "measure_side", lambda suite, config, args: planted.side(seed=1, **kw))

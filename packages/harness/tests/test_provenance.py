@@ -218,3 +218,29 @@ def test_a_contender_cannot_choose_which_code_is_hashed_as_its_own(tmp_path, mon
         sys.modules.pop("sneaky_contender", None)
     assert recorded["module"] == "sneaky_contender" and list(recorded["files"]) == ["sneaky_contender.py"], recorded
     assert changes["changed"] == ["sneaky_contender.py"], changes
+
+
+def test_code_an_entry_points_module_imports_from_another_package_is_hashed_too(tmp_path, monkeypatch):
+    """An entry point whose module only imports its impls from another package (a thin shim): the shim alone had
+    been hashed, and an edit of the code that runs went unseen."""
+    import importlib
+    import sys
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "shim_contender.py").write_text("from real_contender import impls  # noqa: F401\n")
+    real = site / "real_contender.py"
+    real.write_text(SPOOFING_CONTENDER.replace('named.__module__ = "json"', "pass"))
+    monkeypatch.syspath_prepend(str(site))
+    impl = next(i for i in importlib.import_module("shim_contender").impls() if i.name == "named")
+    impl.origin = {"entry_point": "cpu-ops.shim = shim_contender:impls", "distribution": "shim"}
+    try:
+        recorded = provenance.impl_sources([impl], tmp_path / "checkout")
+        real.write_text(real.read_text() + "\n# the code that runs, changed after the report was written\n")
+        changes = provenance.impl_source_changes(recorded, tmp_path / "checkout")
+    finally:
+        sys.modules.pop("shim_contender", None)
+        sys.modules.pop("real_contender", None)
+    bound = provenance.BIND_CODE.format("named")
+    assert list(recorded) == ["named", bound] and list(recorded[bound]["files"]) == ["real_contender.py"], recorded
+    assert changes["named"]["changed"] == [] and changes[bound]["changed"] == ["real_contender.py"], changes

@@ -144,7 +144,7 @@ def choose_suites(args, suites, broken) -> list:
             if name in broken:
                 raise SystemExit(_usage(f"suite {name!r} failed to load: {broken[name]}"))
             if name not in suites:
-                raise SystemExit(_usage(f"unknown suite {name!r}; known suites: {sorted(suites)}"))
+                raise SystemExit(_usage(f"unknown suite {name!r}; known suites: {registry.suite_names()}"))
             if suites[name].device == "cuda" and not cuda_available():
                 raise SystemExit(_usage(f"suite {name!r} needs a CUDA device and this machine has none"))
             chosen.append(suites[name])
@@ -202,6 +202,25 @@ def unmatched(option: str, patterns: str | None, names: list[str]) -> str | None
     return None
 
 
+def list_suites() -> int:
+    """--list: every suite as a worker of the working tree loads it, its impls included (none loaded here)."""
+    try:
+        listing = catalog(provenance.find_repo_root(Path(__file__)))
+    except RevisionError as e:
+        return _usage(str(e))
+    for name, why in listing["broken"].items():
+        print(f"kernellab-bench: warning: suite {name!r} failed to load: {why}", file=sys.stderr)
+    gpu = cuda_available()
+    for s in listing["suites"]:
+        runnable = "" if s["device"] == "cpu" or gpu else " [cannot run here: no CUDA device]"
+        print(f"{s['name']} ({s['device']}): {s['description']}{runnable}")
+        unavailable = f"; unavailable: {s['unavailable']}" if s["unavailable"] else ""
+        print(f"  impls: {', '.join(s['impls'])}{unavailable}")
+        for name in s["problems"]:
+            print(f"  {name}")
+    return EXIT_OK
+
+
 def contenders(suites) -> list[dict]:
     """The given suites (a dict or list of them, loaded without their impls) as a worker of the working tree loads
     them, each with its impls' names (``revision.catalog``), in the given order."""
@@ -235,7 +254,8 @@ def measure_side(suite, config: Config, args) -> dict:
 def cluster_sides(suite, config: Config, args, trees: dict) -> dict:
     """``run_sides`` on the Ray cluster: one task per problem, checkpointed (``--resume``), merged."""
     problems = [p for p in suite.make_problems() if match(p.name, args.cases)]
-    impls = [i for i in contenders([suite])[0]["impls"] if i == suite.control or match(i, args.impls)]
+    listed = [i for i in contenders([suite])[0]["impls"] if i != suite.control and match(i, args.impls)]
+    impls = [suite.control, *listed]  # the control from this process's suite: a failed problem's cases stay failed
     expected = {p.name: [{"id": f"{p.name}/{i}", "problem": p.describe(), "impl": i, "status": "failed",
                           "reason": None} for i in impls] for p in problems}
     request = {"suite": suite.name, "config": config.to_json(), "cases": None, "impls": args.impls}
@@ -304,7 +324,7 @@ def gate_exit(comparisons: list[dict], runs: list[dict], args) -> int:
     for comparison in comparisons:
         verdict = None
         if args.fail_on_regression is not None:
-            verdict = gate.evaluate(comparison, args.fail_on_regression)
+            verdict = gate.evaluate(comparison, args.fail_on_regression, args.cases, args.impls)
             print(gate.describe(verdict))
             if verdict.status == gate.REGRESSION:
                 code = EXIT_REGRESSION
@@ -433,22 +453,8 @@ def run(argv: list[str] | None) -> int:
         args.signing_key = signing.load_private_key(args.sign) if args.sign else None
     except signing.SigningError as e:
         return _usage(f"{'--keygen' if args.keygen else '--sign'}: {e}")
-    try:  # the suites' problems and controls only: contenders are imported in the workers, never here
-        suites, broken = registry.discover(impls=False)
-    except registry.SuiteError as e:
-        return _usage(str(e))
-    for name, why in broken.items():
-        print(f"kernellab-bench: warning: suite {name!r} failed to load: {why}", file=sys.stderr)
     if args.list:
-        gpu = cuda_available()
-        for s in contenders(suites):
-            runnable = "" if s["device"] == "cpu" or gpu else " [cannot run here: no CUDA device]"
-            print(f"{s['name']} ({s['device']}): {s['description']}{runnable}")
-            unavailable = f"; unavailable: {s['unavailable']}" if s["unavailable"] else ""
-            print(f"  impls: {', '.join(s['impls'])}{unavailable}")
-            for name in s["problems"]:
-                print(f"  {name}")
-        return EXIT_OK
+        return list_suites()
     problem = check_gate_args(args)
     if problem:
         return _usage(problem)
@@ -461,6 +467,12 @@ def run(argv: list[str] | None) -> int:
     problem = check_cluster_args(args)
     if problem:
         return _usage(problem)
+    try:  # the chosen suites' problems and controls only: contenders are imported in the workers, never here
+        suites, broken = registry.discover(impls=False, names=set(args.suite) if args.suite else None)
+    except registry.SuiteError as e:
+        return _usage(str(e))
+    for name, why in broken.items():
+        print(f"kernellab-bench: warning: suite {name!r} failed to load: {why}", file=sys.stderr)
     try:
         chosen = choose_suites(args, suites, broken)
     except SystemExit as e:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from . import assemble
+from .runner import match
 from .timing import ALL_MODES
 
 PASS, REGRESSION, INCONCLUSIVE = "pass", "regression", "inconclusive"
@@ -128,8 +129,10 @@ def gain_limit(pct: float) -> float:
     return 1.0 / (1.0 + pct / 100.0)
 
 
-def evaluate(comparison: dict, pct: float) -> Verdict:
-    """The gate's verdict on a comparison report: ``pass``, ``regression`` or ``inconclusive``."""
+def evaluate(comparison: dict, pct: float, cases: str | None = None, impls: str | None = None) -> Verdict:
+    """The gate's verdict on a comparison report: ``pass``, ``regression`` or ``inconclusive``; ``cases`` and
+    ``impls`` are the run's selection (``--cases``, ``--impls``), outside which the reference's pairs are not
+    asked for."""
     if comparison.get("kind") != "comparison":
         raise GateError(f"the gate reads a comparison report, got a {comparison.get('kind')!r} report")
     limit = gain_limit(pct)
@@ -146,7 +149,7 @@ def evaluate(comparison: dict, pct: float) -> Verdict:
                 gain=r["gain"], gain_ci=(lo, hi), control_ratio_range=tuple(drift) if drift else None,
                 control_flagged=bool(r.get("control_flagged")), regressed=hi < limit, undecided=lo < limit <= hi,
                 disturbed=bool(r.get("disturbed")) or control_disturbed(comparison, rec, mode)))
-    unmeasured = unmeasured_pairs(comparison)
+    unmeasured = unmeasured_pairs(comparison, cases, impls)
     devices = [_device(comparison, side) for side in ("reference", "candidate")]
     if not verdict.findings:
         verdict.status = INCONCLUSIVE
@@ -190,18 +193,21 @@ def evaluate(comparison: dict, pct: float) -> Verdict:
     return verdict
 
 
-def unmeasured_pairs(comparison: dict) -> list[str]:
-    """'case mode' of every pair the reference measured that this run asked for and did not measure: a case of the
-    same id without that mode (now unsupported, failed or unavailable). Cases and modes the run did not select are
-    not asked for."""
+def unmeasured_pairs(comparison: dict, cases: str | None = None, impls: str | None = None) -> list[str]:
+    """'case mode' of every pair the reference measured that this run asked for and did not measure: a case
+    without that mode (now unsupported, failed or unavailable) or absent (an impl that no longer imports, or
+    renamed). Pairs outside the run's selection (``cases``, ``impls``, the config's modes) are not asked for."""
     sides = comparison.get("sides") or {}
     if not sides:  # a bare ``compare_cases`` has none
         return []
     chosen = (comparison.get("config") or {}).get("modes")
+    control = comparison.get("control", "torch")
     candidate = {c["id"]: c for c in sides["candidate"]["cases"]}
-    return [f"{c['id']} {mode}" for c in sides["reference"]["cases"] if c["id"] in candidate
-            for mode in c.get("modes") or {}
-            if (chosen is None or mode in chosen) and mode not in (candidate[c["id"]].get("modes") or {})]
+    asked = [c for c in sides["reference"]["cases"] if match(c["id"].rsplit("/", 1)[0], cases)
+             and (c["impl"] == control or match(c["impl"], impls))]
+    return [f"{c['id']} {mode}" for c in asked for mode in c.get("modes") or {}
+            if (chosen is None or mode in chosen)
+            and mode not in ((candidate.get(c["id"]) or {}).get("modes") or {})]
 
 
 def control_disturbed(comparison: dict, record: dict, mode: str) -> bool:

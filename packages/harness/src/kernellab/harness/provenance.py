@@ -304,11 +304,17 @@ def impl_module(impl) -> str:
     """The module whose package holds an impl's code. For a contender given by an entry point, the module the
     registry imported for it (``origin``): the contender's code objects and ``__module__`` are its own to set (a bind
     compiled with json's file name, or a class saying ``__module__ = "json"``, got the standard library hashed in
-    its place). For an impl the suite gives, the module of the file its ``bind``'s code came from; ``__module__``
-    only where that code has no file among the imported modules."""
+    its place). For an impl the suite gives, its bind's module (``bind_module``)."""
     entry = (getattr(impl, "origin", None) or {}).get("entry_point", "")
     if "=" in entry:
         return entry.partition("=")[2].partition(":")[0].strip()
+    return bind_module(impl)
+
+
+def bind_module(impl) -> str:
+    """The module of the file an impl's ``bind``'s code came from (``__module__`` only where that code has no file
+    among the imported modules): where an entry point's module only imports its code from another package, the
+    code is there."""
     where = _defining_file(impl.bind)
     if where is not None:
         for name, mod in list(sys.modules.items()):
@@ -338,28 +344,41 @@ def _code_root(module: str, bind) -> Path | None:
     return path.parent if path.name == "__init__.py" else path
 
 
+BIND_CODE = "{} (its bind's code)"  # the record of an impl's bind's package where it is not its entry point's
+
+
 def impl_sources(impls: list, root: str | os.PathLike | None) -> dict[str, dict]:
     """Per impl: its entry point and distribution, where its code lies (relative to the tree ``root`` when
-    inside it, else absolute) and the sha256 of each of its source files, whatever its module name."""
+    inside it, else absolute) and the sha256 of each of its source files, whatever its module name; where its
+    bind's code lies in another package than its entry point's module (a module that imports its code from
+    elsewhere), that package too, under ``BIND_CODE``."""
     out: dict[str, dict] = {}
     tree = Path(root).resolve() if root else None
     for impl in impls:
-        module = impl_module(impl)
+        module, bound = impl_module(impl), bind_module(impl)
         code = _code_root(module, impl.bind)
-        record = {**getattr(impl, "origin", {}), "module": module or None}
-        if code is None:
-            out[impl.name] = record | {"code": None, "files": {}}
-            continue
-        inside = tree is not None and tree in code.parents
-        files = [code] if code.is_file() else [f for f in sorted(code.rglob("*")) if f.is_file()
-                                                  and f.suffix in SOURCE_SUFFIXES and "__pycache__" not in f.parts]
-        base = code.parent if code.is_file() else code
-        out[impl.name] = record | {
-            "code": code.relative_to(tree).as_posix() if inside else str(code),
-            "in_tree": inside,
-            "files": {f.relative_to(base).as_posix(): sha256_file(f) for f in files},
-        }
+        where = [(impl.name, module, code)]
+        bound_code = _code_root(bound, impl.bind)
+        if bound_code is not None and bound_code != code:
+            where.append((BIND_CODE.format(impl.name), bound, bound_code))
+        for name, module, code in where:
+            out[name] = _code_record({**getattr(impl, "origin", {}), "module": module or None}, code, tree)
     return out
+
+
+def _code_record(record: dict, code: Path | None, tree: Path | None) -> dict:
+    """``record`` with where ``code`` lies and the sha256 of each of its source files."""
+    if code is None:
+        return record | {"code": None, "files": {}}
+    inside = tree is not None and tree in code.parents
+    files = [code] if code.is_file() else [f for f in sorted(code.rglob("*")) if f.is_file()
+                                              and f.suffix in SOURCE_SUFFIXES and "__pycache__" not in f.parts]
+    base = code.parent if code.is_file() else code
+    return record | {
+        "code": code.relative_to(tree).as_posix() if inside else str(code),
+        "in_tree": inside,
+        "files": {f.relative_to(base).as_posix(): sha256_file(f) for f in files},
+    }
 
 
 def impl_source_changes(recorded: dict[str, dict], root: str | os.PathLike) -> dict[str, dict[str, list[str]]]:

@@ -73,19 +73,36 @@ def entry_points(root: str | os.PathLike | None = None) -> list[tuple[str, str, 
     return own + [e for e in outside if not e[1].strip().startswith("kernellab.")]
 
 
-def discover(root: str | os.PathLike | None = None, impls: bool = True) -> tuple[dict[str, Suite], dict[str, str]]:
+def suite_names(root: str | os.PathLike | None = None) -> list[str]:
+    """The suites' entry-point names (a suite's entry point is named as the suite), nothing imported."""
+    return sorted({name for name, _, _ in entry_points(root) if "." not in name})
+
+
+def discover(root: str | os.PathLike | None = None, impls: bool = True,
+             names: set[str] | None = None) -> tuple[dict[str, Suite], dict[str, str]]:
     """All suites with their impls merged in (with ``impls`` False: the suites' problems and control only,
-    no contender imported), and the suites that failed to load with the reason. Impl parts that fail to
-    import are skipped with the reason kept in ``suite.unavailable`` (e.g. the CuTe impl on a machine
-    without CuTe DSL). Each impl's ``origin`` names its entry point and distribution."""
+    no contender imported), and the suites that failed to load with the reason; with ``names``, only the suites
+    of those names are imported (a suite's factory runs where it is loaded, in the driver too). Impl parts that
+    fail to import are skipped with the reason kept in ``suite.unavailable`` (e.g. the CuTe impl on a machine
+    without CuTe DSL). Each impl's ``origin`` names its entry point and distribution. A suite's entry point is
+    named as the suite; one name given by two entry points is broken before either is imported (a later one had
+    replaced the first silently, its control included)."""
     suites: dict[str, Suite] = {}
     broken: dict[str, str] = {}
     parts: list[tuple[str, str, str, str]] = []
-    defined: dict[str, list[str]] = {}  # suite name -> the entry points that gave a suite of that name
+    defined: dict[str, list[str]] = {}  # suite entry-point name -> the entry points of that name
+    for name, value, dist in entry_points(root):
+        if "." not in name:
+            defined.setdefault(name, []).append(f"{name} = {value} ({dist})")
     for name, value, dist in entry_points(root):
         base, dot, _ = name.partition(".")
+        if names is not None and base not in names:
+            continue
         if dot:
             parts.append((base, name, value, dist))
+            continue
+        if len(defined[name]) > 1:
+            broken[name] = f"given by more than one entry point: {defined[name]}"
             continue
         try:
             suite = _load(value)
@@ -94,15 +111,13 @@ def discover(root: str | os.PathLike | None = None, impls: bool = True) -> tuple
             continue
         if not isinstance(suite, Suite):
             raise SuiteError(f"entry point {name} = {value} gives {type(suite).__name__}, not a Suite")
+        if suite.name != name:  # it would stand in for the suite of its name, which its entry point never showed
+            broken[name] = f"entry point {name} = {value} ({dist}) gives a suite named {suite.name!r}"
+            continue
         if not any(i.name == suite.control for i in suite.impls):
             suite.impls.insert(0, control_impl())
         suite.unavailable = {}
-        defined.setdefault(suite.name, []).append(f"{name} = {value} ({dist})")
-        if len(defined[suite.name]) > 1:  # a later one had replaced the first silently, its control included
-            suites.pop(suite.name, None)
-            broken[suite.name] = f"given by more than one entry point: {defined[suite.name]}"
-        else:
-            suites[suite.name] = suite
+        suites[suite.name] = suite
     for base, name, value, dist in parts if impls else []:
         if base not in suites:
             continue  # an impl for a suite this installation does not have
@@ -130,9 +145,9 @@ def catalog_entry(suite: Suite) -> dict:
 
 
 def get(name: str, root: str | os.PathLike | None = None, impls: bool = True) -> Suite:
-    suites, broken = discover(root, impls)
+    suites, broken = discover(root, impls, {name})
     if name in broken:
         raise SuiteError(f"suite {name!r} failed to load: {broken[name]}")
     if name not in suites:
-        raise SuiteError(f"unknown suite {name!r}; known suites: {sorted(suites) or 'none installed'}")
+        raise SuiteError(f"unknown suite {name!r}; known suites: {suite_names(root) or 'none installed'}")
     return suites[name]

@@ -267,12 +267,15 @@ def _wide_pairs(sides: dict, ids: list[str], width: float, resamples: int) -> li
     return [cid for cid in ids if cid.rsplit("/", 1)[0] in wide]
 
 
+CATALOG_TIMEOUT_S = 600.0  # importing every suite's contenders (CuTe DSL, Triton, ...) takes seconds, not minutes
+
+
 def catalog(root: str | os.PathLike | None) -> dict:
     """Every suite of ``root`` (None: the installed packages) as a worker loads it, with its impls' names: the
     driver lists and matches contenders without importing them (a contender's factory run in the driver could
     rewrite what the workers reply)."""
     with Worker(root, "catalog") as w:
-        return w.request("catalog")
+        return w.request("catalog", timeout_s=CATALOG_TIMEOUT_S)
 
 
 def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds: int, *, progress: bool = True,

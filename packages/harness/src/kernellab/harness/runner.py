@@ -133,7 +133,8 @@ class Bench:
         """The ``kernellab.<package>`` names whose code this bench runs: the harness, the suite's
         package and every impl's; their sources go into provenance."""
         modules = [getattr(self.suite.make_problems, "__module__", None) or ""]
-        modules += [provenance.impl_module(impl) for impl in self.runnable_impls()]
+        modules += [m for impl in self.runnable_impls() for m in (provenance.impl_module(impl),
+                                                                   provenance.bind_module(impl))]
         names = {"harness"}
         for module in modules:
             parts = module.split(".")

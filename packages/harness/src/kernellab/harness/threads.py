@@ -159,6 +159,18 @@ def settle(timeout: float | None = None) -> None:
                          f"over when its outputs are final (waited {timeout:g} s)")
 
 
+def kill_children(what: str) -> None:
+    """Kill every child this process has (an orphan it adopted included) and raise ``ProcessLeft`` naming them:
+    where no case runs (a worker that only imports contenders) any child is contender code's."""
+    left = sorted(children())
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    if left:
+        raise ProcessLeft(f"child process(es) {left} still running after {what}, killed: contender code that leaves a "
+                          "process loads the machine under every case after it")
+
+
 def settle_processes(timeout: float | None = None) -> None:
     """Wait up to ``timeout`` seconds (``JOIN_TIMEOUT_S`` as it is at the call) for every child process that
     contender code started, the measured case's included, to end; kill those still running and raise

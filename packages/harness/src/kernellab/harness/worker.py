@@ -100,6 +100,7 @@ def serve(inp, out) -> None:
                                                     bench.runnable_impls()))
             elif cmd == "catalog":  # what the driver lists and matches, without importing a contender itself
                 suites, broken = registry.discover(root)
+                threads.kill_children("the contenders' imports")  # and the listing refused
                 reply(broken=broken, suites=[registry.catalog_entry(s) for s in suites.values()])
             elif cmd == "case":
                 if bench is None:
