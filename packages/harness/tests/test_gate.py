@@ -93,7 +93,7 @@ def test_a_pair_the_reference_measured_and_this_run_did_not_is_inconclusive():
     assert gate.evaluate(_slowed([3.0] * 5), 5.0).status == gate.REGRESSION
     verdict = gate.evaluate(_slowed([1.0] * 5, unsupported=slow), 5.0)
     assert verdict.status == gate.INCONCLUSIVE and not verdict.regressions and not verdict.undecided
-    assert f"were not measured in this run (unsupported, failed or unavailable now), first {slow} " in \
+    assert f"were not measured in this run (unsupported, failed, unavailable or absent now), first {slow} " in \
         verdict.reasons[0]
     assert gate.unmeasured_pairs(_slowed([1.0] * 5)) == []
 

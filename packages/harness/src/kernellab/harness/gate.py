@@ -4,8 +4,9 @@ A/B statistics of ``assemble.comparison_report``, failing on a significant slowd
 A case regresses where its whole gain interval (reference/candidate, Bonferroni-adjusted over the
 comparison) lies below ``1 / (1 + pct/100)``: slower by more than ``pct`` percent, beyond noise. A pass needs
 every interval wholly above that limit: one that holds it (noise, or a contender slow in some rounds only) neither
-shows a slowdown nor rules it out, and neither does a pair the reference measured that this run did not (a case
-now unsupported, failed or unavailable, a mode it no longer gives): both make the verdict ``inconclusive``. A
+shows a slowdown nor rules it out, and neither does a pair the reference measured that this run selected and did
+not measure (a case now unsupported, failed, unavailable or absent, a mode it no longer gives): both make the
+verdict ``inconclusive``. A
 control probe that drifted past ``assemble.CONTROL_DRIFT_TOLERANCE`` in any pair makes the verdict
 ``inconclusive``: the machine moved, so neither a pass nor a failure can be trusted; so does a pair measured in
 rounds the machine disturbed (``noise``), on either side or its control's (``control_disturbed``).
@@ -176,8 +177,8 @@ def evaluate(comparison: dict, pct: float, cases: str | None = None, impls: str 
     elif unmeasured:
         verdict.status = INCONCLUSIVE
         verdict.reasons.append(f"{len(unmeasured)} pair(s) the reference measured were not measured in this run "
-                               f"(unsupported, failed or unavailable now), first {unmeasured[0]}: a slowdown there "
-                               "is not ruled out")
+                               f"(unsupported, failed, unavailable or absent now), first {unmeasured[0]}: a slowdown "
+                               "there is not ruled out (leave them out with --cases or --impls)")
     elif verdict.undecided:
         verdict.status = INCONCLUSIVE
         first = verdict.undecided[0]
