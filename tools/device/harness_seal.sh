@@ -2,7 +2,8 @@
 # On the GPU host, after `source .device/b/env.sh`: the harness's seals beside every GPU library a contender imports.
 # One short run of each GPU suite (every impl, 1 round x 3 samples) in the harness's worker, then the harness's GPU
 # tests; a library that changes a sealed attribute, a speed setting or leaves a thread or process refuses the cases
-# after it, naming what changed. Reports to $OUT/SUITE-REV.json (REV: the tree's commit, short), a table last.
+# after it, naming what changed (the listing first: a process left by a contender's import refuses it). Reports to
+# $OUT/SUITE-REV.json (REV: the tree's commit, short), a table last.
 set -u
 out=${OUT:?OUT must name the folder whose files come back}
 rev=$(printf %.7s "${KERNELLAB_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}")
@@ -12,6 +13,9 @@ runs=(
   "gpu-megakernel-models|stack_1x512_fp16_mlp8*"
   "gpu-megakernel|residual_mlp_257x64x128_fp16_gelu"
 )
+# the listing worker imports every contender and refuses to list while a process one started runs (harness 0.11.0)
+timeout 280 python3 -m kernellab.harness.cli --list > "$out/list-$rev.log" 2>&1
+echo "kernellab-bench --list: exit $?"; grep -E "error|warning" "$out/list-$rev.log" | head -5
 for run in "${runs[@]}"; do
   suite=${run%%|*}; cases=${run#*|}
   timeout 280 python3 -m kernellab.harness.cli --suite "$suite" --cases "$cases" --rounds 1 --samples 3 --no-plot \
