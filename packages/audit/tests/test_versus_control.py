@@ -133,7 +133,7 @@ def test_reports_whose_every_sample_was_scaled_alike_are_not_passed(monkeypatch,
     assert out["status"] == "inconclusive", out["reasons"]
     assert all(j["claim"] == verdict.REPRODUCED for j in out["versus_control_claims"])  # the ratios hold
     reasons = [r for r in out["reasons"] if "control time(s)" in r]
-    assert len(reasons) == 2 and all(re.search(r"torch e2e_throughput: claimed 25(\.0\d*)? us, "
+    assert len(reasons) == 2 and all(re.search(r"torch e2e_throughput: claimed 25(\.0\d*)? us \(p50 25(\.0\d*)?\), "
                                                r"replayed (49\.9|50[ .-])", r) for r in reasons), out["reasons"]
     slower = {impl: t * verdict.CONTROL_TIME_LIMIT * 0.9 for impl, t in truth.items()}  # a busier machine, within
     reports = {"reference": run_report(side(slower, 1), "torch"), "candidate": run_report(side(slower, 2), "torch")}
@@ -163,12 +163,33 @@ def _a_mode_the_replay_never_measures(seed: int) -> dict:
     return s
 
 
+def _pooled_median_a_third(seed: int) -> dict:
+    """One round all at a third, 9 samples of 20 at a third in the others: the rounds' medians stand, the pooled
+    p50 (behind the report's GB/s) is a third."""
+    s = side({"torch": 50.0, "planted": 20.0}, seed)
+    for r, data in enumerate(s["rounds"]):
+        for d in data.values():
+            d["samples_us"] = {m: [x / 3 if r == 0 or k < 9 else x for k, x in enumerate(v)]
+                               for m, v in d["samples_us"].items()}
+    return s
+
+
+def _halved_without_the_control(seed: int) -> dict:
+    s = side({"torch": 25.0, "planted": 10.0}, seed)
+    s["cases"] = [c for c in s["cases"] if c["impl"] != "torch"]
+    for data in s["rounds"]:
+        del data[f"{PROBLEM['name']}/torch"]
+    return s
+
+
 @pytest.mark.parametrize("forge", [_halved_but_the_last_round, _halved_with_the_control_failed,
-                                   _a_mode_the_replay_never_measures])
+                                   _a_mode_the_replay_never_measures, _pooled_median_a_third,
+                                   _halved_without_the_control])
 def test_control_times_forged_around_the_check_are_not_passed(monkeypatch, tmp_path, forge):
-    """Three ways past a check of every claimed round against the replay's, of ok control cases, in the replayed
-    modes: one honest round of three (the report's p50 still halved), the control's case said to have failed, a mode
-    only the control has (the replay measures the config's modes)."""
+    """Ways past a check of every claimed round against the replay's, of ok control cases, in the replayed modes:
+    one honest round of three (the report's p50 still halved), the control's case said to have failed, a mode only
+    the control has (the replay measures the config's modes), the pooled p50 forged under standing round medians,
+    no control case at all."""
     reports = {}
     for seed, name in enumerate(("reference", "candidate"), 1):
         rep = run_report(forge(seed), "torch")

@@ -104,3 +104,22 @@ def test_a_suite_two_distributions_give_is_refused(tmp_path):
     with pytest.raises(registry.SuiteError, match="more than one entry point"):
         registry.get("cpu-ops", twice, impls=False)
     assert "cpu-ops" in suites_renamed and "gives a suite named 'cpu-ops'" in broken_renamed["cpu-ops-2"]
+
+
+def test_an_impl_name_a_case_id_or_pattern_would_split_is_refused(tmp_path, monkeypatch):
+    """A case id is 'problem/impl' and --impls patterns split at commas: an impl named 'v2/fast' had its case read
+    as problem 'softmax.../v2' by the gate's selection, which then never asked for it."""
+    from kernellab.harness import registry
+
+    (tmp_path / "packages" / "bad").mkdir(parents=True)
+    (tmp_path / "packages" / "bad" / "pyproject.toml").write_text(
+        '[project]\nname = "bad"\n[project.entry-points."kernellab.suites"]\n'
+        'cpu-ops = "kernellab.harness.suites:cpu_ops"\n"cpu-ops.bad" = "planted_names:impls"\n')
+    (tmp_path / "planted_names.py").write_text(
+        "from kernellab.harness.case import Impl\n\n\ndef impls():\n"
+        "    return [Impl(n, bind=lambda p: p.control) for n in ('v2/fast', 'a,b', '', 'fine')]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    suites, broken = registry.discover(tmp_path, names={"cpu-ops"})
+    names = [i.name for i in suites["cpu-ops"].impls]
+    assert "fine" in names and not {"v2/fast", "a,b", ""} & set(names), names
+    assert "holds one of '/,'" in suites["cpu-ops"].unavailable["bad"]

@@ -220,14 +220,8 @@ def test_no_contender_code_runs_in_the_driver(monkeypatch, tmp_path, capsys):
     """A contender's factory run in the driver (every suite's impls were loaded there to list and match them) could
     rewrite the samples its workers reply, the report or the gate's verdict, unseen by any worker's seal: the driver
     loads the suites without their impls and takes the impls' names from a worker."""
-    site, marks = tmp_path / "site", tmp_path / "marks"
-    info = site / "outsider-1.0.dist-info"
-    info.mkdir(parents=True)
-    (site / "outsider.py").write_text(PLANTED_IN_DRIVER)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: outsider\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[kernellab.suites]\ncpu-ops.outsider = outsider:impls\n")
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setenv("PYTHONPATH", str(site))
+    marks = tmp_path / "marks"
+    _planted_distribution(tmp_path, monkeypatch, "outsider", PLANTED_IN_DRIVER)
     monkeypatch.setenv("PLANTED_MARKS", str(marks))
     assert cli.main(["--list"]) == 0
     assert "impls: torch, native, outsider" in capsys.readouterr().out
@@ -256,32 +250,11 @@ def impls():
 def test_a_process_a_contender_leaves_in_the_listing_worker_is_killed(monkeypatch, tmp_path, capsys):
     """The driver's listing worker imports every contender and measures nothing; a process one leaves there (an
     orphan by a double fork) had outlived it, loading the machine under every case measured after it."""
-    import os
-    import time
-
-    from kernellab.harness import threads
-
-    site, pid_file = tmp_path / "site", tmp_path / "pid"
-    info = site / "lingerer-1.0.dist-info"
-    info.mkdir(parents=True)
-    (site / "lingerer.py").write_text(PLANTED_PROCESS)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lingerer\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[kernellab.suites]\ncpu-ops.lingerer = lingerer:impls\n")
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setenv("PYTHONPATH", str(site))
-    monkeypatch.setenv("PLANTED_PID", str(pid_file))
+    _planted_distribution(tmp_path, monkeypatch, "lingerer", PLANTED_PROCESS)
     assert cli.main(["--list"]) == 2
     err = error_of(capsys)
     assert "ProcessLeft" in err and "after the contenders' imports, killed" in err, err
-    pid = int(pid_file.read_text())
-    for _ in range(100):
-        if not threads.running(pid):
-            break
-        time.sleep(0.05)
-    alive = threads.running(pid)
-    if alive:
-        os.kill(pid, 9)
-    assert not alive, f"the planted process {pid} outlived the listing worker"
+    assert _gone(int((tmp_path / "pid").read_text())), "the planted process outlived the listing worker"
 
 
 def test_a_cluster_runs_cases_expect_the_control_whatever_the_listing_says(affine, monkeypatch, tmp_path):
@@ -308,3 +281,101 @@ def test_a_cluster_runs_cases_expect_the_control_whatever_the_listing_says(affin
         rounds=1, samples=1, warmup=0, iterations=1, modes=None, rotation_limit=None, seed=0))
     cli.cluster_sides(affine["affine"], config, args, {"candidate": tmp_path})
     assert seen and all([c["impl"] for c in cases] == ["torch"] for cases in seen.values()), seen
+
+
+PLANTED_UNKILL = '''
+import os
+import subprocess
+
+
+def impls():
+    if os.environ.get("KERNELLAB_WORKER_LABEL") == "catalog":
+        from kernellab.harness import threads
+        threads.kill_children = lambda what: None  # so that the process below lives on
+        child = subprocess.Popen(["sh", "-c", "sleep 60 & echo $! > \\"$PLANTED_PID\\""])
+        child.wait()
+    return []
+'''
+
+PLANTED_CLONE_PARENT = '''
+import ctypes
+import os
+import sys
+
+
+def impls():
+    if os.environ.get("KERNELLAB_WORKER_LABEL") not in (None, "catalog"):  # a measuring worker's setup
+        libc = ctypes.CDLL(None, use_errno=True)
+        pid = libc.syscall(56, 0x00008000 | 17, 0, 0, 0, 0)  # clone(CLONE_PARENT | SIGCHLD): the driver's child
+        if pid == 0:
+            os.execv("/bin/sleep", ["sleep", "60"])
+        with open(os.environ["PLANTED_PID"], "w") as f:
+            f.write(str(pid))
+    return []
+'''
+
+
+def _planted_distribution(tmp_path, monkeypatch, module: str, text: str):
+    site = tmp_path / "site"
+    info = site / f"{module}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (site / f"{module}.py").write_text(text)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[kernellab.suites]\ncpu-ops.{module} = {module}:impls\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv("PLANTED_PID", str(tmp_path / "pid"))
+
+
+def _gone(pid: int) -> bool:
+    import os
+    import time
+
+    from kernellab.harness import threads
+
+    for _ in range(100):
+        if not threads.running(pid):
+            return True
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    return False
+
+
+def test_a_listing_worker_whose_contender_disarmed_its_kill_is_refused(monkeypatch, tmp_path, capsys):
+    """The listing worker's kill of the processes left, replaced by a contender's import with one that does
+    nothing: the kill is the one bound before any contender ran, and the replacement is named."""
+    _planted_distribution(tmp_path, monkeypatch, "unkill", PLANTED_UNKILL)
+    assert cli.main(["--list"]) == 2
+    err = error_of(capsys)
+    assert "replaced during the contenders' imports: ['threads.kill_children']" in err, err
+    assert _gone(int((tmp_path / "pid").read_text())), "the planted process outlived the listing worker"
+
+
+@pytest.mark.skipif(__import__("platform").machine() != "x86_64", reason="the planted clone is x86-64's syscall")
+def test_a_process_a_worker_makes_the_drivers_child_fails_the_run(monkeypatch, tmp_path, capsys):
+    """clone(CLONE_PARENT) from contender code makes the new process the driver's child, outside every check the
+    worker makes of its own children: the driver counts its own children around each request."""
+    _planted_distribution(tmp_path, monkeypatch, "cloner", PLANTED_CLONE_PARENT)
+    assert cli.main([*REAL, "--out", str(tmp_path / "r.json")]) == 2
+    err = error_of(capsys)
+    assert "became this driver's children during worker candidate's 'setup'" in err, err
+    assert _gone(int((tmp_path / "pid").read_text())), "the planted process outlived the run"
+
+
+def test_a_reply_cut_short_is_held_to_its_deadline(tmp_path):
+    """A worker that writes half a reply line and stops had held the driver past any timeout (the deadline was for
+    the first byte): the whole line must come within it."""
+    import os
+    import time
+    import types
+
+    r, w = os.pipe()
+    worker = object.__new__(revision.Worker)
+    worker.proc, worker._pending = types.SimpleNamespace(stdout=os.fdopen(r, "rb")), b""
+    os.write(w, b'{"ok": true')
+    started = time.monotonic()
+    assert worker._read_line(0.3) is None and time.monotonic() - started < 5
+    os.write(w, b', "n": 1}\n{"next"')
+    assert worker._read_line(0.3) == '{"ok": true, "n": 1}\n' and worker._pending == b'{"next"'
+    os.close(w)
+    assert worker._read_line(None) == ""

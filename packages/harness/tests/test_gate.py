@@ -109,6 +109,27 @@ def test_a_case_the_run_no_longer_has_is_inconclusive_unless_the_run_did_not_sel
     assert gate.unmeasured_pairs(_slowed([1.0] * 5, absent=gone), impls="torch") == []
 
 
+@pytest.mark.parametrize("how", ["absent", "unsupported"])
+def test_an_ab_whose_candidate_no_longer_offers_a_case_is_inconclusive(how):
+    """In an A/B both workers run only the ids both schedule, so a contender the candidate no longer imports (or now
+    refuses) is measured on neither side: the reference's case is runnable and has no modes, and the gate, asking
+    only for the reference's measured modes, had said pass."""
+    gone = "affine_64x64_fp32/ours"
+    reference = planted.side()
+    for data in reference["rounds"]:
+        del data[gone]
+    candidate = planted.side(seed=1)
+    for data in candidate["rounds"]:
+        del data[gone]
+    if how == "absent":
+        candidate["cases"] = [c for c in candidate["cases"] if c["id"] != gone]
+    else:
+        next(c for c in candidate["cases"] if c["id"] == gone).update(status="unsupported", reason="not any more")
+    result = report_io.seal(assemble.comparison_report(planted.suite(), planted.CONFIG, reference, candidate))
+    verdict = gate.evaluate(result, 5.0)
+    assert verdict.status == gate.INCONCLUSIVE and f"first {gone} " in verdict.reasons[0], verdict.reasons
+
+
 @pytest.mark.parametrize("pct", [-1.0, float("nan"), float("inf")])
 def test_a_bad_percentage_is_refused(pct):
     with pytest.raises(gate.GateError, match="expects a percentage >= 0"):

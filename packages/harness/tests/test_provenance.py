@@ -244,3 +244,25 @@ def test_code_an_entry_points_module_imports_from_another_package_is_hashed_too(
     bound = provenance.BIND_CODE.format("named")
     assert list(recorded) == ["named", bound] and list(recorded[bound]["files"]) == ["real_contender.py"], recorded
     assert changes["named"]["changed"] == [] and changes[bound]["changed"] == ["real_contender.py"], changes
+
+
+def test_a_bind_a_torch_decorator_wraps_is_hashed_as_its_own_not_torchs(tmp_path, monkeypatch):
+    """``@torch.no_grad()`` makes a bind whose code is torch's: torch's whole package (thousands of files) had been
+    hashed into every report as the bind's code, a record an audit elsewhere could not find or match."""
+    import importlib
+    import sys
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "decorated_contender.py").write_text(
+        "import torch\nfrom kernellab.harness.case import Impl\n\n\n@torch.no_grad()\ndef bind(problem):\n"
+        "    return problem.control\n\n\ndef impls():\n    return [Impl('decorated', bind=bind)]\n")
+    monkeypatch.syspath_prepend(str(site))
+    impl = importlib.import_module("decorated_contender").impls()[0]
+    impl.origin = {"entry_point": "cpu-ops.decorated = decorated_contender:impls", "distribution": "decorated"}
+    try:
+        recorded = provenance.impl_sources([impl], tmp_path / "checkout")
+    finally:
+        sys.modules.pop("decorated_contender", None)
+    assert provenance.bind_module(impl) == "decorated_contender"
+    assert list(recorded) == ["decorated"] and list(recorded["decorated"]["files"]) == ["decorated_contender.py"]

@@ -210,27 +210,30 @@ def judge(claim: dict, replayed: dict, tolerance: float) -> dict:
 
 def control_times(report: dict, rounds: list[dict], control: str) -> list[str]:
     """A report's own times, where no ratio reaches them: each of its control's cases (the copy ceiling's included,
-    whatever its status) per mode, the median of its rounds' medians (the number behind its p50, GB/s and fractions
-    of the copy) against the replay's rounds of the same case on that report's side. One further than
+    whatever its status) per mode, the median of its rounds' medians and its pooled p50 (the number behind its GB/s
+    and fractions of the copy) against the replay's rounds of the same case on that report's side. One further than
     ``CONTROL_TIME_LIMIT`` from every replayed round (either way: the report's machine may have been quieter or
-    busier), or in a mode the replay did not measure, is listed, as 'case mode: claimed ..., replayed ...'. Every
-    sample of a report scaled alike, or its copy ceiling's alone, changes no ratio the audit judges; it moves
-    these."""
+    busier), in a mode the replay did not measure, or a problem of the report without a measured control case, is
+    listed, as 'case mode: claimed ..., replayed ...'. Every sample of a report scaled alike, or its copy ceiling's
+    alone, changes no ratio the audit judges; it moves these."""
     out = []
+    controlled = set()
     for case in report["cases"]:
         if case["impl"] != control:
             continue
         for mode, m in (case.get("modes") or {}).items():
             replayed = [stats.median(r[case["id"]]["samples_us"][mode]) for r in rounds
                         if mode in (r.get(case["id"]) or {}).get("samples_us", {})]
-            claimed = m.get("round_medians_us") or []
-            if not claimed:
-                continue
+            claimed = [stats.median(m.get("round_medians_us") or [math.nan]),
+                       (m.get("summary_us") or {}).get("p50", math.nan)]
+            controlled.add(case["name"])
             if not replayed:
-                out.append(f"{case['id']} {mode}: claimed {stats.median(claimed):.4g} us, not replayed")
+                out.append(f"{case['id']} {mode}: claimed {claimed[0]:.4g} us, not replayed")
                 continue
             lo, hi = min(replayed) / CONTROL_TIME_LIMIT, max(replayed) * CONTROL_TIME_LIMIT
-            if not lo <= stats.median(claimed) <= hi:
-                out.append(f"{case['id']} {mode}: claimed {stats.median(claimed):.4g} us, replayed "
+            if not all(lo <= t <= hi for t in claimed):
+                out.append(f"{case['id']} {mode}: claimed {claimed[0]:.4g} us (p50 {claimed[1]:.4g}), replayed "
                            f"{min(replayed):.4g}-{max(replayed):.4g} us")
+    out += [f"{name}: no measured {control} case, so no time of it can be checked"
+            for name in sorted({c["name"] for c in report["cases"]} - controlled)]
     return out

@@ -202,13 +202,19 @@ def unmeasured_pairs(comparison: dict, cases: str | None = None, impls: str | No
     if not sides:  # a bare ``compare_cases`` has none
         return []
     chosen = (comparison.get("config") or {}).get("modes")
+    measured = sorted({m for side in sides.values() for c in side["cases"] for m in c.get("modes") or {}})
     control = comparison.get("control", "torch")
     candidate = {c["id"]: c for c in sides["candidate"]["cases"]}
-    asked = [c for c in sides["reference"]["cases"] if match(c["id"].rsplit("/", 1)[0], cases)
+    asked = [c for c in sides["reference"]["cases"] if match(c["problem"]["name"], cases)
              and (c["impl"] == control or match(c["impl"], impls))]
-    return [f"{c['id']} {mode}" for c in asked for mode in c.get("modes") or {}
-            if (chosen is None or mode in chosen)
-            and mode not in ((candidate.get(c["id"]) or {}).get("modes") or {})]
+    out = []
+    for c in asked:
+        # a runnable case an A/B's reference side never measured: the candidate's side did not offer it (the rounds
+        # run the ids both sides schedule), so every mode the run measured is asked of it
+        modes = c.get("modes") or (measured if c["status"] == "ok" else [])
+        out += [f"{c['id']} {mode}" for mode in modes if (chosen is None or mode in chosen)
+                and mode not in ((candidate.get(c["id"]) or {}).get("modes") or {})]
+    return out
 
 
 def control_disturbed(comparison: dict, record: dict, mode: str) -> bool:

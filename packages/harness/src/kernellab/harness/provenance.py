@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import importlib.metadata
+import inspect
 import os
 import platform
 import shutil
@@ -315,7 +316,11 @@ def bind_module(impl) -> str:
     """The module of the file an impl's ``bind``'s code came from (``__module__`` only where that code has no file
     among the imported modules): where an entry point's module only imports its code from another package, the
     code is there."""
-    where = _defining_file(impl.bind)
+    try:
+        fn = inspect.unwrap(impl.bind)  # a decorated bind's own function (``__wrapped__``)
+    except ValueError:  # a cycle of __wrapped__
+        fn = impl.bind
+    where = _defining_file(fn)
     if where is not None:
         for name, mod in list(sys.modules.items()):
             path = getattr(mod, "__file__", None)  # resolved only where the name matches: a resolve is a syscall
@@ -345,6 +350,9 @@ def _code_root(module: str, bind) -> Path | None:
 
 
 BIND_CODE = "{} (its bind's code)"  # the record of an impl's bind's package where it is not its entry point's
+# packages a bind's code may come from that are not a contender's: the standard library's and torch's (a decorator
+# there, torch.no_grad's say, wraps the bind), each hashed by the environment's record, not as a contender's code
+NOT_BIND_CODE = frozenset(sys.stdlib_module_names) | {"torch"}
 
 
 def impl_sources(impls: list, root: str | os.PathLike | None) -> dict[str, dict]:
@@ -359,7 +367,7 @@ def impl_sources(impls: list, root: str | os.PathLike | None) -> dict[str, dict]
         code = _code_root(module, impl.bind)
         where = [(impl.name, module, code)]
         bound_code = _code_root(bound, impl.bind)
-        if bound_code is not None and bound_code != code:
+        if bound_code is not None and bound_code != code and bound.split(".")[0] not in NOT_BIND_CODE:
             where.append((BIND_CODE.format(impl.name), bound, bound_code))
         for name, module, code in where:
             out[name] = _code_record({**getattr(impl, "origin", {}), "module": module or None}, code, tree)

@@ -20,6 +20,7 @@ from . import threads
 from .case import Impl, Suite, control_impl
 
 GROUP = "kernellab.suites"
+UNNAMEABLE = "/,"  # characters no impl name may hold: a case id is 'problem/impl', --impls patterns split at commas
 
 
 class SuiteError(LookupError):
@@ -130,6 +131,10 @@ def discover(root: str | os.PathLike | None = None, impls: bool = True,
         for impl in impls:
             if not isinstance(impl, Impl):
                 raise SuiteError(f"entry point {name} = {value} gives {type(impl).__name__}, not an Impl")
+            if not impl.name or set(impl.name) & set(UNNAMEABLE):  # a case id is 'problem/impl', patterns split at ,
+                suites[base].unavailable[name.partition(".")[2]] = \
+                    f"impl name {impl.name!r} is empty or holds one of {UNNAMEABLE!r}"
+                continue
             if any(i.name == impl.name for i in suites[base].impls):
                 raise SuiteError(f"suite {base!r} has two impls named {impl.name!r}")
             impl.origin = {"entry_point": f"{name} = {value}", "distribution": dist}

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import selectors
+import signal
 import subprocess
 import sys
 import tarfile
@@ -18,7 +19,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from . import stats, validate
+from . import stats, threads, validate
 from .progress import Progress, describe_samples
 from .provenance import artifact_hashes, sha256_file
 
@@ -125,12 +126,15 @@ class Worker:
     """A subprocess that imports the code of one tree, measured by this process's harness, and answers JSON
     requests line by line."""
 
+    live: set[int] = set()  # the pids of this process's workers not yet closed: no stray among its children
+
     def __init__(self, root: str | os.PathLike | None, label: str):
         """``root``: the tree whose packages the worker imports (all but the harness: ``harness_shim``); None: the
         installed packages."""
         self.root = Path(root).resolve() if root is not None else None
         self.label = label
         self._shim = None
+        self._pending = b""  # read from the reply pipe past the last line
         env = dict(os.environ)
         env["KERNELLAB_WORKER_LABEL"] = label
         env["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -151,19 +155,21 @@ class Worker:
         program = "from kernellab.harness import worker; worker.main()"
         self.proc = subprocess.Popen([sys.executable, "-P", "-c", program], cwd=self.root, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        Worker.live.add(self.proc.pid)
 
     def request(self, cmd: str, *, timeout_s: float | None = None, **args: Any) -> dict:
         """Send one request and read its reply; past ``timeout_s`` (a hung kernel) the worker is killed."""
         if self.proc.poll() is not None:
             raise RevisionError(f"worker {self.label} ({self.root}) exited with code {self.proc.returncode}")
+        before = threads.children()
         self.proc.stdin.write(json.dumps({"cmd": cmd, **args}) + "\n")
         self.proc.stdin.flush()
-        if timeout_s is not None and not self._answers_within(timeout_s):
+        line = self._read_line(timeout_s)
+        if line is None:
             self.proc.kill()
             self.proc.wait()
             raise RevisionError(f"worker {self.label} ({self.root}) gave no answer to {cmd!r} within {timeout_s:g} s "
                                 f"(a hung kernel?); it was killed")
-        line = self.proc.stdout.readline()
         if not line:
             code = self.proc.wait()
             if code == CHANNEL_TAKEN:
@@ -172,6 +178,16 @@ class Worker:
                                     "owns was running; its message above says which)")
             raise RevisionError(f"worker {self.label} ({self.root}) died during {cmd!r} with exit code {code}; "
                                 "its error is printed above")
+        adopted = sorted(threads.children() - before - Worker.live)
+        if adopted:  # clone(CLONE_PARENT) makes a worker's child this process's, outside the worker's checks
+            for pid in adopted:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            self.proc.kill()
+            self.proc.wait()
+            raise RevisionError(f"process(es) {adopted} became this driver's children during worker {self.label}'s "
+                                f"{cmd!r} (started by its contender code as its parent's, past its own checks); "
+                                "killed, with the worker")
         holders = self.channel_holders()
         if holders is not None and holders > 1:
             self.proc.kill()
@@ -179,7 +195,13 @@ class Worker:
             raise RevisionError(f"worker {self.label} ({self.root}) holds {holders} descriptors of this driver's reply "
                                 f"pipe after {cmd!r}, where it opened one: contender code kept a copy, through which "
                                 "it could write replies of its own; the worker was killed")
-        reply = json.loads(line)
+        try:
+            reply = json.loads(line)
+        except ValueError as e:
+            raise RevisionError(f"worker {self.label} ({self.root}) answered {cmd!r} with a line that is not JSON "
+                                f"({e}): {line[:200]!r}") from e
+        if not isinstance(reply, dict):
+            raise RevisionError(f"worker {self.label} ({self.root}) answered {cmd!r} with {type(reply).__name__}")
         if not reply.get("ok"):
             raise RevisionError(f"worker {self.label} failed on {cmd!r}: {reply.get('error')}")
         if reply.get("protocol", PROTOCOL) != PROTOCOL:
@@ -201,12 +223,23 @@ class Worker:
                 held += os.readlink(f"{folder}/{fd}") == pipe
         return held
 
-    def _answers_within(self, timeout_s: float) -> bool:
-        """Whether the worker's reply starts within ``timeout_s`` (each request has exactly one line
-        of reply, so nothing of it waits in the pipe's buffer before this request)."""
+    def _read_line(self, timeout_s: float | None) -> str | None:
+        """One reply line ('' where the worker closed its end), read from the pipe's descriptor into this object's
+        own buffer; None where the whole line did not come within ``timeout_s``: the deadline holds for the line,
+        not its first byte (a worker that wrote half a line and stopped had held the driver past any timeout)."""
+        fd = self.proc.stdout.fileno()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            return bool(sel.select(timeout_s))
+            sel.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self._pending:
+                if deadline is not None and not sel.select(max(0.0, deadline - time.monotonic())):
+                    return None
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    return ""
+                self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return line.decode("utf-8", "replace") + "\n"
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -216,6 +249,8 @@ class Worker:
                 self.proc.wait(timeout=60)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
+        self.proc.wait()
+        Worker.live.discard(self.proc.pid)
         if self._shim is not None:
             self._shim.cleanup()
 

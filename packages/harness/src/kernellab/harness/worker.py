@@ -6,6 +6,7 @@ Requests and replies are JSON lines on the original stdout; everything else the 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import io
 import json
@@ -73,6 +74,8 @@ def serve(inp, out) -> None:
     harness = Path(os.environ.get("KERNELLAB_HARNESS_DIR") or Path(__file__).parent).resolve()
     identity = channel_identity(out)  # before any request: no contender code has run yet
     bench: Bench | None = None
+    catalog_only = False  # a listing worker: it measures nothing, so any process left at its exit is contender code's
+    kill_children = threads.kill_children  # bound before any contender code ran
 
     def reply(**data):  # a patch elsewhere fails its case (runner._unpatched); one of the encoder, every reply
         patched = [n for n in integrity.verify() if n.startswith(("json.", "worker."))]
@@ -85,6 +88,9 @@ def serve(inp, out) -> None:
         try:
             if cmd == "exit":
                 reply()
+                if catalog_only:
+                    with contextlib.suppress(threads.ProcessLeft):
+                        kill_children("the listing")
                 return
             if cmd == "setup":
                 suite = registry.get(req["suite"], root)
@@ -99,9 +105,14 @@ def serve(inp, out) -> None:
                       provenance=provenance.collect(suite.device, root, [], bench.measured_packages(),
                                                     bench.runnable_impls()))
             elif cmd == "catalog":  # what the driver lists and matches, without importing a contender itself
+                catalog_only = True
+                # bound before any contender is imported: one that replaced them (to let a process live) is named
+                after_contender = integrity.guard()
                 suites, broken = registry.discover(root)
-                threads.kill_children("the contenders' imports")  # and the listing refused
-                reply(broken=broken, suites=[registry.catalog_entry(s) for s in suites.values()])
+                listing = [registry.catalog_entry(s) for s in suites.values()]
+                after_contender("the contenders' imports")
+                kill_children("the contenders' imports")  # the listing refused; again at exit, for one started later
+                reply(broken=broken, suites=listing)
             elif cmd == "case":
                 if bench is None:
                     raise RuntimeError("case before setup")
