@@ -102,6 +102,12 @@ def _pair(repo, tmp_path, behaviour: str):
     return repo.bench(base, tmp_path / "ref.json"), repo.bench(cand, tmp_path / "cand.json")
 
 
+def only_noise(reasons: list[str]) -> bool:
+    """Whether every reason is one a loaded machine gives an honest pair: a claim the replay could not decide, or a
+    report's control times too far from the replay's (either made while the machine was busier)."""
+    return all("undecided" in r or "control time(s) further than" in r for r in reasons)
+
+
 def test_honest_revisions_pass(repo, tmp_path):
     ref, cand = _pair(repo, tmp_path, "honest")
     code, audit = repo.audit(ref, cand)
@@ -109,7 +115,7 @@ def test_honest_revisions_pass(repo, tmp_path):
     assert audit["status"] in ("pass", "inconclusive"), audit["reasons"]
     assert code == {"pass": 0, "inconclusive": 2}[audit["status"]]
     if audit["status"] == "inconclusive":
-        assert all("undecided" in r for r in audit["reasons"]), audit["reasons"]
+        assert only_noise(audit["reasons"]), audit["reasons"]
     assert audit["replay_pairs"] == 1 and audit["executed_output_validations"] > 0  # one case, one mode
     # small results: every one shipped and checked again by the driver, none judged in the worker alone
     assert audit["output_validations_by_driver"] > 0 and audit["validated_in_worker_only"] == []

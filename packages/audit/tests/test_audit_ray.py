@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("ray", reason="Ray is not installed here (pip install 'kernellab-harness[ray]'): the cluster "
                                   "audit tests need it")
 
-from test_audit import SMALL, Repo, _copy  # noqa: E402
+from test_audit import SMALL, Repo, _copy, only_noise  # noqa: E402
 
 from kernellab.harness import cluster  # noqa: E402
 
@@ -46,7 +46,7 @@ def test_each_problem_is_replayed_on_a_device_of_its_recorded_name(reports, tmp_
     assert audit["replay_pairs"] == 1 and audit["executed_output_validations"] > 0
     assert audit["replay_provenance"]["candidate"]["cluster"]["tasks"] == 1
     assert audit["status"] in ("pass", "inconclusive"), audit["reasons"]
-    assert all("undecided" in r for r in audit["reasons"]), audit["reasons"]
+    assert only_noise(audit["reasons"]), audit["reasons"]
 
 
 def test_a_device_the_cluster_lacks_is_said_not_replayed(reports, tmp_path):
