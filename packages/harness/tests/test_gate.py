@@ -315,3 +315,21 @@ def test_cli_against_with_trusted_keys_takes_only_a_report_one_of_them_signed(fa
     assert cli.main(["--against", str(signed), *argv]) == cli.EXIT_OK
     assert cli.main(["--baseline", "HEAD", *argv]) == cli.EXIT_USAGE
     assert "--trusted-keys checks the report given to --against" in capsys.readouterr().err
+
+
+def test_a_case_unsupported_on_both_sides_fails_no_gated_run(tmp_path):
+    """A contender with no case of a problem (the native backend has no copy) had made every --against run exit 1,
+    'some cases failed'; a case that failed its validation on either side still does."""
+    import argparse
+
+    args = argparse.Namespace(out=str(tmp_path), no_plot=True)
+
+    def with_statuses(reference: str, candidate: str) -> dict:
+        sides = [planted.side(), planted.side(seed=1)]
+        for side, status in zip(sides, (reference, candidate), strict=True):
+            next(c for c in side["cases"] if c["id"] == "affine_64x64_fp32/ours").update(status=status)
+        return report_io.seal(assemble.comparison_report(planted.suite(), planted.CONFIG, *sides))
+
+    assert cli.emit(with_statuses("unsupported", "unsupported"), tmp_path / "a.json", args)
+    assert cli.emit(with_statuses("ok", "unavailable"), tmp_path / "b.json", args)
+    assert not cli.emit(with_statuses("ok", "failed"), tmp_path / "c.json", args)
