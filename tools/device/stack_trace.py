@@ -29,8 +29,8 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
-import os
 import statistics
+from pathlib import Path
 
 from records import add_arguments, path_of  # this folder
 from source_patch import line_after, line_before, replace_once, traced_module  # this folder
@@ -157,7 +157,7 @@ def show(path: str) -> None:
 def compare(paths: list[str]) -> None:
     """Several records of the same entries (a before and its afters, from one device session): per model, rows and
     form, each record's time a call and the mean over blocks of phase B's median and slowest CTA."""
-    records = {os.path.basename(p).removesuffix(".json"): json.load(open(p)) for p in paths}
+    records = {Path(p).stem: json.loads(Path(p).read_text()) for p in paths}
     keys = list(dict.fromkeys((e["model"], e["rows"], e["form"]) for r in records.values() for e in r["entries"]))
     print("| model | rows | form | " + " | ".join(f"{n}: us a call (phase B median / slowest)" for n in records)
           + " |")

@@ -69,6 +69,16 @@ def test_subcommands_dispatch_to_their_modules(tmp_path, capsys):
     assert "kernellab-bench history {index,list}" in capsys.readouterr().out
 
 
+def tree(root, packages):
+    """A source tree of packages, each ``(package, {entry point name: "module:factory"})``."""
+    for package, points in packages:
+        (root / "packages" / package).mkdir(parents=True)
+        table = "".join(f'"{name}" = "{value}"\n' for name, value in points.items())
+        (root / "packages" / package / "pyproject.toml").write_text(
+            f'[project]\nname = "{package}"\n[project.entry-points."kernellab.suites"]\n{table}')
+    return root
+
+
 def test_a_suite_two_distributions_give_is_refused(tmp_path):
     """A contender's package that gives a suite of an existing suite's name (its own control inside) had replaced
     the first silently, the control with it; its factory ran in the driver before that was seen. A suite name two
@@ -80,22 +90,15 @@ def test_a_suite_two_distributions_give_is_refused(tmp_path):
 
     from kernellab.harness import registry
 
-    def tree(root, packages):
-        for package, name, module in packages:
-            (root / "packages" / package).mkdir(parents=True)
-            (root / "packages" / package / "pyproject.toml").write_text(
-                f'[project]\nname = "{package}"\n[project.entry-points."kernellab.suites"]\n{name} = "{module}"\n')
-        return root
-
     (tmp_path / "planted_suite.py").write_text("raise RuntimeError('the planted suite was imported')\n"
                                                "from kernellab.harness.suites import cpu_ops\n")
     sys.path.insert(0, str(tmp_path))
     try:
-        twice = tree(tmp_path / "twice", [("first", "cpu-ops", "kernellab.harness.suites:cpu_ops"),
-                                          ("second", "cpu-ops", "planted_suite:cpu_ops")])
+        twice = tree(tmp_path / "twice", [("first", {"cpu-ops": "kernellab.harness.suites:cpu_ops"}),
+                                          ("second", {"cpu-ops": "planted_suite:cpu_ops"})])
         suites, broken = registry.discover(twice, impls=False)
-        renamed = tree(tmp_path / "renamed", [("first", "cpu-ops", "kernellab.harness.suites:cpu_ops"),
-                                              ("second", "cpu-ops-2", "kernellab.harness.suites:cpu_ops")])
+        renamed = tree(tmp_path / "renamed", [("first", {"cpu-ops": "kernellab.harness.suites:cpu_ops"}),
+                                              ("second", {"cpu-ops-2": "kernellab.harness.suites:cpu_ops"})])
         suites_renamed, broken_renamed = registry.discover(renamed, impls=False)
     finally:
         sys.path.remove(str(tmp_path))
@@ -111,10 +114,7 @@ def test_an_impl_name_a_case_id_or_pattern_would_split_is_refused(tmp_path, monk
     as problem 'softmax.../v2' by the gate's selection, which then never asked for it."""
     from kernellab.harness import registry
 
-    (tmp_path / "packages" / "bad").mkdir(parents=True)
-    (tmp_path / "packages" / "bad" / "pyproject.toml").write_text(
-        '[project]\nname = "bad"\n[project.entry-points."kernellab.suites"]\n'
-        'cpu-ops = "kernellab.harness.suites:cpu_ops"\n"cpu-ops.bad" = "planted_names:impls"\n')
+    tree(tmp_path, [("bad", {"cpu-ops": "kernellab.harness.suites:cpu_ops", "cpu-ops.bad": "planted_names:impls"})])
     (tmp_path / "planted_names.py").write_text(
         "from kernellab.harness.case import Impl\n\n\ndef impls():\n"
         "    return [Impl(n, bind=lambda p: p.control) for n in ('v2/fast', 'a,b', '', 'fine')]\n")

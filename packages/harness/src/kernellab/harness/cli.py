@@ -202,10 +202,15 @@ def unmatched(option: str, patterns: str | None, names: list[str]) -> str | None
     return None
 
 
+def working_tree() -> Path | None:
+    """The checkout this harness runs from, whose packages its workers import (None: the installed packages)."""
+    return provenance.find_repo_root(Path(__file__))
+
+
 def list_suites() -> int:
     """--list: every suite as a worker of the working tree loads it, its impls included (none loaded here)."""
     try:
-        listing = catalog(provenance.find_repo_root(Path(__file__)))
+        listing = catalog(working_tree())
     except RevisionError as e:
         return _usage(str(e))
     for name, why in listing["broken"].items():
@@ -225,7 +230,7 @@ def contenders(suites) -> list[dict]:
     """The given suites (a dict or list of them, loaded without their impls) as a worker of the working tree loads
     them, each with its impls' names (``revision.catalog``), in the given order."""
     names = [s.name for s in (suites.values() if isinstance(suites, dict) else suites)]
-    found = {s["name"]: s for s in catalog(provenance.find_repo_root(Path(__file__)))["suites"]}
+    found = {s["name"]: s for s in catalog(working_tree())["suites"]}
     return [found[n] for n in names if n in found]
 
 
@@ -233,7 +238,7 @@ def measure_side(suite, config: Config, args) -> dict:
     """One revision's measured rounds, in the working tree, measured in a worker process: this process
     checks the results the worker ships without importing any contender code (``revision.run_sides``).
     After Ctrl-C the completed rounds are raised as a partial report (``Interrupted``)."""
-    root = provenance.find_repo_root(Path(__file__))
+    root = working_tree()
     if getattr(args, "cluster", None) is not None:
         side = cluster_sides(suite, config, args, {"candidate": root})["candidate"]
     else:

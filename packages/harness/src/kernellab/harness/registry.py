@@ -92,10 +92,11 @@ def discover(root: str | os.PathLike | None = None, impls: bool = True,
     broken: dict[str, str] = {}
     parts: list[tuple[str, str, str, str]] = []
     defined: dict[str, list[str]] = {}  # suite entry-point name -> the entry points of that name
-    for name, value, dist in entry_points(root):
+    found = entry_points(root)
+    for name, value, dist in found:
         if "." not in name:
             defined.setdefault(name, []).append(f"{name} = {value} ({dist})")
-    for name, value, dist in entry_points(root):
+    for name, value, dist in found:
         base, dot, _ = name.partition(".")
         if names is not None and base not in names:
             continue
