@@ -95,3 +95,21 @@ def test_a_forced_form_impl_refuses_where_planning_chooses_that_form(monkeypatch
         assert not compiles
     else:
         assert callable(impl.bind(problem)) and compiles[0]["stack_form"] == "gemv"
+
+
+def test_torch_contenders_run_the_module_as_inference():
+    """The report's torch contenders call the module with weights that require no grad: a call records no
+    autograd graph (which ``y.copy_`` would chain across calls, holding each call's activations), and a module
+    with grad is refused before any call."""
+    module = models.build_module(CASES[0].spec, seed=3)
+    assert not any(p.requires_grad for p in module.parameters())
+    call = models.module_call(module, module)
+    inputs, outputs = {"x": torch.randn(5, 16)}, {"y": torch.empty(5, 16)}
+    for _ in range(3):
+        call(inputs, outputs)
+    assert outputs["y"].grad_fn is None and not outputs["y"].requires_grad
+    with torch.no_grad():
+        assert torch.equal(outputs["y"], module(inputs["x"]))
+    trained = models.build_module(CASES[0].spec, seed=3).requires_grad_(True)
+    with pytest.raises(ValueError, match="module: expected parameters that require no grad"):
+        models.module_call(trained, trained)

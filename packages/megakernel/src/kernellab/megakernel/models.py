@@ -74,7 +74,9 @@ def _load_norm(module, params: dict) -> None:
 
 @torch.no_grad()
 def build_module(spec: dict, *, seed: int = 0, dtype=torch.float32, device="cpu") -> StackModel:
-    """The ``StackModel`` of ``spec`` with the weights ``frontend.from_spec(spec, seed=seed)`` gives."""
+    """The ``StackModel`` of ``spec`` with the weights ``frontend.from_spec(spec, seed=seed)`` gives, for
+    inference: its parameters require no grad, or every call would record an autograd graph (time the report's
+    torch contenders do not owe, and through ``y.copy_`` a chain holding every earlier call's activations)."""
     source = frontend.from_spec(spec, seed=seed, device=device)
     module = StackModel(source.blocks, source.final_norm).to(device=device)
     for layer, params in zip(module.blocks, source.parameters, strict=True):
@@ -89,7 +91,7 @@ def build_module(spec: dict, *, seed: int = 0, dtype=torch.float32, device="cpu"
             _load_norm(layer.norm, params)
     if module.final_norm is not None:
         _load_norm(module.final_norm, source.final_parameters)
-    return module.to(dtype=dtype)
+    return module.to(dtype=dtype).requires_grad_(False)
 
 
 # ---- the report's models ---------------------------------------------------------------------------------
@@ -336,6 +338,19 @@ class Contender:
     reason: str | None = None
 
 
+def module_call(run, module: nn.Module):
+    """A harness call writing ``run(x)`` (``module`` itself, or compiled) into ``outputs["y"]``. ``module``'s
+    parameters must require no grad (``build_module``'s do): a torch contender is timed as inference."""
+    if any(p.requires_grad for p in module.parameters()):
+        raise ValueError("module: expected parameters that require no grad (an inference module, as build_module "
+                         "makes); with grad each call records an autograd graph")
+
+    def call(inputs, outputs):
+        outputs["y"].copy_(run(inputs["x"]))
+        return outputs
+    return call
+
+
 def contenders(case: ModelCase, rows: int, *, weights_seed: int = 0) -> dict[str, Contender]:
     """The ``CONTENDERS`` of ``case`` at ``rows`` on the GPU. torch.compile runs with
     ``mode="max-autotune-no-cudagraphs"`` and is captured in a CUDA graph as every other graph contender is
@@ -357,12 +372,6 @@ def contenders(case: ModelCase, rows: int, *, weights_seed: int = 0) -> dict[str
             return outputs
         return call
 
-    def torch_call(run):
-        def call(inputs, outputs):
-            outputs["y"].copy_(run(inputs["x"]))
-            return outputs
-        return call
-
     served, reason = None, None
     if fused.fused is None:  # the stack pass refused: the contender is the chain, and says so
         plan = fused.plan()
@@ -372,8 +381,8 @@ def contenders(case: ModelCase, rows: int, *, weights_seed: int = 0) -> dict[str
         "persistent-stack-graph": Contender(GraphCall(compiled_call(fused)), ours,
                                             served and served + "-graph", reason),
         "block-chain-graph": Contender(GraphCall(compiled_call(chained)), ours),
-        "torch-eager": Contender(torch_call(module), theirs),
-        "torch-compile-max-autotune-graph": Contender(GraphCall(torch_call(autotuned)), theirs),
+        "torch-eager": Contender(module_call(module, module), theirs),
+        "torch-compile-max-autotune-graph": Contender(GraphCall(module_call(autotuned, module)), theirs),
     }
 
 
