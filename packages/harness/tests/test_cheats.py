@@ -342,6 +342,33 @@ def test_a_result_that_aliases_its_input_fails():
     assert all("shares memory with an input" in v["error"] for v in result["validations"]), result["validations"]
 
 
+def test_a_result_that_records_autograd_fails():
+    """A baseline run with grad (weights that require it) is timed with autograd's work, and through an in-place
+    copy into its output chains every call's graph to the last: a handicap that would read as the other side's gain.
+    Its result is refused unread, as a result that is no plain tensor is."""
+    import torch
+
+    from kernellab.harness.case import Suite
+    from kernellab.harness.suites.problems import Copy
+
+    def with_grad(problem):
+        scale = torch.ones((), requires_grad=True)
+
+        def call(inputs, outputs):
+            for key, out in outputs.items():
+                out.copy_(inputs["x"] * scale)
+            return outputs
+        return call
+
+    suite = Suite(name="copy", device="cpu", description="", make_problems=lambda: [Copy((64, 128), "fp32", "cpu")],
+                  impls=[Impl("torch", bind=lambda p: p.control), Impl("with-grad", bind=with_grad)])
+    bench = Bench(suite, Config(rounds=1, samples=4, warmup=1, iterations=3, modes=("e2e_throughput",)))
+    assert bench.run_case("copy_64x128_fp32/torch", 0)["passed"]
+    result = bench.run_case("copy_64x128_fp32/with-grad", 0)
+    assert not result["passed"]
+    assert all("records autograd" in v["error"] for v in result["validations"]), result["validations"]
+
+
 ORIGINAL_COMPARE = validate.compare
 ORIGINAL_CLOCK = time.perf_counter_ns
 

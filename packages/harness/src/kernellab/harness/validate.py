@@ -55,7 +55,8 @@ def result_fault(result: object, taken: list[tuple[str, int, int]]) -> str | Non
     """Why a call's result cannot be checked as it stands, or None. It must be a plain dict of plain tensors:
     a subclass of either could do the call's work when the harness reads it, after the clock stopped. No
     output may share memory with an input (``taken``: ``input_spans`` of every set the call may have read): an
-    alias of an input is a result that moved no bytes. Read without calling any method of the result."""
+    alias of an input is a result that moved no bytes. Nor may one record autograd: a baseline run with grad is
+    timed with work it does not owe (a handicap read as our gain). Read without calling any method of the result."""
     import torch
 
     if type(result) is not dict:
@@ -63,6 +64,9 @@ def result_fault(result: object, taken: list[tuple[str, int, int]]) -> str | Non
     for key, value in dict.items(result):
         if type(value) is not torch.Tensor:
             return f"output {key!r} is a {type(value).__name__}, not a torch.Tensor"
+        if value.requires_grad:
+            return (f"output {key!r} records autograd (requires_grad): the call would be timed with autograd's "
+                    "work, its graph chained across calls; run the contender as inference")
         device, lo, hi = input_spans([{key: value}])[0]
         if hi > lo and any(d == device and lo < end and start < hi for d, start, end in taken):
             return f"output {key!r} shares memory with an input: a result must be written, not aliased"
