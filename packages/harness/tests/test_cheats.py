@@ -355,7 +355,7 @@ def test_a_result_that_records_autograd_fails():
         scale = torch.ones((), requires_grad=True)
 
         def call(inputs, outputs):
-            for key, out in outputs.items():
+            for out in outputs.values():
                 out.copy_(inputs["x"] * scale)
             return outputs
         return call
