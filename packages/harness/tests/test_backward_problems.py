@@ -84,3 +84,19 @@ def test_slack_covers_only_the_vector_gradients():
     assert all(s.shape == (16,) and bool((s > 0).all()) for s in slack.values())
     assert SoftmaxBackward((8, 16), "fp32", "cuda").slack(SoftmaxBackward((8, 16), "fp32", "cpu").make_inputs(3)) == {}
     assert LayerNormBackward((8, 16), "fp32", "cpu").slack(inputs) == {}, "cpu-ops' tolerance covers the sums"
+
+
+@pytest.mark.parametrize("kind", [SoftmaxTrain, RMSNormTrain, LayerNormTrain])
+def test_a_train_problems_torch_forward_compiles_whole(kind):
+    """A training step's compiled contender compiles the op's forward (``torch_forward``) and runs autograd on it,
+    as ``torch.compile(model)`` in a training loop does: the forward is one graph, with no break, and the step
+    through it is the control's."""
+    import torch
+
+    problem = kind((16, 96), "fp32", "cpu")
+    inputs = problem.make_inputs(seed_for(problem.name, 1))
+    torch._dynamo.reset()
+    compiled = torch.compile(problem.torch_forward(), backend="eager", fullgraph=True, dynamic=False)
+    ours = problem.step(compiled, inputs)
+    theirs = problem.control(inputs, problem.make_outputs(inputs))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)

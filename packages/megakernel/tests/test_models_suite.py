@@ -103,7 +103,7 @@ def test_torch_contenders_run_the_module_as_inference():
     with grad is refused before any call."""
     module = models.build_module(CASES[0].spec, seed=3)
     assert not any(p.requires_grad for p in module.parameters())
-    call = models.module_call(module, module)
+    call = models.module_call(models.writes_y(module), module)
     inputs, outputs = {"x": torch.randn(5, 16)}, {"y": torch.empty(5, 16)}
     for _ in range(3):
         call(inputs, outputs)
@@ -112,4 +112,30 @@ def test_torch_contenders_run_the_module_as_inference():
         assert torch.equal(outputs["y"], module(inputs["x"]))
     trained = models.build_module(CASES[0].spec, seed=3).requires_grad_(True)
     with pytest.raises(ValueError, match="module: expected parameters that require no grad"):
-        models.module_call(trained, trained)
+        models.module_call(models.writes_y(trained), trained)
+
+
+def test_torch_compile_contender_compiles_each_row_count_statically():
+    """Every model shares ``StackModel.forward``: without ``dynamic=False`` dynamo would compile a graph of any row
+    count at the second count it sees, and time later row counts with kernels tuned for another. Each (module, row
+    count) must be its own static graph."""
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append([tuple(t.shape) if isinstance(t, torch.Tensor) else t for t in example_inputs])
+        return gm.forward
+
+    torch._dynamo.reset()
+    for case in CASES:
+        module = models.build_module(case.spec, seed=1)
+        compiled = models.compile_module(module, backend=recording)
+        channels = case.spec["channels"]
+        for rows in (1, 16, 64, 16):
+            x, y = torch.randn(rows, channels), torch.empty(rows, channels)
+            compiled(x, y)
+            with torch.no_grad():
+                assert torch.allclose(y, module(x))
+    assert len(graphs) == 2 * 3, graphs  # one graph a model and new row count, none again at 16 rows
+    assert all(isinstance(dim, int) for shapes in graphs for shape in shapes if isinstance(shape, tuple)
+               for dim in shape), graphs
+    assert all(not isinstance(t, torch.SymInt) for shapes in graphs for t in shapes), graphs

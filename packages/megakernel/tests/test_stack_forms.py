@@ -659,9 +659,12 @@ def test_stack_problem_validates_a_contender_and_catches_wrong_ones():
 
 def test_models_section_validates_times_and_records_failures():
     """``models.section`` with the CPU torch chain as every contender, a fake clock and the harness's
-    validation: a complete section passes the schema; a contender that fails validation is not timed; a model
-    whose contenders cannot be built is recorded with the error."""
+    validation: a complete section passes the schema; a contender that fails validation is not timed; the others
+    are timed round by round, their order reversed every other round; a model whose contenders cannot be built is
+    recorded with the error."""
     from kernellab.harness import validate
+
+    names = {}
 
     def make(case, rows):
         if case.name == "broken":
@@ -669,12 +672,17 @@ def test_models_section_validates_times_and_records_failures():
         problem = models.StackProblem(case, rows, device="cpu")
         built = {name: models.Contender(_cpu_chain(case, rows), problem) for name in models.CONTENDERS}
         built["torch-eager"] = models.Contender(lambda inputs, outputs: outputs, problem)  # leaves y poisoned
+        names.update({id(c): name for name, c in built.items()})
         return built
 
     timed = []
 
-    def measure(contender):
-        timed.append(contender)
+    def time_round(contender, r, got):
+        timed.append((r, names[id(contender)]))
+        got["rounds"] = got.get("rounds", 0) + 1
+
+    def summarize(got):
+        assert got["rounds"] == 2
         summary = dict.fromkeys(models.SUMMARY_KEYS, 0.5)
         return {"stream_summary": summary, "host_summary": summary}
 
@@ -685,15 +693,36 @@ def test_models_section_validates_times_and_records_failures():
                 "max_abs_error": result["outputs"]["y"]["max_abs_error"]}
 
     broken = models.ModelCase("broken", SMALL_CASE.spec, fits_l2=True)
-    got = models.section(measure, check, lambda case: models.floor_entry(case, 2.0, 4000.0),
-                         cases=(SMALL_CASE, broken), row_counts=(1, 5), make=make)
-    assert len(timed) == 2 * (len(models.CONTENDERS) - 1)
+    got = models.section(time_round, summarize, check, lambda case: models.floor_entry(case, 2.0, 4000.0),
+                         cases=(SMALL_CASE, broken), row_counts=(1, 5), make=make, rounds=2)
+    passing = [name for name in models.CONTENDERS if name != "torch-eager"]
+    one_entry = [(0, name) for name in passing] + [(1, name) for name in reversed(passing)]
+    assert timed == one_entry * 2
     problems = models.check_models_section(got, cases=(SMALL_CASE,), row_counts=(1, 5))
     expected = [f"small-swiglu rows={r}: torch-eager {clock} lacks {k}" for r in (1, 5)
                 for clock in ("stream_summary", "host_summary") for k in models.SUMMARY_KEYS]
     expected += [f"small-swiglu rows={r}: torch-eager did not pass validation" for r in (1, 5)]
     assert sorted(problems) == sorted(expected)
     assert [e.get("error") for e in got["entries"] if e["model"] == "broken"] == ["RuntimeError: cannot build"] * 2
+
+
+def test_a_contender_that_fails_while_timed_is_recorded_and_timed_no_further():
+    problem = models.StackProblem(SMALL_CASE, 3, device="cpu")
+    steady, failing = models.Contender(_cpu_chain(SMALL_CASE, 3), problem), models.Contender(lambda i, o: o, problem)
+    rounds = []
+
+    def time_round(contender, r, got):
+        if contender is failing:
+            raise RuntimeError("out of memory")
+        rounds.append(r)
+        got["rounds"] = r + 1
+
+    got = models.section(time_round, lambda got: {"timed_rounds": got["rounds"]}, lambda name, c: {"passed": True},
+                         lambda case: {}, cases=(SMALL_CASE,), row_counts=(3,),
+                         make=lambda case, rows: {"steady": steady, "failing": failing}, rounds=3)
+    entry = got["entries"][0]["contenders"]
+    assert entry["failing"]["error"] == "RuntimeError: out of memory" and "timed_rounds" not in entry["failing"]
+    assert entry["steady"]["timed_rounds"] == 3 and rounds == [0, 1, 2]
 
 
 def test_floor_entry_is_weight_bytes_over_the_copy_bandwidth():

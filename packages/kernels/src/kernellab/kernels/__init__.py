@@ -6,6 +6,6 @@ Each public function dispatches on the tensor's device: CUDA tensors go to the C
 
 from .dispatch import layernorm, linear_backward, linear_forward, rmsnorm, softmax
 
-__version__ = "0.10.5"
+__version__ = "0.10.6"
 
 __all__ = ["layernorm", "linear_backward", "linear_forward", "rmsnorm", "softmax", "__version__"]

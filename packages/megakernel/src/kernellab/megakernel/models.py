@@ -338,23 +338,46 @@ class Contender:
     reason: str | None = None
 
 
+def writes_y(module: nn.Module):
+    """``y.copy_(module(x))`` as one function of (x, y): the fp32 output the protocol asks for, written where
+    torch.compile can fuse the cast into the module's last kernel, as a user compiling the same would."""
+    def forward(x, y):
+        return y.copy_(module(x))
+    return forward
+
+
 def module_call(run, module: nn.Module):
-    """A harness call writing ``run(x)`` (``module`` itself, or compiled) into ``outputs["y"]``. ``module``'s
-    parameters must require no grad (``build_module``'s do): a torch contender is timed as inference."""
+    """A harness call of ``run(x, y)`` (``writes_y(module)``, or it compiled) on ``inputs["x"]`` and
+    ``outputs["y"]``. ``module``'s parameters must require no grad (``build_module``'s do): a torch contender is
+    timed as inference."""
     if any(p.requires_grad for p in module.parameters()):
         raise ValueError("module: expected parameters that require no grad (an inference module, as build_module "
                          "makes); with grad each call records an autograd graph")
 
     def call(inputs, outputs):
-        outputs["y"].copy_(run(inputs["x"]))
+        run(inputs["x"], outputs["y"])
         return outputs
     return call
+
+
+def compile_module(module: nn.Module, backend="inductor"):
+    """``writes_y(module)`` under torch.compile as the report times it: Inductor's ``max-autotune-no-cudagraphs``
+    (the report captures the graph), compiled for each row count alone (``dynamic=False``: every model shares one
+    ``forward``, so dynamo would otherwise turn to a graph of any row count at the second count it sees), with no
+    silent fallback to eager past the recompile limit (``compile_config``)."""
+    from kernellab.harness import compile_config
+
+    from .engines.torch_baselines import COMPILE_MODE, RECOMPILE_LIMIT
+
+    compile_config.for_contenders(RECOMPILE_LIMIT)
+    mode = COMPILE_MODE if backend == "inductor" else None
+    return torch.compile(writes_y(module), backend=backend, mode=mode, dynamic=False)
 
 
 def contenders(case: ModelCase, rows: int, *, weights_seed: int = 0) -> dict[str, Contender]:
     """The ``CONTENDERS`` of ``case`` at ``rows`` on the GPU. torch.compile runs with
     ``mode="max-autotune-no-cudagraphs"`` and is captured in a CUDA graph as every other graph contender is
-    (``max-autotune`` is that mode plus torch's own graphs)."""
+    (``max-autotune`` is that mode plus torch's own graphs), as ``compile_module`` sets it up."""
     from .compiler.runner import compile_model
     from .engines.graph import GraphCall
     from .planning.stack import STACK_ENGINE
@@ -362,7 +385,7 @@ def contenders(case: ModelCase, rows: int, *, weights_seed: int = 0) -> dict[str
     fused = compile_model(case.spec, rows=rows, seed=weights_seed, engine=STACK_ENGINE)  # or its recorded fallback
     chained = compile_model(case.spec, rows=rows, seed=weights_seed, engine="persistent-tc")
     module = build_module(case.spec, seed=weights_seed, dtype=torch.float16, device="cuda")
-    autotuned = torch.compile(module, mode="max-autotune-no-cudagraphs")
+    autotuned = compile_module(module)
     ours = StackProblem(case, rows, weights_seed=weights_seed)
     theirs = StackProblem(case, rows, tolerance=TORCH_FP16_TOLERANCE, weights_seed=weights_seed)
 
@@ -381,7 +404,7 @@ def contenders(case: ModelCase, rows: int, *, weights_seed: int = 0) -> dict[str
         "persistent-stack-graph": Contender(GraphCall(compiled_call(fused)), ours,
                                             served and served + "-graph", reason),
         "block-chain-graph": Contender(GraphCall(compiled_call(chained)), ours),
-        "torch-eager": Contender(module_call(module, module), theirs),
+        "torch-eager": Contender(module_call(writes_y(module), module), theirs),
         "torch-compile-max-autotune-graph": Contender(GraphCall(module_call(autotuned, module)), theirs),
     }
 
@@ -409,11 +432,14 @@ def floor_entry(case: ModelCase, launch_floor_us: float, bandwidth_gbs: float) -
             "weight_floor_us": weight_bytes / (bandwidth_gbs * 1e9) * 1e6}
 
 
-def section(measure, validate, floor_of, cases=REPORT_MODELS, row_counts=REPORT_ROWS, make=contenders) -> dict:
+def section(time_round, summarize, validate, floor_of, cases=REPORT_MODELS, row_counts=REPORT_ROWS,
+            make=contenders, rounds: int = 1) -> dict:
     """The report's ``models`` section: for each case and row count, each contender validated
-    (``validate(name, contender)`` -> the validation block) and, where it passed, timed
-    (``measure(contender)`` -> stream and host summaries); ``floor_of(case)`` the floor block. A contender
-    that cannot be built or fails is recorded with its error; the section goes on."""
+    (``validate(name, contender)`` -> the validation block), then those that passed timed in ``rounds`` rounds,
+    their order alternating from round to round as the engines' is (``time_round(contender, round, samples)`` adds
+    one round's samples to the contender's own dict; ``summarize(samples)`` -> its stream and host summaries), so
+    that a drift of the clock or the machine over a case falls on every side alike; ``floor_of(case)`` the floor
+    block. A contender that cannot be built or fails is recorded with its error; the section goes on."""
     entries = []
     for case in cases:
         for rows in row_counts:
@@ -424,14 +450,25 @@ def section(measure, validate, floor_of, cases=REPORT_MODELS, row_counts=REPORT_
                 entry["error"] = f"{type(e).__name__}: {e}"
                 entries.append(entry)
                 continue
+            samples = {}
             for name, contender in built.items():
                 got = {k: v for k, v in (("served_by", contender.served_by), ("reason", contender.reason)) if v}
                 try:
                     got["validation"] = validate(name, contender)
                     if got["validation"].get("passed"):
-                        got.update(measure(contender))
+                        samples[name] = {}
                 except Exception as e:  # noqa: BLE001 - as above
                     got["error"] = f"{type(e).__name__}: {e}"
                 entry["contenders"][name] = got
+            for r in range(rounds):
+                order = list(samples) if r % 2 == 0 else list(reversed(samples))
+                for name in order:
+                    try:
+                        time_round(built[name], r, samples[name])
+                    except Exception as e:  # noqa: BLE001 - as above: this contender is timed no further
+                        entry["contenders"][name]["error"] = f"{type(e).__name__}: {e}"
+                        del samples[name]
+            for name, got in samples.items():
+                entry["contenders"][name].update(summarize(got))
             entries.append(entry)
     return {"contenders": list(CONTENDERS), "row_counts": list(row_counts), "entries": entries}

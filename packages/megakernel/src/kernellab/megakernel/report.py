@@ -52,6 +52,10 @@ LIMITATIONS = [
     "go down the fallback chain (served_by). At the large shapes even the FMA units' peak is above 0.25x cuBLAS, "
     "and the CUDA-core engines, whose weights do not fit in shared memory there, read them from global memory "
     "element by element, far below that peak: they are not expected to compete there.",
+    "models section: compile_model packs each model's weights once, before timing (padded, concatenated, the norm "
+    "weights in fp32), as a serving runtime would; torch eager and torch.compile take the nn.Module as it is "
+    "(no freezing), in inference (no parameter requires grad), torch.compile for each row count alone. The fp32 "
+    "output the protocol asks for costs eager one cast kernel a call, which torch.compile fuses into its last.",
 ]
 FLOOR_WHAT = ("An empty kernel (one CTA of 32 threads, given y, writing nothing) launched as every engine is: compiled "
               "for TVM-FFI, called with a torch tensor on the current stream, directly (stream_summary, host_summary) "
@@ -276,8 +280,8 @@ class Run:
 
     def models_section(self) -> dict:
         """The report's ``models`` section (``models.section``): each contender validated with the engines'
-        protocol and timed for --rounds rounds as the engines are; the floor from this run's launch floor
-        and a copy-bandwidth measurement."""
+        protocol and timed for --rounds rounds, their order alternating, as the engines are; the floor from this
+        run's launch floor and a copy-bandwidth measurement."""
         from kernellab.harness.case import seed_for
 
         from . import models, validation
@@ -291,18 +295,18 @@ class Run:
         def validate(name, contender):
             return validation.check(contender.problem, name, contender.call, self.args.seed)
 
-        def measure(contender):
+        def time_round(contender, r, got):
             problem = contender.problem
-            inputs = problem.make_inputs(seed_for(self.args.seed, problem.name, "time"))
+            inputs = problem.make_inputs(seed_for(self.args.seed, problem.name, "time", r))  # alike for every side
             outputs = problem.make_outputs(inputs)
-            got = {"stream": [], "host": []}
-            for _ in range(self.args.rounds):
-                self.time_call(lambda: contender.call(inputs, outputs), got)
-            return _clock_summaries(got)
+            for clock in ("stream", "host"):
+                got.setdefault(clock, [])
+            self.time_call(lambda: contender.call(inputs, outputs), got)
 
         cases, row_counts = models.select(self.args.model_cases, self.args.model_rows)
-        return models.section(measure, validate, lambda case: models.floor_entry(case, launch_us, bandwidth),
-                              cases=cases, row_counts=row_counts)
+        return models.section(time_round, _clock_summaries, validate,
+                              lambda case: models.floor_entry(case, launch_us, bandwidth),
+                              cases=cases, row_counts=row_counts, rounds=self.args.rounds)
 
     def launch_floor(self) -> dict:
         """The report's ``launch_floor`` block: the direct call's summaries as an engine's, the graph's

@@ -149,21 +149,22 @@ def torch_norm(s, norm: Norm, weight=None, bias=None):
 
 
 def torch_block(stream, block, p: dict, out):
-    """One block with the kernels' rounding points, in torch, written into ``out`` (fp32)."""
+    """One block with the kernels' rounding points, in torch, written into ``out`` (fp32). A bias the block lacks
+    is zeros in ``p`` and not added: as the models suite's control this is the torch a user would run."""
     import torch
 
     f16 = torch.float16
     u = stream if block.norm is None else torch_norm(stream, block.norm, p.get("norm_weight"), p.get("norm_bias"))
     u = u.to(f16)
     pre = _matmul_fp32(u, p["w1"])
-    if "b1" in p:
+    if block.bias1:
         pre = pre + p["b1"]
     hidden = torch_activation(block.activation)(pre)
     if block.gated:
         gate = _matmul_fp32(u, p["w3"])
-        hidden = hidden * (gate + p["b3"] if "b3" in p else gate)
+        hidden = hidden * (gate + p["b3"] if block.bias3 else gate)
     y = _matmul_fp32(hidden.to(f16), p["w2"])
-    if "b2" in p:
+    if block.bias2:
         y = y + p["b2"]
     return torch.add(y, stream.float(), out=out)
 

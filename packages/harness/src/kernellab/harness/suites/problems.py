@@ -469,6 +469,13 @@ class RowTrain(RowBackward):
         y, grads = autograd_step(forward, [inputs[k] for k in names], inputs["grad_out"])
         return self.checked({"y": y, **{f"d{k}": gr for k, gr in zip(names, grads, strict=True)}})
 
+    def torch_forward(self):
+        """The op's forward in torch (x[, weight[, bias]] -> y): what a training loop runs, eagerly or compiled."""
+        raise NotImplementedError
+
+    def control(self, inputs: Tensors, outputs: Tensors) -> Tensors:
+        return self.step(self.torch_forward(), inputs)
+
 
 class AutogradFloor(RowTrain):
     """One training step through autograd that does the least such a step can: a copy forward and a copy backward
@@ -484,8 +491,8 @@ class AutogradFloor(RowTrain):
     def reference(self, inputs: Tensors) -> Tensors:
         return self.checked({"y": inputs["x"], "dx": inputs["grad_out"]})
 
-    def control(self, inputs: Tensors, outputs: Tensors) -> Tensors:
-        return self.step(_two_copies().apply, inputs)
+    def torch_forward(self):
+        return _two_copies().apply
 
     def bytes_moved(self) -> int:
         return 2 * self.row_bytes()
@@ -505,10 +512,10 @@ class SoftmaxTrain(RowTrain):
         y, dx = reference.softmax_train(inputs["x"], inputs["grad_out"])
         return self.checked({"y": y, "dx": dx})
 
-    def control(self, inputs: Tensors, outputs: Tensors) -> Tensors:
+    def torch_forward(self):
         import torch
 
-        return self.step(lambda x: torch.softmax(x, dim=-1), inputs)
+        return lambda x: torch.softmax(x, dim=-1)
 
     def flops(self) -> int:
         return 8 * prod(self.shape)
@@ -534,11 +541,11 @@ class RMSNormTrain(RowTrain):
     def column_terms(self, inputs: Tensors) -> Tensors:
         return RMSNormBackward.column_terms(self, inputs)
 
-    def control(self, inputs: Tensors, outputs: Tensors) -> Tensors:
+    def torch_forward(self):
         import torch.nn.functional as F
 
         eps, n = self.params["eps"], self.shape[-1]
-        return self.step(lambda x, weight: F.rms_norm(x, (n,), weight, eps), inputs)
+        return lambda x, weight: F.rms_norm(x, (n,), weight, eps)
 
     def flops(self) -> int:
         return 12 * prod(self.shape)
@@ -566,11 +573,11 @@ class LayerNormTrain(RowTrain):
     def column_terms(self, inputs: Tensors) -> Tensors:
         return LayerNormBackward.column_terms(self, inputs)
 
-    def control(self, inputs: Tensors, outputs: Tensors) -> Tensors:
+    def torch_forward(self):
         import torch.nn.functional as F
 
         eps, n = self.params["eps"], self.shape[-1]
-        return self.step(lambda x, weight, bias: F.layer_norm(x, (n,), weight, bias, eps), inputs)
+        return lambda x, weight, bias: F.layer_norm(x, (n,), weight, bias, eps)
 
     def flops(self) -> int:
         return 17 * prod(self.shape)
