@@ -147,6 +147,20 @@ def test_the_comparison_against_a_report_is_the_ab_comparison():
     assert via_report["sides"]["reference"]["revision"]["report"] == "ref.json"
 
 
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_a_gate_over_fewer_than_three_rounds_is_inconclusive(rounds):
+    """Over one round the interval is the gain itself, over two it rests on one pair of rounds: neither a clear
+    slowdown nor a clear speedup is decided (the planted noise makes both look certain)."""
+    for ours, reason in ((110.0, "fewer than 3 rounds"), (90.0, "fewer than 3 rounds")):
+        few = report_io.seal(assemble.comparison_report(
+            planted.suite(), planted.CONFIG, planted.side(rounds=rounds), planted.side(ours, seed=1, rounds=rounds)))
+        verdict = gate.evaluate(few, 0.0 if ours < 100 else 5.0)
+        assert verdict.status == gate.INCONCLUSIVE and reason in verdict.reasons[0], verdict.reasons
+    three = report_io.seal(assemble.comparison_report(
+        planted.suite(), planted.CONFIG, planted.side(rounds=3), planted.side(110.0, seed=1, rounds=3)))
+    assert gate.evaluate(three, 5.0).status == gate.REGRESSION
+
+
 def test_rounds_are_paired_by_index_when_the_counts_differ():
     reference = planted.run_report(rounds=7)
     result = gate.compare_with_report(planted.suite(), planted.CONFIG, reference, planted.side(110.0, rounds=4))

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from . import assemble
+from . import assemble, stats
 from .runner import match
 from .timing import ALL_MODES
 
@@ -96,6 +96,7 @@ class Finding:
     control_flagged: bool
     regressed: bool
     disturbed: bool = False  # a round of either side (or of its control) disturbed: its interval proves nothing
+    few_rounds: bool = False  # fewer than stats.MIN_ROUNDS rounds: its interval proves nothing either
     undecided: bool = False  # not regressed, but its interval holds the limit: no slowdown ruled out either
 
 
@@ -117,6 +118,10 @@ class Verdict:
     @property
     def disturbed(self) -> list[Finding]:
         return [f for f in self.findings if f.disturbed]
+
+    @property
+    def few_rounds(self) -> list[Finding]:
+        return [f for f in self.findings if f.few_rounds]
 
     @property
     def undecided(self) -> list[Finding]:
@@ -149,7 +154,8 @@ def evaluate(comparison: dict, pct: float, cases: str | None = None, impls: str 
                 name=rec["name"], mode=mode, reference_us=r["reference_us"], candidate_us=r["candidate_us"],
                 gain=r["gain"], gain_ci=(lo, hi), control_ratio_range=tuple(drift) if drift else None,
                 control_flagged=bool(r.get("control_flagged")), regressed=hi < limit, undecided=lo < limit <= hi,
-                disturbed=bool(r.get("disturbed")) or control_disturbed(comparison, rec, mode)))
+                disturbed=bool(r.get("disturbed")) or control_disturbed(comparison, rec, mode),
+                few_rounds=len(r["reference_rounds_us"]) < stats.MIN_ROUNDS))
     unmeasured = unmeasured_pairs(comparison, cases, impls)
     devices = [_device(comparison, side) for side in ("reference", "candidate")]
     if not verdict.findings:
@@ -172,6 +178,12 @@ def evaluate(comparison: dict, pct: float, cases: str | None = None, impls: str 
         verdict.reasons.append(f"{len(verdict.disturbed)} pair(s) measured in rounds the machine disturbed "
                                f"(preemption, steal or throttling), first {first.name} {first.mode}: their "
                                "intervals prove neither a slowdown nor its absence; rerun on a quiet machine")
+    elif verdict.few_rounds:
+        verdict.status = INCONCLUSIVE
+        first = verdict.few_rounds[0]
+        verdict.reasons.append(f"{len(verdict.few_rounds)} pair(s) measured in fewer than {stats.MIN_ROUNDS} "
+                               f"rounds on both sides, first {first.name} {first.mode}: an interval over so few "
+                               f"rounds proves nothing; run --rounds {stats.MIN_ROUNDS} or more (a reference too)")
     elif verdict.regressions:
         verdict.status = REGRESSION
     elif unmeasured:

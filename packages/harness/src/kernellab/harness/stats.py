@@ -71,6 +71,12 @@ def ratio_stats(numer_rounds: Sequence[Sequence[float]], denom_rounds: Sequence[
     return {"value": log_median(per_round), "min": min(per_round), "max": max(per_round), "rounds": per_round}
 
 
+MIN_ROUNDS = 3
+"""The fewest rounds the regression gate decides on: over one round the bootstrap's interval is the gain itself,
+over two it rests on one pair of rounds (noise alone read as a difference far more often than the 5% the interval
+promises); the audit's replay takes as many (``MIN_REPLAY_ROUNDS``)."""
+
+
 def bootstrap_gain_ci(
     reference_rounds: Sequence[Sequence[float]],
     candidate_rounds: Sequence[Sequence[float]],
