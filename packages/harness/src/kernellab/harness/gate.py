@@ -181,9 +181,9 @@ def evaluate(comparison: dict, pct: float, cases: str | None = None, impls: str 
     elif verdict.few_rounds:
         verdict.status = INCONCLUSIVE
         first = verdict.few_rounds[0]
-        verdict.reasons.append(f"{len(verdict.few_rounds)} pair(s) measured in fewer than {stats.MIN_ROUNDS} "
-                               f"rounds on both sides, first {first.name} {first.mode}: an interval over so few "
-                               f"rounds proves nothing; run --rounds {stats.MIN_ROUNDS} or more (a reference too)")
+        verdict.reasons.append(f"{len(verdict.few_rounds)} pair(s) with fewer than {stats.MIN_ROUNDS} rounds the "
+                               f"two sides share, first {first.name} {first.mode}: an interval over so few rounds "
+                               f"proves nothing; run --rounds {stats.MIN_ROUNDS} or more (a reference too)")
     elif verdict.regressions:
         verdict.status = REGRESSION
     elif unmeasured:

@@ -188,7 +188,7 @@ def _compile_call(problem):
 
     _gpu_problem(problem, "compile")
     compile_config.for_contenders(RECOMPILE_LIMIT)
-    if problem.op.endswith("_train"):  # the forward compiled, as torch.compile(model) in a training loop: its
+    if _parts(problem)[1] == "train":  # the forward compiled, as torch.compile(model) in a training loop: its
         forward = torch.compile(problem.torch_forward(), dynamic=False)  # backward is AOTAutograd's, no graph break
         return lambda i, o: problem.step(forward, i)
     return torch.compile(problem.control, dynamic=False)
