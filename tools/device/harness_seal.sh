@@ -25,10 +25,14 @@ done
 timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts="" -rfE \
   packages/harness/tests/test_timing_gpu.py > "$out/test_timing_gpu-$rev.log" 2>&1
 echo "test_timing_gpu: pytest exit $?"; tail -3 "$out/test_timing_gpu-$rev.log"
-python3 - "$out" "$rev" <<'EOF'
+# the suites' reports alone: another script's report in the same $OUT is not a suite run
+python3 - "$out" "$rev" "${runs[@]%%|*}" <<'EOF'
 import json, pathlib, sys
-out, rev = pathlib.Path(sys.argv[1]), sys.argv[2]
-for path in sorted(out.glob(f"*-{rev}.json")):
+out, rev, suites = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+for path in (out / f"{suite}-{rev}.json" for suite in suites):
+    if not path.exists():
+        print(f"{path.name}: missing (its log says why)")
+        continue
     cases = json.loads(path.read_text())["cases"]
     bad = [f"  {c['id']}: {c['status']} {c.get('reason') or ''}"[:240] for c in cases
            if c["status"] not in ("ok", "unsupported")]

@@ -195,12 +195,22 @@ def table(section: dict, fmt: str = "simple") -> str:
     failed = [t for t in targets(section) if t["target"] is None and not t["met"]]
     met = sum(1 for t in targets(section) if t["target"] is not None and t["met"])
     lines.append(f"targets: {met} met, {len(misses)} missed or unmeasured; validations failed: {len(failed)}")
-    lines += [f"  missed: {t['model']} rows={t['rows']} {t['what']} = "
-              f"{'unmeasured' if t['value'] is None else format(t['value'], '.2f')} "
+    lines += [f"  missed: {t['model']} rows={t['rows']} {t['what']} = {_ratio_text(t['value'], t['target'])} "
               f"({'<=' if t['at_most'] else '>='} {t['target']})" for t in misses]
     lines += [f"  failed: {t['model']} rows={t['rows']} {t['what']}" for t in failed]
     return "\n".join(lines)
 
+
+
+def _ratio_text(value: float | None, target: float) -> str:
+    """A missed ratio with as many decimals as it takes to differ from its target (0.803 against 0.8 reads 0.803,
+    not a met-looking 0.80)."""
+    if value is None:
+        return "unmeasured"
+    digits = 2
+    while digits < 6 and float(format(value, f".{digits}f")) == target:
+        digits += 1
+    return format(value, f".{digits}f")
 
 def select(case_patterns: str | None, row_counts: str | None) -> tuple[tuple[ModelCase, ...], tuple[int, ...]]:
     """The report's models and row counts that ``--model-cases`` (names or shell patterns, comma-separated) and
