@@ -348,3 +348,47 @@ def test_a_case_unsupported_on_both_sides_fails_no_gated_run(tmp_path):
     assert cli.emit(with_statuses("unsupported", "unsupported"), tmp_path / "a.json", args)
     assert cli.emit(with_statuses("ok", "unavailable"), tmp_path / "b.json", args)
     assert not cli.emit(with_statuses("ok", "failed"), tmp_path / "c.json", args)
+
+
+def _against_stored(ours_us: float, torch_us: float) -> dict:
+    """A run (``ours_us``, ``torch_us``) gated against a stored report measured at 100 and 150 us."""
+    return gate.compare_with_report(planted.suite(), planted.CONFIG, planted.run_report(),
+                                    planted.side(ours_us, torch_us, seed=1), "ref.json")
+
+
+@pytest.mark.parametrize("ours, torch, what", [
+    (108.0, 162.0, "the same code on a machine 8% slower: no regression to find"),
+    (110.0 / 1.08, 150.0 / 1.08, "a 10% regression on a machine 8% faster: no pass to give"),
+])
+def test_a_machine_shift_under_the_drift_tolerance_decides_nothing_against_a_stored_report(ours, torch, what):
+    """A shift of the machine between a stored report and this run that the control sees (under the 10% that
+    flags drift) moves every gain as much; read raw, the first case failed the gate and the second passed it."""
+    verdict = gate.evaluate(_against_stored(ours, torch), 5.0)
+    assert verdict.findings and not verdict.drifted, what  # under the tolerance: the drift guard stays silent
+    assert verdict.status == gate.INCONCLUSIVE, (what, verdict.reasons)
+    assert "widened by its control's shift between the report and this run" in verdict.reasons[0]
+    assert all(f.decision_ci[0] < f.gain_ci[0] and f.decision_ci[1] > f.gain_ci[1] for f in verdict.findings)
+
+
+def test_the_same_shift_inside_one_ab_run_is_read_from_the_recorded_interval():
+    """In an A/B both sides share each round, so a machine's shift moves both alike; the recorded interval is
+    decided on as it stands (the A/B's sides here are planted apart, as a stored report's would be)."""
+    verdict = gate.evaluate(comparison(108.0, torch_after=162.0), 5.0)
+    assert verdict.status == gate.REGRESSION
+    assert all(f.decision_ci == f.gain_ci for f in verdict.findings)
+
+
+def test_a_regression_beyond_the_controls_shift_still_fails_against_a_stored_report():
+    verdict = gate.evaluate(_against_stored(125.0, 152.0), 5.0)
+    assert verdict.status == gate.REGRESSION, verdict.reasons
+    assert "gain interval [" in gate.describe(verdict)
+
+
+def test_a_pair_without_a_control_on_both_sides_decides_nothing_against_a_stored_report():
+    result = _against_stored(110.0, 150.0)
+    for rec in result["records"]:
+        for mode in planted.MODES:
+            rec[mode].pop("control_ratio_range")
+    verdict = gate.evaluate(result, 5.0)
+    assert verdict.status == gate.INCONCLUSIVE and not verdict.regressions
+    assert all(f.decision_ci == (0.0, float("inf")) for f in verdict.findings)

@@ -10,6 +10,11 @@ verdict ``inconclusive``. A
 control probe that drifted past ``assemble.CONTROL_DRIFT_TOLERANCE`` in any pair makes the verdict
 ``inconclusive``: the machine moved, so neither a pass nor a failure can be trusted; so does a pair measured in
 rounds the machine disturbed (``noise``), on either side or its control's (``control_disturbed``).
+
+Against a stored run report the two sides ran at different times: a shift of the machine under that tolerance
+(clocks, a neighbour, a driver) would read as the code's gain. There every pair is decided on its interval
+widened by how far its control moved between the sides (``decision_interval``, as the audit widens a replay's),
+and a pair without a control on both sides decides nothing.
 """
 
 from __future__ import annotations
@@ -93,6 +98,7 @@ class Finding:
     gain: float
     gain_ci: tuple[float, float]
     control_ratio_range: tuple[float, float] | None
+    decision_ci: tuple[float, float]  # the interval decided on: gain_ci, widened against a stored report
     control_flagged: bool
     regressed: bool
     disturbed: bool = False  # a round of either side (or of its control) disturbed: its interval proves nothing
@@ -143,17 +149,19 @@ def evaluate(comparison: dict, pct: float, cases: str | None = None, impls: str 
         raise GateError(f"the gate reads a comparison report, got a {comparison.get('kind')!r} report")
     limit = gain_limit(pct)
     verdict = Verdict(PASS, pct)
+    stored = stored_reference(comparison)
     for rec in comparison["records"]:
         for mode in ALL_MODES:
             r = rec.get(mode)
             if r is None:
                 continue
-            lo, hi = r["gain_ci"]
             drift = r.get("control_ratio_range")
+            lo, hi = decision = decision_interval(r["gain_ci"], drift, stored)
             verdict.findings.append(Finding(
                 name=rec["name"], mode=mode, reference_us=r["reference_us"], candidate_us=r["candidate_us"],
-                gain=r["gain"], gain_ci=(lo, hi), control_ratio_range=tuple(drift) if drift else None,
-                control_flagged=bool(r.get("control_flagged")), regressed=hi < limit, undecided=lo < limit <= hi,
+                gain=r["gain"], gain_ci=tuple(r["gain_ci"]), control_ratio_range=tuple(drift) if drift else None,
+                decision_ci=decision, control_flagged=bool(r.get("control_flagged")), regressed=hi < limit,
+                undecided=lo < limit <= hi,
                 disturbed=bool(r.get("disturbed")) or control_disturbed(comparison, rec, mode),
                 few_rounds=len(r["reference_rounds_us"]) < stats.MIN_ROUNDS))
     unmeasured = unmeasured_pairs(comparison, cases, impls)
@@ -194,17 +202,40 @@ def evaluate(comparison: dict, pct: float, cases: str | None = None, impls: str 
     elif verdict.undecided:
         verdict.status = INCONCLUSIVE
         first = verdict.undecided[0]
-        verdict.reasons.append(f"{len(verdict.undecided)} pair(s) whose gain interval holds {limit:.4f}, first "
-                               f"{first.name} {first.mode} {_range(first.gain_ci)}: a slowdown past "
+        widened = " (widened by its control's shift between the report and this run)" if stored else ""
+        verdict.reasons.append(f"{len(verdict.undecided)} pair(s) whose gain interval{widened} holds {limit:.4f}, "
+                               f"first {first.name} {first.mode} {_range(first.decision_ci)}: a slowdown past "
                                f"{pct:g}% is neither shown nor ruled out; add rounds (--max-rounds) or rerun on a "
-                               "quiet machine")
+                               "quiet machine" + (", or compare with a revision (--against REV), whose sides run "
+                                                  "in the same rounds" if stored else ""))
     for f in verdict.regressions:
         verdict.reasons.append(
             f"{f.name} {f.mode}: {_slowdown(f.gain):+.1f}% ({f.reference_us:.3f} -> {f.candidate_us:.3f} us), "
-            f"gain interval {_range(f.gain_ci)} wholly below {limit:.4f}"
+            f"gain interval {_range(f.decision_ci)} wholly below {limit:.4f}"
             + (" (suspected: the control drifted)" if verdict.status == INCONCLUSIVE else ""))
     return verdict
 
+
+
+def stored_reference(comparison: dict) -> bool:
+    """Whether the comparison's reference side was read from a stored run report (``--against REPORT``) rather
+    than measured in the same rounds as the candidate."""
+    reference = ((comparison.get("sides") or {}).get("reference") or {})
+    return bool((reference.get("revision") or {}).get("report"))
+
+
+def decision_interval(gain_ci, control_ratio_range, stored: bool) -> tuple[float, float]:
+    """The gain interval a pair is decided on. In one run (an A/B) the sides shared their rounds: the recorded
+    interval. Against a stored report, that interval widened on both sides by the control's largest move between
+    the report and this run (its per-round ratio's farthest from 1), which a machine shift moves as much as the
+    contender; no control measured on both sides leaves the shift unknown: (0, inf), which decides nothing."""
+    lo, hi = gain_ci
+    if not stored:
+        return lo, hi
+    if not control_ratio_range or not min(control_ratio_range) > 0.0:
+        return 0.0, math.inf
+    shift = max(abs(math.log(x)) for x in control_ratio_range)
+    return lo * math.exp(-shift), hi * math.exp(shift)
 
 def unmeasured_pairs(comparison: dict, cases: str | None = None, impls: str | None = None) -> list[str]:
     """'case mode' of every pair the reference measured that this run asked for and did not measure: a case
@@ -282,13 +313,13 @@ def markdown(comparison: dict, verdict: Verdict | None) -> str:
     gated = verdict is not None
     findings = verdict.findings if gated else evaluate(comparison, 0.0).findings
     for f in sorted(findings, key=lambda f: (not (gated and f.regressed), f.gain)):
-        lo, hi = f.gain_ci
+        lo, hi = f.decision_ci
         mark = ("regression" if gated and f.regressed else "faster" if lo > 1.0 else "slower" if hi < 1.0
                 else "not significant")
         control = _range(f.control_ratio_range) + (" drift" if f.control_flagged else "") \
             if f.control_ratio_range else "n/a"
         lines.append(f"| {f.name} | {f.mode} | {f.reference_us:.3f} | {f.candidate_us:.3f} | "
-                     f"{_slowdown(f.gain):+.1f}% | {_range(f.gain_ci)} | {control} | {mark} |")
+                     f"{_slowdown(f.gain):+.1f}% | {_range(f.decision_ci)} | {control} | {mark} |")
     return "\n".join(lines) + "\n"
 
 
