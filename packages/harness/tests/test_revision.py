@@ -122,6 +122,52 @@ def test_a_case_past_its_timeout_kills_its_worker(monkeypatch):
     assert time.monotonic() - t0 < 120
 
 
+
+def _planted_run(monkeypatch, suite: str, rounds: int) -> dict:
+    """``run_sides`` of one planted suite (``ray_planted``) in this checkout: its one side, ``rounds`` rounds."""
+    from pathlib import Path
+
+    from kernellab.harness.revision import run_sides
+    from kernellab.harness.runner import Config
+
+    planted = Path(__file__).parent / "ray_planted"
+    monkeypatch.setenv("PYTHONPATH", str(planted))
+    monkeypatch.syspath_prepend(str(planted))
+    config = Config(rounds=rounds, samples=2, warmup=0, iterations=1, modes=("e2e_throughput",), rotate=False)
+    request = {"suite": suite, "config": config.to_json(), "cases": None, "impls": None}
+    return run_sides({"candidate": Path(__file__).resolve().parents[3]}, request, rounds,
+                     progress=False)["candidate"]
+
+
+@pytest.mark.parametrize("suite, how", [("ray-case-crash", "died during 'case' with exit code -11"),
+                                        ("ray-case-leave", "left during 'case': its reply channel")])
+def test_a_case_that_ends_its_worker_fails_alone_and_the_run_goes_on(monkeypatch, suite, how):
+    """A contender that crashes its worker (or makes it leave, as a stray thread at a reply does) in one case had
+    ended the whole run, every case measured before it lost: that case now fails on its side with the reason, is
+    not run again, and the side goes on in a fresh worker, so every other case of every round is measured."""
+    from kernellab.harness import assemble
+
+    side = _planted_run(monkeypatch, suite, rounds=2)
+    impl = "crashes" if "crash" in suite else "leaves"
+    ender = f"affine_4x3_fp32/{impl}"
+    for r, measured in enumerate(side["rounds"]):
+        assert measured[ender]["passed"] is False and "samples_us" not in measured[ender]
+        assert measured[ender]["error"].startswith("WorkerLost: worker candidate") and how in measured[ender]["error"]
+        assert "(round 1; not run again" in measured[ender]["error"], r  # lost once, in round 1, skipped after
+        others = [cid for cid in measured if cid != ender]
+        assert len(others) == 5 and all(measured[cid]["passed"] and measured[cid]["samples_us"] for cid in others)
+    cases = {c["id"]: c for c in assemble.case_table(side["cases"], side["rounds"])}
+    assert cases[ender]["status"] == "failed" and "WorkerLost" in cases[ender]["reason"]
+    assert all(c["status"] == "ok" for cid, c in cases.items() if cid != ender)
+
+
+def test_a_side_that_keeps_losing_its_worker_stops_the_run(monkeypatch):
+    """Past ``MAX_WORKER_LOSSES`` lost cases the tree, not a case, is broken: the run stops and says so."""
+    from kernellab.harness import revision
+
+    with pytest.raises(RevisionError, match=rf"worker candidate was lost in {revision.MAX_WORKER_LOSSES + 1} cases"):
+        _planted_run(monkeypatch, "ray-case-crash-everywhere", rounds=1)
+
 def test_a_worker_leaving_quickly_loses_nothing_printed():
     """``worker.quick_exit`` skips the interpreter's teardown; what Python and C printed before it still
     arrives, C's buffered stdout included (a pipe buffers it fully)."""

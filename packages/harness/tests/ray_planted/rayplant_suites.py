@@ -1,7 +1,9 @@
 """Planted suites for the cluster tests (test_cluster.py), installed outside the checkout (a
 contender from elsewhere, as the tree's worker sees it): fixed-duration cases whose time is a sleep,
 so that a run's wall time falls with workers however loaded the machine is, and a contender that
-kills its worker on one problem, and one that never returns (test_revision.py)."""
+kills its worker on one problem, and one that never returns (test_revision.py); and contenders whose
+call, in a case, ends their worker: a crash, a worker leaving as on an untrusted reply channel, a
+crash at every problem (test_revision.py)."""
 
 import importlib.util
 import os
@@ -12,7 +14,7 @@ from pathlib import Path
 from kernellab.harness.case import Impl, Suite
 
 SLEEP_S = 28.0  # each ray-sleepy problem's fixed duration
-CRASH_ON = "affine_4x3_fp32"  # the ray-crashy problem whose crasher kills its worker
+CRASH_ON = "affine_4x3_fp32"  # the ray-crashy problem whose crasher kills its worker, and where the case enders end it
 
 
 def _fakes():
@@ -67,3 +69,37 @@ def hangs(problem):
 
 def hung():
     return _suite("ray-hung", Impl("hangs", bind=hangs), (2,))
+
+
+def _ends_worker_in_case(end, everywhere=False):
+    """A contender whose call, once its case runs, ends its worker by ``end`` (at CRASH_ON, or ``everywhere``)."""
+    def bind(problem):
+        def call(i, o):
+            if everywhere or problem.name == CRASH_ON:
+                end()
+            return honest(i, o)
+        return call
+    return bind
+
+
+def _segfault():
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def _leave():
+    from kernellab.harness.revision import CHANNEL_TAKEN
+
+    os._exit(CHANNEL_TAKEN)  # as the worker leaves when a stray thread could write its replies
+
+
+def case_crash():
+    return _suite("ray-case-crash", Impl("crashes", bind=_ends_worker_in_case(_segfault)), (2, 3, 5))
+
+
+def case_leave():
+    return _suite("ray-case-leave", Impl("leaves", bind=_ends_worker_in_case(_leave)), (2, 3, 5))
+
+
+def case_crash_everywhere():
+    return _suite("ray-case-crash-everywhere", Impl("crashes", bind=_ends_worker_in_case(_segfault, True)),
+                  (2, 3, 5, 7, 11))

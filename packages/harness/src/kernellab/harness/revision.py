@@ -32,6 +32,16 @@ class RevisionError(RuntimeError):
     """A revision that cannot be materialized or run; the message says which and why."""
 
 
+class WorkerLost(RevisionError):
+    """A worker ended while it answered a request: it crashed (a contender's segfault, say) or left a reply channel
+    it could no longer trust. During a case, ``run_sides`` fails that case on that side and starts a fresh worker."""
+
+
+MAX_WORKER_LOSSES = 3
+"""Cases a side may lose its worker to in one run; past that the run stops: a tree whose worker keeps dying is
+broken as a whole, and each fresh worker costs a setup."""
+
+
 def materialize(rev: str, repo: str | os.PathLike, dest: str | os.PathLike) -> dict[str, Any]:
     """Write revision ``rev`` of ``repo`` (a commit-ish, or a path to a source zip) into ``dest``.
 
@@ -173,11 +183,11 @@ class Worker:
         if not line:
             code = self.proc.wait()
             if code == CHANNEL_TAKEN:
-                raise RevisionError(f"worker {self.label} ({self.root}) left during {cmd!r}: its reply channel could "
-                                    "no longer be trusted (contender code pointed it elsewhere, or a thread no impl "
-                                    "owns was running; its message above says which)")
-            raise RevisionError(f"worker {self.label} ({self.root}) died during {cmd!r} with exit code {code}; "
-                                "its error is printed above")
+                raise WorkerLost(f"worker {self.label} ({self.root}) left during {cmd!r}: its reply channel could "
+                                 "no longer be trusted (contender code pointed it elsewhere, or a thread no impl "
+                                 "owns was running; its message above says which)")
+            raise WorkerLost(f"worker {self.label} ({self.root}) died during {cmd!r} with exit code {code}; "
+                             "its error is printed above")
         adopted = sorted(threads.children() - before - Worker.live)
         if adopted:  # clone(CLONE_PARENT) makes a worker's child this process's, outside the worker's checks
             for pid in adopted:
@@ -324,7 +334,10 @@ def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds:
     this process's; this process, which imports no contender code, checks them against the float64
     truth of inputs it remakes from their seeds (``validate.check_shipped``), so that a contender that
     patched the harness inside its worker cannot pass its own results. A case that runs past
-    ``case_timeout_s`` kills its worker and raises ``RevisionError``."""
+    ``case_timeout_s`` kills its worker and raises ``RevisionError``. A case whose worker crashed or left
+    (``WorkerLost``) fails on that side with the reason, in this round and every later one (it is not run
+    again), and the side goes on in a fresh worker: a long run keeps every other case (up to
+    ``MAX_WORKER_LOSSES`` a side)."""
     names = [n for n in ("reference", "candidate") if n in roots]
     with tempfile.TemporaryDirectory(prefix="kernellab-shipped-") as ship_dir, contextlib.ExitStack() as stack:
         workers = {n: stack.enter_context(Worker(roots[n], n)) for n in names}
@@ -341,16 +354,34 @@ def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds:
                   for r in range(rounds)]
         bar = Progress(len(names) * sum(map(len, common)), enabled=progress)
         started = time.monotonic()
+        lost: dict[str, dict[str, str]] = {n: {} for n in names}  # side -> case -> why it lost that side's worker
+
+        def measure(name: str, cid: str, r: int) -> dict:
+            if cid in lost[name]:
+                return {"passed": False, "validations": [], "error": lost[name][cid]}
+            try:
+                data = workers[name].request("case", id=cid, round=r, ship_dir=ship_dir,
+                                             timeout_s=case_timeout_s)["data"]
+            except WorkerLost as e:
+                lost[name][cid] = (f"WorkerLost: {str(e).splitlines()[0]} (round {r + 1}; "
+                                   "not run again, the side went on in a fresh worker)")
+                if len(lost[name]) > MAX_WORKER_LOSSES:
+                    raise RevisionError(f"worker {name} was lost in {len(lost[name])} cases "
+                                        f"({', '.join(lost[name])}), more than {MAX_WORKER_LOSSES}: the tree, not a "
+                                        f"case, is broken; the last: {e}") from e
+                workers[name].close()
+                workers[name] = stack.enter_context(Worker(roots[name], name))
+                workers[name].request("setup", **request)  # the same tree and request: the same cases and schedule
+                return {"passed": False, "validations": [], "error": lost[name][cid]}
+            checker.check(cid, data)
+            return data
 
         def one_round(r: int, ids: list[str]) -> None:
             for name in names:
                 sides[name]["rounds"].append({})
             for cid in ids:
                 for name in [n for n in revision_order(r) if n in workers]:
-                    data = workers[name].request("case", id=cid, round=r, ship_dir=ship_dir,
-                                                  timeout_s=case_timeout_s)["data"]
-                    checker.check(cid, data)
-                    sides[name]["rounds"][r][cid] = data
+                    data = sides[name]["rounds"][r][cid] = measure(name, cid, r)
                     bar.step(f"round {r + 1} {name}: {cid}  {describe_samples(data)}")
 
         try:
