@@ -8,20 +8,23 @@ back to back, the side order alternating by round), with the baseline checked ou
 that its worker records the baseline's commit as a checkout would (a materialized archive has no .git and
 records none, which the audit then cannot locate). Writes DIR/<suite>-ab.json (the comparison report),
 DIR/<suite>-reference.json and DIR/<suite>-candidate.json (the two sides as run reports, from the same
-rounds), then prints the comparison's table. Run it from a clean checkout on the GPU host.
+rounds), then prints the comparison's table. Run it from a clean checkout on the GPU host. Ctrl-C or SIGTERM (a
+device call's ``timeout``) keeps the rounds completed before it in the same three files named ``-partial``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 from kernellab.harness import assemble, provenance, registry, table
 from kernellab.harness import report as report_io
 from kernellab.harness.cli import config_for
-from kernellab.harness.revision import run_sides
+from kernellab.harness.revision import run_sides, terminate_as_interrupt
 
 
 def git(repo: Path, *args: str) -> str:
@@ -56,20 +59,32 @@ def main() -> int:
         git(repo, "worktree", "add", "--detach", str(base), commit)
         try:
             request = {"suite": suite.name, "config": config.to_json(), "cases": args.cases, "impls": args.impls}
-            sides = run_sides({"reference": base, "candidate": repo}, request, config.rounds)
+            with terminate_as_interrupt():  # a device call's timeout keeps the completed rounds, as Ctrl-C does
+                sides = run_sides({"reference": base, "candidate": repo}, request, config.rounds)
         finally:
             git(repo, "worktree", "remove", "--force", str(base))
     sides["reference"]["revision"] = {"revision": args.baseline, "kind": "git", "commit": commit,
                                       "zip_sha256": None, "root": str(base)}
     sides["candidate"]["revision"] = {"revision": "working tree", "kind": "local", "commit": state["commit"],
                                       "dirty": state["dirty"], "root": str(repo)}
-    cfg = config.to_json()
-    reports = {"ab": report_io.seal(assemble.comparison_report(suite, cfg, sides["reference"], sides["candidate"])),
-               "reference": report_io.seal(assemble.run_report(suite, cfg, sides["reference"])),
-               "candidate": report_io.seal(assemble.run_report(suite, cfg, sides["candidate"]))}
+    stopped = sides["candidate"].get("interrupted")
+    if stopped and not stopped["rounds_completed"]:
+        print("ab_reports: interrupted before a round completed; nothing saved", file=sys.stderr)
+        return 130
+    cfg = dataclasses.replace(config, rounds=stopped["rounds_completed"]).to_json() if stopped else config.to_json()
+    reports = {"ab": assemble.comparison_report(suite, cfg, sides["reference"], sides["candidate"]),
+               "reference": assemble.run_report(suite, cfg, sides["reference"]),
+               "candidate": assemble.run_report(suite, cfg, sides["candidate"])}
+    tag = "-partial" if stopped else ""  # the rounds completed before Ctrl-C or SIGTERM, named as such
     for name, report in reports.items():
-        report_io.write(report, out / f"{suite.name}-{name}.json")
+        if stopped:
+            report["interrupted"] = stopped
+        report_io.write(report_io.seal(report), out / f"{suite.name}-{name}{tag}.json")
     print(table.render(reports["ab"]))
+    if stopped:
+        print(f"ab_reports: interrupted; the {stopped['rounds_completed']} of {stopped['rounds_planned']} rounds "
+              f"that completed are in {out}/{suite.name}-*{tag}.json", file=sys.stderr)
+        return 130
     return 0
 
 

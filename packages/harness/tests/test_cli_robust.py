@@ -161,6 +161,68 @@ def test_ctrl_c_before_any_round_completes_saves_nothing(monkeypatch, tmp_path, 
     assert not list(tmp_path.iterdir())
 
 
+
+def test_sigterm_is_taken_as_ctrl_c_keeping_the_completed_rounds(monkeypatch, tmp_path, capsys):
+    """SIGTERM (a ``timeout``'s, a scheduler's) had ended the driver with nothing written, however many rounds had
+    completed; it is now Ctrl-C: exit 130, the completed rounds in a partial report, the worker told too."""
+    import os
+    import signal
+
+    request = revision.Worker.request
+    told = []
+
+    def terminated(self, cmd, **args):
+        if cmd == "case" and args.get("round") == 1:
+            told.extend(revision.Worker.live)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return request(self, cmd, **args)
+    monkeypatch.setattr(revision.Worker, "request", terminated)
+
+    def untaken(signum, frame):  # where the driver took no SIGTERM of its own, it would end this test's process
+        raise AssertionError("SIGTERM reached the test: the driver does not take it")
+    before = signal.signal(signal.SIGTERM, untaken)
+    try:
+        assert cli.main([*REAL, "--rounds", "3", "--out", str(tmp_path)]) == 130
+        assert signal.getsignal(signal.SIGTERM) is untaken  # restored after the run
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    [partial] = tmp_path.glob("cpu-ops-partial-*.json")
+    assert f"the 1 of 3 rounds that completed are in {partial}" in error_of(capsys)
+    assert report_io.load(partial)["interrupted"] == {"rounds_completed": 1, "rounds_planned": 3}
+    assert told and not set(told) & revision.Worker.live  # the worker got SIGINT and was closed
+
+
+def test_an_interrupted_ab_keeps_the_rounds_both_sides_completed_as_a_partial_comparison(affine, monkeypatch,
+                                                                                           tmp_path, capsys):
+    """An A/B stopped after two of three rounds (``run_sides`` keeps the rounds completed before Ctrl-C or SIGTERM)
+    had been written as a whole comparison; it is a partial one now, exit 130, and none before a round completes."""
+    import planted
+
+    for kept in (2, 0):
+        def run_sides(roots, request, rounds, kept=kept, **kw):
+            sides = {"reference": planted.side(rounds=kept), "candidate": planted.side(110.0, seed=1, rounds=kept)}
+            for side in sides.values():
+                side["interrupted"] = {"rounds_completed": kept, "rounds_planned": 3}
+            return sides
+        monkeypatch.setattr(cli, "run_sides", run_sides)
+        monkeypatch.setattr(registry, "discover", lambda root=None, impls=True, names=None: (
+            {"affine": planted.suite()}, {}))
+        monkeypatch.setattr(cli, "materialize", lambda rev, repo, dest: {
+            "revision": rev, "kind": "git", "commit": "b" * 40, "root": str(dest)})
+        out = tmp_path / str(kept)
+        assert cli.main(["--suite", "affine", "--baseline", "HEAD", "--rounds", "3", "--out", str(out),
+                         "--no-plot", "--quiet"]) == 130
+        err = error_of(capsys)
+        if not kept:
+            assert "no round had completed, nothing saved" in err and not list(out.glob("*.json"))
+            continue
+        [partial] = out.glob("affine-partial-*.json")
+        report = report_io.load(partial)
+        assert report["kind"] == "comparison" and report["interrupted"]["rounds_completed"] == 2
+        assert report["config"]["rounds"] == 2 and not list(out.glob("affine-ab-*.json"))
+        assert all(len(r["e2e_latency"]["reference_rounds_us"]) == 2 for r in report["records"])
+        assert cli.main(["--show", str(partial)]) == 0  # it verifies as any report does
+
 def test_runs_finishing_in_the_same_second_keep_both_reports(monkeypatch, tmp_path, capsys):
     frozen = datetime.datetime(2026, 12, 5, 3, 0, 0)
     monkeypatch.setattr(cli, "datetime", types.SimpleNamespace(datetime=types.SimpleNamespace(now=lambda: frozen)))

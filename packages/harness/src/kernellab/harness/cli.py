@@ -16,7 +16,7 @@ from tabulate import tabulate_formats
 
 from . import assemble, cluster, consistency, gate, plot, provenance, registry, signing, table
 from . import report as report_io
-from .revision import Extension, RevisionError, catalog, materialize, run_sides
+from .revision import Extension, RevisionError, catalog, materialize, run_sides, terminate_as_interrupt
 from .runner import Config, match
 from .timing import ALL_MODES
 
@@ -362,6 +362,14 @@ def run_ab(suite, config: Config, args) -> tuple[dict, dict | None]:
             sides = run_sides({"reference": base["root"], "candidate": repo}, request, config.rounds,
                               progress=not args.quiet, extension=extension_for(args))
         sides["reference"]["revision"], sides["candidate"]["revision"] = base, cand
+    stopped = sides["candidate"].get("interrupted")
+    if stopped:  # Ctrl-C or SIGTERM: the comparison of the rounds both sides completed, as a partial report
+        if not stopped["rounds_completed"]:
+            raise Interrupted(None)
+        done = dataclasses.replace(config, rounds=stopped["rounds_completed"]).to_json()
+        partial = assemble.comparison_report(suite, done, sides["reference"], sides["candidate"])
+        partial["interrupted"] = stopped
+        raise Interrupted(seal(partial, args))
     comparison = seal(assemble.comparison_report(suite, config.to_json(), sides["reference"], sides["candidate"]),
                       args)
     before_after = seal(assemble.before_after_report(comparison), args) if suite.device == "cpu" else None
@@ -441,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         return importlib.import_module(f".{SUBCOMMANDS[argv[0]]}", __package__).main(argv[1:])
     try:
-        return run(argv)
+        with terminate_as_interrupt():  # SIGTERM (timeout, a scheduler) keeps the completed rounds, as Ctrl-C does
+            return run(argv)
     except KeyboardInterrupt:  # outside a suite's rounds: nothing measured to keep
         print("\nkernellab-bench: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

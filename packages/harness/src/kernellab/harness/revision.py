@@ -271,6 +271,27 @@ class Worker:
         self.close()
 
 
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """SIGTERM (``timeout``, a job scheduler, ``kill``) taken as Ctrl-C while the block runs: the live workers get
+    SIGINT, as a terminal's Ctrl-C gives them, and this process ``KeyboardInterrupt``, so that the rounds completed
+    before it are kept (``run_sides``) instead of the process ending with nothing written."""
+    def interrupt(signum, frame):
+        for pid in list(Worker.live):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGINT)
+        raise KeyboardInterrupt
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread (a test's, a Ray task's): signals stay as they were
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
 def revision_order(round_index: int) -> list[str]:
     """A B, B A, A B, ...: drift over the run favours neither side."""
     return ["reference", "candidate"] if round_index % 2 == 0 else ["candidate", "reference"]
