@@ -168,6 +168,34 @@ def test_a_side_that_keeps_losing_its_worker_stops_the_run(monkeypatch):
     with pytest.raises(RevisionError, match=rf"worker candidate was lost in {revision.MAX_WORKER_LOSSES + 1} cases"):
         _planted_run(monkeypatch, "ray-case-crash-everywhere", rounds=1)
 
+
+def test_an_ab_runs_an_even_count_of_rounds_so_neither_order_leads_the_median(monkeypatch):
+    """The per-round gain's median over 3 alternating rounds (A B, B A, A B) is a round of the majority order, so a
+    cost of running first (or a drift) goes into the gain whole; over 4 it cancels. An A/B asked for 3 rounds runs
+    4 (both sides: the same tree here), and its stopping reason says why."""
+    from pathlib import Path
+
+    from kernellab.harness import stats
+    from kernellab.harness.revision import run_sides
+    from kernellab.harness.runner import Config
+
+    first_costs = [[1.03], [0.97], [1.03], [0.97]]  # ref/cand per round where the side run first is 3% slower
+    ones = [[1.0]] * 4
+    assert stats.ratio_stats(first_costs[:3], ones[:3])["value"] == 1.03
+    assert abs(stats.ratio_stats(first_costs, ones)["value"] - 1.0) < 1e-3
+    planted = Path(__file__).parent / "ray_planted"
+    monkeypatch.setenv("PYTHONPATH", str(planted))
+    monkeypatch.syspath_prepend(str(planted))
+    config = Config(rounds=3, samples=2, warmup=0, iterations=1, modes=("e2e_throughput",), rotate=False)
+    request = {"suite": "ray-quick", "config": config.to_json(), "cases": None, "impls": None}
+    root = Path(__file__).resolve().parents[3]
+    sides = run_sides({"reference": root, "candidate": root}, request, 3, progress=False)
+    for side in sides.values():
+        assert len(side["rounds"]) == 4 and all(len(r) == 2 for r in side["rounds"])
+        assert side["stopping"]["rounds"] == 4 and "one more so that each side ran first" in side["stopping"]["reason"]
+    one_side = run_sides({"candidate": root}, request, 3, progress=False)["candidate"]
+    assert len(one_side["rounds"]) == 3  # a plain run has no order to balance
+
 def test_a_worker_leaving_quickly_loses_nothing_printed():
     """``worker.quick_exit`` skips the interpreter's teardown; what Python and C printed before it still
     arrives, C's buffered stdout included (a pipe buffers it fully)."""

@@ -3,7 +3,7 @@ contender from elsewhere, as the tree's worker sees it): fixed-duration cases wh
 so that a run's wall time falls with workers however loaded the machine is, and a contender that
 kills its worker on one problem, and one that never returns (test_revision.py); and contenders whose
 call, in a case, ends their worker: a crash, a worker leaving as on an untrusted reply channel, a
-crash at every problem (test_revision.py)."""
+crash at every problem, and a quick honest one (test_revision.py)."""
 
 import importlib.util
 import os
@@ -103,3 +103,7 @@ def case_leave():
 def case_crash_everywhere():
     return _suite("ray-case-crash-everywhere", Impl("crashes", bind=_ends_worker_in_case(_segfault, True)),
                   (2, 3, 5, 7, 11))
+
+
+def quick():
+    return _suite("ray-quick", Impl("honest", bind=lambda problem: honest), (2,))

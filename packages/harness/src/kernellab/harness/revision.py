@@ -347,9 +347,11 @@ def catalog(root: str | os.PathLike | None) -> dict:
 def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds: int, *, progress: bool = True,
               extension: Extension | None = None, case_timeout_s: float | None = None) -> dict:
     """Run one suite in one or two trees, one worker each: every case by each side back to back, the
-    side order alternating by round (A B, B A, ...). Returns per side its cases, provenance and per-round
-    measurements, and how the rounds stopped; after Ctrl-C, the rounds completed before it, with
-    ``interrupted`` saying how many.
+    side order alternating by round (A B, B A, ...), in an even count of rounds (an odd ``rounds`` runs one more,
+    and extra rounds come in pairs): with more rounds of one order, a cost of running first, or a drift over the
+    run, would lean the median of the per-round gains toward that order whole. Returns per side its cases,
+    provenance and per-round measurements, and how the rounds stopped; after Ctrl-C, the rounds completed before
+    it, with ``interrupted`` saying how many.
 
     Each worker writes a result of every validation and of each mode's last timed batch to a folder of
     this process's; this process, which imports no contender code, checks them against the float64
@@ -405,26 +407,33 @@ def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds:
                     data = sides[name]["rounds"][r][cid] = measure(name, cid, r)
                     bar.step(f"round {r + 1} {name}: {cid}  {describe_samples(data)}")
 
+        balance = len(names) == 2 and rounds % 2  # each side first in as many rounds as it is second
+        planned = rounds + balance
+        if balance:
+            bar.total += len(names) * len(common[0])
         try:
             for r, ids in enumerate(common):
                 one_round(r, ids)
+            if balance:
+                one_round(rounds, common[0])
         except KeyboardInterrupt:  # the rounds completed before Ctrl-C are kept; the workers got it too
             done = len(sides[names[0]]["rounds"]) - 1
             for name in names:
                 del sides[name]["rounds"][done:]
-                sides[name]["interrupted"] = {"rounds_completed": done, "rounds_planned": rounds}
+                sides[name]["interrupted"] = {"rounds_completed": done, "rounds_planned": planned}
                 sides[name]["provenance"]["clocks_end"] = None
             return sides
-        stop = {"rounds": rounds, "reason": "the configured rounds"}
+        stop = {"rounds": planned, "reason": "the configured rounds" + (
+            f" ({rounds}), and one more so that each side ran first in half of them" if balance else "")}
         ext = extension or Extension()
-        if len(names) == 2 and ext.max_rounds > rounds:
-            r = rounds
+        if len(names) == 2 and ext.max_rounds >= planned + 2:
+            r = planned
             while True:
                 wide = _wide_pairs(sides, common[-1], ext.target_width, ext.resamples)
                 if not wide:
                     stop = {"rounds": r, "reason": f"every gain interval is at most {ext.target_width}x wide"}
                     break
-                if r >= ext.max_rounds:
+                if r + 2 > ext.max_rounds:  # extra rounds come in pairs, one of each order
                     stop = {"rounds": r, "reason": f"max rounds {ext.max_rounds} reached with {len(wide)} wide pairs",
                             "wide": wide}
                     break
@@ -432,9 +441,10 @@ def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds:
                     stop = {"rounds": r, "reason": f"time limit {ext.time_limit_s:.0f} s reached with {len(wide)} "
                                                    "wide pairs", "wide": wide}
                     break
-                bar.total += 2 * len(wide)
+                bar.total += 4 * len(wide)
                 one_round(r, wide)
-                r += 1
+                one_round(r + 1, wide)
+                r += 2
         for name, w in workers.items():
             fin = w.request("finish")
             sides[name]["provenance"]["clocks_end"] = fin["clocks_end"]
