@@ -1,7 +1,7 @@
 """One revision A/B of a suite that also keeps each side as a run report, for kernellab-audit.
 
-    python3 tools/device/ab_reports.py --suite gpu-norm-backward --baseline COMMIT [--impls cute] [--rounds 3]
-                                       [--samples 10] [--cases ...] --out DIR
+    python3 tools/device/ab_reports.py --suite gpu-norm-backward --baseline COMMIT [--impls cute] [--rounds 4]
+                                       [--samples 10] [--cases ...] [--fresh-workers] --out DIR
 
 What ``kernellab-bench --suite S --baseline COMMIT`` runs (one worker per revision, every case by both sides
 back to back, the side order alternating by round), with the baseline checked out as a git worktree, so
@@ -42,6 +42,7 @@ def main() -> int:
         ap.add_argument(f"--{name}", type=int)
     ap.add_argument("--rotation-limit", type=int, help="MiB for the rotated input sets (kernellab-bench's default)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fresh-workers", action="store_true", help="a new worker a side every round (kernellab-bench's)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     repo = provenance.find_repo_root(Path.cwd())

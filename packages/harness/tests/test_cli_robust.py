@@ -223,6 +223,13 @@ def test_an_interrupted_ab_keeps_the_rounds_both_sides_completed_as_a_partial_co
         assert all(len(r["e2e_latency"]["reference_rounds_us"]) == 2 for r in report["records"])
         assert cli.main(["--show", str(partial)]) == 0  # it verifies as any report does
 
+
+def test_fresh_workers_is_asked_for_by_an_option_and_recorded_in_the_config(tmp_path, capsys):
+    assert cli.main([*REAL, "--fresh-workers", "--out", str(tmp_path / "r.json")]) == 0
+    report = report_io.load(tmp_path / "r.json")
+    assert report["config"]["fresh_workers"] is True
+    assert all(len(c["validations"]) == 2 for c in report["cases"] if c["status"] == "ok")
+
 def test_runs_finishing_in_the_same_second_keep_both_reports(monkeypatch, tmp_path, capsys):
     frozen = datetime.datetime(2026, 12, 5, 3, 0, 0)
     monkeypatch.setattr(cli, "datetime", types.SimpleNamespace(datetime=types.SimpleNamespace(now=lambda: frozen)))

@@ -196,6 +196,37 @@ def test_an_ab_runs_an_even_count_of_rounds_so_neither_order_leads_the_median(mo
     one_side = run_sides({"candidate": root}, request, 3, progress=False)["candidate"]
     assert len(one_side["rounds"]) == 3  # a plain run has no order to balance
 
+
+def test_fresh_workers_start_a_worker_a_side_every_round(monkeypatch):
+    """With ``fresh_workers`` what one process fixes varies between rounds: each round of each side is measured by
+    a worker of its own (counted as the driver starts them), and every round still measures every case."""
+    from pathlib import Path
+
+    from kernellab.harness import revision
+    from kernellab.harness.runner import Config
+
+    started = []
+    init = revision.Worker.__init__
+
+    def counted(self, root, label):
+        started.append(label)
+        init(self, root, label)
+    monkeypatch.setattr(revision.Worker, "__init__", counted)
+    planted = Path(__file__).parent / "ray_planted"
+    monkeypatch.setenv("PYTHONPATH", str(planted))
+    monkeypatch.syspath_prepend(str(planted))
+    root = Path(__file__).resolve().parents[3]
+    for fresh, workers in ((True, ["reference", "candidate"] * 2), (False, ["reference", "candidate"])):
+        started.clear()
+        config = Config(rounds=2, samples=2, warmup=0, iterations=1, modes=("e2e_throughput",), rotate=False,
+                        fresh_workers=fresh)
+        request = {"suite": "ray-quick", "config": config.to_json(), "cases": None, "impls": None}
+        sides = revision.run_sides({"reference": root, "candidate": root}, request, 2, progress=False)
+        assert sorted(started) == sorted(workers), (fresh, started)
+        assert all(len(r) == 2 and all(d["samples_us"] for d in r.values()) for s in sides.values()
+                   for r in s["rounds"])
+    assert not revision.Worker.live  # every worker closed
+
 def test_a_worker_leaving_quickly_loses_nothing_printed():
     """``worker.quick_exit`` skips the interpreter's teardown; what Python and C printed before it still
     arrives, C's buffered stdout included (a pipe buffers it fully)."""

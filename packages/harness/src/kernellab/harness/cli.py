@@ -76,6 +76,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rotation-limit", type=positive_int, metavar="MIB", help="memory for the rotated input sets "
                    "(default 4096 MiB; fewer sets than twice the cache read some inputs from cache). One set a call "
                    "of a checked batch (2 x --iterations) is made past it: lower --iterations to need fewer")
+    p.add_argument("--fresh-workers", action="store_true", help="a new worker process a side every round: what one "
+                   "process fixes (code layout, allocator state, a JIT's choices) varies between rounds, so the gain "
+                   "interval holds it; each round pays a worker's start and setup")
     p.add_argument("--baseline", metavar="REV", help="compare against a git revision or a source .zip")
     p.add_argument("--max-rounds", type=positive_int, help="with --baseline: run more rounds (up to this many) for the "
                    "pairs whose gain interval is wider than --target-width, until --time-limit")
@@ -125,6 +128,8 @@ def config_for(suite, args) -> Config:
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip()) if args.modes else None
     if args.rotation_limit:
         base["rotation_limit_bytes"] = args.rotation_limit * 2**20
+    if getattr(args, "fresh_workers", False):
+        base["fresh_workers"] = True
     return Config(seed=args.seed, modes=modes, **base)
 
 

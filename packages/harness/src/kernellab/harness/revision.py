@@ -360,7 +360,9 @@ def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds:
     ``case_timeout_s`` kills its worker and raises ``RevisionError``. A case whose worker crashed or left
     (``WorkerLost``) fails on that side with the reason, in this round and every later one (it is not run
     again), and the side goes on in a fresh worker: a long run keeps every other case (up to
-    ``MAX_WORKER_LOSSES`` a side)."""
+    ``MAX_WORKER_LOSSES`` a side). With the config's ``fresh_workers`` every round after the first starts a fresh
+    worker a side: what one process fixes (code layout, allocator state) then varies between rounds, where the
+    interval sees it, instead of staying one constant offset it cannot."""
     names = [n for n in ("reference", "candidate") if n in roots]
     with tempfile.TemporaryDirectory(prefix="kernellab-shipped-") as ship_dir, contextlib.ExitStack() as stack:
         workers = {n: stack.enter_context(Worker(roots[n], n)) for n in names}
@@ -378,6 +380,12 @@ def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds:
         bar = Progress(len(names) * sum(map(len, common)), enabled=progress)
         started = time.monotonic()
         lost: dict[str, dict[str, str]] = {n: {} for n in names}  # side -> case -> why it lost that side's worker
+        fresh = bool(request["config"].get("fresh_workers"))
+
+        def restart(name: str) -> None:
+            workers[name].close()
+            workers[name] = stack.enter_context(Worker(roots[name], name))
+            workers[name].request("setup", **request)  # the same tree and request: the same cases and schedule
 
         def measure(name: str, cid: str, r: int) -> dict:
             if cid in lost[name]:
@@ -392,16 +400,16 @@ def run_sides(roots: dict[str, str | os.PathLike | None], request: dict, rounds:
                     raise RevisionError(f"worker {name} was lost in {len(lost[name])} cases "
                                         f"({', '.join(lost[name])}), more than {MAX_WORKER_LOSSES}: the tree, not a "
                                         f"case, is broken; the last: {e}") from e
-                workers[name].close()
-                workers[name] = stack.enter_context(Worker(roots[name], name))
-                workers[name].request("setup", **request)  # the same tree and request: the same cases and schedule
+                restart(name)
                 return {"passed": False, "validations": [], "error": lost[name][cid]}
             checker.check(cid, data)
             return data
 
         def one_round(r: int, ids: list[str]) -> None:
             for name in names:
-                sides[name]["rounds"].append({})
+                sides[name]["rounds"].append({})  # first: an interrupt in a restart drops this round alone
+                if fresh and r > 0:
+                    restart(name)
             for cid in ids:
                 for name in [n for n in revision_order(r) if n in workers]:
                     data = sides[name]["rounds"][r][cid] = measure(name, cid, r)

@@ -36,6 +36,7 @@ class Config:
     rotate: bool = True  # False: the fewest input sets a batch needs, not enough to exceed the cache
     rotation_limit_bytes: int = 4 * 2**30  # the cache-exceeding sets' memory; a batch's sets are made past it
     validations_per_round: int = 1
+    fresh_workers: bool = False  # a new worker process a side every round (``revision.run_sides``)
 
     def __post_init__(self):
         for field in ("rounds", "samples", "warmup", "iterations", "validations_per_round"):
