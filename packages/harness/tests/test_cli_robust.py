@@ -161,7 +161,6 @@ def test_ctrl_c_before_any_round_completes_saves_nothing(monkeypatch, tmp_path, 
     assert not list(tmp_path.iterdir())
 
 
-
 def test_sigterm_is_taken_as_ctrl_c_keeping_the_completed_rounds(monkeypatch, tmp_path, capsys):
     """SIGTERM (a ``timeout``'s, a scheduler's) had ended the driver with nothing written, however many rounds had
     completed; it is now Ctrl-C: exit 130, the completed rounds in a partial report, the worker told too."""
@@ -229,6 +228,7 @@ def test_fresh_workers_is_asked_for_by_an_option_and_recorded_in_the_config(tmp_
     report = report_io.load(tmp_path / "r.json")
     assert report["config"]["fresh_workers"] is True
     assert all(len(c["validations"]) == 2 for c in report["cases"] if c["status"] == "ok")
+
 
 def test_runs_finishing_in_the_same_second_keep_both_reports(monkeypatch, tmp_path, capsys):
     frozen = datetime.datetime(2026, 12, 5, 3, 0, 0)

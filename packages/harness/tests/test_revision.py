@@ -122,7 +122,6 @@ def test_a_case_past_its_timeout_kills_its_worker(monkeypatch):
     assert time.monotonic() - t0 < 120
 
 
-
 def _planted_run(monkeypatch, suite: str, rounds: int) -> dict:
     """``run_sides`` of one planted suite (``ray_planted``) in this checkout: its one side, ``rounds`` rounds."""
     from pathlib import Path
@@ -226,6 +225,7 @@ def test_fresh_workers_start_a_worker_a_side_every_round(monkeypatch):
         assert all(len(r) == 2 and all(d["samples_us"] for d in r.values()) for s in sides.values()
                    for r in s["rounds"])
     assert not revision.Worker.live  # every worker closed
+
 
 def test_a_worker_leaving_quickly_loses_nothing_printed():
     """``worker.quick_exit`` skips the interpreter's teardown; what Python and C printed before it still

@@ -791,7 +791,6 @@ def test_targets_are_read_from_the_section_met_and_missed():
     assert "missed: mlp4-c256-h1024-gelu rows=1" in text and "validations failed: 0" in text
 
 
-
 def test_a_missed_ratio_next_to_its_target_is_printed_with_the_digits_that_tell_them_apart():
     """A compile ratio of 0.8035 misses a 0.8 target; at two decimals it would print as 0.80, which reads as met."""
     section = _timed(_complete_section(), {"persistent-stack": 10.0, "persistent-stack-graph": 80.35,
@@ -801,6 +800,7 @@ def test_a_missed_ratio_next_to_its_target_is_printed_with_the_digits_that_tell_
     large = [line for line in text.splitlines() if "rows=1024" in line and "torch-compile" in line]
     assert large and all(line.endswith("= 0.803 (<= 0.8)") for line in large), large
     assert "rows=1 persistent-stack-graph / torch-compile-max-autotune-graph = 0.80 (<= 0.5)" in text
+
 
 def test_show_models_only_prints_the_section_alone(tmp_path, capsys):
     """``report --show R --models-only``: the models table and its targets without the engine table and the floor

@@ -216,7 +216,6 @@ def evaluate(comparison: dict, pct: float, cases: str | None = None, impls: str 
     return verdict
 
 
-
 def stored_reference(comparison: dict) -> bool:
     """Whether the comparison's reference side was read from a stored run report (``--against REPORT``) rather
     than measured in the same rounds as the candidate."""
@@ -236,6 +235,7 @@ def decision_interval(gain_ci, control_ratio_range, stored: bool) -> tuple[float
         return 0.0, math.inf
     shift = max(abs(math.log(x)) for x in control_ratio_range)
     return lo * math.exp(-shift), hi * math.exp(shift)
+
 
 def unmeasured_pairs(comparison: dict, cases: str | None = None, impls: str | None = None) -> list[str]:
     """'case mode' of every pair the reference measured that this run asked for and did not measure: a case

@@ -271,7 +271,6 @@ class Worker:
         self.close()
 
 
-
 @contextlib.contextmanager
 def terminate_as_interrupt():
     """SIGTERM (``timeout``, a job scheduler, ``kill``) taken as Ctrl-C while the block runs: the live workers get
@@ -291,6 +290,7 @@ def terminate_as_interrupt():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
 
 def revision_order(round_index: int) -> list[str]:
     """A B, B A, A B, ...: drift over the run favours neither side."""

@@ -201,7 +201,6 @@ def table(section: dict, fmt: str = "simple") -> str:
     return "\n".join(lines)
 
 
-
 def _ratio_text(value: float | None, target: float) -> str:
     """A missed ratio with as many decimals as it takes to differ from its target (0.803 against 0.8 reads 0.803,
     not a met-looking 0.80)."""
@@ -211,6 +210,7 @@ def _ratio_text(value: float | None, target: float) -> str:
     while digits < 6 and float(format(value, f".{digits}f")) == target:
         digits += 1
     return format(value, f".{digits}f")
+
 
 def select(case_patterns: str | None, row_counts: str | None) -> tuple[tuple[ModelCase, ...], tuple[int, ...]]:
     """The report's models and row counts that ``--model-cases`` (names or shell patterns, comma-separated) and
