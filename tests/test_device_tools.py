@@ -509,3 +509,26 @@ def test_every_waiting_patch_still_applies_to_this_tree():
         got = subprocess.run(["git", "apply", "--check", str(patch)], cwd=ROOT, capture_output=True, text=True)
         assert got.returncode == 0, f"{patch.name} no longer applies: {got.stderr}"
         assert not patch.read_text().startswith("diff --git"), f"{patch.name}: its header should say what it is for"
+
+
+def test_ab_reports_writes_three_reports_that_verify_with_the_rounds_each_side_ran(tmp_path):
+    """An A/B of 3 rounds runs 4 (each side first in half of them): the comparison and both sides' run reports
+    must state the rounds their cases ran, or the audit refuses them as inconsistent."""
+    import os
+    import subprocess
+
+    from kernellab.harness import cli
+    from kernellab.harness import report as report_io
+
+    planted = ROOT / "packages/harness/tests/ray_planted"  # the planted suites, found through their entry points
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(planted), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, str(ROOT / "tools/device/ab_reports.py"), "--suite", "ray-quick",
+                          "--baseline", "HEAD", "--rounds", "3", "--samples", "2", "--warmup", "0", "--iterations", "1",
+                          "--modes", "e2e_throughput", "--out", str(tmp_path)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    for name in ("ab", "reference", "candidate"):
+        path = tmp_path / f"ray-quick-{name}.json"
+        report = report_io.load(path)
+        assert report["config"]["rounds"] == 4
+        assert cli.main(["--show", str(path)]) == 0  # consistent: its cases ran the rounds its config states

@@ -72,7 +72,9 @@ def main() -> int:
     if stopped and not stopped["rounds_completed"]:
         print("ab_reports: interrupted before a round completed; nothing saved", file=sys.stderr)
         return 130
-    cfg = dataclasses.replace(config, rounds=stopped["rounds_completed"]).to_json() if stopped else config.to_json()
+    # the rounds each side ran: those completed before an interrupt, or an A/B's even count (an odd --rounds runs
+    # one more), which a run report's config must state
+    cfg = dataclasses.replace(config, rounds=len(sides["candidate"]["rounds"])).to_json()
     reports = {"ab": assemble.comparison_report(suite, cfg, sides["reference"], sides["candidate"]),
                "reference": assemble.run_report(suite, cfg, sides["reference"]),
                "candidate": assemble.run_report(suite, cfg, sides["candidate"])}
