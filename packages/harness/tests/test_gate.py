@@ -250,6 +250,8 @@ def test_cli_summary_of_a_plain_run_is_its_table(fake_bench, tmp_path):
     (["--fail-on-regression", "5"], "--fail-on-regression needs a reference"),
     (["--against", "HEAD", "--baseline", "HEAD"], "either --against or --baseline"),
     (["--against", "missing.json"], "--against: report missing.json does not exist"),
+    (["--against", "HEAD", "--fail-on-regression", "5", "--rounds", "2"],
+     "--fail-on-regression decides nothing over fewer than 3 rounds (stats.MIN_ROUNDS): give --rounds 3 or more"),
 ])
 def test_cli_gate_usage_errors(fake_bench, capsys, argv, message):
     assert cli.main(argv) == cli.EXIT_USAGE
@@ -392,3 +394,16 @@ def test_a_pair_without_a_control_on_both_sides_decides_nothing_against_a_stored
     verdict = gate.evaluate(result, 5.0)
     assert verdict.status == gate.INCONCLUSIVE and not verdict.regressions
     assert all(f.decision_ci == (0.0, float("inf")) for f in verdict.findings)
+
+
+
+def test_cli_gate_against_a_report_of_too_few_rounds_is_refused_before_measuring(fake_bench, tmp_path, capsys):
+    """A reference of 2 rounds makes every verdict inconclusive (rounds are paired by index): said before the run,
+    not after it."""
+    ref = report_io.write(report_io.seal(assemble.run_report(
+        planted.suite(), {**planted.CONFIG, "rounds": 2}, planted.side(rounds=2))), tmp_path / "ref.json")
+    fake_bench()
+    argv = ["--against", str(ref), "--fail-on-regression", "5", "--out", str(tmp_path / "out"), "--no-plot", "--quiet"]
+    assert cli.main(argv) == cli.EXIT_USAGE
+    assert "ran 2 round(s): --fail-on-regression decides nothing over fewer than 3" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing measured, nothing written

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tabulate import tabulate_formats
 
-from . import assemble, cluster, consistency, gate, plot, provenance, registry, signing, table
+from . import assemble, cluster, consistency, gate, plot, provenance, registry, signing, stats, table
 from . import report as report_io
 from .revision import Extension, RevisionError, catalog, materialize, run_sides, terminate_as_interrupt
 from .runner import Config, match
@@ -323,6 +323,9 @@ def check_gate_args(args) -> str | None:
         return "--fail-on-regression needs a reference: --against REPORT_OR_REV or --baseline REV"
     if getattr(args, "trusted_keys", None) and not (args.against or "").endswith(".json"):
         return "--trusted-keys checks the report given to --against: give --against REPORT.json"
+    if args.fail_on_regression is not None and args.rounds is not None and args.rounds < stats.MIN_ROUNDS:
+        return (f"--fail-on-regression decides nothing over fewer than {stats.MIN_ROUNDS} rounds (stats.MIN_ROUNDS): "
+                f"give --rounds {stats.MIN_ROUNDS} or more, not {args.rounds}")
     return None
 
 
@@ -485,6 +488,11 @@ def run(argv: list[str] | None) -> int:
         reference = against_report(args)
     except report_io.ReportError as e:
         return _usage(f"--against: {e}")
+    if reference is not None and args.fail_on_regression is not None \
+            and reference["config"]["rounds"] < stats.MIN_ROUNDS:
+        return _usage(f"--against {args.against} ran {reference['config']['rounds']} round(s): --fail-on-regression "
+                      f"decides nothing over fewer than {stats.MIN_ROUNDS} (stats.MIN_ROUNDS); measure a reference "
+                      f"with --rounds {stats.MIN_ROUNDS} or more")
     if reference is not None and not args.suite:
         args.suite = [reference["suite"]]
     problem = check_cluster_args(args)
