@@ -102,40 +102,34 @@ def test_extra_rounds_go_to_whole_problems_whose_interval_is_wide_and_never_to_f
     assert _wide_pairs(sides, ids, 1.10, 100) == ["p/torch", "p/ours"]  # its control too; q failed; s is quiet
 
 
+def _planted_sides(monkeypatch, suite: str, rounds: int, sides=("candidate",), *, case_timeout_s=None,
+                   **config) -> dict:
+    """``run_sides`` of one planted suite (``ray_planted``, found through its entry points) with every side in this
+    checkout, ``rounds`` rounds of a short config (``config`` overrides its fields)."""
+    from pathlib import Path
+
+    from kernellab.harness.revision import run_sides
+    from kernellab.harness.runner import Config
+
+    planted = Path(__file__).parent / "ray_planted"
+    monkeypatch.setenv("PYTHONPATH", str(planted))
+    monkeypatch.syspath_prepend(str(planted))
+    config = Config(**{"rounds": rounds, "samples": 2, "warmup": 0, "iterations": 1, "modes": ("e2e_throughput",),
+                       "rotate": False, **config})
+    request = {"suite": suite, "config": config.to_json(), "cases": None, "impls": None}
+    root = Path(__file__).resolve().parents[3]
+    return run_sides({side: root for side in sides}, request, rounds, progress=False, case_timeout_s=case_timeout_s)
+
+
 def test_a_case_past_its_timeout_kills_its_worker(monkeypatch):
     """A kernel that never returns: its worker is killed once the case runs past the timeout, and the
     error says so (a cluster task then retries it, then records it failed)."""
     import time
-    from pathlib import Path
 
-    from kernellab.harness.revision import run_sides
-    from kernellab.harness.runner import Config
-
-    planted = Path(__file__).parent / "ray_planted"
-    monkeypatch.setenv("PYTHONPATH", str(planted))
-    monkeypatch.syspath_prepend(str(planted))
-    config = Config(rounds=1, samples=2, warmup=0, iterations=1, modes=("e2e_throughput",), rotate=False)
-    request = {"suite": "ray-hung", "config": config.to_json(), "cases": None, "impls": None}
     t0 = time.monotonic()
     with pytest.raises(RevisionError, match=r"gave no answer to 'case' within 10 s \(a hung kernel\?\); it was killed"):
-        run_sides({"candidate": Path(__file__).resolve().parents[3]}, request, 1, progress=False, case_timeout_s=10)
+        _planted_sides(monkeypatch, "ray-hung", 1, case_timeout_s=10)
     assert time.monotonic() - t0 < 120
-
-
-def _planted_run(monkeypatch, suite: str, rounds: int) -> dict:
-    """``run_sides`` of one planted suite (``ray_planted``) in this checkout: its one side, ``rounds`` rounds."""
-    from pathlib import Path
-
-    from kernellab.harness.revision import run_sides
-    from kernellab.harness.runner import Config
-
-    planted = Path(__file__).parent / "ray_planted"
-    monkeypatch.setenv("PYTHONPATH", str(planted))
-    monkeypatch.syspath_prepend(str(planted))
-    config = Config(rounds=rounds, samples=2, warmup=0, iterations=1, modes=("e2e_throughput",), rotate=False)
-    request = {"suite": suite, "config": config.to_json(), "cases": None, "impls": None}
-    return run_sides({"candidate": Path(__file__).resolve().parents[3]}, request, rounds,
-                     progress=False)["candidate"]
 
 
 @pytest.mark.parametrize("suite, how", [("ray-case-crash", "died during 'case' with exit code -11"),
@@ -146,7 +140,7 @@ def test_a_case_that_ends_its_worker_fails_alone_and_the_run_goes_on(monkeypatch
     not run again, and the side goes on in a fresh worker, so every other case of every round is measured."""
     from kernellab.harness import assemble
 
-    side = _planted_run(monkeypatch, suite, rounds=2)
+    side = _planted_sides(monkeypatch, suite, 2)["candidate"]
     impl = "crashes" if "crash" in suite else "leaves"
     ender = f"affine_4x3_fp32/{impl}"
     for r, measured in enumerate(side["rounds"]):
@@ -165,44 +159,31 @@ def test_a_side_that_keeps_losing_its_worker_stops_the_run(monkeypatch):
     from kernellab.harness import revision
 
     with pytest.raises(RevisionError, match=rf"worker candidate was lost in {revision.MAX_WORKER_LOSSES + 1} cases"):
-        _planted_run(monkeypatch, "ray-case-crash-everywhere", rounds=1)
+        _planted_sides(monkeypatch, "ray-case-crash-everywhere", 1)
 
 
 def test_an_ab_runs_an_even_count_of_rounds_so_neither_order_leads_the_median(monkeypatch):
     """The per-round gain's median over 3 alternating rounds (A B, B A, A B) is a round of the majority order, so a
     cost of running first (or a drift) goes into the gain whole; over 4 it cancels. An A/B asked for 3 rounds runs
     4 (both sides: the same tree here), and its stopping reason says why."""
-    from pathlib import Path
-
     from kernellab.harness import stats
-    from kernellab.harness.revision import run_sides
-    from kernellab.harness.runner import Config
 
     first_costs = [[1.03], [0.97], [1.03], [0.97]]  # ref/cand per round where the side run first is 3% slower
     ones = [[1.0]] * 4
     assert stats.ratio_stats(first_costs[:3], ones[:3])["value"] == 1.03
     assert abs(stats.ratio_stats(first_costs, ones)["value"] - 1.0) < 1e-3
-    planted = Path(__file__).parent / "ray_planted"
-    monkeypatch.setenv("PYTHONPATH", str(planted))
-    monkeypatch.syspath_prepend(str(planted))
-    config = Config(rounds=3, samples=2, warmup=0, iterations=1, modes=("e2e_throughput",), rotate=False)
-    request = {"suite": "ray-quick", "config": config.to_json(), "cases": None, "impls": None}
-    root = Path(__file__).resolve().parents[3]
-    sides = run_sides({"reference": root, "candidate": root}, request, 3, progress=False)
+    sides = _planted_sides(monkeypatch, "ray-quick", 3, ("reference", "candidate"))
     for side in sides.values():
         assert len(side["rounds"]) == 4 and all(len(r) == 2 for r in side["rounds"])
         assert side["stopping"]["rounds"] == 4 and "one more so that each side ran first" in side["stopping"]["reason"]
-    one_side = run_sides({"candidate": root}, request, 3, progress=False)["candidate"]
+    one_side = _planted_sides(monkeypatch, "ray-quick", 3)["candidate"]
     assert len(one_side["rounds"]) == 3  # a plain run has no order to balance
 
 
 def test_fresh_workers_start_a_worker_a_side_every_round(monkeypatch):
     """With ``fresh_workers`` what one process fixes varies between rounds: each round of each side is measured by
     a worker of its own (counted as the driver starts them), and every round still measures every case."""
-    from pathlib import Path
-
     from kernellab.harness import revision
-    from kernellab.harness.runner import Config
 
     started = []
     init = revision.Worker.__init__
@@ -211,16 +192,9 @@ def test_fresh_workers_start_a_worker_a_side_every_round(monkeypatch):
         started.append(label)
         init(self, root, label)
     monkeypatch.setattr(revision.Worker, "__init__", counted)
-    planted = Path(__file__).parent / "ray_planted"
-    monkeypatch.setenv("PYTHONPATH", str(planted))
-    monkeypatch.syspath_prepend(str(planted))
-    root = Path(__file__).resolve().parents[3]
     for fresh, workers in ((True, ["reference", "candidate"] * 2), (False, ["reference", "candidate"])):
         started.clear()
-        config = Config(rounds=2, samples=2, warmup=0, iterations=1, modes=("e2e_throughput",), rotate=False,
-                        fresh_workers=fresh)
-        request = {"suite": "ray-quick", "config": config.to_json(), "cases": None, "impls": None}
-        sides = revision.run_sides({"reference": root, "candidate": root}, request, 2, progress=False)
+        sides = _planted_sides(monkeypatch, "ray-quick", 2, ("reference", "candidate"), fresh_workers=fresh)
         assert sorted(started) == sorted(workers), (fresh, started)
         assert all(len(r) == 2 and all(d["samples_us"] for d in r.values()) for s in sides.values()
                    for r in s["rounds"])

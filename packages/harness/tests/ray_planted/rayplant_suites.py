@@ -40,9 +40,13 @@ def sleeper(problem):
     return honest
 
 
+def _segfault():
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
 def crasher(problem):
     if problem.name == CRASH_ON:
-        os.kill(os.getpid(), signal.SIGSEGV)
+        _segfault()  # at bind, in its worker's setup
     return honest
 
 
@@ -80,10 +84,6 @@ def _ends_worker_in_case(end, everywhere=False):
             return honest(i, o)
         return call
     return bind
-
-
-def _segfault():
-    os.kill(os.getpid(), signal.SIGSEGV)
 
 
 def _leave():

@@ -167,9 +167,8 @@ def direction(gain: float, tolerance: float) -> int:
 
 
 def control_drift(replayed: dict) -> float:
-    """How far the replay's control moved between its sides, as |log| of its widest ratio (inf where unknown)."""
-    ctrl = replayed.get("control_ratio_range")
-    return max(abs(math.log(ctrl[0])), abs(math.log(ctrl[1]))) if ctrl and min(ctrl) > 0 else math.inf
+    """How far the replay's control moved between its sides (``stats.control_shift``: inf where unknown)."""
+    return stats.control_shift(replayed.get("control_ratio_range"))
 
 
 def shown(replayed: dict) -> int:

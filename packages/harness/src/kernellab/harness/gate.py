@@ -231,9 +231,7 @@ def decision_interval(gain_ci, control_ratio_range, stored: bool) -> tuple[float
     lo, hi = gain_ci
     if not stored:
         return lo, hi
-    if not control_ratio_range or not min(control_ratio_range) > 0.0:
-        return 0.0, math.inf
-    shift = max(abs(math.log(x)) for x in control_ratio_range)
+    shift = stats.control_shift(control_ratio_range)  # inf: (0, inf)
     return lo * math.exp(-shift), hi * math.exp(shift)
 
 
