@@ -100,3 +100,19 @@ def test_a_train_problems_torch_forward_compiles_whole(kind):
     ours = problem.step(compiled, inputs)
     theirs = problem.control(inputs, problem.make_outputs(inputs))
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_impl_reading_the_former_gradient_name_still_validates(kind):
+    """A baseline revision's impls read ``dy`` (the name before the suites' merge); today's problems call it
+    ``grad_out``. The impl below is the control seen through the old name: it must validate, while the inputs
+    list, hash and check today's names alone, and a name that never was one still raises KeyError."""
+    problem = kind((16, 96), "fp32", "cpu")
+
+    def former(i, o):
+        assert "dy" not in i and list(i).count("grad_out") == 1
+        return problem.control({**i, "grad_out": i["dy"]}, o)
+
+    assert validate.validate_call(problem, former, seed_for(problem.name, 2))["passed"]
+    with pytest.raises(KeyError, match="dx"):
+        problem.make_inputs(3)["dx"]

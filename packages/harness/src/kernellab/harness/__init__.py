@@ -5,7 +5,7 @@ importing ``kernellab.harness.cluster``, a report reader) does not load torch an
 
 import importlib
 
-__version__ = "0.12.0"
+__version__ = "0.12.1"
 
 _EXPORTS = {"Impl": "case", "Problem": "case", "Suite": "case", "Tolerance": "case", "Unsupported": "case",
             "ReportError": "report", "load": "report", "seal": "report", "write": "report",

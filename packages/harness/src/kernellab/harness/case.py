@@ -22,6 +22,21 @@ Call = Callable[[Tensors, Tensors], Tensors]
 DTYPES = ("fp32", "fp16", "bf16", "fp64")
 
 
+class Inputs(dict):
+    """A problem's inputs that also answer to the names an earlier suite gave them (``former``: old name -> name).
+    Both sides of a revision A/B bind their impls against the suites of the driver's harness, so a baseline whose
+    impls predate a rename still finds its inputs; the names listed, hashed and checked stay today's."""
+
+    def __init__(self, tensors: Tensors, former: Mapping[str, str]):
+        super().__init__(tensors)
+        self.former = dict(former)
+
+    def __missing__(self, key: str):
+        if key in self.former:
+            return self[self.former[key]]
+        raise KeyError(key)
+
+
 def torch_dtype(name: str):
     """The torch dtype for one of our short dtype names."""
     import torch

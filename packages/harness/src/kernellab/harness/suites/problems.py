@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import math
 
-from ..case import Problem, Tensors, Tolerance, prod, torch_dtype
+from ..case import Inputs, Problem, Tensors, Tolerance, prod, torch_dtype
 from . import reference
 
 
@@ -237,6 +237,14 @@ class RowBackward(RowProblem):
 
     vectors = 0  # weight-like (N,) vectors: each read once and its gradient written once
     statistics = 0  # (M,) statistics the forward saves for the backward (rstd, mean)
+    former_names = {"dy": "grad_out"}  # the gradient's name before 5bed5f1: the baseline of issue 34's A/B reads it
+
+    def make_inputs(self, seed: int) -> Tensors:
+        return Inputs(self.draw_inputs(seed), self.former_names)
+
+    def draw_inputs(self, seed: int) -> Tensors:
+        """The inputs under today's names."""
+        raise NotImplementedError
 
     def bytes_moved(self) -> int:
         m, n = self.shape
@@ -286,7 +294,7 @@ class SoftmaxBackward(RowBackward):
 
     op = "softmax_backward"
 
-    def make_inputs(self, seed: int) -> Tensors:
+    def draw_inputs(self, seed: int) -> Tensors:
         import torch
 
         g = self.generator(seed)
@@ -327,7 +335,7 @@ class RMSNormBackward(RowBackward):
     def __init__(self, shape, dtype, device, eps: float = 1e-6, **params):
         super().__init__(shape, dtype, device, eps=eps, **params)
 
-    def make_inputs(self, seed: int) -> Tensors:
+    def draw_inputs(self, seed: int) -> Tensors:
         import torch
 
         g = self.generator(seed)
@@ -371,7 +379,7 @@ class LayerNormBackward(RowBackward):
     def __init__(self, shape, dtype, device, eps: float = 1e-5, **params):
         super().__init__(shape, dtype, device, eps=eps, **params)
 
-    def make_inputs(self, seed: int) -> Tensors:
+    def draw_inputs(self, seed: int) -> Tensors:
         import torch
 
         g = self.generator(seed)
@@ -484,7 +492,7 @@ class AutogradFloor(RowTrain):
 
     op = "autograd_floor"
 
-    def make_inputs(self, seed: int) -> Tensors:
+    def draw_inputs(self, seed: int) -> Tensors:
         g = self.generator(seed)
         return {"x": self.randn(self.shape, g), "grad_out": self.randn(self.shape, g)}
 
@@ -504,7 +512,7 @@ class AutogradFloor(RowTrain):
 class SoftmaxTrain(RowTrain):
     op = "softmax_train"
 
-    def make_inputs(self, seed: int) -> Tensors:
+    def draw_inputs(self, seed: int) -> Tensors:
         g = self.generator(seed)
         return {"x": self.randn(self.shape, g, scale=2.0), "grad_out": self.randn(self.shape, g)}
 
@@ -528,7 +536,7 @@ class RMSNormTrain(RowTrain):
     def __init__(self, shape, dtype, device, eps: float = 1e-6, **params):
         super().__init__(shape, dtype, device, eps=eps, **params)
 
-    def make_inputs(self, seed: int) -> Tensors:
+    def draw_inputs(self, seed: int) -> Tensors:
         g = self.generator(seed)
         n = self.shape[-1]
         return {"x": self.randn(self.shape, g), "weight": self.randn((n,), g, scale=0.5, shift=1.0),
@@ -558,7 +566,7 @@ class LayerNormTrain(RowTrain):
     def __init__(self, shape, dtype, device, eps: float = 1e-5, **params):
         super().__init__(shape, dtype, device, eps=eps, **params)
 
-    def make_inputs(self, seed: int) -> Tensors:
+    def draw_inputs(self, seed: int) -> Tensors:
         g = self.generator(seed)
         n = self.shape[-1]
         return {"x": self.randn(self.shape, g, scale=1.5, shift=0.25),
