@@ -152,3 +152,40 @@ def test_checked_batches_end_on_a_draw_and_unchecked_ones_do_not():
     made.clear()
     plain = timing.measure("e2e_throughput", calls, device, samples=50, iterations=iterations)
     assert len(plain) == 50 and len(made) == 50 * iterations
+
+
+def test_a_case_leaves_none_of_its_input_sets_alive_when_the_device_releases_memory():
+    """The device's release (``Device.release``: a collection, then on a GPU ``empty_cache``) ends every case; an
+    input set still referenced then stays cached in the worker, out of reach of an A/B's other worker on the same
+    GPU (the H100 ran out of memory so). Every input tensor the problem makes is watched through a weak reference,
+    and the last full collection of the case, the release's, must find none alive."""
+    import gc
+    import weakref
+
+    from fakes import Affine
+
+    made: list[weakref.ref] = []
+
+    class Watched(Affine):
+        def make_inputs(self, seed):
+            inputs = super().make_inputs(seed)
+            made.extend(weakref.ref(t) for t in inputs.values())
+            return inputs
+
+    alive_at_full_collection: list[int] = []
+
+    def watch(phase, info):
+        if phase == "start" and info["generation"] == 2:
+            alive_at_full_collection.append(sum(r() is not None for r in made))
+
+    suite = affine_suite(Impl("ours", bind=honest), shapes=((64, 256),))
+    suite.make_problems = lambda: [Watched((64, 256), "fp32", "cpu")]
+    bench = Bench(suite, FAST)
+    gc.callbacks.append(watch)
+    try:
+        result = bench.run_case("affine_64x256_fp32/ours", 0)
+    finally:
+        gc.callbacks.remove(watch)
+    assert result["passed"], result
+    assert len(made) > 2 and alive_at_full_collection, (len(made), alive_at_full_collection)
+    assert alive_at_full_collection[-1] == 0, alive_at_full_collection

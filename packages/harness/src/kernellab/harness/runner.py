@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fnmatch
-import gc
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -196,7 +195,6 @@ class Bench:
             info = validate.ship(path, seed, res, inputs)
             result["shipped"].append({"tag": tag, **(info or {"skipped": "larger than the ship limit"})})
 
-        checks: list[validate.BatchCheck] = []
         try:
             self._unpatched(case)
             threads.settle_processes()  # none left by an earlier case or by any contender's import or bind
@@ -205,21 +203,11 @@ class Bench:
                 report, res, inputs = validate.validate_call(problem, case.call, seed, keep=True)
                 result["validations"].append(report)
                 ship(f"validate{v}", seed, res, inputs)
+            del res, inputs
             if self.device.kind == "cuda" and case.impl.graphable and "graph_throughput" in self.modes:
                 seeds = [seed_for(cfg.seed, problem.name, case.impl.name, "graph", index, k) for k in (0, 1)]
                 result["graph_replay"] = validate.validate_graph_replay(problem, case.call, *seeds)
-            calls, sets = self._rotated_calls(case, index)
-            for mode in self.modes:
-                if mode == "graph_throughput" and not case.impl.graphable:
-                    continue
-                check = validate.BatchCheck(problem, sets)
-                checks.append(check)
-                result["samples_us"][mode], result["disturbance"][mode] = self._measure(mode, calls, check)
-                result["validations"].append(check.record() | {"mode": mode})
-                if check.last is not None:
-                    ship(mode, *check.last)
-            del calls, sets
-            self._unpatched(case, checks)
+            self._sample_modes(case, index, result, ship)
             threads.settle_processes()
         except Exception as e:  # noqa: BLE001 - a crashing kernel is reported, not fatal to the run
             result["error"] = f"{type(e).__name__}: {e}"
@@ -227,14 +215,29 @@ class Bench:
             if "error" in result:  # a case that ended early leaves no process of its contender to the next case
                 with contextlib.suppress(threads.ProcessLeft):
                     threads.settle_processes(0)
-            gc.collect()
-            if self.device.kind == "cuda":
-                self.device.torch.cuda.empty_cache()
+            self.device.release()
         passed = all(v["passed"] for v in result["validations"]) and "error" not in result
         if "graph_replay" in result:
             passed &= result["graph_replay"]["passed"]
         result["passed"] = passed
         return result
+
+    def _sample_modes(self, case: Case, index: int, result: dict[str, Any], ship) -> None:
+        """Every mode's samples over the rotated input sets, each timed batch checked, then the harness checked
+        unpatched. The sets live in this frame alone, so the device's release after the case gives their memory
+        back: an A/B's other worker, taking its turn on the same GPU, needs it."""
+        calls, sets = self._rotated_calls(case, index)
+        checks = []
+        for mode in self.modes:
+            if mode == "graph_throughput" and not case.impl.graphable:
+                continue
+            check = validate.BatchCheck(case.problem, sets)
+            checks.append(check)
+            result["samples_us"][mode], result["disturbance"][mode] = self._measure(mode, calls, check)
+            result["validations"].append(check.record() | {"mode": mode})
+            if check.last is not None:
+                ship(mode, *check.last)
+        self._unpatched(case, checks)
 
     def _guarded(self) -> list:
         """The harness objects a case's measurement goes through, checked with the harness's code

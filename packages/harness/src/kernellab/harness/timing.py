@@ -25,6 +25,7 @@ microseconds per call, one value per sample.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import time
@@ -95,6 +96,14 @@ class Device:
             for _ in range(20):
                 a = torch.tanh(a @ a)
             torch.cuda.synchronize()
+
+    def release(self) -> None:
+        """After a case: collect what it left and hand the memory torch keeps cached back to the driver. The two
+        workers of an A/B share one GPU and take turns; a worker keeping its last case's input sets cached (tens
+        of GB at the bandwidth shapes) left the other's next case out of memory on an 80 GB card."""
+        gc.collect()
+        if self.kind == "cuda":
+            self.torch.cuda.empty_cache()
 
     def sync(self) -> None:
         """Wait for the device and for every host thread the measured contender started (``threads``)."""
