@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import synthetic
 
-from kernellab.harness import assemble, consistency
+from kernellab.harness import assemble, consistency, stats
 from kernellab.harness import report as report_io
 
 ROOT = Path(__file__).resolve().parents[3]
 RAW = ("rounds_us", "validations", "problem", "config", "provenance", "revision", "metadata", "created_at",
-       "before_samples_ms", "after_samples_ms", "resamples")
+       "before_samples_ms", "after_samples_ms", "resamples", "significance_min_rounds")
 
 
 def reseal(report: dict) -> dict:
@@ -324,3 +324,20 @@ def test_a_case_given_twice_or_misnamed_is_named(run):
     assert any(i.note == "a case given twice" for i in consistency.check(reseal(twice)))
     misnamed = edited(run, ("cases", 0, "id"), lambda cid: cid + "x")
     assert any(i.note == "name/impl" for i in consistency.check(misnamed))
+
+
+def test_a_comparison_of_two_rounds_claims_nothing_and_cannot_edit_its_rule_away():
+    """Over fewer than ``stats.MIN_ROUNDS`` rounds a side no gain is called significant, however far apart the
+    sides (the interval rests on one pair of rounds); the rule is recorded, and a report that lowers it to claim
+    significance again no longer follows from its raw data."""
+    reference, candidate = synthetic.side(1), synthetic.side(2, speed=1.25)
+    for side in (reference, candidate):
+        side["rounds"] = side["rounds"][:2]
+    config = dict(synthetic.CONFIG, rounds=2)
+    report = report_io.seal(assemble.comparison_report(synthetic.SUITE, config, reference, candidate, resamples=50))
+    assert report["significance_min_rounds"] == stats.MIN_ROUNDS == 3
+    records = [r[m] for r in report["records"] for m in synthetic.MODES if m in r]
+    assert records and all(not m["significant"] and m["too_few_rounds"] for m in records)
+    assert consistency.check(report) == []
+    lowered = edited(report, ("significance_min_rounds",), lambda _: 1)
+    assert any(p.startswith("records") for p in paths(lowered)), paths(lowered)

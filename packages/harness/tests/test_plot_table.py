@@ -83,8 +83,17 @@ def test_the_comparison_table_explains_its_marks():
     legend = text.splitlines()[-1]
     for explained in ("n.s.: not significant (the 95% CI holds 1)", "drift!: torch, timed in both runs, moved more "
                       "than 10%", "gain: reference time / candidate time, above 1 is faster",
-                      "x torch: candidate time / torch's, below 1 is faster"):
+                      "x torch: candidate time / torch's, below 1 is faster",
+                      "few rounds: fewer than the report's significance_min_rounds, no claim"):
         assert explained in legend
+
+
+def test_a_record_over_too_few_rounds_is_marked_as_such_not_as_noise():
+    report = comparison_report()
+    rec = next(r[m] for r in report["records"] for m in r if isinstance(r[m], dict) and r[m].get("significant"))
+    rec.update(significant=False, too_few_rounds=True)
+    line = next(x for x in table.comparison_table(report).splitlines() if " few rounds" in x)
+    assert " n.s." not in line
 
 
 def test_a_fraction_far_above_the_copy_is_marked_and_explained():

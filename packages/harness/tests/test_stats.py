@@ -124,3 +124,14 @@ def test_disturbed_samples_are_dropped_while_most_are_clean():
     assert record["involuntary_switches"] == 2 and record["disturbed_samples"] == 1
     kept, record = noise.split([4010.0, 4011.0, 12.0], [hit, hit, quiet])  # most disturbed: kept, flagged
     assert kept == [4010.0, 4011.0, 12.0] and record["disturbed"] and record["dropped_us"] == []
+
+
+def test_a_record_over_too_few_rounds_claims_no_significance():
+    reference, candidate = [[10.0, 10.2, 10.1]] * 2, [[5.0, 5.1, 5.05]] * 2
+    free = stats.compare(reference, candidate)
+    assert free["significant"] and "too_few_rounds" not in free
+    held = stats.compare(reference, candidate, min_rounds=3)
+    assert not held["significant"] and held["too_few_rounds"]
+    assert (held["gain"], held["gain_ci"]) == (free["gain"], free["gain_ci"])
+    enough = stats.compare(reference * 2, candidate * 2, min_rounds=3)
+    assert enough["significant"] and "too_few_rounds" not in enough

@@ -200,6 +200,7 @@ def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, 
         "created_at": now_iso(),
         "config": config,
         "resamples": resamples,
+        "significance_min_rounds": stats.MIN_ROUNDS,
         "stopping": candidate.get("stopping"),
         "identical_sides": identical,
         "notice": IDENTICAL_NOTICE if identical else None,
@@ -209,13 +210,15 @@ def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, 
             "candidate": {"revision": candidate.get("revision"), "provenance": candidate["provenance"],
                           "cases": cand_cases},
         },
-        **compare_cases(ref_cases, cand_cases, suite.control, resamples),
+        **compare_cases(ref_cases, cand_cases, suite.control, resamples, stats.MIN_ROUNDS),
     }
 
 
-def compare_cases(reference: list[dict], candidate: list[dict], control: str, resamples: int) -> dict:
+def compare_cases(reference: list[dict], candidate: list[dict], control: str, resamples: int,
+                  min_rounds: int) -> dict:
     """A comparison's derived part from the two sides' case tables: ``records`` per contender case
-    and mode, ``summaries`` per mode and the control probe's ``torch_probe_control_ratio_range``."""
+    and mode, ``summaries`` per mode and the control probe's ``torch_probe_control_ratio_range``; a record of
+    fewer than ``min_rounds`` rounds a side claims no significance."""
     ref_cases = {c["id"]: c for c in reference}
     cand_cases = {c["id"]: c for c in candidate}
     contenders = _contenders(candidate, control)
@@ -240,7 +243,7 @@ def compare_cases(reference: list[dict], candidate: list[dict], control: str, re
             disturbed = bool(ref["modes"][mode].get("disturbed_rounds") or cand["modes"][mode].get("disturbed_rounds"))
             rec[mode] = stats.compare(ref["modes"][mode]["rounds_us"], cand["modes"][mode]["rounds_us"], torch_rounds,
                                       bootstrap_seed=seed, resamples=resamples, confidence=confidence,
-                                      disturbed=disturbed)
+                                      disturbed=disturbed, min_rounds=min_rounds)
             if ref_ctrl and cand_ctrl and mode in ref_ctrl["modes"] and mode in cand_ctrl["modes"]:
                 ctrl = [a / b for a, b in zip(ref_ctrl["modes"][mode]["round_medians_us"],
                                               cand_ctrl["modes"][mode]["round_medians_us"], strict=True)]

@@ -24,6 +24,7 @@ from .timing import ALL_MODES
 
 REL_TOL = 1e-9
 RESAMPLES_DEFAULT = 1000  # what comparisons were bootstrapped with before reports recorded ``resamples``
+SIGNIFICANCE_MIN_ROUNDS_DEFAULT = 1  # the rounds significance took before reports recorded ``significance_min_rounds``
 BANDWIDTH_FIELDS = ("gbps", "copy_ceiling_gbps", "ceiling_fraction")
 # fields that a report may present only where its raw data derives them: one that appears where the
 # recomputation has none (a mode nobody measured, a ceiling with no ceiling problem) is a claim from nowhere
@@ -302,7 +303,8 @@ def _comparison_records(report: dict) -> Iterator[Inconsistency]:
     the recomputed sides; the bootstrap is seeded, so its intervals recompute exactly."""
     sides = _comparison_sides(report)
     derived = assemble.compare_cases(sides["reference"], sides["candidate"], report.get("control", "torch"),
-                                     report.get("resamples", RESAMPLES_DEFAULT))
+                                     report.get("resamples", RESAMPLES_DEFAULT),
+                                     report.get("significance_min_rounds", SIGNIFICANCE_MIN_ROUNDS_DEFAULT))
     yield from diff_keyed("records", report["records"], derived["records"], lambda r: r["name"])
     yield from diff("summaries", report["summaries"], derived["summaries"])
     yield from diff("torch_probe_control_ratio_range", report["torch_probe_control_ratio_range"],

@@ -81,9 +81,10 @@ def control_shift(control_ratio_range: Sequence[float] | None) -> float:
     return max(abs(math.log(x)) for x in control_ratio_range)
 
 MIN_ROUNDS = 3
-"""The fewest rounds the regression gate decides on: over one round the bootstrap's interval is the gain itself,
-over two it rests on one pair of rounds (noise alone read as a difference far more often than the 5% the interval
-promises); the audit's replay takes as many (``MIN_REPLAY_ROUNDS``)."""
+"""The fewest rounds the regression gate decides on and a comparison report calls a gain significant over: over one
+round the bootstrap's interval is the gain itself, over two it rests on one pair of rounds (noise alone read as a
+difference far more often than the 5% the interval promises); the audit's replay takes as many
+(``MIN_REPLAY_ROUNDS``)."""
 
 
 def bootstrap_gain_ci(
@@ -152,11 +153,14 @@ def compare(
     resamples: int = 1000,
     confidence: float = 0.95,
     disturbed: bool = False,
+    min_rounds: int = 1,
 ) -> dict:
     """One record of the example audit: reference vs candidate (and vs torch), per round. A record whose
-    rounds were ``disturbed`` (see ``noise``) keeps its interval but claims no significance."""
+    rounds were ``disturbed`` (see ``noise``), or that has fewer than ``min_rounds`` rounds a side (a comparison
+    report's ``significance_min_rounds``), keeps its interval but claims no significance."""
     ref_meds = round_medians(reference_rounds)
     cand_meds = round_medians(candidate_rounds)
+    too_few = min(len(ref_meds), len(cand_meds)) < min_rounds
     gain = ratio_stats(reference_rounds, candidate_rounds)
     lo, hi = bootstrap_gain_ci(reference_rounds, candidate_rounds, seed=bootstrap_seed, resamples=resamples,
                                confidence=confidence)
@@ -170,10 +174,12 @@ def compare(
         "gain_max": gain["max"],
         "gain_ci": [lo, hi],
         "ci_level": confidence,
-        "significant": not (lo <= 1.0 <= hi) and not disturbed,
+        "significant": not (lo <= 1.0 <= hi) and not disturbed and not too_few,
     }
     if disturbed:  # only then: a record from before disturbance was measured reads the same
         out["disturbed"] = True
+    if too_few:  # likewise
+        out["too_few_rounds"] = True
     if torch_rounds is not None:
         torch_meds = round_medians(torch_rounds)
         ratio = ratio_stats(candidate_rounds, torch_rounds)

@@ -100,8 +100,7 @@ def comparison_table(report: dict, fmt: str = "simple") -> str:
             lo, hi = m["gain_ci"]
             rows.append([
                 r["name"], mode, _fmt(m["reference_us"]), _fmt(m["candidate_us"]),
-                f"{m['gain']:.3f} [{lo:.3f}, {hi:.3f}]" + ("" if m["significant"] else
-                                                           " disturbed" if m.get("disturbed") else " n.s."),
+                f"{m['gain']:.3f} [{lo:.3f}, {hi:.3f}]" + _unclaimed(m),
                 f"{m['gain_min']:.3f}..{m['gain_max']:.3f}",
                 _fmt(m.get("native_torch_ratio"), ".3f"),
                 "drift!" if m.get("control_flagged") else "",
@@ -114,9 +113,18 @@ def comparison_table(report: dict, fmt: str = "simple") -> str:
     for mode, s in report["summaries"].items():
         lines.append(f"{mode}: " + ", ".join(f"{k} {v}" for k, v in s.items()))
     lines.append("gain: reference time / candidate time, above 1 is faster; n.s.: not significant (the 95% CI "
-                 "holds 1); x torch: candidate time / torch's, below 1 is faster; drift!: torch, timed in both runs, "
-                 "moved more than 10%")
+                 "holds 1); few rounds: fewer than the report's significance_min_rounds, no claim; x torch: candidate "
+                 "time / torch's, below 1 is faster; drift!: torch, timed in both runs, moved more than 10%")
     return "\n".join(lines)
+
+
+def _unclaimed(record: dict) -> str:
+    """Why a record claims no significance: nothing where it does."""
+    if record["significant"]:
+        return ""
+    if record.get("disturbed"):
+        return " disturbed"
+    return " few rounds" if record.get("too_few_rounds") else " n.s."
 
 
 def before_after_table(report: dict, fmt: str = "simple") -> str:
