@@ -210,12 +210,12 @@ def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, 
             "candidate": {"revision": candidate.get("revision"), "provenance": candidate["provenance"],
                           "cases": cand_cases},
         },
-        **compare_cases(ref_cases, cand_cases, suite.control, resamples, stats.MIN_ROUNDS),
+        **compare_cases(ref_cases, cand_cases, suite.control, resamples),
     }
 
 
 def compare_cases(reference: list[dict], candidate: list[dict], control: str, resamples: int,
-                  min_rounds: int) -> dict:
+                  min_rounds: int = stats.MIN_ROUNDS) -> dict:
     """A comparison's derived part from the two sides' case tables: ``records`` per contender case
     and mode, ``summaries`` per mode and the control probe's ``torch_probe_control_ratio_range``; a record of
     fewer than ``min_rounds`` rounds a side claims no significance."""
