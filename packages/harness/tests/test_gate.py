@@ -396,7 +396,6 @@ def test_a_pair_without_a_control_on_both_sides_decides_nothing_against_a_stored
     assert all(f.decision_ci == (0.0, float("inf")) for f in verdict.findings)
 
 
-
 def test_cli_gate_against_a_report_of_too_few_rounds_is_refused_before_measuring(fake_bench, tmp_path, capsys):
     """A reference of 2 rounds makes every verdict inconclusive (rounds are paired by index): said before the run,
     not after it."""

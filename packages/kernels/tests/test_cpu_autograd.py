@@ -320,7 +320,6 @@ def test_backward_kernels_split_rows_across_threads_identically(rows):
         torch.testing.assert_close(a.double(), t, rtol=1e-4, atol=1e-4 * math.sqrt(rows))
 
 
-
 # ---- the public backward functions: saved statistics in, gradients into out= buffers ----------------------
 def layernorm_dx_error_bound(x64, mean64, rstd32, dy, weight):
     """Per-row absolute error that LayerNorm's dx may carry from statistics saved in fp32: x^ = (x - mean) rstd

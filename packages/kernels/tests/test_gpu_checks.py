@@ -191,7 +191,6 @@ def test_plans_of_the_suite_shapes():
     assert streamed.ctas == 8 and streamed.tiles > 1
 
 
-
 @pytest.mark.parametrize("cap", [64, 128, 256])
 def test_a_capped_cta_splits_the_row_over_more_ctas(cap):
     """Tuning.max_threads_per_row caps a CTA's share of a row; what no longer fits goes to more CTAs of a
@@ -213,6 +212,7 @@ def test_a_capped_cta_splits_the_row_over_more_ctas(cap):
     for bad in (0, 48, 2048):
         with pytest.raises(ValueError, match="max_threads_per_row"):
             Variant("softmax", "float32", 4096, 4, tuning=Tuning(max_threads_per_row=bad)).kernel()
+
 
 def test_variant_validation():
     with pytest.raises(ValueError, match="unknown op"):

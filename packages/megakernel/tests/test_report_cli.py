@@ -209,8 +209,6 @@ def test_a_run_cut_short_leaves_its_partial_report(tmp_path, monkeypatch):
 REPO = Path(__file__).resolve().parents[3]
 
 
-
-
 def test_model_selection_arguments_are_checked_before_anything_runs(capsys, tmp_path):
     out = str(tmp_path / "r.json")
     assert report.main(["--models", "--model-rows", "1,x", "--out", out]) == 2

@@ -71,7 +71,6 @@ def ratio_stats(numer_rounds: Sequence[Sequence[float]], denom_rounds: Sequence[
     return {"value": log_median(per_round), "min": min(per_round), "max": max(per_round), "rounds": per_round}
 
 
-
 def control_shift(control_ratio_range: Sequence[float] | None) -> float:
     """How far a control moved between two sides, as |log| of its per-round ratio farthest from 1; inf where unknown
     (no control measured on both sides). A gain interval widened by it on both sides (``exp(-shift)``,
@@ -79,6 +78,7 @@ def control_shift(control_ratio_range: Sequence[float] | None) -> float:
     if not control_ratio_range or not min(control_ratio_range) > 0.0:
         return math.inf
     return max(abs(math.log(x)) for x in control_ratio_range)
+
 
 MIN_ROUNDS = 3
 """The fewest rounds the regression gate decides on and a comparison report calls a gain significant over: over one
