@@ -7,9 +7,9 @@
 Each trial draws both sides' rounds, ``samples`` each, as log-normal times whose log follows an AR(1) process of
 coefficient ``phi`` within a round (a sticky clock state, an autocorrelated load: phi 0 is independent samples),
 the candidate ``gain`` times faster, and reads ``significant`` of ``stats.compare``, the harness's own record of a
-pair, at its 95% level. The rate over the trials is printed per setting (and written as JSON with ``--out``): at
-gain 1 it is the false-positive rate, which the interval promises to hold at 0.05. Seeded: every run prints the
-same table.
+pair, at its 95% level and with a comparison report's least rounds (``stats.MIN_ROUNDS``: fewer claim nothing).
+The rate over the trials is printed per setting (and written as JSON with ``--out``): at gain 1 it is the
+false-positive rate, which the interval promises to hold at 0.05. Seeded: every run prints the same table.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def significant_rate(rounds: int, samples: int, phi: float, gain: float, trials:
         rng = random.Random(f"{rounds}/{samples}/{phi}/{gain}/{trial}")
         reference = [ar_round(rng, samples, phi, math.log(gain)) for _ in range(rounds)]
         candidate = [ar_round(rng, samples, phi, 0.0) for _ in range(rounds)]
-        hits += stats.compare(reference, candidate, bootstrap_seed=trial, resamples=resamples)["significant"]
+        hits += stats.compare(reference, candidate, bootstrap_seed=trial, resamples=resamples,
+                              min_rounds=stats.MIN_ROUNDS)["significant"]
     return hits / trials
 
 

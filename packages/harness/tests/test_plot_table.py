@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernellab.harness import plot, table
+from kernellab.harness import assemble, plot, table
 
 matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
@@ -90,10 +90,14 @@ def test_the_comparison_table_explains_its_marks():
 
 def test_a_record_over_too_few_rounds_is_marked_as_such_not_as_noise():
     report = comparison_report()
-    rec = next(r[m] for r in report["records"] for m in r if isinstance(r[m], dict) and r[m].get("significant"))
+    name, rec = next((r["name"], r[m]) for r in report["records"] for m in r
+                     if isinstance(r[m], dict) and r[m].get("significant"))
     rec.update(significant=False, too_few_rounds=True)
-    line = next(x for x in table.comparison_table(report).splitlines() if " few rounds" in x)
-    assert " n.s." not in line
+    line = next(x for x in table.comparison_table(report).splitlines() if x.startswith(name))
+    assert " few rounds" in line and " n.s." not in line
+    record = assemble.before_after_record("affine_8_16", "ours", [[2.0, 2.1]] * 2, [[1.0, 1.1]] * 2, rec)
+    assert record["too_few_rounds"] and not record["significant"]
+    assert " few rounds" in table.before_after_table({"records": [record]})
 
 
 def test_a_fraction_far_above_the_copy_is_marked_and_explained():

@@ -347,6 +347,7 @@ def before_after_record(operation: str, impl: str, before_us: list[list[float]],
         "speedup": paired["gain"],
         "speedup_ci": paired["gain_ci"],
         "significant": paired["significant"],
+        **({"too_few_rounds": True} if paired.get("too_few_rounds") else {}),
         "before_samples_ms": [s / 1e3 for r in before for s in r],
         "after_samples_ms": [s / 1e3 for r in after for s in r],
     }

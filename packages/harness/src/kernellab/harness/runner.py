@@ -198,12 +198,7 @@ class Bench:
         try:
             self._unpatched(case)
             threads.settle_processes()  # none left by an earlier case or by any contender's import or bind
-            for v in range(cfg.validations_per_round):
-                seed = seed_for(cfg.seed, problem.name, case.impl.name, "validate", index, v)
-                report, res, inputs = validate.validate_call(problem, case.call, seed, keep=True)
-                result["validations"].append(report)
-                ship(f"validate{v}", seed, res, inputs)
-            del res, inputs
+            self._validate(case, index, result, ship)
             if self.device.kind == "cuda" and case.impl.graphable and "graph_throughput" in self.modes:
                 seeds = [seed_for(cfg.seed, problem.name, case.impl.name, "graph", index, k) for k in (0, 1)]
                 result["graph_replay"] = validate.validate_graph_replay(problem, case.call, *seeds)
@@ -221,6 +216,15 @@ class Bench:
             passed &= result["graph_replay"]["passed"]
         result["passed"] = passed
         return result
+
+    def _validate(self, case: Case, index: int, result: dict[str, Any], ship) -> None:
+        """The round's validations, each with fresh inputs and poisoned outputs, in a frame of their own (as
+        ``_sample_modes``): nothing of theirs is left for the device's release to miss, whatever ends them."""
+        for v in range(self.config.validations_per_round):
+            seed = seed_for(self.config.seed, case.problem.name, case.impl.name, "validate", index, v)
+            report, res, inputs = validate.validate_call(case.problem, case.call, seed, keep=True)
+            result["validations"].append(report)
+            ship(f"validate{v}", seed, res, inputs)
 
     def _sample_modes(self, case: Case, index: int, result: dict[str, Any], ship) -> None:
         """Every mode's samples over the rotated input sets, each timed batch checked, then the harness checked

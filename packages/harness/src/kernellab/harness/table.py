@@ -132,7 +132,7 @@ def before_after_table(report: dict, fmt: str = "simple") -> str:
     for r in report["records"]:
         ci = r.get("speedup_ci")
         interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
-        mark = "" if r.get("significant", True) else " n.s."
+        mark = "" if r.get("significant", True) else " few rounds" if r.get("too_few_rounds") else " n.s."
         rows.append([r["operation"], r["impl"], f"{r['before_ms']:.4f}", f"{r['after_ms']:.4f}",
                      f"{r['speedup']:.3f}{interval}{mark}"])
     return tabulate(rows, headers=["operation", "impl", "before ms", "after ms", "speedup [CI]"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import types
 
 from ..case import Inputs, Problem, Tensors, Tolerance, prod, torch_dtype
 from . import reference
@@ -237,7 +238,7 @@ class RowBackward(RowProblem):
 
     vectors = 0  # weight-like (N,) vectors: each read once and its gradient written once
     statistics = 0  # (M,) statistics the forward saves for the backward (rstd, mean)
-    former_names = {"dy": "grad_out"}  # the gradient's name before 5bed5f1: the baseline of issue 34's A/B reads it
+    former_names = types.MappingProxyType({"dy": "grad_out"})  # the gradient's name before 5bed5f1 (issue 34's A/B)
 
     def make_inputs(self, seed: int) -> Tensors:
         return Inputs(self.draw_inputs(seed), self.former_names)
