@@ -35,15 +35,19 @@ def ar_round(rng: random.Random, samples: int, phi: float, log_level: float) -> 
     return out
 
 
-def significant_rate(rounds: int, samples: int, phi: float, gain: float, trials: int, resamples: int) -> float:
-    """The share of ``trials`` in which ``stats.compare`` calls the gain significant."""
+def significant_rate(rounds: int, samples: int, phi: float, gain: float, trials: int, resamples: int,
+                     independent: bool = False) -> float:
+    """The share of ``trials`` in which ``stats.compare`` calls the gain significant, its interval allowing for the
+    samples' correlation pooled over both sides as a comparison report does (``independent``: taking them as
+    independent, as reports before ``interval_correlation`` did)."""
     hits = 0
     for trial in range(trials):
         rng = random.Random(f"{rounds}/{samples}/{phi}/{gain}/{trial}")
         reference = [ar_round(rng, samples, phi, math.log(gain)) for _ in range(rounds)]
         candidate = [ar_round(rng, samples, phi, 0.0) for _ in range(rounds)]
+        correlation = 0.0 if independent else stats.sample_correlation(reference + candidate)
         hits += stats.compare(reference, candidate, bootstrap_seed=trial, resamples=resamples,
-                              min_rounds=stats.MIN_ROUNDS)["significant"]
+                              min_rounds=stats.MIN_ROUNDS, correlation=correlation)["significant"]
     return hits / trials
 
 
@@ -66,6 +70,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--gains", type=floats, default=[1.0, 1.03], help="reference time / candidate time, > 0")
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--resamples", type=int, default=200)
+    ap.add_argument("--independent", action="store_true",
+                    help="intervals that take the samples as independent (comparison reports before harness 0.12.1)")
     ap.add_argument("--out", help="also write the rows as JSON here")
     args = ap.parse_args(argv)
     if any(not 0.0 <= p < 1.0 for p in args.phi):
@@ -77,14 +83,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     print(f"{'gain':>6} {'phi':>5} {'rounds':>6} {'samples':>7}  significant")
     for gain, phi, rounds, samples in itertools.product(args.gains, args.phi, args.rounds, args.samples):
-        rate = significant_rate(rounds, samples, phi, gain, args.trials, args.resamples)
+        rate = significant_rate(rounds, samples, phi, gain, args.trials, args.resamples, args.independent)
         rows.append({"gain": gain, "phi": phi, "rounds": rounds, "samples": samples, "trials": args.trials,
                      "significant_rate": rate})
         print(f"{gain:>6g} {phi:>5g} {rounds:>6} {samples:>7}  {rate:.3f}", flush=True)
     print("at gain 1 the rate is the interval's false-positive rate (promised: at most 0.05); elsewhere its power")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"sample_sd": SAMPLE_SD, "resamples": args.resamples, "rows": rows}, f, indent=1)
+            json.dump({"sample_sd": SAMPLE_SD, "resamples": args.resamples, "independent": args.independent,
+                       "rows": rows}, f, indent=1)
     return rows
 
 

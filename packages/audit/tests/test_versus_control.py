@@ -200,3 +200,25 @@ def test_control_times_forged_around_the_check_are_not_passed(monkeypatch, tmp_p
     truth = {"torch": 50.0, "planted": 20.0}
     out = audit(reports, {"reference": side(truth, 3), "candidate": side(truth, 4)}, monkeypatch, tmp_path)
     assert out["status"] != "pass" and any("control time(s)" in r for r in out["reasons"]), out["reasons"]
+
+
+def test_the_replays_interval_against_its_control_allows_for_correlated_samples():
+    """The same rounds give a wider interval when their samples are autocorrelated than when the same values come
+    shuffled, independent, within each round."""
+    rng = random.Random(5)
+
+    def series(level):
+        x, out = 0.0, []
+        for _ in range(20):
+            x = 0.9 * x + rng.gauss(0.0, 0.02)
+            out.append(level * (1.0 + x))
+        return out
+
+    rounds = [{"ours": {"samples_us": {MODE: series(10.0)}}, "torch": {"samples_us": {MODE: series(11.0)}}}
+              for _ in range(4)]
+    correlated = verdict.replay_versus_control(rounds, "ours", "torch", MODE)["gain_ci"]
+    for r in rounds:
+        for case in r.values():
+            rng.shuffle(case["samples_us"][MODE])
+    shuffled = verdict.replay_versus_control(rounds, "ours", "torch", MODE)["gain_ci"]
+    assert correlated[1] / correlated[0] > shuffled[1] / shuffled[0], (correlated, shuffled)

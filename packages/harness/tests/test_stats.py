@@ -135,3 +135,43 @@ def test_a_record_over_too_few_rounds_claims_no_significance():
     assert (held["gain"], held["gain_ci"]) == (free["gain"], free["gain_ci"])
     enough = stats.compare(reference * 2, candidate * 2, min_rounds=3)
     assert enough["significant"] and "too_few_rounds" not in enough
+
+
+def _ar_series(rng, n, phi):
+    x, out = 0.0, []
+    for _ in range(n):
+        x = phi * x + rng.gauss(0.0, 0.02)
+        out.append(100.0 * math.exp(x))
+    return out
+
+
+def test_sample_correlation_reads_autocorrelated_rounds_and_mostly_zero_for_independent_ones():
+    import random
+
+    rng = random.Random(7)
+    assert stats.sample_correlation([_ar_series(rng, 20, 0.0) for _ in range(40)]) < 0.1
+    assert stats.sample_correlation([_ar_series(rng, 20, 0.9) for _ in range(40)]) > 0.5
+    # nothing to estimate from: short, constant or non-positive series
+    assert stats.sample_correlation([[1.0, 2.0], [5.0, 5.0, 5.0], [0.0, 1.0, 2.0, 3.0]]) == 0.0
+    assert 0.8 < stats.sample_correlation([[float(k) for k in range(1, 50)]]) <= stats.MAX_CORRELATION  # a drift
+    assert stats.sample_correlation([[1.0, 2.0] * 10]) == 0.0  # alternating: negative, read as none
+
+
+def test_effective_samples_shrink_with_correlation_to_at_least_one():
+    assert stats.effective_samples(30, 0.0) == 30
+    assert stats.effective_samples(30, 0.5) == 10
+    assert stats.effective_samples(5, 0.95) == 1
+    with pytest.raises(ValueError, match="correlation"):
+        stats.bootstrap_gain_ci([[1.0, 1.1]] * 3, [[1.0, 1.2]] * 3, correlation=1.0)
+
+
+def test_the_interval_widens_with_the_correlation_and_is_unchanged_without():
+    import random
+
+    rng = random.Random(3)
+    reference = [_ar_series(rng, 20, 0.0) for _ in range(4)]
+    candidate = [[x / 1.02 for x in _ar_series(rng, 20, 0.0)] for _ in range(4)]
+    independent = stats.bootstrap_gain_ci(reference, candidate, resamples=200)
+    assert stats.bootstrap_gain_ci(reference, candidate, resamples=200, correlation=0.0) == independent
+    lo, hi = stats.bootstrap_gain_ci(reference, candidate, resamples=200, correlation=0.8)
+    assert lo < independent[0] and hi > independent[1]

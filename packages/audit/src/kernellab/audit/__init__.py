@@ -2,6 +2,6 @@
 
 from .audit import FAIL, INCONCLUSIVE, PASS, Audit, Options
 
-__version__ = "0.6.2"
+__version__ = "0.6.3"
 
 __all__ = ["FAIL", "INCONCLUSIVE", "PASS", "Audit", "Options", "__version__"]

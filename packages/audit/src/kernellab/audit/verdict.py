@@ -122,15 +122,17 @@ def versus_control_claims(candidate: dict) -> dict[tuple[str, str], dict]:
 def replay_versus_control(rounds: list[dict], case_id: str, control_id: str, mode: str) -> dict | None:
     """The replay's record of a contender against its control on one side (``rounds``: that side's measured
     rounds), as ``judge`` reads a comparison's: the control's time over the contender's, its interval, and a drift
-    of 1 (both ran in the same rounds); None where a round lacks either."""
+    of 1 (both ran in the same rounds); None where a round lacks either. The interval allows for the pair's samples'
+    lag-1 autocorrelation, as a comparison report's intervals do (``stats.sample_correlation``)."""
     pairs = [(r[control_id]["samples_us"].get(mode), r[case_id]["samples_us"].get(mode)) for r in rounds
              if case_id in r and control_id in r and "samples_us" in r[case_id] and "samples_us" in r[control_id]]
     if not pairs or any(not a or not b for a, b in pairs):
         return None
     disturbed = any(r[cid].get("disturbance", {}).get(mode, {}).get("disturbed") for r in rounds
                     for cid in (case_id, control_id) if cid in r)  # noise on either: the interval proves nothing
-    rec = stats.compare([a for a, _ in pairs], [b for _, b in pairs], bootstrap_seed=0, resamples=300,
-                        disturbed=disturbed)
+    control, contender = [a for a, _ in pairs], [b for _, b in pairs]
+    rec = stats.compare(control, contender, bootstrap_seed=0, resamples=300, disturbed=disturbed,
+                        correlation=stats.sample_correlation(control + contender))
     return rec | {"control_ratio_range": [1.0, 1.0]}
 
 

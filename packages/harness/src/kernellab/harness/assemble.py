@@ -201,6 +201,7 @@ def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, 
         "config": config,
         "resamples": resamples,
         "significance_min_rounds": stats.MIN_ROUNDS,
+        "interval_correlation": "pooled",
         "stopping": candidate.get("stopping"),
         "identical_sides": identical,
         "notice": IDENTICAL_NOTICE if identical else None,
@@ -215,13 +216,18 @@ def comparison_report(suite, config: dict, reference: dict, candidate: dict, *, 
 
 
 def compare_cases(reference: list[dict], candidate: list[dict], control: str, resamples: int,
-                  min_rounds: int = stats.MIN_ROUNDS) -> dict:
+                  min_rounds: int = stats.MIN_ROUNDS, pooled_correlation: bool = True) -> dict:
     """A comparison's derived part from the two sides' case tables: ``records`` per contender case
     and mode, ``summaries`` per mode and the control probe's ``torch_probe_control_ratio_range``; a record of
-    fewer than ``min_rounds`` rounds a side claims no significance."""
+    fewer than ``min_rounds`` rounds a side claims no significance. With ``pooled_correlation`` (a comparison
+    report's ``interval_correlation: pooled``) each mode's intervals allow for the lag-1 autocorrelation of its
+    samples, pooled over every case of both sides (``stats.sample_correlation``, in the mode's summary)."""
     ref_cases = {c["id"]: c for c in reference}
     cand_cases = {c["id"]: c for c in candidate}
     contenders = _contenders(candidate, control)
+    correlation = {mode: stats.sample_correlation(r for c in (*reference, *candidate) if mode in c["modes"]
+                                                  for r in c["modes"][mode]["rounds_us"]) if pooled_correlation else 0.0
+                   for mode in ALL_MODES}
     pairs = sum(1 for cid, c in cand_cases.items() if c["impl"] in contenders and cid in ref_cases
                 for m in c["modes"] if m in ref_cases[cid]["modes"])
     confidence = 1.0 - FAMILY_ERROR / max(1, pairs)  # Bonferroni: every interval holds at once at 95%
@@ -243,7 +249,7 @@ def compare_cases(reference: list[dict], candidate: list[dict], control: str, re
             disturbed = bool(ref["modes"][mode].get("disturbed_rounds") or cand["modes"][mode].get("disturbed_rounds"))
             rec[mode] = stats.compare(ref["modes"][mode]["rounds_us"], cand["modes"][mode]["rounds_us"], torch_rounds,
                                       bootstrap_seed=seed, resamples=resamples, confidence=confidence,
-                                      disturbed=disturbed, min_rounds=min_rounds)
+                                      disturbed=disturbed, min_rounds=min_rounds, correlation=correlation[mode])
             if ref_ctrl and cand_ctrl and mode in ref_ctrl["modes"] and mode in cand_ctrl["modes"]:
                 ctrl = [a / b for a, b in zip(ref_ctrl["modes"][mode]["round_medians_us"],
                                               cand_ctrl["modes"][mode]["round_medians_us"], strict=True)]
@@ -265,6 +271,8 @@ def compare_cases(reference: list[dict], candidate: list[dict], control: str, re
             disturbed = sum(1 for r in mode_records if r.get("disturbed"))
             if disturbed:
                 summaries[mode]["disturbed"] = disturbed
+            if pooled_correlation:
+                summaries[mode]["sample_correlation"] = correlation[mode]
     return {
         "torch_probe_control_ratio_range": [min(drift), max(drift)] if drift else None,
         "summaries": summaries,

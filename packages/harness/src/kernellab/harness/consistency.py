@@ -25,6 +25,7 @@ from .timing import ALL_MODES
 REL_TOL = 1e-9
 RESAMPLES_DEFAULT = 1000  # what comparisons were bootstrapped with before reports recorded ``resamples``
 SIGNIFICANCE_MIN_ROUNDS_DEFAULT = 1  # the rounds significance took before reports recorded ``significance_min_rounds``
+# before reports recorded ``interval_correlation``, intervals took the samples as independent
 BANDWIDTH_FIELDS = ("gbps", "copy_ceiling_gbps", "ceiling_fraction")
 # fields that a report may present only where its raw data derives them: one that appears where the
 # recomputation has none (a mode nobody measured, a ceiling with no ceiling problem) is a claim from nowhere
@@ -304,7 +305,8 @@ def _comparison_records(report: dict) -> Iterator[Inconsistency]:
     sides = _comparison_sides(report)
     derived = assemble.compare_cases(sides["reference"], sides["candidate"], report.get("control", "torch"),
                                      report.get("resamples", RESAMPLES_DEFAULT),
-                                     report.get("significance_min_rounds", SIGNIFICANCE_MIN_ROUNDS_DEFAULT))
+                                     report.get("significance_min_rounds", SIGNIFICANCE_MIN_ROUNDS_DEFAULT),
+                                     report.get("interval_correlation") == "pooled")
     yield from diff_keyed("records", report["records"], derived["records"], lambda r: r["name"])
     yield from diff("summaries", report["summaries"], derived["summaries"])
     yield from diff("torch_probe_control_ratio_range", report["torch_probe_control_ratio_range"],

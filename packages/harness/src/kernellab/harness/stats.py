@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -87,6 +87,34 @@ difference far more often than the 5% the interval promises); the audit's replay
 (``MIN_REPLAY_ROUNDS``)."""
 
 
+MAX_CORRELATION = 0.95  # the most lag-1 autocorrelation an interval takes from the samples
+
+
+def sample_correlation(series: Iterable[Sequence[float]]) -> float:
+    """The lag-1 autocorrelation of log times within each series (a round of one case's samples, in the order
+    taken), pooled over the series of three or more samples and clamped to [0, ``MAX_CORRELATION``]: 0 where none
+    can say. Pooled over a run's cases because one round's few samples cannot estimate it; the estimate leans low
+    (each series' own mean is taken out), so that independent samples mostly read 0."""
+    products = squares = 0.0
+    for samples in series:
+        if len(samples) < 3 or min(samples) <= 0.0:
+            continue
+        logs = [math.log(x) for x in samples]
+        mean = math.fsum(logs) / len(logs)
+        dev = [x - mean for x in logs]
+        products += math.fsum(u * v for u, v in zip(dev[:-1], dev[1:], strict=True))
+        squares += math.fsum(u * u for u in dev)
+    if squares <= 0.0:
+        return 0.0
+    return min(MAX_CORRELATION, max(0.0, products / squares))
+
+
+def effective_samples(count: int, correlation: float) -> int:
+    """How many independent samples ``count`` samples of lag-1 autocorrelation ``correlation`` are worth, as an AR(1)
+    process's median is: count (1 - rho) / (1 + rho), at least one."""
+    return max(1, min(count, round(count * (1.0 - correlation) / (1.0 + correlation))))
+
+
 def bootstrap_gain_ci(
     reference_rounds: Sequence[Sequence[float]],
     candidate_rounds: Sequence[Sequence[float]],
@@ -94,22 +122,27 @@ def bootstrap_gain_ci(
     resamples: int = 1000,
     confidence: float = 0.95,
     seed: int = 0,
+    correlation: float = 0.0,
 ) -> tuple[float, float]:
     """Confidence interval of the gain (reference/candidate) by a two-level bootstrap.
 
     Rounds are resampled (drift between rounds), then samples within each chosen round on each side
-    (noise within a round). The interval is the normal interval of log(gain) around the estimate,
+    (noise within a round), as many as are worth independent ones at the samples' lag-1 ``correlation``
+    (``effective_samples``; all of them at 0): correlated samples drawn one by one as if independent made the
+    interval too narrow. The interval is the normal interval of log(gain) around the estimate,
     so it always holds the estimate and swapping the sides gives the reciprocal interval.
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if not 0.0 <= correlation < 1.0:
+        raise ValueError(f"correlation must be in [0, 1), got {correlation}")
     estimate = ratio_stats(reference_rounds, candidate_rounds)["value"]
     spread = math.exp(_normal_quantile(0.5 + confidence / 2.0)
-                      * _bootstrap_log_sd(reference_rounds, candidate_rounds, resamples, seed))
+                      * _bootstrap_log_sd(reference_rounds, candidate_rounds, resamples, seed, correlation))
     return estimate / spread, estimate * spread
 
 
-def _bootstrap_log_sd(a_rounds, b_rounds, resamples: int, seed: int) -> float:
+def _bootstrap_log_sd(a_rounds, b_rounds, resamples: int, seed: int, correlation: float = 0.0) -> float:
     """Standard deviation of log(gain) over bootstrap resamples, computed in one canonical
     orientation of the two sides, so that it does not depend on which side is which."""
     a = tuple(tuple(r) for r in a_rounds)
@@ -124,8 +157,8 @@ def _bootstrap_log_sd(a_rounds, b_rounds, resamples: int, seed: int) -> float:
         for _ in range(n_rounds):
             r = rng.randrange(n_rounds)
             ref, cand = a[r], b[r]
-            ref_m = median([ref[rng.randrange(len(ref))] for _ in ref])
-            cand_m = median([cand[rng.randrange(len(cand))] for _ in cand])
+            ref_m = median([ref[rng.randrange(len(ref))] for _ in range(effective_samples(len(ref), correlation))])
+            cand_m = median([cand[rng.randrange(len(cand))] for _ in range(effective_samples(len(cand), correlation))])
             ratios.append(ref_m / cand_m)
         logs.append(math.log(log_median(ratios)))
     mean = math.fsum(logs) / len(logs)
@@ -154,16 +187,18 @@ def compare(
     confidence: float = 0.95,
     disturbed: bool = False,
     min_rounds: int = 1,
+    correlation: float = 0.0,
 ) -> dict:
     """One record of the example audit: reference vs candidate (and vs torch), per round. A record whose
     rounds were ``disturbed`` (see ``noise``), or that has fewer than ``min_rounds`` rounds a side (a comparison
-    report's ``significance_min_rounds``), keeps its interval but claims no significance."""
+    report's ``significance_min_rounds``), keeps its interval but claims no significance. ``correlation``: the
+    samples' lag-1 autocorrelation the interval allows for (``bootstrap_gain_ci``)."""
     ref_meds = round_medians(reference_rounds)
     cand_meds = round_medians(candidate_rounds)
     too_few = min(len(ref_meds), len(cand_meds)) < min_rounds
     gain = ratio_stats(reference_rounds, candidate_rounds)
     lo, hi = bootstrap_gain_ci(reference_rounds, candidate_rounds, seed=bootstrap_seed, resamples=resamples,
-                               confidence=confidence)
+                               confidence=confidence, correlation=correlation)
     out = {
         "reference_us": median(ref_meds),
         "candidate_us": median(cand_meds),

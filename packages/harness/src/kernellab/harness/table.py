@@ -111,7 +111,8 @@ def comparison_table(report: dict, fmt: str = "simple") -> str:
     if rng:
         lines.append(f"control probe ratio (reference run / candidate run): {rng[0]:.3f} .. {rng[1]:.3f}")
     for mode, s in report["summaries"].items():
-        lines.append(f"{mode}: " + ", ".join(f"{k} {v}" for k, v in s.items()))
+        lines.append(f"{mode}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                              for k, v in s.items()))
     lines.append("gain: reference time / candidate time, above 1 is faster; n.s.: not significant (the 95% CI "
                  "holds 1); few rounds: fewer than the report's significance_min_rounds, no claim; x torch: candidate "
                  "time / torch's, below 1 is faster; drift!: torch, timed in both runs, moved more than 10%")
