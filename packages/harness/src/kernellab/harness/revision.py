@@ -311,7 +311,8 @@ class Extension:
 
 def _wide_pairs(sides: dict, ids: list[str], width: float, resamples: int) -> list[str]:
     """Case ids of the problems (every impl of one, so that each stays paired with its control round by
-    round) of which some passing case's gain interval between the two sides is wider than ``width``."""
+    round) of which some passing case's gain interval between the two sides is wider than ``width``, allowing for
+    the pair's correlated samples as the comparison's intervals do."""
     wide = set()
     for cid in ids:
         per_side = []
@@ -326,7 +327,8 @@ def _wide_pairs(sides: dict, ids: list[str], width: float, resamples: int) -> li
             cand = per_side[1].get(mode)
             if not cand or len(cand) != len(ref) or not all(ref) or not all(cand):
                 continue
-            lo, hi = stats.bootstrap_gain_ci(ref, cand, resamples=resamples)
+            lo, hi = stats.bootstrap_gain_ci(ref, cand, resamples=resamples,
+                                             correlation=stats.sample_correlation(ref + cand))
             if hi / lo > width:
                 wide.add(cid.rsplit("/", 1)[0])
                 break
