@@ -110,8 +110,9 @@ def sample_correlation(series: Iterable[Sequence[float]]) -> float:
 
 
 def effective_samples(count: int, correlation: float) -> int:
-    """How many independent samples ``count`` samples of lag-1 autocorrelation ``correlation`` are worth, as an AR(1)
-    process's median is: count (1 - rho) / (1 + rho), at least one."""
+    """How many independent samples ``count`` samples of lag-1 autocorrelation ``correlation`` are worth to an
+    average of them, as for an AR(1) process (the median's worth is taken alike): count (1 - rho) / (1 + rho), at
+    least one."""
     return max(1, min(count, round(count * (1.0 - correlation) / (1.0 + correlation))))
 
 
