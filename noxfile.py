@@ -24,6 +24,11 @@ ROOT = Path(__file__).parent
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
+# pip in every session: a dropped connection resumes rather than failing it (a CI run lost ray's wheel at 27 of
+# 79 MB); pip versions without --resume-retries ignore it; the caller's own settings win
+PIP_PATIENCE = {"PIP_RETRIES": "10", "PIP_RESUME_RETRIES": "20"}
+os.environ.update({name: value for name, value in PIP_PATIENCE.items() if name not in os.environ})
+
 TORCH = os.environ.get("KERNELLAB_TORCH", "torch==2.13.0")
 TORCH_PER_VENV = os.environ.get("KERNELLAB_TORCH_PER_VENV", "").strip().lower() in ("1", "true", "yes", "on")
 

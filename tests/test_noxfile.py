@@ -47,6 +47,8 @@ def noxfile(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "nox", fake)
     monkeypatch.delenv("KERNELLAB_TORCH_PER_VENV", raising=False)
     monkeypatch.delenv("KERNELLAB_TORCH", raising=False)
+    monkeypatch.delenv("PIP_RESUME_RETRIES", raising=False)  # restored after: the import sets it
+    monkeypatch.setenv("PIP_RETRIES", "3")  # a caller's own setting
     spec = importlib.util.spec_from_file_location("kernellab_noxfile", ROOT / "noxfile.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -117,3 +119,10 @@ def test_the_wheels_session_runs_the_install_check_with_the_shared_torch(noxfile
 def test_ci_runs_the_wheels_session():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "nox -s wheels" in ci
+
+
+def test_every_session_pip_resumes_a_dropped_download_and_keeps_the_callers_settings(noxfile):
+    import os
+
+    assert os.environ["PIP_RESUME_RETRIES"] == noxfile.PIP_PATIENCE["PIP_RESUME_RETRIES"]
+    assert os.environ["PIP_RETRIES"] == "3"
