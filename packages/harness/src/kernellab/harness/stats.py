@@ -151,15 +151,17 @@ def _bootstrap_log_sd(a_rounds, b_rounds, resamples: int, seed: int, correlation
     if b < a:
         a, b = b, a
     n_rounds = len(a)
+    draws = [(effective_samples(len(x), correlation), effective_samples(len(y), correlation))
+             for x, y in zip(a, b, strict=True)]  # per round, not per resample
     rng = random.Random(seed)
     logs = []
     for _ in range(resamples):
         ratios = []
         for _ in range(n_rounds):
             r = rng.randrange(n_rounds)
-            ref, cand = a[r], b[r]
-            ref_m = median([ref[rng.randrange(len(ref))] for _ in range(effective_samples(len(ref), correlation))])
-            cand_m = median([cand[rng.randrange(len(cand))] for _ in range(effective_samples(len(cand), correlation))])
+            (ref, cand), (ref_draws, cand_draws) = (a[r], b[r]), draws[r]
+            ref_m = median([ref[rng.randrange(len(ref))] for _ in range(ref_draws)])
+            cand_m = median([cand[rng.randrange(len(cand))] for _ in range(cand_draws)])
             ratios.append(ref_m / cand_m)
         logs.append(math.log(log_median(ratios)))
     mean = math.fsum(logs) / len(logs)

@@ -120,8 +120,9 @@ def comparison_table(report: dict, fmt: str = "simple") -> str:
 
 
 def _unclaimed(record: dict) -> str:
-    """Why a record claims no significance: nothing where it does."""
-    if record["significant"]:
+    """Why a comparison's or a before/after record claims no significance: nothing where it does (or, from before
+    significance was recorded, says nothing)."""
+    if record.get("significant", True):
         return ""
     if record.get("disturbed"):
         return " disturbed"
@@ -133,9 +134,8 @@ def before_after_table(report: dict, fmt: str = "simple") -> str:
     for r in report["records"]:
         ci = r.get("speedup_ci")
         interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
-        mark = "" if r.get("significant", True) else " few rounds" if r.get("too_few_rounds") else " n.s."
         rows.append([r["operation"], r["impl"], f"{r['before_ms']:.4f}", f"{r['after_ms']:.4f}",
-                     f"{r['speedup']:.3f}{interval}{mark}"])
+                     f"{r['speedup']:.3f}{interval}{_unclaimed(r)}"])
     return tabulate(rows, headers=["operation", "impl", "before ms", "after ms", "speedup [CI]"],
                     disable_numparse=True, tablefmt=fmt)
 
