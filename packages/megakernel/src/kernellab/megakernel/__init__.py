@@ -19,7 +19,7 @@ from __future__ import annotations
 from .model import ACTIVATIONS, Shape, reference, torch_forward
 from .planning import choose
 
-__version__ = "0.31.2"
+__version__ = "0.31.3"
 
 
 def compile_all(arch: str = "sm_90a", representative: bool = False, log=None) -> list[str]:
